@@ -1,0 +1,60 @@
+"""Reading and atomically replacing the checkpoint file (never patched in place).
+
+Reading falls back from `checkpoint` to `checkpoint.bak`, then to None: recovery then scans
+the whole commitlog. A RocketMQ-written checkpoint (no mqstore part) is read for its
+RocketMQ fields only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from engine.errors import CheckpointError
+from engine.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from engine.mapped_file import write_file_atomically
+from engine.naming import BACKUP_SUFFIX, CHECKPOINT_FILE
+
+
+class CheckpointSource(Enum):
+    """Where recovery's checkpoint came from."""
+
+    PRIMARY = "checkpoint"
+    BACKUP = "checkpoint.bak"
+    NONE = "none (full scan)"
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    checkpoint: Checkpoint | None
+    source: CheckpointSource
+    problems: tuple[str, ...] = ()
+
+
+def checkpoint_path(root: Path) -> Path:
+    return Path(root) / CHECKPOINT_FILE
+
+
+def load_checkpoint(root: Path) -> LoadedCheckpoint:
+    """The newest trustworthy checkpoint, with what was wrong with the ones skipped."""
+    problems = []
+    primary = checkpoint_path(root)
+    for path, source in ((primary, CheckpointSource.PRIMARY),
+                         (primary.with_name(primary.name + BACKUP_SUFFIX), CheckpointSource.BACKUP)):
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            problems.append(f"{path.name}: missing")
+            continue
+        try:
+            return LoadedCheckpoint(decode_checkpoint(raw), source, tuple(problems))
+        except CheckpointError as exc:
+            problems.append(f"{path.name}: {exc.message}")
+    return LoadedCheckpoint(None, CheckpointSource.NONE, tuple(problems))
+
+
+def write_checkpoint(root: Path, checkpoint: Checkpoint) -> None:
+    """Replace the checkpoint atomically, keeping the previous one as `.bak`."""
+    write_file_atomically(checkpoint_path(root), encode_checkpoint(checkpoint),
+                          backup_suffix=BACKUP_SUFFIX)

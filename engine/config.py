@@ -1,0 +1,97 @@
+"""Store settings: defaults follow RocketMQ; every size is a setting so tests can use small files."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from engine.errors import BadInputError
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+class FlushPolicy(StrEnum):
+    """SYNC: acknowledge after fdatasync (group commit). ASYNC: acknowledge on append."""
+
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """All tunables of one store. Layout sizes are frozen into store.json at creation."""
+
+    commitlog_file_size: int = GiB
+    consume_queue_entries: int = 300_000
+    index_slot_count: int = 5_000_000
+    index_entry_count: int = 20_000_000
+    index_shards: int = 2
+    queue_count: int = 8
+    flush: FlushPolicy = FlushPolicy.SYNC
+    max_body_bytes: int = 4 * MiB
+    sync_flush_timeout_ms: int = 5000
+    async_flush_interval_ms: int = 500
+    async_flush_least_pages: int = 4
+    async_flush_thorough_interval_ms: int = 10_000
+    cq_flush_interval_ms: int = 1000
+    store_host: str = "127.0.0.1:10911"
+    file_reserved_hours: float = 72.0
+    delete_when_hour: int = 4
+    disk_warn_ratio: float = 0.75
+    disk_clean_force_ratio: float = 0.85
+    disk_full_ratio: float = 0.90
+
+    def __post_init__(self) -> None:
+        if isinstance(self.flush, str) and not isinstance(self.flush, FlushPolicy):
+            object.__setattr__(self, "flush", parse_flush_policy(self.flush))
+        _require(self.commitlog_file_size >= 4096, "commitlog_file_size", "must be >= 4096")
+        _require(self.consume_queue_entries >= 2, "consume_queue_entries", "must be >= 2")
+        _require(self.index_slot_count >= 1, "index_slot_count", "must be >= 1")
+        _require(self.index_entry_count >= 2, "index_entry_count", "must be >= 2")
+        _require(1 <= self.index_shards <= 64, "index_shards", "must be in 1..64")
+        _require(1 <= self.queue_count <= 1024, "queue_count", "must be in 1..1024")
+        _require(self.max_body_bytes >= 1, "max_body_bytes", "must be >= 1")
+        _require(0 <= self.delete_when_hour <= 23, "delete_when_hour", "must be in 0..23")
+        _require(0 < self.disk_warn_ratio <= self.disk_clean_force_ratio <= self.disk_full_ratio
+                 <= 1.0, "disk ratios", "need 0 < warn <= clean_force <= full <= 1")
+
+    @property
+    def store_ip_port(self) -> tuple[str, int]:
+        host, _, port = self.store_host.rpartition(":")
+        return host, int(port)
+
+    def replace(self, **changes) -> StoreConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _require(ok: bool, field: str, reason: str) -> None:
+    if not ok:
+        raise BadInputError(field, reason)
+
+
+def parse_flush_policy(text: str) -> FlushPolicy:
+    try:
+        return FlushPolicy(text.lower())
+    except ValueError:
+        raise BadInputError("flush", f"{text!r} is not one of sync, async") from None
+
+
+def load_config_file(path: str | Path, base: StoreConfig | None = None) -> StoreConfig:
+    """Read a TOML file of StoreConfig fields (top level or a [store] table)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise BadInputError("config", "file not found", path=str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInputError("config", f"not valid TOML: {exc}", path=str(path)) from None
+    data = data.get("store", data)
+    known = {f.name for f in dataclasses.fields(StoreConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise BadInputError("config", f"unknown settings {unknown}", path=str(path))
+    return dataclasses.replace(base or StoreConfig(), **data)

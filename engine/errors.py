@@ -1,0 +1,106 @@
+"""The one StoreError tree: each subclass says what the caller can do about it.
+
+Every error carries structured fields (path, position, reason) and a `hint` where a
+remediation exists; `str()` renders them for humans.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Root of every error mqstore raises on purpose."""
+
+    hint: str | None = None
+
+    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None):
+        self.message = message
+        self.path = str(path) if path is not None else None
+        if hint is not None:
+            self.hint = hint
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        text = self.message
+        if self.path is not None:
+            text = f"{text} [{self.path}]"
+        if self.hint:
+            text = f"{text} (hint: {self.hint})"
+        return text
+
+
+class BadInputError(StoreError, ValueError):
+    """A caller passed something the store refuses (topic, queue id, size, encoding)."""
+
+    def __init__(self, field: str, reason: str, *, path: str | None = None):
+        self.field = field
+        self.reason = reason
+        super().__init__(f"invalid {field}: {reason}", path=path)
+
+
+class CorruptRecordError(StoreError):
+    """Bytes at `pos` are not a valid commitlog record; a recovery scan stops here."""
+
+    def __init__(self, reason: str, *, pos: int, path: str | None = None, size: int = 0):
+        self.reason = reason
+        self.pos = pos
+        self.size = size
+        super().__init__(f"corrupt record at commit_pos {pos}: {reason}", path=path)
+
+
+class CorruptConsumeQueueError(StoreError):
+    """A consume queue is inconsistent (gap, bad entry); rebuild it from the commitlog."""
+
+    def __init__(self, reason: str, *, path: str | None = None, queue_offset: int | None = None):
+        self.reason = reason
+        self.queue_offset = queue_offset
+        super().__init__(f"corrupt consume queue: {reason}", path=path,
+                         hint="run `mqstore recover` to rebuild it from the commitlog")
+
+
+class CorruptIndexError(StoreError):
+    """An index file is inconsistent; rebuild it from the commitlog."""
+
+    def __init__(self, reason: str, *, path: str | None = None):
+        self.reason = reason
+        super().__init__(f"corrupt index file: {reason}", path=path,
+                         hint="run `mqstore recover` to rebuild it from the commitlog")
+
+
+class CheckpointError(StoreError):
+    """The checkpoint file cannot be trusted (bad CRC, bad size, unknown version)."""
+
+
+class SegmentLayoutError(StoreError):
+    """Segment files have a wrong size, a gap in their names, or a foreign file sits among them."""
+
+
+class NotAStoreError(StoreError):
+    """The directory is not an mqstore (nor a RocketMQ) store."""
+
+
+class FormatVersionError(StoreError):
+    """The store was written by a newer mqstore; refuse to open it."""
+
+
+class ReadOnlyStoreError(StoreError):
+    """A write was attempted on a store opened read-only (e.g. one written by RocketMQ)."""
+
+
+class StoreLockedError(StoreError):
+    """Another supervisor holds the store's lock file."""
+
+
+class DiskFullError(StoreError):
+    """The filesystem has no room for the bytes about to be written (maps to DISK_FULL)."""
+
+
+class StoreClosedError(StoreError):
+    """The handle was closed."""
+
+
+class StorePermissionError(StoreError, PermissionError):
+    """The store (or its shared memory) belongs to another user."""
+
+
+class ServiceNotAvailableError(StoreError):
+    """No supervisor runs on the store (clients fail fast with this)."""

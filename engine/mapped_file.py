@@ -1,0 +1,233 @@
+"""The only module that maps, syncs, truncates, renames and deletes store files.
+
+Segments are fixed-size and created sparse (ftruncate), so a 1 GiB default costs no disk
+until written. Readers map read-only and see the writer's bytes through the page cache.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import shutil
+from enum import Enum
+from pathlib import Path
+
+from engine.errors import DiskFullError, SegmentLayoutError, StoreError, StorePermissionError
+
+PAGE_BYTES = mmap.PAGESIZE
+RESERVE_STEP_BYTES = 4 << 20  # blocks are allocated ahead of the writer in steps of this size
+
+
+class Access(Enum):
+    """How a file is mapped: the writer maps read-write, everyone else read-only."""
+
+    READ_WRITE = "rw"
+    READ_ONLY = "ro"
+
+
+def page_floor(pos: int) -> int:
+    return pos - pos % PAGE_BYTES
+
+
+class MappedFile:
+    """One fixed-size file mapped whole; positions inside it are `file_pos`."""
+
+    def __init__(self, path: Path, size_bytes: int, fd: int, access: Access):
+        self.path = path
+        self.size_bytes = size_bytes
+        self.access = access
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if access is Access.READ_WRITE else 0)
+        try:
+            self._mmap = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED, prot)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd if access is Access.READ_WRITE else -1
+        if self._fd < 0:
+            os.close(fd)
+        self._reserved_until = 0
+        self.buf = memoryview(self._mmap)
+
+    @classmethod
+    def create(cls, path: Path, size_bytes: int) -> MappedFile:
+        """Create a new sparse file of `size_bytes` (owner-only) and map it read-write."""
+        path = Path(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size_bytes)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
+        return cls(path, size_bytes, fd, Access.READ_WRITE)
+
+    @classmethod
+    def open(cls, path: Path, access: Access, expected_bytes: int | None = None) -> MappedFile:
+        """Map an existing file; a size other than `expected_bytes` is a layout error."""
+        path = Path(path)
+        flags = os.O_RDWR if access is Access.READ_WRITE else os.O_RDONLY
+        try:
+            fd = os.open(path, flags)
+        except PermissionError:
+            raise StorePermissionError("no permission to open store file", path=str(path),
+                                       hint="the store belongs to another user") from None
+        size_bytes = os.fstat(fd).st_size
+        if expected_bytes is not None and size_bytes != expected_bytes:
+            os.close(fd)
+            raise SegmentLayoutError(
+                f"file is {size_bytes} bytes, expected {expected_bytes}", path=str(path))
+        if size_bytes == 0:
+            os.close(fd)
+            raise SegmentLayoutError("file is empty", path=str(path))
+        return cls(path, size_bytes, fd, access)
+
+    def reserve(self, end_file_pos: int) -> None:
+        """Allocate disk blocks up to end_file_pos (rounded up a step) before writing through the map.
+
+        A write into an unallocated page of a sparse mapped file on a full disk kills the process
+        with SIGBUS; allocating first turns that into DiskFullError while nothing is written.
+        """
+        if end_file_pos <= self._reserved_until:
+            return
+        target = min(self.size_bytes, -(-end_file_pos // RESERVE_STEP_BYTES) * RESERVE_STEP_BYTES)
+        try:
+            os.posix_fallocate(self._fd, self._reserved_until, target - self._reserved_until)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError("no space left to extend store file", path=str(self.path)) from exc
+            raise StoreError(f"cannot allocate file blocks: {exc}", path=str(self.path)) from exc
+        self._reserved_until = target
+
+    def write(self, file_pos: int, data) -> None:
+        """Copy `data` into the mapping at `file_pos` (no syscall)."""
+        self.buf[file_pos:file_pos + len(data)] = data
+
+    def read(self, file_pos: int, length: int) -> memoryview:
+        """A zero-copy view of `length` bytes at `file_pos` (clamped to the file)."""
+        return self.buf[file_pos:min(file_pos + length, self.size_bytes)]
+
+    def zero(self, start_pos: int, end_pos: int) -> None:
+        """Overwrite [start_pos, end_pos) with zeros so stale bytes cannot come back."""
+        end_pos = min(end_pos, self.size_bytes)
+        step = 1 << 20
+        for pos in range(start_pos, end_pos, step):
+            n = min(step, end_pos - pos)
+            self.buf[pos:pos + n] = bytes(n)
+
+    def sync(self, start_pos: int = 0, end_pos: int | None = None) -> None:
+        """msync(MS_SYNC) the pages covering [start_pos, end_pos); errors are raised, not swallowed."""
+        if self.access is not Access.READ_WRITE:
+            return
+        end_pos = self.size_bytes if end_pos is None else min(end_pos, self.size_bytes)
+        start = page_floor(start_pos)
+        if end_pos <= start:
+            return
+        try:
+            self._mmap.flush(start, end_pos - start)
+        except OSError as exc:
+            raise StoreError(f"msync failed: {exc}", path=str(self.path)) from exc
+
+    def close(self) -> None:
+        """Unmap; views still held elsewhere keep the mapping alive until they go."""
+        self.buf.release()
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass  # an exported view is alive; the mapping is freed with it
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def delete(self) -> None:
+        """Unmap and remove the file, then make the removal durable."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+        fsync_dir(self.path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a create, rename or unlink in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(directory: Path) -> Path:
+    """Create `directory` (owner-only) and its parents, durably."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fsync_dir(directory.parent)
+    return directory
+
+
+def write_file_atomically(path: Path, data: bytes, *, backup_suffix: str | None = None) -> None:
+    """Replace `path` with `data`: write temp, fsync, (copy old to backup), rename, fsync dir."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if backup_suffix is not None and path.exists():
+        backup = path.with_name(path.name + backup_suffix)
+        backup_tmp = backup.with_name(backup.name + ".tmp")
+        shutil.copyfile(path, backup_tmp)
+        _fsync_path(backup_tmp)
+        os.replace(backup_tmp, backup)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_new_file(path: Path, data) -> None:
+    """Write a new side file (e.g. a quarantined tail) durably."""
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(path.parent)
+
+
+def remove_file(path: Path) -> None:
+    """Remove a file durably (missing is fine)."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def remove_tree(directory: Path) -> None:
+    """Remove a directory tree durably (missing is fine)."""
+    directory = Path(directory)
+    if directory.exists():
+        shutil.rmtree(directory)
+        fsync_dir(directory.parent)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def disk_usage_ratio(path: Path) -> float:
+    """Used fraction of the filesystem holding `path` (what retention's thresholds compare)."""
+    st = os.statvfs(path)
+    total = st.f_blocks * st.f_frsize
+    if total == 0:
+        return 0.0
+    return 1.0 - (st.f_bavail * st.f_frsize) / total

@@ -1,0 +1,90 @@
+"""A message as callers give it, and its validation into record properties.
+
+Shared by the in-process store and the co-located Producer so both refuse the same bad input
+with the same error before anything reaches the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from engine.errors import BadInputError
+from engine.formats.properties import PROP_CRC32C, PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, PROP_WAIT
+from engine.formats.record import new_uniq_key
+from engine.naming import validate_topic
+
+RESERVED_PROPERTIES = frozenset({PROP_CRC32C, PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message to put: body bytes plus routing and lookup metadata."""
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: tuple[str, ...] = ()
+    queue_id: int | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    wait: bool = True
+
+
+def _require_text(field_name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise BadInputError(field_name, f"must be a str, not {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInputError(field_name, "is not valid UTF-8 text") from None
+    if "\x01" in value or "\x02" in value:
+        raise BadInputError(field_name, "must not contain the bytes 0x01 or 0x02")
+    return value
+
+
+def normalize_keys(keys: str | Iterable[str]) -> tuple[str, ...]:
+    """Keys as a tuple; a str is one key. Keys may not hold spaces (KEYS is space-separated)."""
+    items = (keys,) if isinstance(keys, str) else tuple(keys)
+    for key in items:
+        _require_text("keys", key)
+        if not key or " " in key:
+            raise BadInputError("keys", f"{key!r}: a key must be non-empty and hold no spaces")
+    return items
+
+
+def validate_queue_id(queue_id: object, queue_count: int) -> int:
+    if not isinstance(queue_id, int) or isinstance(queue_id, bool):
+        raise BadInputError("queue_id", f"must be an int, not {type(queue_id).__name__}")
+    if not 0 <= queue_id < queue_count:
+        raise BadInputError("queue_id", f"{queue_id} is outside 0..{queue_count - 1}")
+    return queue_id
+
+
+def validate_body(body: object) -> bytes:
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise BadInputError("body", f"must be bytes, not {type(body).__name__}")
+    return bytes(body)
+
+
+def build_properties(message: Message) -> dict[str, str]:
+    """Validated record properties: user properties, then TAGS, KEYS, UNIQ_KEY (and WAIT)."""
+    validate_topic(message.topic)
+    props: dict[str, str] = {}
+    for name, value in (message.properties or {}).items():
+        _require_text("property name", name)
+        _require_text(f"property {name!r}", value)
+        if name in RESERVED_PROPERTIES:
+            raise BadInputError("properties", f"{name!r} is set by the store; use the argument")
+        props[name] = value
+    if message.tags is not None:
+        tags = _require_text("tags", message.tags)
+        if not tags:
+            raise BadInputError("tags", "must not be empty (pass None for no tags)")
+        props[PROP_TAGS] = tags
+    keys = normalize_keys(message.keys)
+    if keys:
+        props[PROP_KEYS] = " ".join(keys)
+    props[PROP_UNIQ_KEY] = new_uniq_key()
+    if not message.wait:
+        props[PROP_WAIT] = "false"
+    return props

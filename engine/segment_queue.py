@@ -1,0 +1,155 @@
+"""Ordered fixed-size segments in one directory, named by their first position (MappedFileQueue).
+
+Used by the commitlog (positions are commit positions) and by consume queues (positions are
+logical bytes, entry index x 20). The queue only manages files; what is written where is the
+caller's business.
+"""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+
+from engine.errors import SegmentLayoutError
+from engine.mapped_file import Access, MappedFile, ensure_dir
+from engine.naming import is_segment_name, name_to_offset, offset_to_name
+
+
+class SegmentQueue:
+    """The segments of one directory, sorted by base position, each `segment_bytes` long."""
+
+    def __init__(self, directory: Path, segment_bytes: int, access: Access):
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.access = access
+        self.segments: list[MappedFile] = []
+        self._bases: list[int] = []
+
+    @classmethod
+    def load(cls, directory: Path, segment_bytes: int, access: Access) -> SegmentQueue:
+        """Map every segment; a wrong size, a misaligned name, a gap or a foreign file is an error."""
+        queue = cls(directory, segment_bytes, access)
+        if not queue.directory.is_dir():
+            return queue
+        names = sorted(p.name for p in queue.directory.iterdir())
+        foreign = [n for n in names if not is_segment_name(n)]
+        if foreign:
+            raise SegmentLayoutError(f"foreign file {foreign[0]!r} among segments",
+                                     path=str(queue.directory / foreign[0]))
+        expected_base = None
+        for name in names:
+            base_pos = name_to_offset(name)
+            path = queue.directory / name
+            if base_pos % segment_bytes:
+                raise SegmentLayoutError(
+                    f"segment name is not a multiple of the segment size {segment_bytes}",
+                    path=str(path))
+            if expected_base is not None and base_pos != expected_base:
+                raise SegmentLayoutError(
+                    f"gap in segments: expected {offset_to_name(expected_base)}", path=str(path))
+            queue._append(MappedFile.open(path, access, expected_bytes=segment_bytes))
+            expected_base = base_pos + segment_bytes
+        return queue
+
+    def _append(self, segment: MappedFile) -> None:
+        self.segments.append(segment)
+        self._bases.append(name_to_offset(segment.path.name))
+
+    @property
+    def min_pos(self) -> int:
+        """First position still held on disk (0 for an empty queue)."""
+        return self._bases[0] if self._bases else 0
+
+    @property
+    def end_pos(self) -> int:
+        """Position just past the last segment."""
+        return self._bases[-1] + self.segment_bytes if self._bases else 0
+
+    def base_of(self, segment: MappedFile) -> int:
+        return name_to_offset(segment.path.name)
+
+    def find(self, pos: int) -> MappedFile | None:
+        """The segment holding `pos`, or None when `pos` is outside every segment."""
+        i = bisect.bisect_right(self._bases, pos) - 1
+        if i < 0 or pos >= self._bases[i] + self.segment_bytes:
+            return None
+        return self.segments[i]
+
+    def last(self) -> MappedFile | None:
+        return self.segments[-1] if self.segments else None
+
+    def create(self, base_pos: int) -> MappedFile:
+        """Create the segment starting at `base_pos`; it must extend the queue without a gap."""
+        if base_pos % self.segment_bytes:
+            raise ValueError(f"base_pos {base_pos} not aligned to {self.segment_bytes}")
+        if self._bases and base_pos != self.end_pos:
+            raise ValueError(f"segment {base_pos} would leave a gap after {self.end_pos}")
+        ensure_dir(self.directory)
+        path = self.directory / offset_to_name(base_pos)
+        if path.exists():  # preallocated earlier but not yet adopted
+            segment = MappedFile.open(path, self.access, expected_bytes=self.segment_bytes)
+        else:
+            segment = MappedFile.create(path, self.segment_bytes)
+        self._append(segment)
+        return segment
+
+    def preallocate_next(self) -> None:
+        """Create the file after the last segment without adopting it (cheap: it is sparse)."""
+        if not self._bases:
+            return
+        path = self.directory / offset_to_name(self.end_pos)
+        if not path.exists():
+            MappedFile.create(path, self.segment_bytes).close()
+
+    def remove_after(self, pos: int) -> list[Path]:
+        """Delete every segment that starts at or beyond `pos` (recovery's cut)."""
+        removed = []
+        while self._bases and self._bases[-1] >= pos:
+            segment = self.segments.pop()
+            self._bases.pop()
+            segment.delete()
+            removed.append(segment.path)
+        return removed
+
+    def remove_first(self) -> Path:
+        """Delete the oldest segment (retention never removes from the middle)."""
+        segment = self.segments.pop(0)
+        self._bases.pop(0)
+        segment.delete()
+        return segment.path
+
+    def refresh(self) -> None:
+        """Read-only views adopt segments the writer created since load (and forget deleted ones)."""
+        if not self.directory.is_dir():
+            return
+        names = sorted(n for n in (p.name for p in self.directory.iterdir()) if is_segment_name(n))
+        bases = [name_to_offset(n) for n in names]
+        gone = [i for i, base_pos in enumerate(self._bases) if base_pos not in bases]
+        for i in reversed(gone):
+            self.segments.pop(i).close()
+            self._bases.pop(i)
+        for name, base_pos in zip(names, bases, strict=True):
+            if (not self._bases or base_pos == self.end_pos) and base_pos not in self._bases:
+                try:
+                    self._append(MappedFile.open(self.directory / name, self.access,
+                                                 expected_bytes=self.segment_bytes))
+                except (FileNotFoundError, SegmentLayoutError):
+                    break  # being created right now; adopt it next time
+
+    def sync_range(self, start_pos: int, end_pos: int) -> None:
+        """msync the bytes [start_pos, end_pos) across however many segments they span."""
+        pos = start_pos
+        while pos < end_pos:
+            segment = self.find(pos)
+            if segment is None:
+                return
+            base_pos = self.base_of(segment)
+            stop = min(end_pos, base_pos + self.segment_bytes)
+            segment.sync(pos - base_pos, stop - base_pos)
+            pos = stop
+
+    def close(self) -> None:
+        for segment in self.segments:
+            segment.close()
+        self.segments.clear()
+        self._bases.clear()

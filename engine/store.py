@@ -1,0 +1,322 @@
+"""MessageStore: the whole store in one process (commitlog, consume queues, index, recovery).
+
+It composes the engine's parts and holds little logic of its own: put encodes outside any
+lock, appends, flushes by policy, then dispatches by tailing the log exactly as the
+dispatcher process does, so both build identical files.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from engine import retention
+from engine.commitlog import CommitLog
+from engine.config import FlushPolicy, StoreConfig
+from engine.consume_queue import Boundary, ConsumeQueueTable
+from engine.dispatch import dispatch_to_consume_queue, dispatch_to_shard, keys_by_shard
+from engine.errors import BadInputError, ReadOnlyStoreError, StoreClosedError
+from engine.formats.checkpoint import Checkpoint
+from engine.formats.index_file import shard_of
+from engine.formats.record import Record, Verify, encode_record, make_msg_id, store_ts_at
+from engine.hash_index import ShardIndex
+from engine.mapped_file import Access, disk_usage_ratio
+from engine.message import Message, build_properties, validate_body, validate_queue_id
+from engine.recovery import RecoveryReport, StoreParts, detect_shutdown, recover
+from engine.checkpoint import write_checkpoint
+from engine.status import GetResult, GetStatus, PutResult, PutStatus
+from engine.store_dir import (
+    StoreKind,
+    StoreLock,
+    config_for_store,
+    create_store_dir,
+    inspect_store_dir,
+    mark_clean_stop,
+    mark_running,
+    read_meta,
+)
+
+DISK_CHECK_INTERVAL_MS = 1000
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class MessageStore:
+    """The in-process store; use `MessageStore.open(path)` and close it (or use `with`)."""
+
+    def __init__(self, root: Path, config: StoreConfig, lock: StoreLock, parts: StoreParts,
+                 report: RecoveryReport):
+        self.root = root
+        self.config = config
+        self.recovery_report = report
+        self._lock = lock
+        self._parts = parts
+        self.commitlog = parts.commitlog
+        self.queues = parts.queues
+        self.shards = parts.shards
+        self._next_offsets = {(q.topic, q.queue_id): q.max_offset for q in self.queues}
+        self._dispatched_pos = self.commitlog.written_pos
+        self._store_host = config.store_ip_port
+        self._last_checkpoint_ms = _now_ms()
+        self._disk_checked_ms = 0
+        self._disk_full = False
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str | Path, config: StoreConfig | None = None, *,
+             progress: Callable[[int, int], None] | None = None) -> MessageStore:
+        """Open (creating if new) a store for writing; runs recovery before returning."""
+        root = Path(path)
+        config = config or StoreConfig()
+        kind = inspect_store_dir(root)
+        if kind is StoreKind.ROCKETMQ:
+            raise ReadOnlyStoreError("this is a RocketMQ-written store; mqstore reads it but never "
+                                     "writes it", path=str(root),
+                                     hint="use `mqstore check` or the Spark source to read it")
+        meta = create_store_dir(root, config) if kind is StoreKind.NEW else read_meta(root)
+        config = config_for_store(meta, config)
+        lock = StoreLock.acquire(root)
+        try:
+            parts = open_parts(root, config, Access.READ_WRITE)
+            report = recover(parts, detect_shutdown(root), progress=progress)
+            mark_running(root)
+        except BaseException:
+            lock.release()
+            raise
+        return cls(root, config, lock, parts, report)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def put(self, topic: str, body: bytes, *, tags: str | None = None, keys=(), queue_id: int = 0,
+            properties: dict[str, str] | None = None) -> PutResult:
+        """Append one message; the result's status says whether it is stored (and durable)."""
+        message = Message(topic, body, tags=tags, keys=keys, queue_id=queue_id,
+                          properties=properties or {})
+        return self.put_batch([message])[0]
+
+    def put_batch(self, messages: Iterable[Message]) -> list[PutResult]:
+        """Append messages with one flush; bad ones get their own status, the rest are stored."""
+        self._require_open()
+        messages = list(messages)
+        if self._is_disk_full():
+            return [PutResult(PutStatus.DISK_FULL, reason="disk usage above "
+                              f"{self.config.disk_full_ratio:.0%}") for _ in messages]
+        results: list[PutResult | None] = [None] * len(messages)
+        accepted, records, keys = [], [], []
+        for i, message in enumerate(messages):
+            try:
+                records.append(self._encode(message))
+            except BadInputError as exc:
+                results[i] = PutResult(_status_for(exc), reason=str(exc))
+                continue
+            accepted.append(i)
+            keys.append((message.topic, message.queue_id or 0))
+        if accepted:
+            self._append(messages, accepted, records, keys, results)
+        return results  # type: ignore[return-value]
+
+    def _encode(self, message: Message) -> bytearray:
+        validate_queue_id(message.queue_id or 0, self.config.queue_count)
+        return encode_record(message.topic, validate_body(message.body),
+                             queue_id=message.queue_id or 0, properties=build_properties(message),
+                             born_ts_ms=_now_ms(), born_host=("127.0.0.1", _pid_port()),
+                             store_host=self._store_host, max_body_bytes=self.config.max_body_bytes)
+
+    def _append(self, messages, accepted, records, keys, results) -> None:
+        offsets = []
+        for key in keys:
+            offset = self._next_offsets.get(key, 0)
+            self._next_offsets[key] = offset + 1
+            offsets.append(offset)
+        store_ts_ms = _now_ms()
+        positions = self.commitlog.append_batch(records, offsets, store_ts_ms)
+        self._flush_by_policy()
+        self._dispatch_until(self._dispatch_limit())
+        for i, key, offset, pos in zip(accepted, keys, offsets, positions, strict=True):
+            results[i] = PutResult(PutStatus.PUT_OK, commit_pos=pos, queue_id=key[1],
+                                   queue_offset=offset, msg_id=make_msg_id(self._store_host, pos),
+                                   store_ts_ms=store_ts_ms)
+        self._maybe_checkpoint()
+
+    def _flush_by_policy(self) -> None:
+        if self.config.flush is FlushPolicy.SYNC:
+            self.commitlog.flush()
+            return
+        dirty = self.commitlog.written_pos - self.commitlog.flushed_pos
+        if dirty >= self.config.async_flush_least_pages * 4096:
+            self.commitlog.flush()
+
+    def _dispatch_limit(self) -> int:
+        """Under sync flush nothing past the flushed position is visible (RocketMQ #8239)."""
+        if self.config.flush is FlushPolicy.SYNC:
+            return self.commitlog.flushed_pos
+        return self.commitlog.written_pos
+
+    def _dispatch_until(self, end_pos: int) -> None:
+        if end_pos <= self._dispatched_pos:
+            return
+        shard_count = len(self.shards)
+        for header in self.commitlog.scan_headers(self._dispatched_pos, end_pos):
+            dispatch_to_consume_queue(self.queues, header)
+            by_shard = keys_by_shard(header, shard_count)
+            for shard_no, shard in enumerate(self.shards):
+                dispatch_to_shard(shard, header, by_shard.get(shard_no, ()))
+        self._dispatched_pos = end_pos
+
+    def _maybe_checkpoint(self) -> None:
+        if _now_ms() - self._last_checkpoint_ms >= self.config.cq_flush_interval_ms:
+            self.checkpoint()
+
+    def checkpoint(self) -> Checkpoint:
+        """Flush consume queues and index, then record every durable position atomically."""
+        self._require_open()
+        dispatched = self._dispatched_pos
+        self.queues.flush_all()
+        index_positions = tuple(shard.sync() for shard in self.shards)
+        now = _now_ms()
+        cp = Checkpoint(physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now,
+                        confirm_commit_pos=self.commitlog.flushed_pos,
+                        commitlog_flushed_pos=self.commitlog.flushed_pos,
+                        cq_durable_pos=dispatched, index_durable_pos=index_positions)
+        write_checkpoint(self.root, cp)
+        self._last_checkpoint_ms = now
+        return cp
+
+    def _is_disk_full(self) -> bool:
+        now = _now_ms()
+        if now - self._disk_checked_ms >= DISK_CHECK_INTERVAL_MS:
+            self._disk_checked_ms = now
+            self._disk_full = disk_usage_ratio(self.root) >= self.config.disk_full_ratio
+        return self._disk_full
+
+    def clean_expired(self, *, now_ms: int | None = None) -> retention.RetentionReport:
+        """Run one retention pass (by age at the delete hour, or by disk usage)."""
+        self._require_open()
+        return retention.run_retention(self._parts, self.config, now_ms=now_ms)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read_at(self, commit_pos: int) -> Record:
+        """The record at a commit position (raises BadInputError outside the log)."""
+        self._require_open()
+        if commit_pos >= self._dispatch_limit():
+            raise BadInputError("commit_pos", f"{commit_pos} is past the readable end "
+                                f"{self._dispatch_limit()}")
+        return self.commitlog.read_at(commit_pos, verify=Verify.MQSTORE)
+
+    def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32) -> GetResult:
+        """Up to max_count messages of one queue from a queue offset, with RocketMQ's statuses."""
+        self._require_open()
+        queue = self.queues.get(topic, queue_id)
+        if queue is None or queue.max_offset == 0:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE)
+        low, high = queue.min_offset, queue.max_offset
+        status = _offset_status(offset, low, high)
+        if status is not None:
+            next_offset = {GetStatus.OFFSET_TOO_SMALL: low, GetStatus.OFFSET_OVERFLOW_ONE: offset,
+                           GetStatus.OFFSET_OVERFLOW_BADLY: high}[status]
+            return GetResult(status, next_offset=next_offset, min_offset=low, max_offset=high)
+        entries = queue.entries(offset, max_count)
+        messages = [self.commitlog.read_at(int(e["commit_pos"]), verify=Verify.MQSTORE)
+                    for e in entries]
+        status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, messages, offset + len(entries), low, high)
+
+    def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int | None = None,
+                     max_count: int = 64) -> list[Record]:
+        """Messages of `topic` with this key (or UNIQ_KEY), oldest first; collisions filtered out."""
+        self._require_open()
+        end_ms = 2**63 - 1 if end_ms is None else end_ms
+        shard = self.shards[shard_of(topic, key, len(self.shards))]
+        found = []
+        for pos in sorted(shard.query(topic, key, begin_ms, end_ms, max_count)):
+            if pos < self.commitlog.min_pos:
+                continue
+            record = self.commitlog.read_at(pos, verify=Verify.MQSTORE)
+            if record.topic == topic and (key == record.uniq_key or key in record.keys):
+                found.append(record)
+        return found[:max_count]
+
+    def offset_for_time(self, topic: str, queue_id: int, ts_ms: int,
+                        boundary: Boundary = Boundary.LOWER) -> int:
+        """The queue offset of the first (LOWER) or last (UPPER) message stored at ts_ms."""
+        self._require_open()
+        queue = self.queues.get(topic, queue_id)
+        if queue is None:
+            return 0
+        return queue.offset_for_time(ts_ms, boundary, self._store_ts_of, self.commitlog.min_pos)
+
+    def _store_ts_of(self, commit_pos: int, size: int) -> int:
+        return store_ts_at(self.commitlog.read_bytes(commit_pos, size), 0)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get(topic, queue_id)
+        return 0 if queue is None else queue.min_offset
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get(topic, queue_id)
+        return 0 if queue is None else queue.max_offset
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush everything, write the last checkpoint, remove `abort`, release the lock."""
+        if self._closed:
+            return
+        self.commitlog.flush()
+        self._dispatch_until(self.commitlog.written_pos)
+        self.checkpoint()
+        mark_clean_stop(self.root)
+        self._closed = True
+        close_parts(self._parts)
+        self._lock.release()
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the store is closed", path=str(self.root))
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_parts(root: Path, config: StoreConfig, access: Access) -> StoreParts:
+    """Open the commitlog, consume queues and index shards of a store."""
+    commitlog = CommitLog.open(root, config.commitlog_file_size, access)
+    queues = ConsumeQueueTable.load(root, config.consume_queue_entries, access)
+    shards = [ShardIndex.load(root, n, config.index_slot_count, config.index_entry_count, access)
+              for n in range(config.index_shards)]
+    return StoreParts(Path(root), commitlog, queues, shards)
+
+
+def close_parts(parts: StoreParts) -> None:
+    parts.commitlog.close()
+    parts.queues.close()
+    for shard in parts.shards:
+        shard.close()
+
+
+def _offset_status(offset: int, low: int, high: int) -> GetStatus | None:
+    if offset < low:
+        return GetStatus.OFFSET_TOO_SMALL
+    if offset == high:
+        return GetStatus.OFFSET_OVERFLOW_ONE
+    if offset > high:
+        return GetStatus.OFFSET_OVERFLOW_BADLY
+    return None
+
+
+def _status_for(exc: BadInputError) -> PutStatus:
+    return PutStatus.PROPERTIES_SIZE_EXCEEDED if exc.field == "properties" and "32767" in exc.reason \
+        else PutStatus.MESSAGE_ILLEGAL
+
+
+def _pid_port() -> int:
+    """BORNHOST carries 127.0.0.1 and the producer's pid as its port (DESIGN §3)."""
+    return os.getpid() & 0x7FFFFFFF
