@@ -11,22 +11,20 @@ from collections.abc import Iterable
 
 from engine.consume_queue import ConsumeQueueTable
 from engine.formats.index_file import shard_of
-from engine.formats.record import RecordHeader
+from engine.formats.record import TX_TYPE_MASK, RecordHeader, TxType
 from engine.hash_index import ShardIndex
 
-TX_TYPE_MASK = 0x0C
-TX_PREPARED = 0x04
-TX_ROLLBACK = 0x0C
+_NOT_CONSUMABLE = (TxType.PREPARED, TxType.ROLLBACK)
 
 
 def enters_consume_queue(sys_flag: int) -> bool:
     """Only non-transactional and committed messages are consumable (RocketMQ BuildConsumeQueue)."""
-    return (sys_flag & TX_TYPE_MASK) not in (TX_PREPARED, TX_ROLLBACK)
+    return (sys_flag & TX_TYPE_MASK) not in _NOT_CONSUMABLE
 
 
 def index_keys(header: RecordHeader) -> list[str]:
     """The keys a record is indexed under: UNIQ_KEY first, then each KEYS token (not for rollbacks)."""
-    if (header.sys_flag & TX_TYPE_MASK) == TX_ROLLBACK:
+    if (header.sys_flag & TX_TYPE_MASK) == TxType.ROLLBACK:
         return []
     keys = [header.uniq_key] if header.uniq_key else []
     keys.extend(k for k in header.keys if k)

@@ -1,0 +1,555 @@
+"""Commitlog record: RocketMQ message format v1 byte for byte (v2 and IPv6 hosts are read too).
+
+All numbers big-endian. Offsets are from the record start with IPv4 born and store hosts
+(an IPv6 host is 20 bytes instead of 8 and shifts every later field by 12).
+
+    off  size  field               notes
+      0     4  TOTALSIZE           whole record, this field included
+      4     4  MAGICCODE           0xDAA320A7 (v1) / 0xDAA320AB (v2: TOPICLENGTH is 2 bytes)
+      8     4  BODYCRC             zlib CRC-32 of the body & 0x7FFFFFFF
+     12     4  QUEUEID
+     16     4  FLAG                user flag, as given
+     20     8  QUEUEOFFSET         stamped at append
+     28     8  PHYSICALOFFSET      the record's commit_pos, stamped at append
+     36     4  SYSFLAG             SysFlag bits
+     40     8  BORNTIMESTAMP       ms
+     48   4+4  BORNHOST            IPv4 + port (16+4 with SysFlag.BORNHOST_V6)
+     56     8  STORETIMESTAMP      ms, stamped at append
+     64   4+4  STOREHOST           IPv4 + port (16+4 with SysFlag.STOREHOST_V6)
+     72     4  RECONSUMETIMES
+     76     8  PREPAREDTXOFFSET
+     84     4  BODYLENGTH
+     88     B  BODY
+   88+B   1|2  TOPICLENGTH         signed byte (v1) / signed short (v2)
+      .     T  TOPIC               UTF-8
+      .     2  PROPERTIESLENGTH    signed short, <= 32767
+      .     P  PROPERTIES          key 0x01 value 0x02 ..., mqstore's last 20 bytes are
+                                   `__CRC32C` 0x01 <10 decimal digits, MSB first> 0x02: the
+                                   CRC32C of record bytes [0, TOTALSIZE-20)
+
+TOTALSIZE = 91 + B + T + P (v1, IPv4/IPv4). End-of-file filler: TOTALSIZE = space left in
+the segment, MAGICCODE 0xCBD43194, 8 bytes written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import struct
+import time
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum, IntEnum, IntFlag
+from functools import lru_cache
+from typing import NamedTuple
+
+import crc32c
+
+from engine.errors import BadInputError, CorruptRecordError
+from engine.formats.java_hash import tags_code as _tags_code
+from engine.formats.properties import (
+    PROP_CRC32C,
+    PROP_KEYS,
+    PROP_TAGS,
+    PROP_UNIQ_KEY,
+    decode_properties,
+    encode_properties,
+    split_keys,
+)
+
+MAGIC_V1 = 0xDAA320A7
+MAGIC_V2 = 0xDAA320AB
+BLANK_MAGIC = 0xCBD43194
+
+# TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG BORNTIMESTAMP
+RECORD_HEAD_FMT = ">iIiiiqqiq"
+RECORD_HEAD_SIZE = 48
+# ... BORNHOST(ip, port) STORETIMESTAMP STOREHOST(ip, port) RECONSUMETIMES PREPAREDTXOFFSET BODYLENGTH
+V4_HEADER_FMT = RECORD_HEAD_FMT + "4siq4siiqi"
+V4_HEADER_SIZE = 88
+HOST_V4_FMT, HOST_V4_SIZE = ">4si", 8
+HOST_V6_FMT, HOST_V6_SIZE = ">16si", 20
+RECORD_MID_FMT = ">iqi"  # RECONSUMETIMES PREPAREDTXOFFSET BODYLENGTH
+RECORD_MID_SIZE = 16
+FILLER_FMT, FILLER_SIZE = ">iI", 8  # TOTALSIZE MAGICCODE
+TOPIC_LENGTH_SIZE_V1, TOPIC_LENGTH_SIZE_V2, PROPERTIES_LENGTH_SIZE = 1, 2, 2
+RECORD_FIXED_SIZE = V4_HEADER_SIZE + TOPIC_LENGTH_SIZE_V1 + PROPERTIES_LENGTH_SIZE
+for _fmt, _size in ((RECORD_HEAD_FMT, RECORD_HEAD_SIZE), (V4_HEADER_FMT, V4_HEADER_SIZE),
+                    (HOST_V4_FMT, HOST_V4_SIZE), (HOST_V6_FMT, HOST_V6_SIZE),
+                    (RECORD_MID_FMT, RECORD_MID_SIZE), (FILLER_FMT, FILLER_SIZE)):
+    assert struct.calcsize(_fmt) == _size, _fmt
+assert RECORD_FIXED_SIZE == 91
+
+# Byte offsets of fields from the record start (IPv4 born and store hosts), from the layout.
+TOTAL_SIZE_OFFSET = 0
+MAGIC_OFFSET = struct.calcsize(">i")
+BODY_CRC_OFFSET = struct.calcsize(">iI")
+QUEUE_ID_OFFSET = struct.calcsize(">iIi")
+FLAG_OFFSET = struct.calcsize(">iIii")
+QUEUE_OFFSET_OFFSET = struct.calcsize(">iIiii")
+PHYSICAL_OFFSET_OFFSET = struct.calcsize(">iIiiiq")
+SYS_FLAG_OFFSET = struct.calcsize(">iIiiiqq")
+BORN_TS_OFFSET = struct.calcsize(">iIiiiqqi")
+BORN_HOST_OFFSET = RECORD_HEAD_SIZE
+STORE_TS_OFFSET = BORN_HOST_OFFSET + HOST_V4_SIZE
+STORE_TS_OFFSET_BORN_V6 = BORN_HOST_OFFSET + HOST_V6_SIZE
+STORE_HOST_OFFSET = STORE_TS_OFFSET + 8
+RECONSUME_TIMES_OFFSET = STORE_HOST_OFFSET + HOST_V4_SIZE
+PREPARED_TX_OFFSET_OFFSET = RECONSUME_TIMES_OFFSET + 4
+BODY_LENGTH_OFFSET = PREPARED_TX_OFFSET_OFFSET + 8
+BODY_OFFSET = V4_HEADER_SIZE
+assert (QUEUE_OFFSET_OFFSET, PHYSICAL_OFFSET_OFFSET, SYS_FLAG_OFFSET) == (20, 28, 36)
+assert (STORE_TS_OFFSET, STORE_TS_OFFSET_BORN_V6, BODY_LENGTH_OFFSET, BODY_OFFSET) == (56, 68, 84, 88)
+
+CRC32C_PREFIX = PROP_CRC32C.encode() + b"\x01"
+CRC32C_DIGITS = 10
+CRC32C_PROP_SIZE = len(CRC32C_PREFIX) + CRC32C_DIGITS + 1
+CRC32C_RESERVED = CRC32C_PREFIX + b"0" * CRC32C_DIGITS + b"\x02"
+assert CRC32C_PROP_SIZE == len(CRC32C_RESERVED) == 20
+
+MAX_TOPIC_BYTES = 127  # v1 TOPICLENGTH is a signed byte
+MAX_PROPERTIES_BYTES = 32767  # PROPERTIESLENGTH is a signed short
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+BODY_CRC_MASK = 0x7FFFFFFF
+
+_V4_HEADER = struct.Struct(V4_HEADER_FMT)
+_HEAD = struct.Struct(RECORD_HEAD_FMT)
+_HOST_V4 = struct.Struct(HOST_V4_FMT)
+_HOST_V6 = struct.Struct(HOST_V6_FMT)
+_MID = struct.Struct(RECORD_MID_FMT)
+_FILLER = struct.Struct(FILLER_FMT)
+_STAMP = struct.Struct(">qq")  # QUEUEOFFSET PHYSICALOFFSET, adjacent
+_I8, _I16, _I32, _U32, _I64 = (struct.Struct(f) for f in (">b", ">h", ">i", ">I", ">q"))
+_MSG_ID_TAIL = struct.Struct(">iq")  # port, commit_pos
+
+
+class SysFlag(IntFlag):
+    """SYSFLAG bits (RocketMQ MessageSysFlag); the transaction type is the 0xC field."""
+
+    COMPRESSED = 0x1
+    MULTI_TAGS = 0x2
+    TRANSACTION_PREPARED = 0x4
+    TRANSACTION_COMMIT = 0x8
+    TRANSACTION_ROLLBACK = 0xC
+    BORNHOST_V6 = 0x10
+    STOREHOST_V6 = 0x20
+    NEED_UNWRAP = 0x40
+    INNER_BATCH = 0x80
+
+
+TX_TYPE_MASK = 0xC
+COMPRESSION_TYPE_MASK = 0x700
+_BORNHOST_V6 = int(SysFlag.BORNHOST_V6)  # plain ints: IntFlag arithmetic is slow on hot paths
+_STOREHOST_V6 = int(SysFlag.STOREHOST_V6)
+_HOSTS_V6 = _BORNHOST_V6 | _STOREHOST_V6
+
+
+class TxType(IntEnum):
+    """Transaction type held in SYSFLAG bits 2-3; only NOT and COMMIT enter consume queues."""
+
+    NOT = 0x0
+    PREPARED = 0x4
+    COMMIT = 0x8
+    ROLLBACK = 0xC
+
+
+def tx_type(sys_flag: int) -> TxType:
+    """The transaction type of a SYSFLAG value."""
+    return TxType(sys_flag & TX_TYPE_MASK)
+
+
+class Verify(Enum):
+    """How much decode_record checks beyond structure (lengths, magic, PHYSICALOFFSET)."""
+
+    STRUCTURE = "structure"  # no checksums
+    ROCKETMQ = "rocketmq"  # + BODYCRC, + CRC32C when the __CRC32C property is present
+    MQSTORE = "mqstore"  # + BODYCRC + CRC32C, which must be present
+
+
+@dataclass(frozen=True, slots=True)
+class Filler:
+    """The end-of-file filler: the rest of the segment, from commit position `pos`, is unused."""
+
+    pos: int
+    size: int
+
+    @property
+    def end_pos(self) -> int:
+        return self.pos + self.size
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One decoded commitlog record; `properties` omits the __CRC32C tail (see `stored_crc32c`)."""
+
+    total_size: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    commit_pos: int
+    sys_flag: int
+    born_ts_ms: int
+    born_host: tuple[str, int]
+    store_ts_ms: int
+    store_host: tuple[str, int]
+    reconsume_times: int
+    prepared_tx_offset: int
+    body: bytes
+    topic: str
+    properties: dict[str, str]
+    stored_crc32c: int | None = None  # value of the __CRC32C tail, None when the record has none
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROP_TAGS)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return split_keys(self.properties.get(PROP_KEYS))
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(PROP_UNIQ_KEY)
+
+    @property
+    def tags_code(self) -> int:
+        return _tags_code(self.tags)
+
+    @property
+    def end_pos(self) -> int:
+        return self.commit_pos + self.total_size
+
+    @property
+    def msg_id(self) -> str:
+        return make_msg_id(self.store_host, self.commit_pos)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    """What dispatch needs from a record, decoded without copying the body or checking CRCs."""
+
+    total_size: int
+    queue_id: int
+    queue_offset: int
+    commit_pos: int
+    sys_flag: int
+    store_ts_ms: int
+    topic: str
+    tags_code: int
+    keys: tuple[str, ...]
+    uniq_key: str | None
+
+    @property
+    def end_pos(self) -> int:
+        return self.commit_pos + self.total_size
+
+
+# Indexes into the V4_HEADER field tuple (also produced, in the same order, for IPv6 hosts).
+_F_PHYSICAL_OFFSET, _F_SYS_FLAG, _F_BODY_LENGTH = 6, 7, 16
+
+
+class _Layout(NamedTuple):
+    fields: tuple  # V4_HEADER order: total..born_ts, born_ip, born_port, store_ts, store_ip, ...
+    body_pos: int
+    body_end: int
+    topic_pos: int
+    props_pos: int
+    end: int
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def encode_record(topic: str, body: bytes, *, queue_id: int, properties: Mapping[str, str] | None = None,
+                  born_ts_ms: int, born_host: tuple[str, int], store_host: tuple[str, int], flag: int = 0,
+                  sys_flag: int = 0, reconsume_times: int = 0,
+                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> bytearray:
+    """A complete v1 IPv4 record with zero QUEUEOFFSET/PHYSICALOFFSET/STORETIMESTAMP and a
+    reserved CRC32C tail; `stamp_record` fills those in at append time."""
+    topic_raw = _encode_topic(topic)
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise BadInputError("body", f"must be bytes, not {type(body).__name__}")
+    if len(body) > max_body_bytes:
+        raise BadInputError("body", f"{len(body)} bytes exceeds the maximum of {max_body_bytes}")
+    props_raw = _encode_props_with_crc_slot(properties)
+    born_ip, born_port = _pack_ipv4(born_host, "born_host")
+    store_ip, store_port = _pack_ipv4(store_host, "store_host")
+    _check_int("queue_id", queue_id, 0, 2**31 - 1)
+    _check_int("flag", flag, -(2**31), 2**31 - 1)
+    _check_int("sys_flag", sys_flag, 0, 2**31 - 1)
+    _check_int("reconsume_times", reconsume_times, 0, 2**31 - 1)
+    _check_int("born_ts_ms", born_ts_ms, 0, 2**63 - 1)
+    if sys_flag & _HOSTS_V6:
+        raise BadInputError("sys_flag", "IPv6 host bits are set but records are written with IPv4 hosts")
+    body_len, topic_len = len(body), len(topic_raw)
+    total = RECORD_FIXED_SIZE + body_len + topic_len + len(props_raw)
+    out = bytearray(total)
+    _V4_HEADER.pack_into(out, 0, total, MAGIC_V1, zlib.crc32(body) & BODY_CRC_MASK, queue_id, flag, 0, 0,
+                         sys_flag, born_ts_ms, born_ip, born_port, 0, store_ip, store_port,
+                         reconsume_times, 0, body_len)
+    at = BODY_OFFSET + body_len
+    out[BODY_OFFSET:at] = body
+    out[at] = topic_len
+    out[at + 1 : at + 1 + topic_len] = topic_raw
+    at += 1 + topic_len
+    _I16.pack_into(out, at, len(props_raw))
+    out[at + PROPERTIES_LENGTH_SIZE :] = props_raw
+    return out
+
+
+def stamp_record(buf: bytearray | memoryview, pos: int, *, queue_offset: int, commit_pos: int,
+                 store_ts_ms: int) -> None:
+    """Patch QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP in place, then seal the CRC32C tail."""
+    total_size = _I32.unpack_from(buf, pos)[0]
+    crc_pos = pos + total_size - CRC32C_PROP_SIZE
+    if total_size < RECORD_FIXED_SIZE + CRC32C_PROP_SIZE or crc_pos + CRC32C_PROP_SIZE > len(buf):
+        raise BadInputError("record", f"TOTALSIZE {total_size} at {pos} is not a record in this buffer")
+    if buf[crc_pos : crc_pos + len(CRC32C_PREFIX)] != CRC32C_PREFIX:
+        raise BadInputError("record", f"record at {pos} has no reserved __CRC32C tail")
+    born_v6 = _I32.unpack_from(buf, pos + SYS_FLAG_OFFSET)[0] & _BORNHOST_V6
+    _STAMP.pack_into(buf, pos + QUEUE_OFFSET_OFFSET, queue_offset, commit_pos)
+    _I64.pack_into(buf, pos + (STORE_TS_OFFSET_BORN_V6 if born_v6 else STORE_TS_OFFSET), store_ts_ms)
+    with memoryview(buf) as view:
+        crc = crc32c.crc32c(view[pos:crc_pos])
+    digits_pos = crc_pos + len(CRC32C_PREFIX)
+    buf[digits_pos : digits_pos + CRC32C_DIGITS] = b"%010d" % crc
+
+
+def encode_filler(space_left: int) -> bytes:
+    """The 8-byte end-of-file filler claiming the `space_left` bytes to the end of the segment."""
+    if not isinstance(space_left, int) or not FILLER_SIZE <= space_left < 2**31:
+        raise BadInputError("space_left", f"{space_left!r} is not in {FILLER_SIZE}..2**31-1")
+    return _FILLER.pack(space_left, BLANK_MAGIC)
+
+
+def _encode_topic(topic: object) -> bytes:
+    if not isinstance(topic, str):
+        raise BadInputError("topic", f"must be a str, not {type(topic).__name__}")
+    try:
+        raw = topic.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInputError("topic", "is not valid UTF-8 text") from None
+    if not raw or len(raw) > MAX_TOPIC_BYTES:
+        raise BadInputError("topic", f"must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8, not {len(raw)}")
+    return raw
+
+
+def _encode_props_with_crc_slot(properties: Mapping[str, str] | None) -> bytes:
+    if properties and PROP_CRC32C in properties:
+        raise BadInputError("properties", f"{PROP_CRC32C!r} is reserved for the store")
+    raw = encode_properties(properties) if properties else b""
+    if len(raw) + CRC32C_PROP_SIZE > MAX_PROPERTIES_BYTES:
+        raise BadInputError("properties", f"{len(raw)} bytes plus the {CRC32C_PROP_SIZE}-byte CRC32C "
+                            f"property exceeds {MAX_PROPERTIES_BYTES}")
+    return raw + CRC32C_RESERVED
+
+
+def _check_int(field: str, value: object, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise BadInputError(field, f"{value!r} is not an int in {low}..{high}")
+
+
+def _pack_ipv4(host: object, field: str) -> tuple[bytes, int]:
+    try:
+        ip, port = host  # type: ignore[misc]
+        packed = socket.inet_pton(socket.AF_INET, ip)
+    except (TypeError, ValueError, OSError):
+        raise BadInputError(field, f"{host!r} is not an (IPv4 address, port) pair") from None
+    _check_int(f"{field} port", port, 0, 2**31 - 1)
+    return packed, port
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def decode_record(buf, pos: int = 0, *, verify: Verify = Verify.MQSTORE,
+                  base_pos: int = 0) -> Record | Filler:
+    """Decode and check the record at buf[pos:] (commit position base_pos+pos); raise CorruptRecordError."""
+    commit_pos = base_pos + pos
+    layout = _locate(buf, pos, commit_pos)
+    if isinstance(layout, Filler):
+        return layout
+    f = layout.fields
+    crc_tail = _read_crc_tail(buf, layout.end, layout.props_pos)
+    with memoryview(buf) as view:
+        body = view[layout.body_pos : layout.body_end]
+        if verify is not Verify.STRUCTURE:
+            if zlib.crc32(body) & BODY_CRC_MASK != f[2]:
+                raise CorruptRecordError("BODYCRC mismatch", pos=commit_pos, size=f[0])
+            if crc_tail is not None and crc32c.crc32c(view[pos : layout.end - CRC32C_PROP_SIZE]) != crc_tail:
+                raise CorruptRecordError("CRC32C mismatch", pos=commit_pos, size=f[0])
+        body = bytes(body)
+    topic, props = _decode_text(buf, layout, commit_pos)
+    if crc_tail is not None:
+        props.pop(PROP_CRC32C, None)
+    elif verify is Verify.MQSTORE or (verify is Verify.ROCKETMQ and PROP_CRC32C in props):
+        raise CorruptRecordError("missing or malformed __CRC32C property", pos=commit_pos, size=f[0])
+    return Record(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], _host(f[9], f[10]), f[11],
+                  _host(f[12], f[13]), f[14], f[15], body, topic, props, crc_tail)
+
+
+def decode_header(buf, pos: int = 0, *, base_pos: int = 0) -> RecordHeader | Filler:
+    """Structure-checked decode of what dispatch needs; no body copy, no CRC checks."""
+    commit_pos = base_pos + pos
+    layout = _locate(buf, pos, commit_pos)
+    if isinstance(layout, Filler):
+        return layout
+    f = layout.fields
+    topic, props = _decode_text(buf, layout, commit_pos)
+    return RecordHeader(f[0], f[3], f[5], f[6], f[7], f[11], topic, _tags_code(props.get(PROP_TAGS)),
+                        split_keys(props.get(PROP_KEYS)), props.get(PROP_UNIQ_KEY))
+
+
+def store_ts_at(buf, pos: int, *, base_pos: int = 0) -> int:
+    """STORETIMESTAMP of the record at buf[pos:], honouring SysFlag.BORNHOST_V6 (no other checks)."""
+    if len(buf) - pos < V4_HEADER_SIZE:
+        raise CorruptRecordError("too few bytes for a record header", pos=base_pos + pos)
+    magic = _U32.unpack_from(buf, pos + MAGIC_OFFSET)[0]
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        raise CorruptRecordError(f"not a record (magic 0x{magic:08X})", pos=base_pos + pos)
+    born_v6 = _I32.unpack_from(buf, pos + SYS_FLAG_OFFSET)[0] & _BORNHOST_V6
+    return _I64.unpack_from(buf, pos + (STORE_TS_OFFSET_BORN_V6 if born_v6 else STORE_TS_OFFSET))[0]
+
+
+def _locate(buf, pos: int, commit_pos: int) -> _Layout | Filler:
+    """Check framing and field lengths; return the fixed fields and where the variable parts lie."""
+    avail = len(buf) - pos
+    if avail < FILLER_SIZE:
+        raise CorruptRecordError(f"only {avail} bytes left, fewer than a record header", pos=commit_pos)
+    total_size, magic = _FILLER.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC:
+        if not FILLER_SIZE <= total_size <= avail:
+            raise CorruptRecordError(f"filler TOTALSIZE {total_size} outside {FILLER_SIZE}..{avail}",
+                                     pos=commit_pos)
+        return Filler(commit_pos, total_size)
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        reason = ("unwritten space (zero TOTALSIZE and magic)" if total_size == 0 and magic == 0
+                  else f"unknown magic 0x{magic:08X}")
+        raise CorruptRecordError(reason, pos=commit_pos)
+    if not RECORD_FIXED_SIZE <= total_size <= avail:
+        raise CorruptRecordError(f"TOTALSIZE {total_size} outside {RECORD_FIXED_SIZE}..{avail} "
+                                 "(bytes left in the buffer)", pos=commit_pos)
+    fields = _V4_HEADER.unpack_from(buf, pos)
+    body_pos = pos + BODY_OFFSET
+    if fields[_F_SYS_FLAG] & _HOSTS_V6:
+        fields, body_pos = _unpack_v6_header(buf, pos, total_size, commit_pos)
+    if fields[_F_PHYSICAL_OFFSET] != commit_pos:
+        raise CorruptRecordError(f"PHYSICALOFFSET {fields[_F_PHYSICAL_OFFSET]} is not the record's "
+                                 "position", pos=commit_pos, size=total_size)
+    end = pos + total_size
+    length_size = TOPIC_LENGTH_SIZE_V1 if magic == MAGIC_V1 else TOPIC_LENGTH_SIZE_V2
+    body_len = fields[_F_BODY_LENGTH]
+    body_end = body_pos + body_len
+    if body_len < 0 or body_end + length_size > end:
+        raise _size_mismatch(f"BODYLENGTH {body_len}", commit_pos, total_size)
+    topic_len = (_I8 if length_size == 1 else _I16).unpack_from(buf, body_end)[0]
+    topic_pos = body_end + length_size
+    if topic_len < 0 or topic_pos + topic_len + PROPERTIES_LENGTH_SIZE > end:
+        raise _size_mismatch(f"TOPICLENGTH {topic_len}", commit_pos, total_size)
+    props_len = _I16.unpack_from(buf, topic_pos + topic_len)[0]
+    props_pos = topic_pos + topic_len + PROPERTIES_LENGTH_SIZE
+    if props_len < 0 or props_pos + props_len != end:
+        raise _size_mismatch(f"fields sum to {props_pos + props_len - pos}", commit_pos, total_size)
+    return _Layout(fields, body_pos, body_end, topic_pos, props_pos, end)
+
+
+def _size_mismatch(what: str, commit_pos: int, total_size: int) -> CorruptRecordError:
+    return CorruptRecordError(f"{what} does not fit TOTALSIZE {total_size}", pos=commit_pos, size=total_size)
+
+
+def _unpack_v6_header(buf, pos: int, total_size: int, commit_pos: int) -> tuple[tuple, int]:
+    """Fixed fields of a record with an IPv6 born and/or store host, in V4_HEADER order."""
+    head = _HEAD.unpack_from(buf, pos)
+    born = _HOST_V6 if head[7] & _BORNHOST_V6 else _HOST_V4
+    store = _HOST_V6 if head[7] & _STOREHOST_V6 else _HOST_V4
+    at = pos + RECORD_HEAD_SIZE
+    body_pos = at + born.size + 8 + store.size + RECORD_MID_SIZE
+    if body_pos > pos + total_size:
+        raise _size_mismatch("the header with IPv6 hosts", commit_pos, total_size)
+    born_host = born.unpack_from(buf, at)
+    store_ts = _I64.unpack_from(buf, at + born.size)
+    store_host = store.unpack_from(buf, at + born.size + 8)
+    mid = _MID.unpack_from(buf, at + born.size + 8 + store.size)
+    return head + born_host + store_ts + store_host + mid, body_pos
+
+
+def _decode_text(buf, layout: _Layout, commit_pos: int) -> tuple[str, dict[str, str]]:
+    topic_len = layout.props_pos - PROPERTIES_LENGTH_SIZE - layout.topic_pos
+    try:
+        topic = str(buf[layout.topic_pos : layout.topic_pos + topic_len], "utf-8")
+        props = decode_properties(buf[layout.props_pos : layout.end])
+    except UnicodeDecodeError as exc:
+        raise CorruptRecordError(f"topic or properties are not UTF-8 ({exc.reason})",
+                                 pos=commit_pos, size=layout.end - layout.props_pos) from None
+    return topic, props
+
+
+def _read_crc_tail(buf, end: int, props_pos: int) -> int | None:
+    """The CRC32C value of a well-formed 20-byte __CRC32C tail ending at `end`, else None."""
+    if end - props_pos < CRC32C_PROP_SIZE:
+        return None
+    tail = bytes(buf[end - CRC32C_PROP_SIZE : end])
+    digits = tail[len(CRC32C_PREFIX) : -1]
+    if not tail.startswith(CRC32C_PREFIX) or tail[-1] != 0x02 or not digits.isdigit():
+        return None
+    return int(digits)
+
+
+@lru_cache(maxsize=1024)
+def _host(ip: bytes, port: int) -> tuple[str, int]:
+    return socket.inet_ntop(socket.AF_INET if len(ip) == 4 else socket.AF_INET6, ip), port
+
+
+# ---------------------------------------------------------------- ids
+
+
+def make_msg_id(store_host: tuple[str, int], commit_pos: int) -> str:
+    """RocketMQ's offset msgId: uppercase hex of store IP, port (4) and commit position (8)."""
+    ip, port = store_host
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        packed = socket.inet_pton(family, ip) + _MSG_ID_TAIL.pack(port, commit_pos)
+    except (OSError, struct.error, TypeError):
+        raise BadInputError("store_host", f"{store_host!r} / {commit_pos!r} cannot form a msgId") from None
+    return packed.hex().upper()
+
+
+def parse_msg_id(msg_id: str) -> tuple[tuple[str, int], int]:
+    """Inverse of make_msg_id: ((store ip, port), commit_pos); BadInputError if malformed."""
+    if not isinstance(msg_id, str) or len(msg_id) not in (32, 56):
+        raise BadInputError("msg_id", f"{msg_id!r} is not 32 or 56 hex characters")
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raise BadInputError("msg_id", f"{msg_id!r} is not hexadecimal") from None
+    if len(raw) * 2 != len(msg_id):
+        raise BadInputError("msg_id", f"{msg_id!r} is not hexadecimal")
+    ip_size = len(raw) - _MSG_ID_TAIL.size
+    port, commit_pos = _MSG_ID_TAIL.unpack_from(raw, ip_size)
+    if commit_pos < 0:
+        raise BadInputError("msg_id", f"{msg_id!r} holds a negative commit position")
+    return _host(raw[:ip_size], port), commit_pos
+
+
+_uniq_counter = itertools.count()
+_uniq_salt = int.from_bytes(os.urandom(3), "big")
+
+
+def _reseed_uniq_salt() -> None:
+    global _uniq_salt
+    _uniq_salt = int.from_bytes(os.urandom(3), "big")
+
+
+os.register_at_fork(after_in_child=_reseed_uniq_salt)
+
+
+def new_uniq_key() -> str:
+    """A fresh UNIQ_KEY: 32 uppercase hex of pid (4 B), random salt (3), time ms (6), counter (3)."""
+    now_ms = time.time_ns() // 1_000_000
+    value = ((os.getpid() & 0xFFFFFFFF) << 96 | _uniq_salt << 72 | (now_ms & 0xFFFFFFFFFFFF) << 24
+             | next(_uniq_counter) & 0xFFFFFF)
+    return f"{value:032X}"
