@@ -14,6 +14,7 @@ from enum import Enum
 from pathlib import Path
 
 from engine.errors import DiskFullError, SegmentLayoutError, StoreError, StorePermissionError
+from engine.naming import TEMP_SUFFIX
 
 PAGE_BYTES = mmap.PAGESIZE
 RESERVE_STEP_BYTES = 4 << 20  # blocks are allocated ahead of the writer in steps of this size
@@ -51,14 +52,22 @@ class MappedFile:
 
     @classmethod
     def create(cls, path: Path, size_bytes: int) -> MappedFile:
-        """Create a new sparse file of `size_bytes` (owner-only) and map it read-write."""
+        """Create a new sparse file of `size_bytes` (owner-only) and map it read-write.
+
+        It is sized under a temporary name and renamed, so a crash never leaves a short file
+        under a segment name (only a `.tmp` file, which loading removes).
+        """
         path = Path(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        if path.exists():
+            raise FileExistsError(path)
+        tmp = path.with_name(path.name + TEMP_SUFFIX)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, size_bytes)
+            os.rename(tmp, path)
         except OSError:
             os.close(fd)
-            path.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
         fsync_dir(path.parent)
         return cls(path, size_bytes, fd, Access.READ_WRITE)
@@ -168,7 +177,7 @@ def ensure_dir(directory: Path) -> Path:
 def write_file_atomically(path: Path, data: bytes, *, backup_suffix: str | None = None) -> None:
     """Replace `path` with `data`: write temp, fsync, (copy old to backup), rename, fsync dir."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + TEMP_SUFFIX)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         view = memoryview(data)
@@ -179,7 +188,7 @@ def write_file_atomically(path: Path, data: bytes, *, backup_suffix: str | None 
         os.close(fd)
     if backup_suffix is not None and path.exists():
         backup = path.with_name(path.name + backup_suffix)
-        backup_tmp = backup.with_name(backup.name + ".tmp")
+        backup_tmp = backup.with_name(backup.name + TEMP_SUFFIX)
         shutil.copyfile(path, backup_tmp)
         _fsync_path(backup_tmp)
         os.replace(backup_tmp, backup)

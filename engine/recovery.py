@@ -106,8 +106,9 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, progress: Progress | 
     """Bring the store to a consistent state and write a fresh checkpoint; see the module doc."""
     started = time.monotonic()
     loaded = load_checkpoint(parts.root)
+    fresh = not parts.commitlog.segments.segments
     report = RecoveryReport(shutdown=shutdown.value, checkpoint_source=loaded.source.value,
-                            checkpoint_problems=list(loaded.problems))
+                            checkpoint_problems=[] if fresh else list(loaded.problems))
     cp = loaded.checkpoint
     parts.queues.recover_all()
     shard_positions = _shard_durable_positions(cp, len(parts.shards))
@@ -231,12 +232,18 @@ def _cut(parts: StoreParts, cut_pos: int, report: RecoveryReport, now_ms: int) -
         report.quarantine_path = str(path)
         report.quarantined_bytes = len(tail)
     seg = commitlog.segments
-    report.segments_removed = [s.path.name for s in seg.segments if seg.base_of(s) > cut_pos
-                               and seg.base_of(s) != _segment_base(commitlog, cut_pos)]
+    cut_base = _segment_base(commitlog, cut_pos)
+    report.segments_removed = [s.path.name for s in seg.segments
+                               if seg.base_of(s) > cut_base and _holds_data(s)]
     commitlog.truncate_to(cut_pos)
     report.cq_entries_trimmed += parts.queues.truncate_all_from(cut_pos)
     for shard in parts.shards:
         report.index_entries_trimmed += shard.trim_from(cut_pos)
+
+
+def _holds_data(segment) -> bool:
+    """A preallocated (all-zero) segment is not data; removing it is not worth reporting."""
+    return bool(np.frombuffer(segment.buf, dtype=np.uint8).any())
 
 
 def _segment_base(commitlog: CommitLog, pos: int) -> int:

@@ -11,8 +11,8 @@ import bisect
 from pathlib import Path
 
 from engine.errors import SegmentLayoutError
-from engine.mapped_file import Access, MappedFile, ensure_dir
-from engine.naming import is_segment_name, name_to_offset, offset_to_name
+from engine.mapped_file import Access, MappedFile, ensure_dir, remove_file
+from engine.naming import TEMP_SUFFIX, is_segment_name, name_to_offset, offset_to_name
 
 
 class SegmentQueue:
@@ -31,6 +31,8 @@ class SegmentQueue:
         queue = cls(directory, segment_bytes, access)
         if not queue.directory.is_dir():
             return queue
+        for leftover in queue.directory.glob("*" + TEMP_SUFFIX):
+            remove_file(leftover)  # a create that crashed before its rename
         names = sorted(p.name for p in queue.directory.iterdir())
         foreign = [n for n in names if not is_segment_name(n)]
         if foreign:

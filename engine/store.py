@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from engine import retention
+from engine.checkpoint import write_checkpoint
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.consume_queue import Boundary, ConsumeQueueTable
@@ -25,7 +26,6 @@ from engine.hash_index import ShardIndex
 from engine.mapped_file import Access, disk_usage_ratio
 from engine.message import Message, build_properties, validate_body, validate_queue_id
 from engine.recovery import RecoveryReport, StoreParts, detect_shutdown, recover
-from engine.checkpoint import write_checkpoint
 from engine.status import GetResult, GetStatus, PutResult, PutStatus
 from engine.store_dir import (
     StoreKind,
@@ -194,9 +194,16 @@ class MessageStore:
         return self._disk_full
 
     def clean_expired(self, *, now_ms: int | None = None) -> retention.RetentionReport:
-        """Run one retention pass (by age at the delete hour, or by disk usage)."""
+        """Run one retention pass (by age at the delete hour, or by disk usage).
+
+        The pass's DISK_FULL verdict is adopted at once (as RocketMQ's cleaner sets the bit),
+        so puts refuse or resume without waiting for the next periodic disk check.
+        """
         self._require_open()
-        return retention.run_retention(self._parts, self.config, now_ms=now_ms)
+        report = retention.run_retention(self._parts, self.config, now_ms=now_ms)
+        self._disk_full = report.disk_full
+        self._disk_checked_ms = _now_ms()
+        return report
 
     # -- reading ---------------------------------------------------------------------------
 

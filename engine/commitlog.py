@@ -1,0 +1,361 @@
+"""The commitlog: one append-only log of records over fixed-size segments (<root>/commitlog).
+
+Positions are `commit_pos` (bytes from the start of the whole log); a segment holds
+[base_pos, base_pos + segment_bytes) and is named by its base_pos.
+
+**Filler rule** (RocketMQ's END_OF_FILE, DESIGN §3): a record is never split across segments.
+When `len(record) + FILLER_SIZE > space left` in the current segment, the writer puts an
+8-byte filler at `written_pos` (TOTALSIZE = space left, MAGIC = BLANK_MAGIC; the rest of the
+segment stays zero), moves `written_pos` to the next segment's base, creates that segment and
+preallocates the one after it. Hence at least 8 bytes are always left for a filler, and every
+segment that is not the last ends with one. Readers follow a filler to the next segment base.
+
+Step order of a roll: filler bytes -> create next segment -> preallocate the one after. A crash
+at any step leaves a log that recovery reads as "valid up to the filler" (a preallocated or
+just-created segment is all zeros, which a scan reports as the unwritten end).
+
+Positions: `written_pos` is where the next record goes; `flushed_pos` is what msync has made
+durable. On open they start at the end of the loaded segments (everything counts as written,
+as RocketMQ's load does) until recovery calls `reset_positions` or `truncate_to`; a fresh store
+starts at 0 and creates its first segment on the first append. A read-only view (readers,
+the dispatcher) tracks the end of the segments it has mapped; `refresh()` adopts new ones.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from itertools import accumulate
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from engine.errors import BadInputError, CorruptRecordError
+from engine.formats.record import (
+    FILLER_SIZE,
+    Filler,
+    Record,
+    RecordHeader,
+    Verify,
+    decode_header,
+    decode_record,
+    encode_filler,
+    stamp_record,
+)
+from engine.mapped_file import Access, MappedFile, remove_file
+from engine.naming import commitlog_dir, is_segment_name, name_to_offset
+from engine.segment_queue import SegmentQueue
+
+# Every record and every filler starts with its 4-byte big-endian TOTALSIZE (reference §1.1).
+_TOTAL_SIZE = struct.Struct(">i")
+_ZERO_CHUNK_BYTES = 1 << 20
+
+
+class SegmentInfo(NamedTuple):
+    """What retention needs to know about one segment."""
+
+    base_pos: int
+    path: Path
+    mtime_s: float
+
+
+class CommitLog:
+    """Append, read and cut the commitlog. Only the supervisor opens it READ_WRITE."""
+
+    def __init__(self, segments: SegmentQueue):
+        self.segments = segments
+        self.written_pos = segments.end_pos
+        self.flushed_pos = segments.end_pos
+
+    @classmethod
+    def open(cls, root: Path, segment_bytes: int, access: Access) -> CommitLog:
+        """Load the segments of <root>/commitlog (a layout problem raises SegmentLayoutError)."""
+        return cls(SegmentQueue.load(commitlog_dir(root), segment_bytes, access))
+
+    @property
+    def segment_bytes(self) -> int:
+        return self.segments.segment_bytes
+
+    @property
+    def min_pos(self) -> int:
+        """First commit position still on disk (the first segment's base; 0 when empty)."""
+        return self.segments.min_pos
+
+    def next_segment_pos(self, pos: int) -> int:
+        """Base of the segment after the one holding `pos`."""
+        return (pos // self.segment_bytes + 1) * self.segment_bytes
+
+    def reset_positions(self, written_pos: int, flushed_pos: int) -> None:
+        """Recovery's verdict: where the next record goes and what is known durable."""
+        file_pos = written_pos % self.segment_bytes
+        if file_pos and self.segment_bytes - file_pos < FILLER_SIZE:
+            raise BadInputError("written_pos", f"{written_pos} leaves no room for a filler")
+        if not 0 <= flushed_pos <= written_pos:
+            raise BadInputError("flushed_pos", f"{flushed_pos} not in [0, {written_pos}]")
+        self.written_pos = written_pos
+        self.flushed_pos = flushed_pos
+
+    def refresh(self) -> None:
+        """Read-only views: adopt segments the writer created (and forget deleted ones)."""
+        self.segments.refresh()
+        if self.segments.access is Access.READ_ONLY:
+            self.written_pos = self.flushed_pos = self.segments.end_pos
+
+    # ---------------------------------------------------------------- append
+
+    def append(self, record: bytes | bytearray | memoryview, *, queue_offset: int,
+               store_ts_ms: int) -> int:
+        """Copy one encoded record in at `written_pos`, stamp it, return its commit_pos."""
+        (size,) = self._check_sizes((record,))
+        segment, file_pos = self._room_for(size)
+        commit_pos = self.written_pos
+        segment.buf[file_pos:file_pos + size] = record
+        stamp_record(segment.buf, file_pos, queue_offset=queue_offset, commit_pos=commit_pos,
+                     store_ts_ms=store_ts_ms)
+        self.written_pos = commit_pos + size
+        return commit_pos
+
+    def append_batch(self, records: Sequence[bytes | bytearray | memoryview],
+                     queue_offsets: Sequence[int], store_ts_ms: int) -> list[int]:
+        """Append many records with one store time; returns their commit positions.
+
+        Each record is whole within a segment; a batch may span a roll (unlike RocketMQ,
+        which moves a whole batch). Each run that fits one segment is copied with a single
+        slice assignment, then its records are stamped. Nothing is written if any is invalid.
+        """
+        if len(records) != len(queue_offsets):
+            raise BadInputError("queue_offsets", f"{len(queue_offsets)} offsets for "
+                                f"{len(records)} records")
+        sizes = self._check_sizes(records)
+        positions: list[int] = []
+        i = 0
+        while i < len(records):
+            segment, file_pos = self._room_for(sizes[i])
+            room = self.segment_bytes - file_pos - FILLER_SIZE
+            j = i + bisect.bisect_right(list(accumulate(sizes[i:])), room)
+            starts = list(accumulate(sizes[i:j - 1], initial=file_pos))
+            end = starts[-1] + sizes[j - 1]
+            buf = segment.buf
+            buf[file_pos:end] = records[i] if j == i + 1 else b"".join(records[i:j])
+            base_pos = self.written_pos - file_pos
+            for start, queue_offset in zip(starts, queue_offsets[i:j], strict=True):
+                stamp_record(buf, start, queue_offset=queue_offset, commit_pos=base_pos + start,
+                             store_ts_ms=store_ts_ms)
+            positions.extend([base_pos + start for start in starts])
+            self.written_pos = base_pos + end
+            i = j
+        return positions
+
+    def _check_sizes(self, records) -> list[int]:
+        """Each record's length, which must match its TOTALSIZE field and fit a segment."""
+        sizes = [len(record) for record in records]
+        if sizes and max(sizes) + FILLER_SIZE > self.segment_bytes:
+            raise BadInputError("body", f"record of {max(sizes)} bytes does not fit a segment of "
+                                f"{self.segment_bytes} bytes (minus {FILLER_SIZE} for a filler)")
+        unpack = _TOTAL_SIZE.unpack_from
+        if any(size < FILLER_SIZE or unpack(record)[0] != size
+               for record, size in zip(records, sizes, strict=True)):
+            raise BadInputError("record", "a record's TOTALSIZE field does not match its length")
+        return sizes
+
+    def _room_for(self, size: int) -> tuple[MappedFile, int]:
+        """The segment and file_pos where a record of `size` goes, rolling if it does not fit."""
+        segment, file_pos = self._active_segment()
+        space_left = self.segment_bytes - file_pos
+        if size + FILLER_SIZE > space_left:
+            segment.buf[file_pos:file_pos + FILLER_SIZE] = encode_filler(space_left)
+            self.written_pos += space_left
+            segment, file_pos = self._active_segment()
+            self.segments.preallocate_next()
+        return segment, file_pos
+
+    def _active_segment(self) -> tuple[MappedFile, int]:
+        """The segment holding `written_pos`; created (the next one preallocated) if missing.
+
+        After recovery the next segment may already be loaded (a preallocated file): reuse it."""
+        segment = self.segments.find(self.written_pos)
+        if segment is None:
+            segment = self.segments.create(self.written_pos - self.written_pos % self.segment_bytes)
+            self.segments.preallocate_next()
+        return segment, self.written_pos - self.segments.base_of(segment)
+
+    # ----------------------------------------------------------------- flush
+
+    def flush(self) -> int:
+        """msync [flushed_pos, written_pos); returns the new flushed_pos. Errors propagate."""
+        target = self.written_pos
+        if target > self.flushed_pos:
+            self.segments.sync_range(self.flushed_pos, target)
+        self.flushed_pos = target
+        return target
+
+    # ------------------------------------------------------------------ read
+
+    def read_at(self, commit_pos: int, verify: Verify = Verify.MQSTORE) -> Record:
+        """Decode the record at `commit_pos` (CorruptRecordError if its bytes are bad)."""
+        segment, file_pos = self._readable(commit_pos, 1)
+        record = decode_record(segment.buf, file_pos, verify=verify,
+                               base_pos=commit_pos - file_pos)
+        if isinstance(record, Filler):
+            raise BadInputError("commit_pos", f"{commit_pos} is an end-of-file filler")
+        return record
+
+    def read_bytes(self, commit_pos: int, size: int) -> memoryview:
+        """A zero-copy view of [commit_pos, commit_pos + size), which must lie in one segment."""
+        segment, file_pos = self._readable(commit_pos, size)
+        return segment.read(file_pos, size)
+
+    def _readable(self, commit_pos: int, size: int) -> tuple[MappedFile, int]:
+        if size <= 0:
+            raise BadInputError("size", f"{size} must be positive")
+        if commit_pos >= self.written_pos and self.segments.access is Access.READ_ONLY:
+            self.refresh()
+        if not self.min_pos <= commit_pos < self.written_pos:
+            raise BadInputError("commit_pos", f"{commit_pos} outside [{self.min_pos}, "
+                                f"{self.written_pos})")
+        segment = self.segments.find(commit_pos)
+        if segment is None:
+            raise BadInputError("commit_pos", f"no segment holds {commit_pos}")
+        file_pos = commit_pos - self.segments.base_of(segment)
+        if file_pos + size > self.segment_bytes:
+            raise BadInputError("size", f"[{commit_pos}, +{size}) crosses a segment end")
+        return segment, file_pos
+
+    def scan(self, start_pos: int, end_pos: int | None = None,
+             verify: Verify = Verify.MQSTORE) -> Scanner:
+        """Iterate Records from `start_pos` (a record boundary); see Scanner for the rules."""
+        return Scanner(self, start_pos, end_pos,
+                       lambda buf, pos, base: decode_record(buf, pos, verify=verify, base_pos=base))
+
+    def scan_headers(self, start_pos: int, end_pos: int | None = None) -> Scanner:
+        """Like scan, yielding RecordHeaders (no CRC check): the dispatcher's fast path."""
+        return Scanner(self, start_pos, end_pos,
+                       lambda buf, pos, base: decode_header(buf, pos, base_pos=base))
+
+    # -------------------------------------------------------- cut and retain
+
+    def tail_bytes(self, cut_pos: int, end_pos: int) -> bytes:
+        """A copy of [cut_pos, end_pos) across segments (recovery quarantines it before a cut)."""
+        parts = []
+        pos = cut_pos
+        while pos < end_pos:
+            segment = self.segments.find(pos)
+            if segment is None:
+                break
+            base_pos = self.segments.base_of(segment)
+            stop = min(end_pos, base_pos + self.segment_bytes)
+            parts.append(segment.read(pos - base_pos, stop - pos).tobytes())
+            pos = stop
+        return b"".join(parts)
+
+    def truncate_to(self, cut_pos: int) -> None:
+        """Cut the log at `cut_pos`: zero the rest of its segment, delete every later segment.
+
+        Copy what you want to keep first (`tail_bytes`). Zeroing skips chunks that are already
+        zero, so a sparse 1 GiB tail costs reads, not writes; the zeroed range is msync'd.
+        """
+        if not self.min_pos <= cut_pos <= max(self.segments.end_pos, self.min_pos):
+            raise BadInputError("cut_pos", f"{cut_pos} outside [{self.min_pos}, "
+                                f"{self.segments.end_pos}]")
+        segment = self.segments.find(cut_pos)
+        if segment is not None:
+            file_pos = cut_pos - self.segments.base_of(segment)
+            _zero_nonzero(segment, file_pos)
+            segment.sync(file_pos, self.segment_bytes)
+        next_base = self.next_segment_pos(cut_pos)
+        self.segments.remove_after(next_base)
+        self._remove_stray_files(next_base)
+        self.written_pos = self.flushed_pos = cut_pos
+
+    def _remove_stray_files(self, from_pos: int) -> None:
+        """Delete unadopted segment files (a preallocated one) at or past `from_pos`."""
+        directory = self.segments.directory
+        if not directory.is_dir():
+            return
+        for name in os.listdir(directory):
+            if is_segment_name(name) and name_to_offset(name) >= from_pos:
+                remove_file(directory / name)
+
+    def remove_oldest_segment(self) -> Path:
+        """Retention: delete the first segment; never the one being written."""
+        if len(self.segments.segments) < 2 or self.min_pos + self.segment_bytes > self.written_pos:
+            raise BadInputError("segment", "the oldest segment is the active one")
+        return self.segments.remove_first()
+
+    def segments_info(self) -> list[SegmentInfo]:
+        """(base_pos, path, mtime_s) of every segment, oldest first."""
+        return [SegmentInfo(self.segments.base_of(s), s.path, os.stat(s.path).st_mtime)
+                for s in self.segments.segments]
+
+    def close(self) -> None:
+        self.segments.close()
+
+
+def _zero_nonzero(segment: MappedFile, file_pos: int) -> None:
+    for pos in range(file_pos, segment.size_bytes, _ZERO_CHUNK_BYTES):
+        stop = min(pos + _ZERO_CHUNK_BYTES, segment.size_bytes)
+        if np.frombuffer(segment.read(pos, stop - pos), dtype=np.uint8).any():
+            segment.zero(pos, stop)
+
+
+Decoder = Callable[[memoryview, int, int], Record | RecordHeader | Filler]
+
+
+class Scanner:
+    """Iterator over the records of [start_pos, end_pos), following fillers to the next segment.
+
+    `pos` is always where the next record would start: after a normal end it is where the scan
+    stopped (>= end_pos, or the start of a record that would cross end_pos, or the base of a
+    segment that is not there); after a CorruptRecordError it is the bad record's commit_pos,
+    the cut point for recovery. Unwritten (zero) bytes raise CorruptRecordError too: whether
+    that is a clean end is the caller's decision. `end_pos` defaults to the end of the last
+    segment. `fillers` counts the fillers crossed.
+    """
+
+    def __init__(self, log: CommitLog, start_pos: int, end_pos: int | None, decode: Decoder):
+        if start_pos < log.min_pos:
+            raise BadInputError("start_pos", f"{start_pos} is below the log start {log.min_pos}")
+        self.log = log
+        self.pos = start_pos
+        self.end_pos = log.segments.end_pos if end_pos is None else end_pos
+        self.fillers = 0
+        self._decode = decode
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def __next__(self):
+        while self.pos < self.end_pos:
+            segment = self._segment()
+            if segment is None:
+                break
+            base_pos = self.log.segments.base_of(segment)
+            file_pos = self.pos - base_pos
+            space_left = segment.size_bytes - file_pos
+            if space_left >= _TOTAL_SIZE.size:
+                size = _TOTAL_SIZE.unpack_from(segment.buf, file_pos)[0]
+                if 0 < size <= space_left and self.pos + size > self.end_pos:
+                    break  # a record past the requested end: stop before it
+            item = self._decode(segment.buf, file_pos, base_pos)
+            if isinstance(item, Filler):
+                if item.size != space_left:
+                    raise CorruptRecordError(f"filler of {item.size} bytes, {space_left} left in "
+                                             "the segment", pos=self.pos, size=item.size)
+                self.fillers += 1
+                self.pos = base_pos + segment.size_bytes
+                continue
+            if item.total_size <= 0:  # defensive: a decoder must never yield this
+                raise CorruptRecordError("non-positive TOTALSIZE", pos=self.pos)
+            self.pos += item.total_size
+            return item
+        raise StopIteration
+
+    def _segment(self) -> MappedFile | None:
+        segment = self.log.segments.find(self.pos)
+        if segment is None and self.log.segments.access is Access.READ_ONLY:
+            self.log.refresh()
+            segment = self.log.segments.find(self.pos)
+        return segment

@@ -1,0 +1,511 @@
+"""Consume queues: per (topic, queue id) the 20-byte entries that point into the commitlog.
+
+One queue lives in <root>/consumequeue/<topic>/<queueId>/ as files of `entries_per_file`
+entries, each named by its logical byte offset (entry index x 20). Entry n (its queue
+offset) sits at logical byte n x 20; a queue that starts past 0 keeps its offsets, and the
+part of its first file below the start holds filler entries (RocketMQ's fillPreBlank).
+Consume queues are derived data: whatever is wrong with one is rebuilt from the commitlog.
+
+An entry is *valid* when commit_pos >= 0 and size > 0 (fillers included, RocketMQ §3.3);
+the first invalid entry (zeros: never written) ends the queue. Rules mqstore adds:
+- `put` is idempotent by queue offset (a re-dispatched entry returns False) and refuses a gap
+  or a conflicting entry with CorruptConsumeQueueError (RocketMQ #7355 appended anyway);
+- recovery and truncation zero the stale bytes behind the last valid entry (DESIGN §5.4);
+- every "last entry" read is guarded against empty files (RocketMQ #9728).
+
+`min_offset` is kept in memory; `load` puts it after the leading fillers of the first file and
+`correct_min_offset` moves it past entries whose records retention has deleted.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import BadInputError, CorruptConsumeQueueError
+from engine.formats.cq_entry import (
+    CQ_DTYPE,
+    CQ_ENTRY_SIZE,
+    FILLER_ENTRY,
+    CqEntry,
+    decode_cq_entry,
+    encode_cq_entry,
+)
+from engine.mapped_file import Access, MappedFile, remove_tree
+from engine.naming import CONSUMEQUEUE_DIR, consume_queue_dir, validate_topic
+from engine.segment_queue import SegmentQueue
+
+_FILLER_BYTES = encode_cq_entry(*FILLER_ENTRY)
+_SCAN_CHUNK_ENTRIES = 4096
+_RECOVER_FILES = 3  # RocketMQ recovers from the third-to-last file
+
+
+class Boundary(Enum):
+    """Which entry offset_for_time picks among equal store times (RocketMQ BoundaryType)."""
+
+    LOWER = "lower"
+    UPPER = "upper"
+
+
+class _NoStoreTime(Exception):
+    pass
+
+
+class ConsumeQueue:
+    """One queue's entries; offsets are queue offsets, `lpos` is a logical byte offset."""
+
+    def __init__(self, topic: str, queue_id: int, segments: SegmentQueue, entries_per_file: int):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.segments = segments
+        self.entries_per_file = entries_per_file
+        self._min_offset = self._max_offset = self._flushed_offset = 0
+        self._max_commit_end = 0
+
+    @classmethod
+    def load(cls, root: Path, topic: str, queue_id: int, entries_per_file: int,
+             access: Access) -> ConsumeQueue:
+        """Map the queue's files (none yet is fine) and find its last valid entry."""
+        validate_topic(topic)
+        _check_queue_id(queue_id)
+        segments = SegmentQueue.load(consume_queue_dir(root, topic, queue_id),
+                                     entries_per_file * CQ_ENTRY_SIZE, access)
+        queue = cls(topic, queue_id, segments, entries_per_file)
+        if segments.segments:
+            first = segments.segments[0]
+            queue._min_offset = segments.min_pos // CQ_ENTRY_SIZE + _filler_prefix(first)
+            queue._max_offset = queue._flushed_offset = queue._scan_forward(queue._recover_from())
+            queue._min_offset = min(queue._min_offset, queue._max_offset)
+            queue._update_commit_end()
+        return queue
+
+    @property
+    def min_offset(self) -> int:
+        return self._min_offset
+
+    @property
+    def max_offset(self) -> int:
+        """The next queue offset to write (counts the offsets below min_offset too)."""
+        return self._max_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flushed_offset
+
+    @property
+    def max_commit_end(self) -> int:
+        """commit_pos + size of the last entry; 0 when the queue holds none."""
+        return self._max_commit_end
+
+    @property
+    def file_bytes(self) -> int:
+        return self.entries_per_file * CQ_ENTRY_SIZE
+
+    # ------------------------------------------------------------------ write
+
+    def put(self, queue_offset: int, commit_pos: int, size: int, tags_code: int) -> bool:
+        """Write one entry into the mapping; False if it is already there (re-dispatch)."""
+        _check_entry(queue_offset, commit_pos, size)
+        if queue_offset < self._max_offset:
+            self._check_existing(queue_offset, np.array([commit_pos]), np.array([size]))
+            return False
+        if queue_offset > self._max_offset:
+            self._start_at_or_refuse(queue_offset)
+        self._write(queue_offset, encode_cq_entry(commit_pos, size, tags_code))
+        self._max_offset = queue_offset + 1
+        self._max_commit_end = commit_pos + size
+        return True
+
+    def put_batch(self, queue_offsets, commit_positions, sizes, tags_codes) -> int:
+        """Many puts (lists or numpy arrays) with put's rules; returns the entries written."""
+        offsets = np.asarray(queue_offsets, dtype=np.int64)
+        commits = np.asarray(commit_positions, dtype=np.int64)
+        sizes = np.asarray(sizes, dtype=np.int64)
+        tags = np.asarray(tags_codes, dtype=np.int64)
+        count = len(offsets)
+        if not count == len(commits) == len(sizes) == len(tags):
+            raise BadInputError("put_batch", "arrays of different lengths")
+        if count == 0:
+            return 0
+        if count > 1 and not np.all(np.diff(offsets) == 1):  # not one run: entry by entry
+            return sum(self.put(int(o), int(c), int(s), int(t))
+                       for o, c, s, t in zip(offsets, commits, sizes, tags, strict=True))
+        if offsets[0] < 0 or commits.min() < 0 or sizes.min() <= 0:
+            raise BadInputError("put_batch", "negative offset or commit_pos, or size <= 0")
+        first = int(offsets[0])
+        if first > self._max_offset:
+            self._start_at_or_refuse(first)
+        present = min(max(self._max_offset - first, 0), count)
+        self._check_existing(first, commits[:present], sizes[:present])
+        if present == count:
+            return 0
+        entries = np.empty(count - present, dtype=CQ_DTYPE)
+        entries["commit_pos"] = commits[present:]
+        entries["size"] = sizes[present:]
+        entries["tags_code"] = tags[present:]
+        self._write(self._max_offset, entries.tobytes())
+        self._max_offset += count - present
+        self._max_commit_end = int(commits[-1] + sizes[-1])
+        return count - present
+
+    def initialize_with_offset(self, queue_offset: int) -> None:
+        """Drop every file and restart the queue empty at `queue_offset` (min = max)."""
+        if queue_offset < 0:
+            raise BadInputError("queue_offset", f"{queue_offset} must be >= 0")
+        self.segments.remove_after(self.segments.min_pos)
+        self._start_at(queue_offset)
+
+    def _start_at_or_refuse(self, queue_offset: int) -> None:
+        if self._max_offset:
+            raise CorruptConsumeQueueError(
+                f"gap: offset {queue_offset} put while the queue ends at {self._max_offset}",
+                path=str(self.segments.directory), queue_offset=queue_offset)
+        self.segments.remove_after(self.segments.min_pos)  # files holding no entry
+        self._start_at(queue_offset)
+
+    def _start_at(self, queue_offset: int) -> None:
+        """Create the file holding `queue_offset`, fillers before it, durably (fillPreBlank)."""
+        lpos = queue_offset * CQ_ENTRY_SIZE
+        segment = self.segments.create(lpos - lpos % self.file_bytes)
+        fill_bytes = lpos % self.file_bytes
+        if fill_bytes:
+            segment.write(0, _FILLER_BYTES * (fill_bytes // CQ_ENTRY_SIZE))
+            segment.sync(0, fill_bytes)
+        self._min_offset = self._max_offset = self._flushed_offset = queue_offset
+        self._max_commit_end = 0
+
+    def _check_existing(self, first: int, commits: np.ndarray, sizes: np.ndarray) -> None:
+        """Entries re-put at [first, first+len) must equal the stored ones (below min: skipped)."""
+        skip = min(max(self._min_offset - first, 0), len(commits))
+        stored = self.entries(first + skip, len(commits) - skip)
+        same = (stored["commit_pos"] == commits[skip:]) & (stored["size"] == sizes[skip:])
+        if not same.all():
+            bad = first + skip + int(np.argmin(same))
+            old = stored[bad - first - skip]
+            raise CorruptConsumeQueueError(
+                f"offset {bad} holds commit_pos {old['commit_pos']} size {old['size']}, "
+                f"re-put with commit_pos {commits[bad - first]} size {sizes[bad - first]}",
+                path=str(self.segments.directory), queue_offset=bad)
+
+    def _write(self, queue_offset: int, data: bytes) -> None:
+        """Copy whole entries in at `queue_offset`, creating files as the data crosses them."""
+        lpos, done = queue_offset * CQ_ENTRY_SIZE, 0
+        while done < len(data):
+            segment = self.segments.find(lpos) or self.segments.create(lpos)
+            file_pos = lpos - self.segments.base_of(segment)
+            n = min(len(data) - done, self.file_bytes - file_pos)
+            segment.write(file_pos, data[done:done + n])
+            lpos, done = lpos + n, done + n
+
+    def flush(self) -> int:
+        """msync the entries written since the last flush; returns the flushed offset."""
+        target = self._max_offset
+        if target > self._flushed_offset:
+            self.segments.sync_range(self._flushed_offset * CQ_ENTRY_SIZE, target * CQ_ENTRY_SIZE)
+        self._flushed_offset = target
+        return target
+
+    # ------------------------------------------------------------------- read
+
+    def entry(self, queue_offset: int) -> CqEntry | None:
+        """The entry at `queue_offset`, or None outside [min_offset, max_offset)."""
+        if not self._min_offset <= queue_offset < self._max_offset:
+            return None
+        return self._entry_at(queue_offset)
+
+    def entries(self, queue_offset: int, max_count: int) -> np.ndarray:
+        """Up to `max_count` entries from `queue_offset` (CQ_DTYPE, a copy), crossing files.
+
+        Stops at max_offset; empty when `queue_offset` is outside [min_offset, max_offset).
+        """
+        count = min(max_count, self._max_offset - queue_offset)
+        if queue_offset < self._min_offset or count <= 0:
+            return np.empty(0, dtype=CQ_DTYPE)
+        parts = []
+        lpos, end = queue_offset * CQ_ENTRY_SIZE, (queue_offset + count) * CQ_ENTRY_SIZE
+        while lpos < end:
+            segment, file_pos = self._locate(lpos)
+            n = min(end - lpos, self.file_bytes - file_pos)
+            parts.append(np.frombuffer(segment.read(file_pos, n), dtype=CQ_DTYPE).copy())
+            lpos += n
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _entry_at(self, queue_offset: int) -> CqEntry:
+        segment, file_pos = self._locate(queue_offset * CQ_ENTRY_SIZE)
+        return decode_cq_entry(segment.buf, file_pos)
+
+    def _locate(self, lpos: int) -> tuple[MappedFile, int]:
+        segment = self.segments.find(lpos)
+        if segment is None:
+            raise CorruptConsumeQueueError(f"no file holds logical byte {lpos}",
+                                           path=str(self.segments.directory))
+        return segment, lpos - self.segments.base_of(segment)
+
+    def offset_for_time(self, ts_ms: int, boundary: Boundary,
+                        store_ts_of: Callable[[int, int], int], min_commit_pos: int = 0) -> int:
+        """The queue offset of the message stored at `ts_ms` (RocketMQ §3.6), by binary search.
+
+        LOWER: the first entry with store time >= ts_ms (max_offset if none); UPPER: the last
+        entry with store time <= ts_ms. Entries below `min_commit_pos` are skipped; a store
+        time the callback cannot read (< 0) gives 0. The result is clamped to
+        [min_offset, max_offset], so a queue without entries returns its min_offset (0 if new).
+        """
+        lo, hi = self._first_at_or_after(min_commit_pos), self._max_offset
+        if lo >= hi:
+            return self._clamp(hi)
+
+        def store_ts(queue_offset: int) -> int:
+            entry = self._entry_at(queue_offset)
+            ts = store_ts_of(entry.commit_pos, entry.size)
+            if ts < 0:
+                raise _NoStoreTime
+            return ts
+
+        try:
+            if boundary is Boundary.LOWER:
+                return self._clamp(lo + bisect.bisect_left(range(lo, hi), ts_ms, key=store_ts))
+            i = bisect.bisect_right(range(lo, hi), ts_ms, key=store_ts)
+            return self._clamp(lo + i - 1 if i else 0)
+        except _NoStoreTime:
+            return self._clamp(0)
+
+    def _clamp(self, queue_offset: int) -> int:
+        return min(max(queue_offset, self._min_offset), self._max_offset)
+
+    def _first_at_or_after(self, min_commit_pos: int) -> int:
+        """First offset in [min, max) whose commit_pos >= min_commit_pos (positions ascend)."""
+        lo = max(self._min_offset, self.segments.min_pos // CQ_ENTRY_SIZE)
+        return lo + bisect.bisect_left(range(lo, self._max_offset), min_commit_pos,
+                                       key=lambda o: self._entry_at(o).commit_pos)
+
+    # ---------------------------------------------------- recover and retain
+
+    def recover(self) -> int:
+        """Find the last valid entry from the third-to-last file on, zero what follows it in
+        its file, delete later files (never the first) and return max_offset."""
+        if not self.segments.segments:
+            return self._max_offset
+        start = self._recover_from()
+        end = self._scan_forward(start)
+        self._cut_at(end)
+        self.segments.sync_range(start * CQ_ENTRY_SIZE, end * CQ_ENTRY_SIZE)
+        self._flushed_offset = end
+        return end
+
+    def truncate_from_commit_pos(self, cut_pos: int) -> int:
+        """Drop every entry whose commit_pos >= cut_pos, walking back from the end; returns
+        how many. Dropped bytes are zeroed, files left empty deleted (never the first)."""
+        new_max = self._max_offset
+        while new_max > self._min_offset:
+            last_lpos = (new_max - 1) * CQ_ENTRY_SIZE
+            lo = max(self._min_offset, (last_lpos - last_lpos % self.file_bytes) // CQ_ENTRY_SIZE)
+            kept = np.flatnonzero(self.entries(lo, new_max - lo)["commit_pos"] < cut_pos)
+            new_max = lo + (int(kept[-1]) + 1 if len(kept) else 0)
+            if len(kept):
+                break
+        removed = self._max_offset - new_max
+        if removed:
+            self._cut_at(new_max)
+        return removed
+
+    def _cut_at(self, end: int) -> None:
+        """Make `end` the queue's end: zero the rest of its file, delete the files after it."""
+        lpos = end * CQ_ENTRY_SIZE
+        self.segments.remove_after(max(lpos, self.segments.min_pos + 1))
+        segment = self.segments.find(lpos)
+        if segment is not None:
+            file_pos = lpos - self.segments.base_of(segment)
+            if np.frombuffer(segment.read(file_pos, self.file_bytes - file_pos), np.uint8).any():
+                segment.zero(file_pos, self.file_bytes)
+                segment.sync(file_pos, self.file_bytes)
+        self._max_offset = end
+        self._min_offset = min(self._min_offset, end)
+        self._flushed_offset = min(self._flushed_offset, end)
+        self._update_commit_end()
+
+    def correct_min_offset(self, min_commit_pos: int) -> int:
+        """Move min_offset to the first entry whose record is still at or past
+        `min_commit_pos`; min = max when all are stale (RocketMQ §3.5). Returns min_offset."""
+        if self._min_offset >= self._max_offset:
+            return self._min_offset
+        if self._entry_at(self._max_offset - 1).commit_pos < min_commit_pos:
+            self._min_offset = self._max_offset  # every entry is stale
+        else:
+            self._min_offset = self._first_at_or_after(min_commit_pos)
+        return self._min_offset
+
+    def delete_expired_files(self, min_commit_pos: int) -> int:
+        """Delete leading files whose last entry points below `min_commit_pos` (never the
+        last file), then correct min_offset; returns the number of files deleted."""
+        deleted = 0
+        while len(self.segments.segments) > 1:
+            last = decode_cq_entry(self.segments.segments[0].buf, self.file_bytes - CQ_ENTRY_SIZE)
+            if not (last.size > 0 and 0 <= last.commit_pos < min_commit_pos):
+                break
+            self.segments.remove_first()
+            deleted += 1
+        self._min_offset = max(self._min_offset, self.segments.min_pos // CQ_ENTRY_SIZE)
+        self.correct_min_offset(min_commit_pos)
+        return deleted
+
+    def refresh(self) -> None:
+        """Read-only views: adopt the writer's new or deleted files and entries written since.
+
+        An entry being written at that moment may be seen torn: bound reads by the
+        dispatcher's published position, not by this max_offset alone."""
+        self.segments.refresh()
+        if self.segments.segments:
+            self._min_offset = max(self._min_offset, self.segments.min_pos // CQ_ENTRY_SIZE)
+            self._max_offset = self._flushed_offset = self._scan_forward(
+                max(self._max_offset, self._min_offset))
+            self._update_commit_end()
+
+    def _recover_from(self) -> int:
+        segments = self.segments.segments
+        first = segments[max(0, len(segments) - _RECOVER_FILES)]
+        return self.segments.base_of(first) // CQ_ENTRY_SIZE
+
+    def _scan_forward(self, queue_offset: int) -> int:
+        """The offset of the first invalid entry at or after `queue_offset` (or the end)."""
+        lpos = queue_offset * CQ_ENTRY_SIZE
+        while (segment := self.segments.find(lpos)) is not None:
+            file_pos = lpos - self.segments.base_of(segment)
+            n = min(self.file_bytes - file_pos, _SCAN_CHUNK_ENTRIES * CQ_ENTRY_SIZE)
+            chunk = np.frombuffer(segment.read(file_pos, n), dtype=CQ_DTYPE)
+            valid = (chunk["commit_pos"] >= 0) & (chunk["size"] > 0)
+            if not valid.all():
+                return (lpos + int(np.argmin(valid)) * CQ_ENTRY_SIZE) // CQ_ENTRY_SIZE
+            lpos += n
+        return lpos // CQ_ENTRY_SIZE
+
+    def _update_commit_end(self) -> None:
+        last = self.entry(self._max_offset - 1)
+        if last is None or (last.commit_pos, last.size, last.tags_code) == FILLER_ENTRY:
+            self._max_commit_end = 0
+        else:
+            self._max_commit_end = last.commit_pos + last.size
+
+    def close(self) -> None:
+        self.segments.close()
+
+
+def _filler_prefix(segment: MappedFile) -> int:
+    """How many filler entries open the file (fillPreBlank)."""
+    if bytes(segment.read(0, CQ_ENTRY_SIZE)) != _FILLER_BYTES:
+        return 0
+    entries = np.frombuffer(segment.read(0, segment.size_bytes), dtype=CQ_DTYPE)
+    filler = ((entries["commit_pos"] == FILLER_ENTRY[0]) & (entries["size"] == FILLER_ENTRY[1])
+              & (entries["tags_code"] == FILLER_ENTRY[2]))
+    return len(filler) if filler.all() else int(np.argmin(filler))
+
+
+def _check_queue_id(queue_id: object) -> None:
+    if not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
+        raise BadInputError("queue_id", f"{queue_id!r} must be an int >= 0")
+
+
+def _check_entry(queue_offset: int, commit_pos: int, size: int) -> None:
+    if queue_offset < 0 or commit_pos < 0 or size <= 0:
+        raise BadInputError("entry", f"queue_offset {queue_offset}, commit_pos {commit_pos}, "
+                            f"size {size}: offsets must be >= 0 and size > 0")
+
+
+class ConsumeQueueTable:
+    """Every consume queue of a store, by (topic, queue_id)."""
+
+    def __init__(self, root: Path, entries_per_file: int, access: Access):
+        self.root = Path(root)
+        self.entries_per_file = entries_per_file
+        self.access = access
+        self.foreign: list[Path] = []  # what load skipped: not a topic or not a queue id
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+
+    @classmethod
+    def load(cls, root: Path, entries_per_file: int, access: Access) -> ConsumeQueueTable:
+        """Load every queue under <root>/consumequeue; foreign entries are listed in `foreign`."""
+        table = cls(root, entries_per_file, access)
+        base = table.root / CONSUMEQUEUE_DIR
+        if not base.is_dir():
+            return table
+        for topic_dir in sorted(base.iterdir()):
+            if not (topic_dir.is_dir() and _is_topic(topic_dir.name)):
+                table.foreign.append(topic_dir)
+                continue
+            for queue_dir in sorted(topic_dir.iterdir()):
+                name = queue_dir.name
+                if not (queue_dir.is_dir() and name.isdigit() and str(int(name)) == name):
+                    table.foreign.append(queue_dir)  # RocketMQ skips non-numeric queue dirs
+                    continue
+                table._load(topic_dir.name, int(name))
+        return table
+
+    def _load(self, topic: str, queue_id: int) -> ConsumeQueue:
+        queue = ConsumeQueue.load(self.root, topic, queue_id, self.entries_per_file, self.access)
+        self._queues[(topic, queue_id)] = queue
+        return queue
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The queue, loading it if its directory appeared since; None if it does not exist."""
+        queue = self._queues.get((topic, queue_id))
+        if queue is None:
+            validate_topic(topic)
+            _check_queue_id(queue_id)
+            if consume_queue_dir(self.root, topic, queue_id).is_dir():
+                queue = self._load(topic, queue_id)
+        return queue
+
+    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The queue, created empty (its first file comes with the first put) if missing."""
+        return self.get(topic, queue_id) or self._load(topic, queue_id)
+
+    def drop(self, topic: str, queue_id: int) -> None:
+        """Forget a queue and delete its files (recovery then rebuilds it from the commitlog)."""
+        validate_topic(topic)
+        _check_queue_id(queue_id)
+        queue = self._queues.pop((topic, queue_id), None)
+        if queue is not None:
+            queue.close()
+        remove_tree(consume_queue_dir(self.root, topic, queue_id))
+
+    def __iter__(self) -> Iterator[ConsumeQueue]:
+        return iter(list(self._queues.values()))
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+    def max_commit_end(self) -> int:
+        """Where dispatch has got to: the largest end of a last entry over all queues."""
+        return max((q.max_commit_end for q in self._queues.values()), default=0)
+
+    def truncate_all_from(self, cut_pos: int) -> int:
+        """Drop the entries of every queue that point at or past `cut_pos`; returns how many."""
+        return sum(q.truncate_from_commit_pos(cut_pos) for q in self._queues.values()
+                   if q.max_commit_end > cut_pos)
+
+    def flush_all(self) -> None:
+        for queue in self._queues.values():
+            queue.flush()
+
+    def recover_all(self) -> int:
+        """Recover every queue; returns max_commit_end() afterwards (where re-dispatch starts)."""
+        for queue in self._queues.values():
+            queue.recover()
+        return self.max_commit_end()
+
+    def close(self) -> None:
+        for queue in self._queues.values():
+            queue.close()
+        self._queues.clear()
+
+
+def _is_topic(name: str) -> bool:
+    try:
+        validate_topic(name)
+    except BadInputError:
+        return False
+    return True
+

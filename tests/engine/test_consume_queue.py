@@ -1,0 +1,424 @@
+"""ConsumeQueue and ConsumeQueueTable: a port of RocketMQ's ConsumeQueueTest plus mqstore's rules."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.consume_queue import Boundary, ConsumeQueue, ConsumeQueueTable
+from engine.errors import BadInputError, CorruptConsumeQueueError
+from engine.formats.cq_entry import CQ_ENTRY_SIZE, FILLER_ENTRY, CqEntry, encode_cq_entry
+from engine.mapped_file import Access
+from engine.naming import consume_queue_dir, offset_to_name
+
+EPF = 10  # entries per file: files of 200 bytes, so rolls happen
+FILE_BYTES = EPF * CQ_ENTRY_SIZE
+TOPIC = "TopicTest"
+MSG = 100  # every test record is 100 bytes: entry i points at commit_pos i * 100
+
+
+def load(root, topic=TOPIC, queue_id=0, epf=EPF, access=Access.READ_WRITE) -> ConsumeQueue:
+    return ConsumeQueue.load(root, topic, queue_id, epf, access)
+
+
+def qdir(root, topic=TOPIC, queue_id=0):
+    return consume_queue_dir(root, topic, queue_id)
+
+
+def file_names(root, topic=TOPIC, queue_id=0) -> list[str]:
+    return sorted(os.listdir(qdir(root, topic, queue_id)))
+
+
+def disk(root, base: int) -> bytes:
+    with open(qdir(root) / offset_to_name(base), "rb") as f:
+        return f.read()
+
+
+def put_range(queue: ConsumeQueue, start: int, stop: int) -> None:
+    for i in range(start, stop):
+        assert queue.put(i, i * MSG, MSG, i % 7) is True
+
+
+def expected(start: int, stop: int) -> list[tuple[int, int, int]]:
+    return [(i * MSG, MSG, i % 7) for i in range(start, stop)]
+
+
+def as_tuples(entries: np.ndarray) -> list[tuple[int, int, int]]:
+    return [(int(e["commit_pos"]), int(e["size"]), int(e["tags_code"])) for e in entries]
+
+
+# --------------------------------------------------------------------------------- put
+
+
+def test_consume_queue_put_rolls_files_at_entries_per_file(tmp_path):
+    queue = load(tmp_path)
+    assert not qdir(tmp_path).exists()  # no file before the first put
+    put_range(queue, 0, 25)
+    assert file_names(tmp_path) == [offset_to_name(0), offset_to_name(200), offset_to_name(400)]
+    assert (queue.min_offset, queue.max_offset, queue.max_commit_end) == (0, 25, 2500)
+    assert queue.entry(10) == CqEntry(1000, MSG, 10 % 7)
+    assert (queue.entry(25), queue.entry(-1)) == (None, None)
+
+
+def test_consume_queue_reput_returns_false_and_writes_no_duplicate(tmp_path):  # buildCQRepeatedly
+    queue = load(tmp_path)
+    put_range(queue, 0, 12)
+    before = disk(tmp_path, 0) + disk(tmp_path, 200)
+    assert queue.put(5, 500, MSG, 0) is False
+    assert queue.put(11, 1100, MSG, 4) is False
+    assert queue.max_offset == 12
+    assert disk(tmp_path, 0) + disk(tmp_path, 200) == before
+    queue.close()
+    assert load(tmp_path).max_offset == 12
+
+
+def test_consume_queue_gap_raises_and_writes_nothing(tmp_path):
+    queue = load(tmp_path)
+    put_range(queue, 0, 3)
+    with pytest.raises(CorruptConsumeQueueError) as info:
+        queue.put(4, 400, MSG, 0)
+    assert info.value.queue_offset == 4
+    assert queue.max_offset == 3 and queue.entry(3) is None
+    assert disk(tmp_path, 0)[3 * 20:] == bytes(FILE_BYTES - 60)
+
+
+def test_consume_queue_conflicting_reput_raises(tmp_path):
+    queue = load(tmp_path)
+    put_range(queue, 0, 3)
+    with pytest.raises(CorruptConsumeQueueError, match="offset 1"):
+        queue.put(1, 999, MSG, 0)
+    with pytest.raises(CorruptConsumeQueueError):
+        queue.put(1, 100, MSG + 1, 0)
+
+
+def test_consume_queue_bad_values_raise_bad_input(tmp_path):
+    queue = load(tmp_path)
+    for args in [(-1, 0, 1, 0), (0, -1, 1, 0), (0, 0, 0, 0)]:
+        with pytest.raises(BadInputError):
+            queue.put(*args)
+    with pytest.raises(BadInputError):
+        load(tmp_path, topic="a/b")
+    with pytest.raises(BadInputError):
+        load(tmp_path, queue_id=-1)
+
+
+def test_consume_queue_first_put_past_zero_fills_prefix_with_fillers(tmp_path):
+    queue = load(tmp_path)
+    assert queue.put(13, 1300, MSG, 0) is True
+    assert file_names(tmp_path) == [offset_to_name(200)]
+    assert (queue.min_offset, queue.max_offset) == (13, 14)
+    assert disk(tmp_path, 200)[:60] == encode_cq_entry(*FILLER_ENTRY) * 3
+    assert queue.entry(12) is None
+    queue.close()
+    reloaded = load(tmp_path)
+    assert (reloaded.min_offset, reloaded.max_offset, reloaded.max_commit_end) == (13, 14, 1400)
+
+
+def test_consume_queue_put_batch_writes_same_bytes_as_single_puts(tmp_path):
+    single, batch = load(tmp_path / "a"), load(tmp_path / "b")
+    put_range(single, 3, 27)
+    offsets = np.arange(3, 27)
+    assert batch.put_batch(offsets[:5], offsets[:5] * MSG, [MSG] * 5, offsets[:5] % 7) == 5
+    assert batch.put_batch(offsets, offsets * MSG, np.full(24, MSG), offsets % 7) == 19  # 5 present
+    assert batch.max_offset == single.max_offset == 27
+    for base in (0, 200, 400):
+        assert disk(tmp_path / "a", base) == disk(tmp_path / "b", base)
+    assert batch.put_batch([], [], [], []) == 0
+
+
+def test_consume_queue_put_batch_gap_or_conflict_raises(tmp_path):
+    queue = load(tmp_path)
+    put_range(queue, 0, 5)
+    with pytest.raises(CorruptConsumeQueueError):
+        queue.put_batch([6, 7], [600, 700], [MSG, MSG], [0, 0])
+    with pytest.raises(CorruptConsumeQueueError):
+        queue.put_batch([4, 5], [999, 500], [MSG, MSG], [0, 0])
+    with pytest.raises(CorruptConsumeQueueError):
+        queue.put_batch([5, 7], [500, 700], [MSG, MSG], [0, 0])  # not a run: entry by entry
+    assert queue.max_offset == 6  # the batch that was not a run wrote its entry before the gap
+    with pytest.raises(BadInputError):
+        queue.put_batch([6, 7], [600], [MSG], [0])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(start=st.integers(0, 35),
+       ops=st.lists(st.one_of(st.integers(1, 12), st.tuples(st.just("dup"), st.integers(0, 99))),
+                    max_size=25))
+def test_consume_queue_random_puts_with_duplicates_stay_contiguous(tmp_path_factory, start, ops):
+    root = tmp_path_factory.mktemp("cq")
+    queue = load(root)
+    next_offset = start
+    for op in ops:
+        if isinstance(op, int):  # a batch of `op` new entries, alternately batched and single
+            if op % 2:
+                put_range(queue, next_offset, next_offset + op)
+            else:
+                offs = np.arange(next_offset, next_offset + op)
+                assert queue.put_batch(offs, offs * MSG, [MSG] * op, offs % 7) == op
+            next_offset += op
+        elif next_offset > start:  # re-dispatch of an entry already there
+            dup = start + op[1] % (next_offset - start)
+            assert queue.put(dup, dup * MSG, MSG, dup % 7) is False
+    count = next_offset - start
+    assert (queue.min_offset, queue.max_offset) == ((start, next_offset) if count else (0, 0))
+    assert as_tuples(queue.entries(start, 1000)) == expected(start, next_offset)
+    if count:
+        first_file, last_file = start // EPF, (next_offset - 1) // EPF
+        assert len(file_names(root)) == last_file - first_file + 1
+    queue.close()
+    again = load(root)
+    assert (again.min_offset, again.max_offset) == ((start, next_offset) if count else (0, 0))
+    assert as_tuples(again.entries(start, 1000)) == expected(start, next_offset)
+    again.close()
+
+
+# -------------------------------------------------------------------------------- read
+
+
+def test_consume_queue_entries_vectorised_equals_per_entry_reads(tmp_path):
+    queue = load(tmp_path)
+    put_range(queue, 0, 25)
+    got = queue.entries(3, 20)
+    assert got.dtype.names == ("commit_pos", "size", "tags_code")
+    assert [CqEntry(*t) for t in as_tuples(got)] == [queue.entry(i) for i in range(3, 23)]
+    assert len(queue.entries(20, 100)) == 5
+    assert len(queue.entries(25, 5)) == 0 and len(queue.entries(-3, 5)) == 0
+    got[0]["commit_pos"] = 12345  # a copy: the mapping is untouched
+    assert queue.entry(3).commit_pos == 300
+
+
+def test_consume_queue_flush_returns_flushed_offset_and_reaches_file(tmp_path):
+    queue = load(tmp_path)
+    put_range(queue, 0, 12)
+    assert queue.flushed_offset == 0
+    assert queue.flush() == queue.flushed_offset == 12
+    assert disk(tmp_path, 200)[:40] == encode_cq_entry(1000, MSG, 3) + encode_cq_entry(1100, MSG, 4)
+
+
+# ----------------------------------------------------------------------- offset by time
+
+
+def _timed_queue(tmp_path):
+    """Entries 0..29; store times 1000 + 10*i, except entries 5, 6, 7 share time 1050."""
+    queue = load(tmp_path)
+    put_range(queue, 0, 30)
+    times = {i * MSG: 1000 + 10 * i for i in range(30)}
+    times.update({600: 1050, 700: 1050})
+
+    def store_ts_of(commit_pos, size):
+        assert size == MSG
+        return times[commit_pos]
+
+    return queue, store_ts_of
+
+
+def test_consume_queue_offset_for_time_exact_match_lower_and_upper(tmp_path):
+    queue, ts_of = _timed_queue(tmp_path)
+    assert queue.offset_for_time(1050, Boundary.LOWER, ts_of) == 5
+    assert queue.offset_for_time(1050, Boundary.UPPER, ts_of) == 7
+    for i in (0, 12, 29):
+        assert queue.offset_for_time(1000 + 10 * i, Boundary.LOWER, ts_of) == i
+        assert queue.offset_for_time(1000 + 10 * i, Boundary.UPPER, ts_of) == i
+
+
+def test_consume_queue_offset_for_time_skewed_2ms_finds_that_message(tmp_path):
+    queue, ts_of = _timed_queue(tmp_path)
+    assert queue.offset_for_time(1120 - 2, Boundary.LOWER, ts_of) == 12
+    assert queue.offset_for_time(1120 - 2, Boundary.UPPER, ts_of) == 11
+
+
+def test_consume_queue_offset_for_time_far_before_and_after(tmp_path):
+    queue, ts_of = _timed_queue(tmp_path)
+    assert queue.offset_for_time(1000 - 20_000, Boundary.LOWER, ts_of) == 0
+    assert queue.offset_for_time(1000 - 20_000, Boundary.UPPER, ts_of) == 0
+    assert queue.offset_for_time(10**12, Boundary.LOWER, ts_of) == 30  # one past the end
+    assert queue.offset_for_time(10**12, Boundary.UPPER, ts_of) == 29
+
+
+def test_consume_queue_offset_for_time_skips_expired_and_unreadable(tmp_path):
+    queue, ts_of = _timed_queue(tmp_path)
+    assert queue.offset_for_time(0, Boundary.LOWER, ts_of, min_commit_pos=1500) == 15
+    assert queue.offset_for_time(1200, Boundary.LOWER, lambda pos, size: -1) == 0
+
+
+def test_consume_queue_offset_for_time_unknown_or_empty_queue_is_0(tmp_path):
+    table = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
+    assert table.get(TOPIC, 5) is None
+    fresh = table.get_or_create(TOPIC, 5)
+    assert fresh.offset_for_time(1000, Boundary.LOWER, lambda pos, size: 1000) == 0
+    fresh.initialize_with_offset(40)
+    assert fresh.offset_for_time(1000, Boundary.UPPER, lambda pos, size: 1000) == 40
+
+
+# ---------------------------------------------------------------------- min offset
+
+
+def test_consume_queue_correct_min_offset(tmp_path):  # testCorrectMinOffset
+    queue = load(tmp_path, epf=1000)
+    for i in range(10_000):
+        queue.put(i, i * MSG, MSG, 0)
+    assert queue.max_offset == 10_000 and len(file_names(tmp_path)) == 10
+    assert queue.correct_min_offset(0) == 0
+    assert queue.correct_min_offset(500) == 5  # min now 5, as the Java test sets it
+    assert queue.correct_min_offset(2000) == 20
+    assert queue.correct_min_offset(2001) == 21
+    assert queue.correct_min_offset(987_650) == 9877  # crosses files
+    assert queue.correct_min_offset(10_000 * MSG) == queue.max_offset == 10_000  # all stale
+    assert queue.entry(9999) is None
+
+
+def test_consume_queue_initialize_with_offset_survives_reload(tmp_path):  # testFillBank...
+    for epf in (1000, EPF):  # fillers inside the file, and a start on a file boundary
+        root = tmp_path / str(epf)
+        queue = load(root, epf=epf)
+        put_range(queue, 0, 3)
+        queue.initialize_with_offset(100)
+        assert (queue.min_offset, queue.max_offset) == (100, 100)
+        assert file_names(root) == [offset_to_name(100 * 20 // (epf * 20) * epf * 20)]
+        queue.close()
+        queue = load(root, epf=epf)
+        assert (queue.min_offset, queue.max_offset) == (100, 100)
+        assert queue.recover() == 100
+        assert queue.correct_min_offset(1) == 100
+        assert (queue.min_offset, queue.max_offset, queue.max_commit_end) == (100, 100, 0)
+        assert queue.put(100, 5000, MSG, 0) is True and queue.max_offset == 101
+
+
+def test_consume_queue_delete_expired_files_never_the_last(tmp_path):
+    queue = load(tmp_path)
+    put_range(queue, 0, 25)
+    assert queue.delete_expired_files(1000) == 1  # file 0 ends at commit 900
+    assert file_names(tmp_path) == [offset_to_name(200), offset_to_name(400)]
+    assert queue.min_offset == 10
+    assert queue.delete_expired_files(1500) == 0 and queue.min_offset == 15
+    assert queue.delete_expired_files(10**9) == 1
+    assert file_names(tmp_path) == [offset_to_name(400)]
+    assert queue.min_offset == queue.max_offset == 25
+
+
+# -------------------------------------------------------------------------- recovery
+
+
+def test_consume_queue_empty_last_file_does_not_break_recover_or_correct(tmp_path):  # #9728
+    queue = load(tmp_path)
+    put_range(queue, 0, 10)
+    queue.close()
+    (qdir(tmp_path) / offset_to_name(200)).write_bytes(bytes(FILE_BYTES))
+    queue = load(tmp_path)
+    assert queue.max_offset == 10
+    assert queue.correct_min_offset(0) == 0
+    assert queue.recover() == 10
+    assert file_names(tmp_path) == [offset_to_name(0)]
+    assert queue.correct_min_offset(10 * MSG) == 10
+    assert queue.put(10, 1000, MSG, 0) is True
+
+
+def test_consume_queue_only_file_empty_recovers_to_its_base(tmp_path):
+    qdir(tmp_path).mkdir(parents=True)
+    (qdir(tmp_path) / offset_to_name(400)).write_bytes(bytes(FILE_BYTES))
+    queue = load(tmp_path)
+    assert (queue.min_offset, queue.max_offset) == (20, 20)
+    assert queue.recover() == 20 and queue.correct_min_offset(5) == 20
+    assert file_names(tmp_path) == [offset_to_name(400)]
+    with pytest.raises(CorruptConsumeQueueError):
+        queue.put(21, 2100, MSG, 0)  # a gap after the recovered end
+
+
+def test_consume_queue_recover_zeroes_stale_bytes_behind_last_valid_entry(tmp_path):
+    queue = load(tmp_path)
+    put_range(queue, 0, 15)
+    queue.close()
+    with open(qdir(tmp_path) / offset_to_name(200), "r+b") as f:
+        f.seek(5 * 20)
+        f.write(encode_cq_entry(1500, MSG, 1)[:10])  # torn: commit_pos written, size still 0
+        f.seek(7 * 20)
+        f.write(encode_cq_entry(1700, MSG, 1))  # stale but valid-looking
+    (qdir(tmp_path) / offset_to_name(400)).write_bytes(encode_cq_entry(2000, MSG, 0) * EPF)
+    queue = load(tmp_path)
+    assert queue.recover() == 15 == queue.max_offset
+    assert queue.flushed_offset == 15 and queue.max_commit_end == 1500
+    assert disk(tmp_path, 200)[5 * 20:] == bytes(FILE_BYTES - 100)
+    assert file_names(tmp_path) == [offset_to_name(0), offset_to_name(200)]
+    put_range(queue, 15, 16)
+    queue.close()
+    assert load(tmp_path).max_offset == 16  # the stale entry at 17 cannot come back
+
+
+def test_consume_queue_truncate_from_commit_pos_drops_zeroes_and_deletes(tmp_path):
+    queue = load(tmp_path)
+    put_range(queue, 0, 25)
+    assert queue.truncate_from_commit_pos(1250) == 12  # entries 13..24
+    assert (queue.max_offset, queue.max_commit_end) == (13, 1300)
+    assert file_names(tmp_path) == [offset_to_name(0), offset_to_name(200)]
+    assert disk(tmp_path, 200)[3 * 20:] == bytes(FILE_BYTES - 60)
+    assert queue.truncate_from_commit_pos(5000) == 0
+    assert queue.truncate_from_commit_pos(1000) == 3  # a file boundary: file 200 goes
+    assert file_names(tmp_path) == [offset_to_name(0)]
+    assert queue.truncate_from_commit_pos(0) == 10
+    assert (queue.min_offset, queue.max_offset, queue.max_commit_end) == (0, 0, 0)
+    assert file_names(tmp_path) == [offset_to_name(0)] and disk(tmp_path, 0) == bytes(FILE_BYTES)
+    put_range(queue, 0, 2)
+
+
+def test_consume_queue_truncate_keeps_start_of_queue_past_zero(tmp_path):
+    queue = load(tmp_path)
+    put_range(queue, 13, 30)
+    assert queue.truncate_from_commit_pos(0) == 17
+    assert (queue.min_offset, queue.max_offset) == (13, 13)
+    assert disk(tmp_path, 200)[:60] == encode_cq_entry(*FILLER_ENTRY) * 3
+    put_range(queue, 13, 14)
+
+
+# ----------------------------------------------------------------------------- table
+
+
+def test_consume_queue_table_loads_queues_and_reports_foreign(tmp_path):
+    table = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
+    put_range(table.get_or_create("A", 0), 0, 3)
+    put_range(table.get_or_create("A", 1), 0, 12)
+    put_range(table.get_or_create("B", 0), 5, 6)
+    table.close()
+    cq_root = tmp_path / "consumequeue"
+    (cq_root / "A" / "abc").mkdir()
+    (cq_root / "A" / "01").mkdir()
+    (cq_root / "bad.topic").mkdir()
+    (cq_root / "stray.txt").write_text("x")
+    table = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
+    assert sorted((q.topic, q.queue_id, q.max_offset) for q in table) == \
+        [("A", 0, 3), ("A", 1, 12), ("B", 0, 6)]
+    assert sorted(p.name for p in table.foreign) == ["01", "abc", "bad.topic", "stray.txt"]
+    assert table.get("A", 7) is None and len(table) == 3
+    assert table.max_commit_end() == 1200
+    with pytest.raises(BadInputError):
+        table.get("../x", 0)
+
+
+def test_consume_queue_table_truncate_recover_flush_drop(tmp_path):
+    table = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
+    put_range(table.get_or_create("A", 0), 0, 20)
+    put_range(table.get_or_create("B", 0), 0, 5)
+    assert table.truncate_all_from(1000) == 10
+    assert table.max_commit_end() == 1000
+    assert table.recover_all() == 1000
+    table.flush_all()
+    assert all(q.flushed_offset == q.max_offset for q in table)
+    table.drop("A", 0)
+    assert table.get("A", 0) is None and not qdir(tmp_path, "A").exists()
+    assert table.get_or_create("A", 0).max_offset == 0
+    table.close()
+
+
+def test_consume_queue_table_get_loads_queue_created_later(tmp_path):
+    reader = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_ONLY)
+    writer = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
+    queue = writer.get_or_create("A", 2)
+    put_range(queue, 0, 4)
+    seen = reader.get("A", 2)
+    assert seen is not None and seen.max_offset == 4
+    put_range(queue, 4, 13)
+    seen.refresh()
+    assert seen.max_offset == 13 and seen.entry(12) == queue.entry(12)
