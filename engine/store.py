@@ -21,7 +21,7 @@ from engine.dispatch import dispatch_to_consume_queue, dispatch_to_shard, keys_b
 from engine.errors import BadInputError, ReadOnlyStoreError, StoreClosedError
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.index_file import shard_of
-from engine.formats.record import Record, Verify, encode_record, make_msg_id, store_ts_at
+from engine.formats.record import FILLER_SIZE, Record, Verify, encode_record, make_msg_id, store_ts_at
 from engine.hash_index import ShardIndex
 from engine.mapped_file import Access, disk_usage_ratio
 from engine.message import Message, build_properties, validate_body, validate_queue_id
@@ -121,19 +121,24 @@ class MessageStore:
 
     def _encode(self, message: Message) -> bytearray:
         validate_queue_id(message.queue_id or 0, self.config.queue_count)
-        return encode_record(message.topic, validate_body(message.body),
-                             queue_id=message.queue_id or 0, properties=build_properties(message),
-                             born_ts_ms=_now_ms(), born_host=("127.0.0.1", _pid_port()),
-                             store_host=self._store_host, max_body_bytes=self.config.max_body_bytes)
+        record = encode_record(message.topic, validate_body(message.body),
+                               queue_id=message.queue_id or 0, properties=build_properties(message),
+                               born_ts_ms=_now_ms(), born_host=("127.0.0.1", _pid_port()),
+                               store_host=self._store_host, max_body_bytes=self.config.max_body_bytes)
+        if len(record) + FILLER_SIZE > self.commitlog.segment_bytes:
+            raise BadInputError("body", f"the record of {len(record)} bytes does not fit a commitlog "
+                                f"segment of {self.commitlog.segment_bytes} bytes")
+        return record
 
     def _append(self, messages, accepted, records, keys, results) -> None:
-        offsets = []
+        offsets, next_offsets = [], {}
         for key in keys:
-            offset = self._next_offsets.get(key, 0)
-            self._next_offsets[key] = offset + 1
+            offset = next_offsets.get(key, self._next_offsets.get(key, 0))
+            next_offsets[key] = offset + 1
             offsets.append(offset)
         store_ts_ms = _now_ms()
         positions = self.commitlog.append_batch(records, offsets, store_ts_ms)
+        self._next_offsets.update(next_offsets)  # only once the records are in: no offset is lost
         self._flush_by_policy()
         self._dispatch_until(self._dispatch_limit())
         for i, key, offset, pos in zip(accepted, keys, offsets, positions, strict=True):
@@ -244,7 +249,8 @@ class MessageStore:
             if pos < self.commitlog.min_pos:
                 continue
             record = self.commitlog.read_at(pos, verify=Verify.MQSTORE)
-            if record.topic == topic and (key == record.uniq_key or key in record.keys):
+            if record.topic == topic and (key == record.uniq_key or key in record.keys) \
+                    and begin_ms <= record.store_ts_ms <= end_ms:
                 found.append(record)
         return found[:max_count]
 

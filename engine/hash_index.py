@@ -1,0 +1,548 @@
+"""Hash index: RocketMQ IndexFiles (one file) and the ordered files of one index shard.
+
+An index file is header (40 bytes), `slot_count` 4-byte slots, `entry_count` 20-byte entries
+(layouts in `engine.formats.index_file`). A slot holds the newest entry of its chain (0 = empty);
+each entry holds the previous entry of the same slot. Entry 0 is never used and `index_count`
+starts at 1, so a file holds `entry_count - 1` keys. Header fields are written straight into the
+mapping, so a read-only mapping in another process sees them as they change.
+
+The index is derived: it can always be rebuilt from the commitlog. Recovery instead trims a shard
+back to its durable position (`trim_from`, DESIGN §5.4) and re-dispatches from there; trimming
+then re-putting the same keys gives the same bytes as never having trimmed, which is what makes
+re-dispatch idempotent.
+
+Hashes collide (the key hash is Java's `String.hashCode`, and `slot = hash % slot_count`), so a
+query returns candidate commit positions; the caller reads each record back and keeps exact
+topic and key matches. Times are stored as whole seconds since the file's begin, so a query may
+also return positions up to `TIME_SLACK_MS` before `begin_ms` (RocketMQ #5174); a caller that
+needs exact bounds compares the record's store time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import NoReturn
+
+import numpy as np
+
+from engine.errors import (
+    CorruptIndexError,
+    ReadOnlyStoreError,
+    SegmentLayoutError,
+    StoreClosedError,
+    StoreError,
+)
+from engine.formats.index_file import (
+    INDEX_ENTRY,
+    INDEX_ENTRY_SIZE,
+    INDEX_HEADER,
+    INDEX_HEADER_SIZE,
+    SLOT,
+    SLOT_SIZE,
+    IndexHeader,
+    decode_index_header,
+    entry_pos,
+    index_file_size,
+    index_key,
+    slot_pos,
+    time_diff_s,
+)
+from engine.formats.java_hash import index_key_hash
+from engine.mapped_file import Access, MappedFile, ensure_dir, remove_file
+from engine.naming import index_file_name, index_shard_dir
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+TIME_SLACK_MS = 1000  # time_diff is whole seconds: a stored time is up to 999 ms below the true one
+DEFAULT_MAX_COUNT = 64  # RocketMQ maxMsgsNumBatch
+
+_FILE_NAME_RE = re.compile(r"^\d{17}$")
+_SLOT_DTYPE = np.dtype(">i4")
+_ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("commit_pos", ">i8"), ("time_diff_s", ">i4"),
+                         ("prev_index", ">i4")])
+assert _SLOT_DTYPE.itemsize == SLOT_SIZE and _ENTRY_DTYPE.itemsize == INDEX_ENTRY_SIZE
+
+_header_unpack, _header_pack = INDEX_HEADER.unpack_from, INDEX_HEADER.pack_into
+_slot_unpack, _slot_pack = SLOT.unpack_from, SLOT.pack_into
+_entry_unpack, _entry_pack = INDEX_ENTRY.unpack_from, INDEX_ENTRY.pack_into
+
+
+class IndexFileFullError(StoreError):
+    """put_key on a full index file (`is_full`); a shard catches it and rolls to a new file."""
+
+
+class IndexFile:
+    """One RocketMQ index file, mapped whole."""
+
+    def __init__(self, mapped: MappedFile, slot_count: int, entry_count: int):
+        self._mapped = mapped
+        self.slot_count = slot_count
+        self.entry_count = entry_count
+        self._buf = mapped.buf
+        self._wbuf = mapped.buf if mapped.access is Access.READ_WRITE else None
+        self._synced_count = self.index_count  # entries [1, _synced_count) are on disk
+        self._zeroed_end = 0  # entries [_synced_count, _zeroed_end) were zeroed by a trim
+        self._header_dirty = False
+
+    @classmethod
+    def create(cls, path: Path, slot_count: int, entry_count: int, seed_commit_pos: int = 0,
+               seed_ts_ms: int = 0) -> IndexFile:
+        """A new empty file whose begin and end are the seed (RocketMQ seeds with the previous end).
+
+        The header is synced at once, so a file on disk never lacks one after this returns.
+        """
+        _check_geometry(slot_count, entry_count)
+        mapped = MappedFile.create(Path(path), index_file_size(slot_count, entry_count))
+        _header_pack(mapped.buf, 0, seed_ts_ms, seed_ts_ms, seed_commit_pos, seed_commit_pos, 0, 1)
+        mapped.sync(0, INDEX_HEADER_SIZE)
+        return cls(mapped, slot_count, entry_count)
+
+    @classmethod
+    def open(cls, path: Path, slot_count: int, entry_count: int, access: Access) -> IndexFile:
+        """Map an existing file; a wrong size or an impossible header is a CorruptIndexError."""
+        _check_geometry(slot_count, entry_count)
+        try:
+            mapped = MappedFile.open(Path(path), access, index_file_size(slot_count, entry_count))
+        except SegmentLayoutError as exc:
+            raise CorruptIndexError(exc.message, path=str(path)) from None
+        problem = _header_problem(decode_index_header(mapped.buf), slot_count, entry_count)
+        if problem is not None:
+            mapped.close()
+            raise CorruptIndexError(problem, path=str(path))
+        return cls(mapped, slot_count, entry_count)
+
+    # -- header ---------------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        return self._mapped.path
+
+    @property
+    def header(self) -> IndexHeader:
+        return decode_index_header(self._live_buf())
+
+    @property
+    def index_count(self) -> int:
+        return _header_unpack(self._live_buf(), 0)[5]
+
+    @property
+    def is_full(self) -> bool:
+        return _header_unpack(self._live_buf(), 0)[5] >= self.entry_count
+
+    @property
+    def begin_ts_ms(self) -> int:
+        return _header_unpack(self._live_buf(), 0)[0]
+
+    @property
+    def end_ts_ms(self) -> int:
+        return _header_unpack(self._live_buf(), 0)[1]
+
+    @property
+    def begin_commit_pos(self) -> int:
+        return _header_unpack(self._live_buf(), 0)[2]
+
+    @property
+    def end_commit_pos(self) -> int:
+        return _header_unpack(self._live_buf(), 0)[3]
+
+    # -- put and select (RocketMQ IndexFile.putKey / selectPhyOffset) -----------------------------
+
+    def put_key(self, key: str, commit_pos: int, store_ts_ms: int) -> None:
+        """Add `key` (already `topic#key`) at `commit_pos`; IndexFileFullError when full."""
+        buf = self._wbuf
+        if buf is None:
+            self._raise_not_writable()
+        begin_ts, _, begin_pos, _, slots_used, count = _header_unpack(buf, 0)
+        if count >= self.entry_count:
+            raise IndexFileFullError(f"index file is full ({count - 1} keys)", path=str(self.path))
+        key_hash = index_key_hash(key)
+        spos = slot_pos(key_hash % self.slot_count)
+        head = _slot_unpack(buf, spos)[0]
+        if head <= 0 or head > count:
+            head = 0
+        # entry, then slot, then header: a concurrent reader never follows a slot to an unwritten entry
+        _entry_pack(buf, entry_pos(self.slot_count, count), key_hash, commit_pos,
+                    time_diff_s(store_ts_ms, begin_ts), head)
+        _slot_pack(buf, spos, count)
+        if count <= 1:
+            begin_ts, begin_pos = store_ts_ms, commit_pos
+        _header_pack(buf, 0, begin_ts, store_ts_ms, begin_pos, commit_pos,
+                     slots_used + (head == 0), count + 1)
+
+    def select(self, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[int]:
+        """Commit positions of entries with key's hash stored in [begin_ms, end_ms], newest first."""
+        return self.select_hash(index_key_hash(key), begin_ms, end_ms, max_count)
+
+    def select_hash(self, key_hash: int, begin_ms: int, end_ms: int, max_count: int) -> list[int]:
+        """`select` for a precomputed `index_key_hash` (a shard hashes a key once for all files).
+
+        RocketMQ's chain walk and stop rules, with two corrections that change nothing on a
+        sound file: entry 1's time is the header's begin exactly (its own store time; RocketMQ
+        adds a time_diff measured from the seed), and a `prev` that does not point to an older
+        entry ends the chain (RocketMQ only stops on `prev == current`, so garbage could loop).
+        """
+        buf = self._live_buf()
+        found: list[int] = []
+        begin_ts, _, _, _, _, count = _header_unpack(buf, 0)
+        if count <= 1 or max_count <= 0:
+            return found
+        slot_count = self.slot_count
+        index_no = _slot_unpack(buf, slot_pos(key_hash % slot_count))[0]
+        if index_no <= 0 or index_no > count:
+            return found
+        while len(found) < max_count:
+            entry_hash, commit_pos, diff_s, prev = _entry_unpack(buf, entry_pos(slot_count, index_no))
+            if diff_s < 0:
+                break
+            time_read = begin_ts + diff_s * 1000 if index_no > 1 else begin_ts
+            if entry_hash == key_hash and begin_ms <= time_read <= end_ms:
+                found.append(commit_pos)
+            if prev <= 0 or prev >= index_no or time_read < begin_ms:
+                break
+            index_no = prev
+        return found
+
+    # -- trim (DESIGN §5.4) ---------------------------------------------------------------------
+
+    def trim_from(self, cut_pos: int) -> int:
+        """Remove every entry with commit_pos >= cut_pos (a suffix); return how many went.
+
+        Walks back from the newest entry, pointing each removed entry's slot back at the entry's
+        `prev`, and zeroes the removed entries. Entries past the last sync may be garbage after a
+        power loss (unflushed pages read as zeros, torn entries); an all-zero entry, one whose
+        position goes below its predecessor's, or one with an impossible prev/time is removed as
+        well. Then slot heads are checked (one vectorized pass over the slot table): any head
+        outside [0, index_count) makes every head be rebuilt from the kept entries.
+
+        The end fields come from the last kept entry: end_commit_pos exactly; end_ts_ms as
+        begin + time_diff x 1000, which can be up to 999 ms below the true store time (entry 1's
+        is exact: it is begin). A file trimmed empty gets the header of a fresh unseeded file.
+        """
+        buf = self._wbuf
+        if buf is None:
+            self._raise_not_writable()
+        old_count = self.index_count
+        count = old_count
+        while count > 1 and self._is_removable(count - 1, cut_pos):
+            self._unlink_newest(count - 1)
+            count -= 1
+        removed = old_count - count
+        if removed:
+            self._mapped.zero(entry_pos(self.slot_count, count), entry_pos(self.slot_count, old_count))
+            self._synced_count = min(self._synced_count, count)
+            self._zeroed_end = max(self._zeroed_end, old_count)
+        repaired = self._repair_slot_heads(count)
+        if removed or repaired:
+            self._rewrite_header_after_trim(count)
+        return removed
+
+    def _is_removable(self, index_no: int, cut_pos: int) -> bool:
+        buf, slot_count = self._buf, self.slot_count
+        key_hash, commit_pos, diff_s, prev = _entry_unpack(buf, entry_pos(slot_count, index_no))
+        if commit_pos >= cut_pos or diff_s < 0 or not 0 <= prev < index_no:
+            return True
+        if key_hash == 0 and commit_pos == 0 and diff_s == 0 and prev == 0:
+            return True  # an unflushed page (a real one needs key hash 0 at commit position 0)
+        if index_no > 1:
+            return commit_pos < _entry_unpack(buf, entry_pos(slot_count, index_no - 1))[1]
+        return False
+
+    def _unlink_newest(self, index_no: int) -> None:
+        key_hash, _, _, prev = _entry_unpack(self._buf, entry_pos(self.slot_count, index_no))
+        spos = slot_pos(key_hash % self.slot_count)
+        if _slot_unpack(self._buf, spos)[0] == index_no:
+            _slot_pack(self._buf, spos, prev if 0 <= prev < index_no else 0)
+
+    def _slot_table(self) -> np.ndarray:
+        return np.frombuffer(self._buf, dtype=_SLOT_DTYPE, count=self.slot_count, offset=slot_pos(0))
+
+    def _repair_slot_heads(self, count: int) -> bool:
+        """Rebuild every slot head from entries [1, count) if any head is out of range."""
+        heads = self._slot_table()
+        if not ((heads < 0) | (heads >= count)).any():
+            return False
+        entries = np.frombuffer(self._buf, dtype=_ENTRY_DTYPE, count=count - 1,
+                                offset=entry_pos(self.slot_count, 1))
+        slots = entries["key_hash"].astype(np.int64) % self.slot_count
+        # the newest entry per slot is the last occurrence: first occurrence in reverse order
+        used, first_rev = np.unique(slots[::-1], return_index=True)
+        rebuilt = np.zeros(self.slot_count, dtype=_SLOT_DTYPE)
+        rebuilt[used] = (count - 1) - first_rev
+        heads[:] = rebuilt
+        self._header_dirty = True
+        return True
+
+    def _rewrite_header_after_trim(self, count: int) -> None:
+        begin_ts, _, begin_pos, _, _, _ = _header_unpack(self._buf, 0)
+        if count <= 1:
+            _header_pack(self._buf, 0, 0, 0, 0, 0, 0, 1)
+        else:
+            _, end_pos, diff_s, _ = _entry_unpack(self._buf, entry_pos(self.slot_count, count - 1))
+            end_ts = begin_ts if count == 2 else max(begin_ts, begin_ts + diff_s * 1000)
+            slots_used = int(np.count_nonzero(self._slot_table()))
+            _header_pack(self._buf, 0, begin_ts, end_ts, begin_pos, end_pos, slots_used, count)
+        self._header_dirty = True
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """msync what changed since the last sync: header and slots, and the new or zeroed entries."""
+        if self._wbuf is None:
+            return
+        count = self.index_count
+        end = max(count, self._zeroed_end)
+        if count == self._synced_count and end <= count and not self._header_dirty:
+            return
+        self._mapped.sync(0, slot_pos(self.slot_count))
+        start = min(self._synced_count, count)
+        if end > start:
+            self._mapped.sync(entry_pos(self.slot_count, start), entry_pos(self.slot_count, end))
+        self._synced_count, self._zeroed_end, self._header_dirty = count, 0, False
+
+    def close(self) -> None:
+        if self._buf is not None:
+            self._buf = self._wbuf = None
+            self._mapped.close()
+
+    def delete(self) -> None:
+        """Unmap and remove the file durably."""
+        self._buf = self._wbuf = None
+        self._mapped.delete()
+
+    def _live_buf(self) -> memoryview:
+        if self._buf is None:
+            raise StoreClosedError("index file is closed", path=str(self.path))
+        return self._buf
+
+    def _raise_not_writable(self) -> NoReturn:
+        self._live_buf()
+        raise ReadOnlyStoreError("index file is mapped read-only", path=str(self.path))
+
+    def __repr__(self) -> str:
+        state = "closed" if self._buf is None else f"{self.index_count - 1} keys"
+        return f"IndexFile({self.path.name}, {state})"
+
+
+def _check_geometry(slot_count: int, entry_count: int) -> None:
+    if slot_count < 1 or entry_count < 2 or entry_count > INT32_MAX:
+        raise ValueError(f"bad index geometry: {slot_count} slots, {entry_count} entries")
+
+
+def _header_problem(h: IndexHeader, slot_count: int, entry_count: int) -> str | None:
+    if not 1 <= h.index_count <= entry_count:
+        return f"index_count {h.index_count} outside [1, {entry_count}]"
+    if not 0 <= h.hash_slot_count <= min(slot_count, h.index_count - 1):
+        return f"hash_slot_count {h.hash_slot_count} impossible with {h.index_count - 1} keys"
+    if h.begin_commit_pos < 0 or h.end_commit_pos < 0:
+        return f"negative commit position ({h.begin_commit_pos}, {h.end_commit_pos})"
+    return None
+
+
+def _is_blank(path: Path, slot_count: int, entry_count: int) -> bool:
+    """True for an empty file, or one of the right size with no header and no slots: what a crash
+    inside create() leaves (before the ftruncate, or before the header reached the disk)."""
+    if path.stat().st_size == 0:
+        return True
+    try:
+        mapped = MappedFile.open(path, Access.READ_ONLY, index_file_size(slot_count, entry_count))
+    except SegmentLayoutError:
+        return False
+    try:
+        header_zero = not any(mapped.buf[:INDEX_HEADER_SIZE])
+        return header_zero and not np.frombuffer(mapped.buf, dtype=np.uint8,
+                                                 count=slot_pos(slot_count)).any()
+    finally:
+        mapped.close()
+
+
+def _name_after(name: str) -> str:
+    """The index file name 1 ms after `name` (naive calendar arithmetic, so always sorts after)."""
+    stamp = datetime.strptime(name[:14], "%Y%m%d%H%M%S") + timedelta(milliseconds=int(name[14:]) + 1)
+    return stamp.strftime("%Y%m%d%H%M%S") + f"{stamp.microsecond // 1000:03d}"
+
+
+class ShardIndex:
+    """The index files of one shard, `<root>/index/<shard>/<yyyyMMddHHmmssSSS>`, oldest first.
+
+    `processed_pos` is the commit position up to which records are indexed in this shard; the
+    caller advances it with `mark_processed` after putting a record's keys. `load` knows no
+    position (it starts at 0): recovery calls `trim_from(durable_pos)` then `mark_processed`.
+    """
+
+    def __init__(self, directory: Path, shard: int, slot_count: int, entry_count: int,
+                 access: Access, clock_ms: Callable[[], int] | None = None):
+        _check_geometry(slot_count, entry_count)
+        self.directory = Path(directory)
+        self.shard = shard
+        self.slot_count = slot_count
+        self.entry_count = entry_count
+        self.access = access
+        self._clock_ms = clock_ms
+        self._files: list[IndexFile] = []
+        self._processed_pos = 0
+        self._closed = False
+
+    @classmethod
+    def load(cls, root: Path, shard: int, slot_count: int, entry_count: int, access: Access, *,
+             clock_ms: Callable[[], int] | None = None) -> ShardIndex:
+        """Open the shard's files in name order. A last file left blank by a crash inside
+        create() is removed (read-write) or ignored (read-only); any other bad file raises."""
+        index = cls(index_shard_dir(root, shard), shard, slot_count, entry_count, access, clock_ms)
+        if not index.directory.is_dir():
+            return index
+        names = sorted(p.name for p in index.directory.iterdir())
+        for name in names:
+            if not _FILE_NAME_RE.match(name):
+                raise SegmentLayoutError(f"foreign file {name!r} among index files",
+                                         path=str(index.directory / name))
+        if names and _is_blank(index.directory / names[-1], slot_count, entry_count):
+            if access is Access.READ_WRITE:
+                remove_file(index.directory / names[-1])
+            names.pop()
+        try:
+            for name in names:
+                index._files.append(IndexFile.open(index.directory / name, slot_count, entry_count, access))
+        except BaseException:
+            index.close()
+            raise
+        return index
+
+    @property
+    def files(self) -> list[IndexFile]:
+        return list(self._files)
+
+    @property
+    def processed_pos(self) -> int:
+        return self._processed_pos
+
+    def mark_processed(self, end_pos: int) -> None:
+        """Every record ending at or before `end_pos` has its keys (of this shard) put."""
+        if end_pos < self._processed_pos:
+            raise ValueError(f"processed position may not go back: {end_pos} < {self._processed_pos}")
+        self._processed_pos = end_pos
+
+    # -- write ----------------------------------------------------------------------------------
+
+    def put(self, topic: str, key: str, commit_pos: int, store_ts_ms: int) -> None:
+        """Index `topic#key` at `commit_pos`, rolling to a new file when the last one is full."""
+        full_key = index_key(topic, key)
+        if self._files:
+            try:
+                self._files[-1].put_key(full_key, commit_pos, store_ts_ms)
+                return
+            except IndexFileFullError:
+                pass
+        self._roll().put_key(full_key, commit_pos, store_ts_ms)
+
+    def put_record_keys(self, topic: str, keys: Iterable[str], commit_pos: int, store_ts_ms: int) -> int:
+        """Put each of a record's keys; returns how many."""
+        count = 0
+        for key in keys:
+            self.put(topic, key, commit_pos, store_ts_ms)
+            count += 1
+        return count
+
+    def _roll(self) -> IndexFile:
+        """Sync the full last file and start a new one seeded with its end (RocketMQ)."""
+        self._require_writable()
+        seed_pos = seed_ts = 0
+        if self._files:
+            prev = self._files[-1]
+            prev.sync()
+            seed_pos, seed_ts = prev.end_commit_pos, prev.end_ts_ms
+        ensure_dir(self.directory)
+        new = IndexFile.create(self.directory / self._new_file_name(), self.slot_count,
+                               self.entry_count, seed_pos, seed_ts)
+        self._files.append(new)
+        return new
+
+    def _new_file_name(self) -> str:
+        """Named by the clock; bumped by a millisecond until unique and after the last file."""
+        now_ms = self._clock_ms() if self._clock_ms is not None else None
+        name = index_file_name(now_ms)
+        if self._files and name <= self._files[-1].path.name:
+            name = _name_after(self._files[-1].path.name)
+        while (self.directory / name).exists():
+            name = _name_after(name)
+        return name
+
+    # -- read -----------------------------------------------------------------------------------
+
+    def query(self, topic: str, key: str, begin_ms: int = 0, end_ms: int | None = None,
+              max_count: int = DEFAULT_MAX_COUNT) -> list[int]:
+        """Candidate commit positions for `topic#key`, newest file first, at most `max_count`.
+
+        Candidates include hash collisions and entries stored up to TIME_SLACK_MS before
+        `begin_ms`; the caller reads each record back to keep exact matches.
+        """
+        self._require_open()
+        end_ms = INT64_MAX if end_ms is None else end_ms
+        low_ms = begin_ms - TIME_SLACK_MS
+        key_hash = index_key_hash(index_key(topic, key))
+        found: list[int] = []
+        for index_file in reversed(self._files):
+            if len(found) >= max_count:
+                break
+            h = index_file.header
+            if (h.index_count <= 1 or h.end_ts_ms + TIME_SLACK_MS < begin_ms
+                    or h.begin_ts_ms - TIME_SLACK_MS > end_ms):
+                continue
+            found += index_file.select_hash(key_hash, low_ms, end_ms, max_count - len(found))
+        return found
+
+    # -- durability, recovery, retention --------------------------------------------------------
+
+    def sync(self) -> int:
+        """msync whatever changed; return processed_pos, now durable."""
+        self._require_open()
+        durable_pos = self._processed_pos
+        for index_file in self._files:
+            index_file.sync()
+        return durable_pos
+
+    def trim_from(self, cut_pos: int) -> int:
+        """Drop every entry with commit_pos >= cut_pos; returns the number of entries removed.
+
+        Newest first: a file whose begin_commit_pos >= cut_pos is deleted (all of its entries go),
+        unless it is the only one, which is trimmed empty; then the last remaining file is trimmed.
+        processed_pos drops to cut_pos if it was past it.
+        """
+        self._require_writable()
+        removed = 0
+        while len(self._files) > 1 and self._files[-1].begin_commit_pos >= cut_pos:
+            doomed = self._files.pop()
+            removed += doomed.index_count - 1
+            doomed.delete()
+        if self._files:
+            removed += self._files[-1].trim_from(cut_pos)
+        self._processed_pos = min(self._processed_pos, cut_pos)
+        return removed
+
+    def delete_expired(self, min_commit_pos: int) -> int:
+        """Delete the oldest files whose end_commit_pos < min_commit_pos (never the last one)."""
+        self._require_writable()
+        deleted = 0
+        while len(self._files) > 1 and self._files[0].end_commit_pos < min_commit_pos:
+            self._files.pop(0).delete()
+            deleted += 1
+        return deleted
+
+    def close(self) -> None:
+        for index_file in self._files:
+            index_file.close()
+        self._closed = True
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("index shard is closed", path=str(self.directory))
+
+    def _require_writable(self) -> None:
+        self._require_open()
+        if self.access is not Access.READ_WRITE:
+            raise ReadOnlyStoreError("index shard is open read-only", path=str(self.directory))
+
+    def __repr__(self) -> str:
+        return f"ShardIndex({self.directory}, {len(self._files)} files, processed {self._processed_pos})"

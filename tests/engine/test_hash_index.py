@@ -1,0 +1,498 @@
+"""engine.hash_index: RocketMQ IndexFile behaviour, shard rolls, queries, trim and reopen."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.errors import CorruptIndexError, ReadOnlyStoreError, StoreClosedError
+from engine.formats.index_file import (
+    INDEX_ENTRY,
+    INDEX_HEADER_SIZE,
+    SLOT_SIZE,
+    decode_index_header,
+    encode_index_header,
+    entry_pos,
+    index_file_size,
+    index_key,
+    slot_pos,
+)
+from engine.formats.java_hash import index_key_hash
+from engine.hash_index import TIME_SLACK_MS, IndexFile, IndexFileFullError, ShardIndex
+from engine.mapped_file import Access
+from engine.naming import index_shard_dir
+
+TS0 = 1_700_000_000_000
+TOPIC = "T"
+FIXED_CLOCK_MS = 1_700_000_000_000  # every roll asks the same time: names must still be unique
+
+
+def make_file(directory: Path, slots: int = 100, entries: int = 400, **seed) -> IndexFile:
+    directory.mkdir(parents=True, exist_ok=True)
+    return IndexFile.create(directory / "f", slots, entries, **seed)
+
+
+def load_shard(root: Path, slots: int, entries: int, access: Access = Access.READ_WRITE) -> ShardIndex:
+    return ShardIndex.load(root, 0, slots, entries, access, clock_ms=lambda: FIXED_CLOCK_MS)
+
+
+def patch_file(path: Path, pos: int, data: bytes) -> None:
+    """Write through the file, not the mapping (what a torn write-back leaves on disk)."""
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        fh.write(data)
+
+
+def shard_bytes(shard: ShardIndex) -> list[bytes]:
+    return [f.path.read_bytes() for f in shard.files]
+
+
+def nonzero_slots(index_file: IndexFile) -> int:
+    data = index_file.path.read_bytes()[slot_pos(0):slot_pos(index_file.slot_count)]
+    return int(np.count_nonzero(np.frombuffer(data, dtype=">i4")))
+
+
+def put_all(shard: ShardIndex, records) -> None:
+    for key, pos, ts in records:
+        shard.put(TOPIC, key, pos, ts)
+
+
+def records(count: int, keys_per_record: int = 2, distinct_keys: int = 7):
+    """(key, commit_pos, store_ts_ms) in commit order; keys repeat so chains are long."""
+    out = []
+    for i in range(count):
+        for j in range(keys_per_record):
+            out.append((f"k{(i * keys_per_record + j) % distinct_keys}", i * 100, TS0 + i * 37))
+    return out
+
+
+def expected(kept, key: str, begin_ms: int = 0, end_ms: int = 2**63 - 1) -> list[int]:
+    """Model: every kept position whose key hashes like `key`, newest first."""
+    want = index_key_hash(index_key(TOPIC, key))
+    return [pos for k, pos, ts in reversed(kept)
+            if index_key_hash(index_key(TOPIC, k)) == want and begin_ms <= ts <= end_ms]
+
+
+# -- IndexFile (RocketMQ IndexFileTest) -------------------------------------------------------------
+
+
+def test_index_file_put_key_400_entries_takes_399_keys_then_full(tmp_path):
+    f = make_file(tmp_path)
+    for i in range(398):
+        f.put_key(str(i), i, TS0)
+    assert not f.is_full
+    f.put_key("398", 398, TS0)
+    assert f.is_full and f.header.index_count == 400
+    with pytest.raises(IndexFileFullError):
+        f.put_key("400", 400, TS0)
+    assert f.header.index_count == 400
+
+
+def test_index_file_select_phy_offset_key_60_returns_exactly_its_offset(tmp_path):
+    f = make_file(tmp_path)
+    for i in range(399):
+        f.put_key(str(i), i, TS0 + i)
+    assert f.select("60", 0, 2**63 - 1, 10) == [60]
+    assert f.select("not-there", 0, 2**63 - 1, 10) == []
+
+
+def test_index_file_put_key_header_follows_rocketmq(tmp_path):
+    f = make_file(tmp_path, slots=1, entries=10)
+    assert f.header == decode_index_header(encode_index_header(f.header))
+    assert (f.header.index_count, f.header.hash_slot_count, f.header.begin_ts_ms) == (1, 0, 0)
+    f.put_key("a", 500, TS0)
+    f.put_key("b", 600, TS0 + 2500)
+    h = f.header
+    assert (h.begin_commit_pos, h.end_commit_pos, h.begin_ts_ms, h.end_ts_ms) == (500, 600, TS0, TS0 + 2500)
+    assert (h.hash_slot_count, h.index_count) == (1, 3)  # one slot, filled once
+    buf = f.path.read_bytes()
+    first = INDEX_ENTRY.unpack_from(buf, entry_pos(1, 1))
+    second = INDEX_ENTRY.unpack_from(buf, entry_pos(1, 2))
+    assert first == (index_key_hash("a"), 500, 0, 0)  # begin was 0: time_diff 0
+    assert second == (index_key_hash("b"), 600, 2, 1)  # whole seconds since begin; chained to entry 1
+    assert buf[slot_pos(0):slot_pos(0) + SLOT_SIZE] == (2).to_bytes(4, "big")
+
+
+def test_index_file_select_forced_collisions_filters_by_hash_newest_first(tmp_path):
+    f = make_file(tmp_path, slots=1, entries=200)
+    for i in range(150):
+        f.put_key(f"key{i % 5}", i * 10, TS0 + i * 1000)
+    assert f.header.hash_slot_count == 1
+    for k in range(5):
+        assert f.select(f"key{k}", 0, 2**63 - 1, 1000) == [i * 10 for i in reversed(range(k, 150, 5))]
+    assert f.select("key3", 0, 2**63 - 1, 4) == [1480, 1430, 1380, 1330]
+    assert f.select("key3", TS0 + 20_000, TS0 + 40_000, 100) == [380, 330, 280, 230]
+    assert f.select("key3", 0, 2**63 - 1, 0) == []
+
+
+def test_index_file_select_same_java_hash_returns_both_for_caller_to_filter(tmp_path):
+    f = make_file(tmp_path)
+    assert index_key_hash("T#Aa") == index_key_hash("T#BB")  # Java hashCode collision
+    f.put_key("T#Aa", 100, TS0)
+    f.put_key("T#BB", 200, TS0)
+    assert f.select("T#Aa", 0, 2**63 - 1, 10) == [200, 100]
+
+
+def test_index_file_time_diff_clamped_and_zero_before_begin(tmp_path):
+    f = make_file(tmp_path, slots=1, entries=10, seed_ts_ms=TS0, seed_commit_pos=0)
+    f.put_key("a", 1, TS0 - 5000)  # before the seed: clamped to 0
+    f.put_key("b", 2, TS0 + 2**42)  # far future: clamped to INT_MAX seconds
+    buf = f.path.read_bytes()
+    assert INDEX_ENTRY.unpack_from(buf, entry_pos(1, 1))[2] == 0
+    assert INDEX_ENTRY.unpack_from(buf, entry_pos(1, 2))[2] == 2**31 - 1
+
+
+# -- ShardIndex: queries, rolls ---------------------------------------------------------------------
+
+
+def test_shard_query_offset_on_empty_shard_returns_empty(tmp_path):
+    shard = load_shard(tmp_path, 100, 400)
+    assert shard.files == []
+    assert shard.query(TOPIC, "anything") == []
+    assert shard.query(TOPIC, "anything", 5, 10, max_count=0) == []
+    assert shard.sync() == 0
+
+
+def test_shard_chains_under_forced_collisions_every_key_found(tmp_path):
+    shard = load_shard(tmp_path, 1, 1000)
+    recs = records(300, keys_per_record=3, distinct_keys=11)
+    put_all(shard, recs)
+    assert len(shard.files) == 1 and shard.files[0].header.hash_slot_count == 1
+    for k in range(11):
+        assert shard.query(TOPIC, f"k{k}", max_count=1000) == expected(recs, f"k{k}")
+        assert shard.query(TOPIC, f"k{k}", max_count=7) == expected(recs, f"k{k}")[:7]
+    assert shard.query("Other", "k1") == []
+
+
+def test_shard_query_time_range_with_one_second_slack(tmp_path):
+    shard = load_shard(tmp_path, 1, 100)
+    shard.put(TOPIC, "a", 0, TS0)
+    shard.put(TOPIC, "a", 100, TS0 + 1999)  # stored as 1 s after begin: reads back as TS0 + 1000
+    shard.put(TOPIC, "a", 200, TS0 + 9000)
+    # RocketMQ's raw select misses the record inside the window (issue #5174) ...
+    assert shard.files[0].select(index_key(TOPIC, "a"), TS0 + 1500, TS0 + 2500, 10) == []
+    # ... the shard widens the lower bound by the slack, the caller checks exact store times
+    assert shard.query(TOPIC, "a", TS0 + 1500, TS0 + 2500) == [100]
+    assert shard.query(TOPIC, "a", TS0 + 1000 + TIME_SLACK_MS + 1, TS0 + 2500) == []
+    assert shard.query(TOPIC, "a", TS0 + 8000, None) == [200]
+    assert shard.query(TOPIC, "a", 0, TS0 - 1) == []
+
+
+def test_shard_roll_when_full_seeds_new_file_and_queries_span_files(tmp_path):
+    shard = load_shard(tmp_path, 10, 5)  # 4 keys per file
+    for i in range(4):
+        shard.put(TOPIC, "x" if i == 0 else f"y{i}", i * 100, TS0 + i)
+    assert len(shard.files) == 1 and shard.files[0].is_full
+    shard.put(TOPIC, "x", 400, TS0 + 3 + 5000)  # first key of the new file, 5 s after the previous end
+    first, second = shard.files
+    assert second.path.name > first.path.name  # a fixed clock still gives unique, ordered names
+    buf = second.path.read_bytes()
+    assert INDEX_ENTRY.unpack_from(buf, entry_pos(10, 1))[2] == 5  # time_diff measured from the seed
+    assert (second.begin_commit_pos, second.begin_ts_ms) == (400, TS0 + 5003)
+    assert shard.query(TOPIC, "x") == [400, 0]
+    # entry 1's time is its own store time, not begin + diff (RocketMQ would read TS0 + 10003)
+    assert shard.query(TOPIC, "x", TS0 + 5003, TS0 + 5003) == [400]
+    assert shard.query(TOPIC, "x", max_count=1) == [400]
+
+
+def test_shard_trim_to_first_entry_of_rolled_file_keeps_its_exact_end_time(tmp_path):
+    shard = load_shard(tmp_path, 10, 5)
+    put_all(shard, [(f"k{i}", i * 100, TS0 + i) for i in range(4)])
+    put_all(shard, [("x", 400, TS0 + 7500), ("y", 500, TS0 + 9000)])  # new file, 7 s after its seed
+    assert shard.trim_from(500) == 1
+    last = shard.files[-1]
+    assert (last.end_commit_pos, last.end_ts_ms) == (400, TS0 + 7500)  # not begin + 7 s
+    assert shard.query(TOPIC, "x", TS0 + 7500, TS0 + 7500) == [400]
+
+
+def test_shard_query_skips_files_outside_the_time_range(tmp_path):
+    shard = load_shard(tmp_path, 4, 3)
+    put_all(shard, [("a", 0, TS0), ("a", 100, TS0 + 10), ("a", 200, TS0 + 60_000), ("a", 300, TS0 + 60_001)])
+    assert len(shard.files) == 2
+    assert shard.query(TOPIC, "a", TS0 + 30_000) == [300, 200]
+    assert shard.query(TOPIC, "a", 0, TS0 + 30_000) == [100, 0]
+
+
+def test_shard_put_record_keys_and_non_ascii_keys(tmp_path):
+    shard = load_shard(tmp_path, 16, 100)
+    assert shard.put_record_keys(TOPIC, ["uniq", "k1", "ключ", "😀"], 700, TS0) == 4
+    for key in ("uniq", "k1", "ключ", "😀"):
+        assert shard.query(TOPIC, key) == [700]
+
+
+# -- trim -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cut_record", [0, 1, 17, 32, 33, 59, 60])
+def test_shard_trim_from_removes_suffix_and_reput_gives_identical_bytes(tmp_path, cut_record):
+    recs = records(60, keys_per_record=2, distinct_keys=9)  # 120 keys over 7 files of 19 keys
+    shard = load_shard(tmp_path / "a", 5, 20)
+    put_all(shard, recs)
+    shard.mark_processed(60 * 100)
+    cut_pos = cut_record * 100
+    kept = [r for r in recs if r[1] < cut_pos]
+
+    removed = shard.trim_from(cut_pos)
+
+    assert removed == len(recs) - len(kept)
+    assert shard.processed_pos == cut_pos
+    assert len(shard.files) == max(1, -(-len(kept) // 19))
+    for k in range(9):
+        found = shard.query(TOPIC, f"k{k}", max_count=1000)
+        assert all(pos < cut_pos for pos in found)
+        assert found == expected(kept, f"k{k}")
+    last = shard.files[-1]
+    assert last.header.hash_slot_count == nonzero_slots(last)
+    assert sum(f.index_count - 1 for f in shard.files) == len(kept)
+
+    put_all(shard, recs[len(kept):])  # re-dispatch after recovery
+    straight = load_shard(tmp_path / "b", 5, 20)
+    put_all(straight, recs)
+    assert shard_bytes(shard) == shard_bytes(straight)
+
+
+def test_shard_trim_from_past_the_end_removes_nothing_and_changes_no_byte(tmp_path):
+    shard = load_shard(tmp_path, 5, 20)
+    put_all(shard, records(30))
+    before = shard_bytes(shard)
+    assert shard.trim_from(30 * 100) == 0
+    assert shard_bytes(shard) == before
+
+
+def test_shard_trim_from_zero_leaves_one_fresh_file(tmp_path):
+    shard = load_shard(tmp_path, 5, 20)
+    put_all(shard, records(30))
+    fresh = IndexFile.create(tmp_path / "fresh", 5, 20)
+    assert shard.trim_from(0) == 60
+    assert shard_bytes(shard) == [fresh.path.read_bytes()]
+    assert shard.query(TOPIC, "k1") == []
+
+
+def test_index_file_trim_restores_slot_heads_to_older_entries(tmp_path):
+    f = make_file(tmp_path, slots=3, entries=50)
+    for i in range(40):
+        f.put_key(f"key{i % 4}", i, TS0 + i * 1000)
+    assert f.trim_from(25) == 15
+    assert f.index_count == 26
+    for k in range(4):
+        assert f.select(f"key{k}", 0, 2**63 - 1, 100) == list(reversed(range(k, 25, 4)))
+    slots_used = len({index_key_hash(f"key{k}") % 3 for k in range(4)})
+    assert f.header.hash_slot_count == nonzero_slots(f) == slots_used
+    assert (f.header.end_commit_pos, f.header.end_ts_ms) == (24, TS0 + 24_000)
+
+
+def test_index_file_trim_after_power_loss_drops_unflushed_and_torn_entries(tmp_path):
+    """Entries past the last sync may be zero pages or torn; trimming to the durable position
+    gives the bytes of a file that only ever held the durable entries."""
+    f = make_file(tmp_path / "a", slots=4, entries=60)
+    ref = make_file(tmp_path / "b", slots=4, entries=60)
+    durable = [(f"key{i % 6}", i * 10, TS0 + i * 1000) for i in range(20)]
+    for key, pos, ts in durable:
+        f.put_key(key, pos, ts)
+        ref.put_key(key, pos, ts)
+    for i in range(20, 40):
+        f.put_key(f"key{i % 6}", i * 10, TS0 + i * 1000)
+    # entries 25..34 never reached the disk, entry 36 is torn (only its hash landed)
+    patch_file(f.path, entry_pos(4, 25), bytes(entry_pos(4, 35) - entry_pos(4, 25)))
+    patch_file(f.path, entry_pos(4, 36) + 4, bytes(16))
+    f.trim_from(200)
+    assert f.path.read_bytes() == ref.path.read_bytes()
+
+
+def test_index_file_trim_repairs_slot_heads_past_a_stale_index_count(tmp_path):
+    f = make_file(tmp_path / "a", slots=4, entries=60)
+    ref = make_file(tmp_path / "b", slots=4, entries=60)
+    for i in range(10):
+        f.put_key(f"key{i}", i, TS0)
+        ref.put_key(f"key{i}", i, TS0)
+    durable_header = f.path.read_bytes()[:INDEX_HEADER_SIZE]
+    for i in range(10, 13):
+        f.put_key(f"key{i}", i, TS0)
+    patch_file(f.path, 0, durable_header)  # the header page was written back before the new puts
+    patch_file(f.path, entry_pos(4, 11), bytes(3 * (entry_pos(4, 1) - entry_pos(4, 0))))  # entries never
+    assert f.trim_from(10) == 0
+    assert f.path.read_bytes() == ref.path.read_bytes()
+    for i in range(10):
+        assert i in f.select(f"key{i}", 0, 2**63 - 1, 100)
+
+
+# -- durability, reopen, corruption, retention ------------------------------------------------------
+
+
+def test_shard_sync_returns_processed_pos_and_data_survives_reopen(tmp_path):
+    shard = load_shard(tmp_path, 5, 20)
+    recs = records(30)
+    put_all(shard, recs)
+    shard.mark_processed(3000)
+    with pytest.raises(ValueError):
+        shard.mark_processed(2999)
+    assert shard.sync() == 3000
+    headers = [f.header for f in shard.files]
+    before = shard_bytes(shard)
+    shard.close()
+    reopened = load_shard(tmp_path, 5, 20)
+    assert [f.header for f in reopened.files] == headers
+    assert shard_bytes(reopened) == before
+    assert reopened.processed_pos == 0  # positions come from the checkpoint, not the files
+    assert reopened.query(TOPIC, "k3", max_count=100) == expected(recs, "k3")
+    put_all(reopened, [("k3", 3000, TS0 + 99_999)])
+    assert reopened.query(TOPIC, "k3", max_count=1)[0] == 3000
+
+
+@pytest.mark.parametrize("index_count", [0, -1, 401])
+def test_index_file_open_bad_index_count_raises_corrupt(tmp_path, index_count):
+    f = make_file(tmp_path)
+    f.put_key("a", 1, TS0)
+    header = decode_index_header(f.path.read_bytes())
+    f.close()
+    patch_file(f.path, 0, encode_index_header(dataclasses.replace(header, index_count=index_count)))
+    with pytest.raises(CorruptIndexError, match="index_count"):
+        IndexFile.open(f.path, 100, 400, Access.READ_WRITE)
+
+
+def test_index_file_open_bad_hash_slot_count_or_size_raises_corrupt(tmp_path):
+    f = make_file(tmp_path)
+    f.put_key("a", 1, TS0)
+    h = f.header
+    f.close()
+    patch_file(f.path, 0, encode_index_header(dataclasses.replace(h, hash_slot_count=5)))
+    with pytest.raises(CorruptIndexError, match="hash_slot_count"):
+        IndexFile.open(f.path, 100, 400, Access.READ_ONLY)
+    with pytest.raises(CorruptIndexError):
+        IndexFile.open(f.path, 100, 401, Access.READ_ONLY)
+
+
+def test_shard_load_corrupt_file_raises_and_blank_last_file_is_removed(tmp_path):
+    shard = load_shard(tmp_path, 5, 20)
+    put_all(shard, records(15))
+    shard.close()
+    directory = index_shard_dir(tmp_path, 0)
+    blank = directory / "29991231235959999"  # crash between ftruncate and the header write
+    blank.write_bytes(bytes(index_file_size(5, 20)))
+    reader = load_shard(tmp_path, 5, 20, Access.READ_ONLY)
+    assert len(reader.files) == 2 and blank.exists()  # a reader ignores it
+    reader.close()
+    shard = load_shard(tmp_path, 5, 20)
+    assert len(shard.files) == 2 and not blank.exists()
+    first = shard.files[0].path
+    shard.close()
+    patch_file(first, 0, bytes(INDEX_HEADER_SIZE))  # a zero header on a file with slots is corruption
+    with pytest.raises(CorruptIndexError):
+        load_shard(tmp_path, 5, 20)
+
+
+def test_shard_delete_expired_oldest_first_never_the_last(tmp_path):
+    shard = load_shard(tmp_path, 5, 11)  # 10 keys per file; record i at i * 100
+    put_all(shard, [(f"k{i}", i * 100, TS0 + i) for i in range(35)])
+    assert [f.end_commit_pos for f in shard.files] == [900, 1900, 2900, 3400]
+    assert shard.delete_expired(900) == 0
+    assert shard.delete_expired(1901) == 2
+    assert [f.begin_commit_pos for f in shard.files] == [2000, 3000]
+    assert shard.delete_expired(10**9) == 1
+    assert len(shard.files) == 1 and shard.query(TOPIC, "k34") == [3400]
+    assert len(list(index_shard_dir(tmp_path, 0).iterdir())) == 1
+
+
+def test_shard_read_only_sees_writer_and_refuses_writes(tmp_path):
+    writer = load_shard(tmp_path, 5, 100)
+    writer.put(TOPIC, "a", 0, TS0)
+    reader = load_shard(tmp_path, 5, 100, Access.READ_ONLY)
+    writer.put(TOPIC, "a", 100, TS0 + 1)
+    assert reader.query(TOPIC, "a") == [100, 0]
+    with pytest.raises(ReadOnlyStoreError):
+        reader.put(TOPIC, "b", 200, TS0)
+    with pytest.raises(ReadOnlyStoreError):
+        reader.trim_from(0)
+    reader.close()
+    writer.close()
+    with pytest.raises(StoreClosedError):
+        writer.query(TOPIC, "a")
+    with pytest.raises(StoreClosedError):
+        writer.put(TOPIC, "a", 300, TS0)
+
+
+# -- property: trim == build from the kept entries ----------------------------------------------------
+
+_keys = st.sampled_from(["a", "b", "c", "Aa", "BB", "key-1", "ключ", "x" * 40])
+_batches = st.lists(st.tuples(st.lists(_keys, min_size=1, max_size=3), st.integers(0, 5_000)),
+                    min_size=0, max_size=20)
+
+
+def _build(root: Path, recs, slots: int, entries: int) -> ShardIndex:
+    shard = ShardIndex.load(root, 0, slots, entries, Access.READ_WRITE, clock_ms=lambda: FIXED_CLOCK_MS)
+    put_all(shard, recs)
+    return shard
+
+
+def _flatten(batches, ts_step_ms):
+    """Records in commit order, each with 1..3 keys at one position; store times never go back."""
+    recs, pos, ts = [], 0, TS0
+    for keys, gap in batches:
+        for key in keys:
+            recs.append((key, pos, ts))
+        pos += 50 + gap
+        ts += (gap // 1000) * 1000 if ts_step_ms == 1000 else gap
+    return recs
+
+
+_EXAMPLE_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                               HealthCheck.function_scoped_fixture])
+
+
+@pytest.mark.slow
+@settings(max_examples=60, **_EXAMPLE_SETTINGS)
+@given(batches=_batches, cut_frac=st.floats(0, 1.05), slots=st.sampled_from([1, 3, 64]),
+       entries=st.sampled_from([3, 6, 11]))
+def test_property_trim_equals_build_from_kept_entries(tmp_path, batches, cut_frac, slots, entries):
+    recs = _flatten(batches, ts_step_ms=1000)  # whole-second steps: end_ts after a trim is exact
+    cut_pos = int((recs[-1][1] + 1 if recs else 1) * cut_frac)
+    kept = [r for r in recs if r[1] < cut_pos]
+    tmp = tmp_path / uuid.uuid4().hex  # one directory per example
+    trimmed = _build(tmp / "a", recs, slots, entries)
+    assert trimmed.trim_from(cut_pos) == len(recs) - len(kept)
+    built = _build(tmp / "b", kept, slots, entries)
+    got, want = shard_bytes(trimmed), shard_bytes(built)
+    if recs and not kept:  # the trimmed shard keeps one empty file, a built one has none
+        want = [IndexFile.create(tmp / "fresh", slots, entries).path.read_bytes()]
+    assert got == want
+    for key in {r[0] for r in recs} | {"missing"}:
+        assert trimmed.query(TOPIC, key, max_count=10_000) == expected(kept, key)
+    lo, hi = TS0 + 3000, TS0 + 20_000
+    for key in ("a", "BB"):
+        found = trimmed.query(TOPIC, key, lo + TIME_SLACK_MS, hi, max_count=10_000)
+        assert found == expected(kept, key, lo, hi)
+    trimmed.close()
+    built.close()
+
+
+@pytest.mark.slow
+@settings(max_examples=30, **_EXAMPLE_SETTINGS)
+@given(batches=_batches, cut_frac=st.floats(0, 1.05))
+def test_property_trim_with_millisecond_times_differs_only_in_lossy_end_ts(tmp_path, batches, cut_frac):
+    recs = _flatten(batches, ts_step_ms=1)
+    cut_pos = int((recs[-1][1] + 1 if recs else 1) * cut_frac)
+    kept = [r for r in recs if r[1] < cut_pos]
+    tmp = tmp_path / uuid.uuid4().hex
+    trimmed = _build(tmp / "a", recs, 3, 6)
+    trimmed.trim_from(cut_pos)
+    built = _build(tmp / "b", kept, 3, 6)
+    if not built.files:
+        assert [f.index_count for f in trimmed.files] == ([1] if recs else [])
+        return
+    assert len(trimmed.files) == len(built.files)
+    for got, want in zip(trimmed.files, built.files, strict=True):
+        assert got.path.read_bytes()[INDEX_HEADER_SIZE:] == want.path.read_bytes()[INDEX_HEADER_SIZE:]
+        g, w = got.header, want.header
+        assert dataclasses.replace(g, end_ts_ms=0) == dataclasses.replace(w, end_ts_ms=0)
+        assert w.end_ts_ms - 999 <= g.end_ts_ms <= w.end_ts_ms
+    put_all(trimmed, recs[len(kept):])  # re-dispatch overwrites the lossy end time
+    straight = _build(tmp / "c", recs, 3, 6)
+    assert shard_bytes(trimmed) == shard_bytes(straight)
+    for shard in (trimmed, built, straight):
+        shard.close()
