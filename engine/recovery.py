@@ -26,6 +26,7 @@ from engine.consume_queue import ConsumeQueueTable
 from engine.dispatch import dispatch_to_consume_queue, dispatch_to_shard, keys_by_shard
 from engine.errors import CorruptConsumeQueueError, CorruptRecordError
 from engine.formats.checkpoint import Checkpoint
+from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
 from engine.hash_index import ShardIndex
 from engine.mapped_file import ensure_dir, write_new_file
@@ -115,7 +116,8 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, progress: Progress | 
     for shard, durable_pos in zip(parts.shards, shard_positions, strict=True):
         report.index_entries_trimmed += shard.trim_from(durable_pos)
         shard.mark_processed(durable_pos)
-    start_pos = _scan_start(cp, shard_positions, parts.commitlog.min_pos)
+    start_pos = _scan_start(cp, shard_positions, parts.commitlog.min_pos,
+                            _last_dispatched_pos(parts.queues))
     report.scan_start_pos = start_pos
     cut_pos, reason = _scan_and_redispatch(parts, start_pos, report, progress)
     report.cut_pos = cut_pos
@@ -132,11 +134,23 @@ def _shard_durable_positions(cp: Checkpoint | None, shard_count: int) -> list[in
     return [known[i] if i < len(known) else 0 for i in range(shard_count)]
 
 
-def _scan_start(cp: Checkpoint | None, shard_positions: list[int], min_pos: int) -> int:
+def _scan_start(cp: Checkpoint | None, shard_positions: list[int], min_pos: int,
+                last_dispatched_pos: int | None) -> int:
     if cp is None:
         return min_pos
     start = min([cp.cq_durable_pos, cp.commitlog_flushed_pos, *shard_positions])
+    if last_dispatched_pos is not None:  # re-verify at least the last record (RocketMQ #467)
+        start = min(start, last_dispatched_pos)
     return max(start, min_pos)
+
+
+def _last_dispatched_pos(queues: ConsumeQueueTable) -> int | None:
+    """Start of the newest record a consume queue points at: after a clean stop the checkpoint
+    says everything is durable, but the last record is still checked (a scan from the end alone
+    would verify nothing, and a damaged last record would be served)."""
+    starts = [entry.commit_pos for queue in queues
+              if (entry := queue.entry(queue.max_offset - 1)) is not None and not is_filler_entry(entry)]
+    return max(starts, default=None)
 
 
 def _scan_and_redispatch(parts: StoreParts, start_pos: int, report: RecoveryReport,
@@ -147,9 +161,10 @@ def _scan_and_redispatch(parts: StoreParts, start_pos: int, report: RecoveryRepo
     except CorruptRecordError as exc:
         if exc.pos != start_pos or start_pos == parts.commitlog.min_pos:
             raise
-    # The checkpoint's position is not a record boundary we can trust: walk from its segment base.
+    # The start (a checkpoint position or the last dispatched record) is not a record boundary we
+    # can trust: walk from its segment base.
     seg_base = start_pos - (start_pos - parts.commitlog.min_pos) % parts.commitlog.segments.segment_bytes
-    report.checkpoint_problems.append(f"no valid record at checkpoint position {start_pos}; "
+    report.checkpoint_problems.append(f"no valid record at scan start {start_pos}; "
                                       f"rescanning from segment base {seg_base}")
     report.scan_start_pos = seg_base
     return _scan_from(parts, seg_base, report, progress)

@@ -1,0 +1,183 @@
+"""Retention (reference §8): expire commitlog segments by age and by disk usage, then clean the
+consume queues and index files below the new minimum commit position.
+
+When segments may go, judged on the used fraction of the store's filesystem:
+
+    usage >= disk_full_ratio (90%)         DISK_FULL (puts are refused); delete regardless of age
+    usage >= disk_clean_force_ratio (85%)  delete regardless of age
+    usage >= disk_warn_ratio (75%)         delete expired segments at any hour
+    local hour == delete_when_hour         delete expired segments
+    otherwise                              delete nothing
+
+A segment is expired when now >= its mtime + file_reserved_hours. The walk goes oldest to
+newest, never touches the last (active) segment, stops at the first segment it may not delete
+(so segments never go from the middle) and deletes at most `max_files` per pass.
+
+Step order. Each step is durable on its own (unlink + fsync of the directory), and death
+between any two steps leaves a state that readers, `recover` and `check` accept:
+
+1. `delete_segments`: remove commitlog segments, oldest first, one at a time. The log's min
+   position moves up. Consume-queue and index entries below it are now *expired*, not
+   corrupt: readers never read below the min position, `check` skips such entries, and
+   recovery's `correct_min_offset` moves each queue's min offset past them.
+2. `clean_consume_queues`: each queue deletes the files whose entries all lie below the min
+   position and corrects its min offset.
+3. `clean_index`: each shard deletes the files whose entries all lie below the min position.
+
+A derived structure never loses an entry before the commitlog bytes it points at, so no step
+leaves a reference into the middle of the log; steps 2 and 3 run on every pass, so a pass cut
+short after step 1 is finished by the next one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from engine.config import StoreConfig
+from engine.errors import BadInputError
+from engine.mapped_file import disk_usage_ratio
+
+if TYPE_CHECKING:
+    from engine.commitlog import SegmentInfo
+    from engine.recovery import StoreParts
+
+MS_PER_HOUR = 3_600_000
+DEFAULT_MAX_FILES = 10
+
+
+class RetentionReason(Enum):
+    """Why a pass was allowed to delete (the strongest trigger that held)."""
+
+    NONE = "none"
+    TIME_UP = "time_up"  # the delete hour: expired segments go
+    SPACE_WARN = "space_warn"  # usage >= warn ratio: expired segments go at any hour
+    SPACE_FORCE = "space_force"  # usage >= clean-force (or full) ratio: oldest segments go regardless of age
+
+
+@dataclass
+class RetentionReport:
+    """What one retention pass did; `disk_full` is the DISK_FULL verdict for the store."""
+
+    segments_removed: list[str] = field(default_factory=list)
+    cq_files_removed: int = 0
+    index_files_removed: int = 0
+    disk_usage_ratio: float = 0.0
+    disk_full: bool = False
+    reason: RetentionReason = RetentionReason.NONE
+    min_commit_pos: int = 0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["reason"] = self.reason.value
+        return out
+
+
+def local_hour(now_ms: int) -> int:
+    """The local wall-clock hour of `now_ms` (RocketMQ's deleteWhen is local time)."""
+    return time.localtime(now_ms / 1000).tm_hour
+
+
+def retention_reason(now_ms: int, usage_ratio: float, config: StoreConfig) -> RetentionReason:
+    """The trigger that holds now, strongest first (pure)."""
+    if usage_ratio >= config.disk_clean_force_ratio:
+        return RetentionReason.SPACE_FORCE
+    if usage_ratio >= config.disk_warn_ratio:
+        return RetentionReason.SPACE_WARN
+    if local_hour(now_ms) == config.delete_when_hour:
+        return RetentionReason.TIME_UP
+    return RetentionReason.NONE
+
+
+def is_disk_full(usage_ratio: float, config: StoreConfig) -> bool:
+    """DISK_FULL holds at or above the top threshold and clears below it."""
+    return usage_ratio >= config.disk_full_ratio
+
+
+def plan_retention(segments_info: Sequence[SegmentInfo], now_ms: int, usage_ratio: float,
+                   config: StoreConfig, max_files: int = DEFAULT_MAX_FILES
+                   ) -> tuple[list[int], RetentionReason]:
+    """Base positions of the segments to delete this pass, oldest first, and the trigger (pure).
+
+    `segments_info` lists the segments oldest first up to the active one, which is last and
+    never chosen (`plan_pass` builds the list for an open store).
+    """
+    reason = retention_reason(now_ms, usage_ratio, config)
+    if reason is RetentionReason.NONE:
+        return [], reason
+    regardless_of_age = reason is RetentionReason.SPACE_FORCE
+    reserved_ms = config.file_reserved_hours * MS_PER_HOUR
+    chosen: list[int] = []
+    for info in sorted(segments_info, key=lambda s: s.base_pos)[:-1]:
+        if len(chosen) >= max_files:
+            break
+        expired = now_ms >= round(info.mtime_s * 1000) + reserved_ms
+        if not (expired or regardless_of_age):
+            break  # never from the middle
+        chosen.append(info.base_pos)
+    return chosen, reason
+
+
+# ------------------------------------------------------------------------------ the steps
+
+
+def delete_segments(parts: StoreParts, base_positions: Sequence[int]) -> list[str]:
+    """Step 1: remove the planned segments, oldest first; returns their file names.
+
+    Each base must be the log's current first segment (the plan is a prefix of the log);
+    `CommitLog.remove_oldest_segment` refuses the active segment.
+    """
+    removed = []
+    for base_pos in base_positions:
+        if base_pos != parts.commitlog.min_pos:
+            raise BadInputError("segment", f"{base_pos} is not the oldest ({parts.commitlog.min_pos}); "
+                                "retention never deletes from the middle")
+        removed.append(parts.commitlog.remove_oldest_segment().name)
+    return removed
+
+
+def clean_consume_queues(parts: StoreParts, min_commit_pos: int) -> int:
+    """Step 2: drop consume-queue files wholly below `min_commit_pos`, correct min offsets."""
+    return sum(queue.delete_expired_files(min_commit_pos) for queue in parts.queues)
+
+
+def clean_index(parts: StoreParts, min_commit_pos: int) -> int:
+    """Step 3: drop index files wholly below `min_commit_pos` in every shard."""
+    return sum(shard.delete_expired(min_commit_pos) for shard in parts.shards)
+
+
+def plan_pass(parts: StoreParts, config: StoreConfig, *, now_ms: int, usage_ratio: float,
+              max_files: int = DEFAULT_MAX_FILES) -> tuple[list[int], RetentionReason]:
+    """`plan_retention` over an open store's segments.
+
+    The active segment is the one holding the write position; segments after it (the
+    preallocated next one) are left out, so "never the last one" means never the active one.
+    """
+    log = parts.commitlog
+    infos = log.segments_info()
+    sealed = sum(1 for s in infos if s.base_pos + log.segment_bytes <= log.written_pos)
+    return plan_retention(infos[:sealed + 1], now_ms, usage_ratio, config, max_files)
+
+
+def run_retention(parts: StoreParts, config: StoreConfig, *, now_ms: int | None = None,
+                  usage_ratio: float | None = None, max_files: int = DEFAULT_MAX_FILES
+                  ) -> RetentionReport:
+    """One retention pass over an open, writable store (see the module doc for the rules).
+
+    `usage_ratio` defaults to the measured usage of the store's filesystem; a caller that has
+    just measured it (the supervisor's cleaner) passes its value. DISK_FULL is judged on the
+    usage before this pass deletes anything, as RocketMQ does; the next pass clears it.
+    """
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    ratio = disk_usage_ratio(parts.root) if usage_ratio is None else usage_ratio
+    bases, reason = plan_pass(parts, config, now_ms=now_ms, usage_ratio=ratio, max_files=max_files)
+    removed = delete_segments(parts, bases)
+    min_commit_pos = parts.commitlog.min_pos
+    return RetentionReport(segments_removed=removed,
+                           cq_files_removed=clean_consume_queues(parts, min_commit_pos),
+                           index_files_removed=clean_index(parts, min_commit_pos),
+                           disk_usage_ratio=ratio, disk_full=is_disk_full(ratio, config),
+                           reason=reason, min_commit_pos=min_commit_pos)

@@ -1,0 +1,348 @@
+"""engine.retention: the pure plan, RocketMQ's DefaultMessageStoreCleanFilesTest scenarios, DISK_FULL
+on a real (tmpfs) filesystem, and a crash after every step of a pass.
+
+One message per segment: a 4096-byte segment holds one ~2.6 KiB record (two do not fit with
+the 8-byte filler), as RocketMQ's test forces one message per file. Segments are aged with
+os.utime; `now_ms` is passed in, so no test sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine import retention
+from engine.check import check
+from engine.commitlog import SegmentInfo
+from engine.config import StoreConfig
+from engine.errors import BadInputError
+from engine.mapped_file import Access, disk_usage_ratio
+from engine.naming import commitlog_dir, consume_queue_dir, index_shard_dir
+from engine.recovery import StoreParts
+from engine.retention import RetentionReason, local_hour, plan_retention, run_retention
+from engine.status import GetStatus, PutStatus
+from engine.store import MessageStore, close_parts, open_parts
+from engine.store_dir import mark_running
+
+HOUR_MS = 3_600_000
+SEGMENT_BYTES = 4096
+BODY = b"r" * 2500  # one record per segment
+TOPIC = "T"
+NOW_MS = int(time.time() * 1000)
+DELETE_HOUR = local_hour(NOW_MS)
+CONFIG = StoreConfig(commitlog_file_size=SEGMENT_BYTES, consume_queue_entries=10, index_slot_count=64,
+                     index_entry_count=11, index_shards=1, queue_count=1, file_reserved_hours=72,
+                     delete_when_hour=DELETE_HOUR)  # 10 keys (one message each) per index file
+OFF_HOUR = CONFIG.replace(delete_when_hour=(DELETE_HOUR + 12) % 24)
+LOW, WARN, FORCE, FULL = 0.10, 0.80, 0.86, 0.95
+
+
+# ------------------------------------------------------------------------------ the pure plan
+
+
+def infos(*ages_h: float, now_ms: int = NOW_MS) -> list[SegmentInfo]:
+    """Segments oldest first with the given ages in hours (the last one is the active one)."""
+    return [SegmentInfo(i * SEGMENT_BYTES, Path(f"{i}"), (now_ms - age * HOUR_MS) / 1000)
+            for i, age in enumerate(ages_h)]
+
+
+@pytest.mark.parametrize(("usage", "config", "reason"), [
+    (LOW, CONFIG, RetentionReason.TIME_UP),
+    (LOW, OFF_HOUR, RetentionReason.NONE),
+    (WARN, OFF_HOUR, RetentionReason.SPACE_WARN),
+    (FORCE, OFF_HOUR, RetentionReason.SPACE_FORCE),
+    (FULL, OFF_HOUR, RetentionReason.SPACE_FORCE),
+    (0.75, OFF_HOUR, RetentionReason.SPACE_WARN),  # thresholds are inclusive
+    (0.85, OFF_HOUR, RetentionReason.SPACE_FORCE),
+])
+def test_plan_reason_follows_hour_and_usage(usage, config, reason):
+    assert retention.retention_reason(NOW_MS, usage, config) is reason
+
+
+def test_plan_disk_full_only_at_top_threshold():
+    assert not retention.is_disk_full(0.899, CONFIG)
+    assert retention.is_disk_full(0.90, CONFIG)
+
+
+def test_plan_time_up_stops_at_first_unexpired():
+    """MappedFileQueueTest.testDeleteExpiredFileByTime: never from the middle."""
+    plan, reason = plan_retention(infos(100, 100, 1, 100, 100, 0), NOW_MS, LOW, CONFIG)
+    assert (plan, reason) == ([0, SEGMENT_BYTES], RetentionReason.TIME_UP)
+
+
+def test_plan_expiry_boundary_is_inclusive():
+    plan, _ = plan_retention(infos(72, 71.999, 0), NOW_MS, LOW, CONFIG)
+    assert plan == [0]
+
+
+def test_plan_outside_delete_hour_keeps_expired_below_warn():
+    assert plan_retention(infos(100, 100, 0), NOW_MS, LOW, OFF_HOUR) == ([], RetentionReason.NONE)
+
+
+def test_plan_space_warn_deletes_only_expired():
+    plan, reason = plan_retention(infos(100, 1, 100, 0), NOW_MS, WARN, OFF_HOUR)
+    assert (plan, reason) == ([0], RetentionReason.SPACE_WARN)
+
+
+def test_plan_space_force_ignores_age_but_never_the_last():
+    plan, reason = plan_retention(infos(0, 0, 0), NOW_MS, FORCE, OFF_HOUR)
+    assert (plan, reason) == ([0, SEGMENT_BYTES], RetentionReason.SPACE_FORCE)
+
+
+def test_plan_at_most_max_files():
+    plan, _ = plan_retention(infos(*[100] * 30), NOW_MS, FULL, CONFIG, max_files=10)
+    assert plan == [i * SEGMENT_BYTES for i in range(10)]
+    assert plan_retention(infos(100, 100), NOW_MS, FULL, CONFIG, max_files=0)[0] == []
+
+
+def test_plan_empty_or_single_segment_deletes_nothing():
+    assert plan_retention([], NOW_MS, FULL, CONFIG)[0] == []
+    assert plan_retention(infos(1000), NOW_MS, FULL, CONFIG)[0] == []
+
+
+@given(ages=st.lists(st.sampled_from([0, 1, 71, 72, 73, 500]), max_size=25),
+       usage=st.sampled_from([LOW, 0.75, WARN, 0.85, FORCE, FULL]),
+       hour_matches=st.booleans(), max_files=st.integers(0, 12))
+def test_plan_properties(ages, usage, hour_matches, max_files):
+    config = CONFIG if hour_matches else OFF_HOUR
+    segs = infos(*ages)
+    plan, reason = plan_retention(segs, NOW_MS, usage, config, max_files)
+    force = usage >= config.disk_clean_force_ratio
+    may_delete = force or usage >= config.disk_warn_ratio or hour_matches
+    expired = [s.mtime_s * 1000 + 72 * HOUR_MS <= NOW_MS for s in segs]
+    assert plan == [s.base_pos for s in segs[:len(plan)]]  # a prefix: never from the middle
+    assert len(plan) <= max(0, min(max_files, len(segs) - 1))  # never the active segment
+    assert may_delete or plan == []
+    assert (reason is RetentionReason.NONE) == (not may_delete)
+    assert force or all(expired[:len(plan)])
+    stopped_early = len(plan) < min(max_files, len(segs) - 1)
+    if may_delete and stopped_early:
+        assert not force and not expired[len(plan)]  # stopped at the first one it may not delete
+
+
+# ------------------------------------------------------------------------------ stores
+
+
+def make_store(root: Path, count: int, config: StoreConfig = CONFIG) -> MessageStore:
+    store = MessageStore.open(root, config)
+    for i in range(count):
+        result = store.put(TOPIC, BODY + str(i).encode())
+        assert result.ok, result
+    assert len(store.commitlog.segments.segments) == count  # one message per segment
+    return store
+
+
+def parts_of(store: MessageStore) -> StoreParts:
+    return StoreParts(store.root, store.commitlog, store.queues, store.shards)
+
+
+def age_segments(root: Path, count: int, hours: float = 100) -> None:
+    """Make the oldest `count` segment files look `hours` old."""
+    then = NOW_MS / 1000 - hours * 3600
+    for path in sorted(commitlog_dir(root).iterdir())[:count]:
+        os.utime(path, (then, then))
+
+
+def file_count(directory: Path) -> int:
+    return len(list(directory.iterdir()))
+
+
+def test_retention_time_up_deletes_expired_10_per_pass(tmp_path):
+    """DefaultMessageStoreCleanFilesTest.testDeleteExpiredFilesByTimeUp."""
+    store = make_store(tmp_path, 55)
+    age_segments(tmp_path, 15)
+    cq_dir, index_dir = consume_queue_dir(tmp_path, TOPIC, 0), index_shard_dir(tmp_path, 0)
+    assert (file_count(cq_dir), file_count(index_dir)) == (6, 6)
+    first = run_retention(parts_of(store), OFF_HOUR, now_ms=NOW_MS, usage_ratio=LOW)
+    assert first.segments_removed == [] and first.reason is RetentionReason.NONE
+
+    first = run_retention(parts_of(store), CONFIG, now_ms=NOW_MS, usage_ratio=LOW)
+    assert first.reason is RetentionReason.TIME_UP and not first.disk_full
+    assert len(first.segments_removed) == 10
+    assert (first.cq_files_removed, first.index_files_removed) == (1, 1)
+    assert store.min_offset(TOPIC, 0) == 10
+    assert first.min_commit_pos == store.commitlog.min_pos == 10 * SEGMENT_BYTES
+
+    second = run_retention(parts_of(store), CONFIG, now_ms=NOW_MS, usage_ratio=LOW)
+    assert len(second.segments_removed) == 5  # stops at the first segment that has not expired
+    assert (second.cq_files_removed, second.index_files_removed) == (0, 0)
+    assert store.min_offset(TOPIC, 0) == 15
+    assert run_retention(parts_of(store), CONFIG, now_ms=NOW_MS, usage_ratio=LOW).segments_removed == []
+    assert (file_count(cq_dir), file_count(index_dir)) == (5, 5)
+    assert len(store.commitlog.segments.segments) == 40
+    store.close()
+    assert check(tmp_path) == []
+
+    with MessageStore.open(tmp_path, CONFIG) as reopened:
+        too_small = reopened.get_messages(TOPIC, 0, 3)
+        assert (too_small.status, too_small.next_offset) == (GetStatus.OFFSET_TOO_SMALL, 15)
+        found = reopened.get_messages(TOPIC, 0, 15, 1)
+        assert found.status is GetStatus.FOUND and found.messages[0].body == BODY + b"15"
+        assert reopened.query_by_key(TOPIC, found.messages[0].uniq_key)
+    assert check(tmp_path) == []
+
+
+def test_retention_space_warn_deletes_expired_outside_delete_hour(tmp_path):
+    store = make_store(tmp_path, 20)
+    age_segments(tmp_path, 5)
+    report = run_retention(parts_of(store), OFF_HOUR, now_ms=NOW_MS, usage_ratio=WARN)
+    assert report.reason is RetentionReason.SPACE_WARN and len(report.segments_removed) == 5
+    store.close()
+    assert check(tmp_path) == []
+
+
+def test_retention_space_force_deletes_unexpired_10_per_pass(tmp_path):
+    """DefaultMessageStoreCleanFilesTest.testDeleteFilesImmediatelyBySpaceFull."""
+    store = make_store(tmp_path, 25)
+    for expected_removed, expected_min in ((10, 10), (10, 20), (4, 24), (0, 24)):
+        report = run_retention(parts_of(store), OFF_HOUR, now_ms=NOW_MS, usage_ratio=FORCE)
+        assert report.reason is RetentionReason.SPACE_FORCE and not report.disk_full
+        assert len(report.segments_removed) == expected_removed
+        assert store.min_offset(TOPIC, 0) == expected_min
+    store.close()
+    assert check(tmp_path) == []
+
+
+def test_retention_never_deletes_active_segment_even_when_all_expired(tmp_path):
+    store = make_store(tmp_path, 12)
+    age_segments(tmp_path, 100)  # every file, the active and the preallocated one too
+    for _ in range(3):
+        report = run_retention(parts_of(store), CONFIG, now_ms=NOW_MS, usage_ratio=FULL)
+        assert report.disk_full
+    assert len(store.commitlog.segments.segments) == 1
+    assert store.min_offset(TOPIC, 0) == 11 and store.max_offset(TOPIC, 0) == 12
+    assert store.get_messages(TOPIC, 0, 11).messages[0].body == BODY + b"11"
+    assert store.put(TOPIC, b"after").ok
+    store.close()
+    assert check(tmp_path) == []
+    with MessageStore.open(tmp_path, CONFIG) as reopened:  # after reopen the active one stays too
+        age_segments(tmp_path, 100)
+        assert run_retention(parts_of(reopened), CONFIG, now_ms=NOW_MS, usage_ratio=FULL).segments_removed \
+            == []
+    assert check(tmp_path) == []
+
+
+def test_retention_steps_refuse_the_middle_and_the_active_segment(tmp_path):
+    store = make_store(tmp_path, 3)
+    parts = parts_of(store)
+    with pytest.raises(BadInputError):
+        retention.delete_segments(parts, [SEGMENT_BYTES])  # not the oldest
+    retention.delete_segments(parts, [0, SEGMENT_BYTES])
+    with pytest.raises(BadInputError):
+        retention.delete_segments(parts, [2 * SEGMENT_BYTES])  # the active one
+    assert run_retention(parts, CONFIG, now_ms=NOW_MS, usage_ratio=FULL).to_dict()["reason"] == "space_force"
+    store.close()
+    assert check(tmp_path) == []
+
+
+def test_retention_through_store_uses_real_usage(tmp_path):
+    store = make_store(tmp_path, 3)
+    report = store.clean_expired(now_ms=NOW_MS)
+    assert abs(report.disk_usage_ratio - disk_usage_ratio(tmp_path)) < 0.01
+    store.close()
+
+
+# ------------------------------------------------------------------------------ DISK_FULL, for real
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 1 MiB tmpfs under tmp_path: a real filesystem whose usage the test controls."""
+    mount_point = tmp_path / "mnt"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount_point)],
+                          capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount_point
+    finally:
+        if subprocess.run(["umount", str(mount_point)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill_to(directory: Path, ratio: float) -> Path:
+    """Write a real file so the filesystem's used fraction reaches `ratio`."""
+    st = os.statvfs(directory)
+    total = st.f_blocks * st.f_frsize
+    used = total - st.f_bavail * st.f_frsize
+    path = directory / "ballast"
+    with open(path, "wb") as fh:
+        fh.write(b"\xa5" * max(0, int(total * ratio) - used + st.f_frsize))
+    return path
+
+
+def test_disk_full_set_and_cleared_on_a_real_filesystem(tmpfs):
+    """DefaultMessageStoreCleanFilesTest.testIsSpaceFullFunctionEmpty2Full / Full2Empty."""
+    root = tmpfs / "store"
+    store = make_store(root, 4)
+    try:
+        assert store.put(TOPIC, b"fits").status is PutStatus.PUT_OK
+        ballast = fill_to(tmpfs, 0.93)
+        report = store.clean_expired(now_ms=NOW_MS)
+        assert report.disk_usage_ratio >= CONFIG.disk_full_ratio and report.disk_full
+        assert report.reason is RetentionReason.SPACE_FORCE
+        assert len(report.segments_removed) == 3  # regardless of age, never the active one
+        refused = store.put(TOPIC, b"no room")
+        assert refused.status is PutStatus.DISK_FULL and refused.commit_pos is None
+        ballast.unlink()
+        report = store.clean_expired(now_ms=NOW_MS)
+        assert report.disk_usage_ratio < CONFIG.disk_warn_ratio and not report.disk_full
+        assert store.put(TOPIC, b"room again").status is PutStatus.PUT_OK
+    finally:
+        store.close()
+    assert check(root) == []
+
+
+# ------------------------------------------------------------------------------ crash after each step
+
+
+def _delete_some(parts, plan, count):
+    return retention.delete_segments(parts, plan[:count])
+
+
+STEPS = {
+    "segments": lambda parts, plan: retention.delete_segments(parts, plan),
+    "consume_queues": lambda parts, plan: retention.clean_consume_queues(parts, parts.commitlog.min_pos),
+    "index": lambda parts, plan: retention.clean_index(parts, parts.commitlog.min_pos),
+}
+
+
+@pytest.mark.parametrize("steps", [
+    [],
+    [lambda parts, plan: _delete_some(parts, plan, 3)],  # died between two segment deletions
+    [STEPS["segments"]],
+    [STEPS["segments"], STEPS["consume_queues"]],
+    [STEPS["segments"], STEPS["consume_queues"], STEPS["index"]],
+], ids=["none", "3_of_10_segments", "segments", "segments+cq", "segments+cq+index"])
+def test_retention_crash_after_step_recovers_clean(tmp_path, steps):
+    make_store(tmp_path, 25).close()
+    age_segments(tmp_path, 15)
+    mark_running(tmp_path)  # the supervisor running the cleaner dies: `abort` stays behind
+    parts = open_parts(tmp_path, CONFIG, Access.READ_WRITE)
+    plan, _ = retention.plan_pass(parts, CONFIG, now_ms=NOW_MS, usage_ratio=LOW)
+    assert len(plan) == 10
+    for step in steps:
+        step(parts, plan)
+    min_pos = parts.commitlog.min_pos
+    close_parts(parts)
+    assert check(tmp_path) == []  # entries below the log start are expired, not corrupt
+    with MessageStore.open(tmp_path, CONFIG) as store:
+        assert store.recovery_report.shutdown == "crash"
+        low = min_pos // SEGMENT_BYTES
+        assert store.min_offset(TOPIC, 0) == low
+        result = store.get_messages(TOPIC, 0, 0)
+        if low:
+            assert (result.status, result.next_offset) == (GetStatus.OFFSET_TOO_SMALL, low)
+        else:
+            assert result.status is GetStatus.FOUND
+        assert store.put(TOPIC, b"after").ok
+        report = store.clean_expired(now_ms=NOW_MS)  # the next pass finishes what the dead one began
+    assert check(tmp_path) == []
+    assert report.min_commit_pos >= min_pos
