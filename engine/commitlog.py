@@ -31,8 +31,6 @@ from itertools import accumulate
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
-
 from engine.errors import BadInputError, CorruptRecordError
 from engine.formats.record import (
     FILLER_SIZE,
@@ -263,7 +261,7 @@ class CommitLog:
         segment = self.segments.find(cut_pos)
         if segment is not None:
             file_pos = cut_pos - self.segments.base_of(segment)
-            _zero_nonzero(segment, file_pos)
+            segment.zero_nonzero(file_pos)
             segment.sync(file_pos, self.segment_bytes)
         next_base = self.next_segment_pos(cut_pos)
         self.segments.remove_after(next_base)
@@ -292,13 +290,6 @@ class CommitLog:
 
     def close(self) -> None:
         self.segments.close()
-
-
-def _zero_nonzero(segment: MappedFile, file_pos: int) -> None:
-    for pos in range(file_pos, segment.size_bytes, _ZERO_CHUNK_BYTES):
-        stop = min(pos + _ZERO_CHUNK_BYTES, segment.size_bytes)
-        if np.frombuffer(segment.read(pos, stop - pos), dtype=np.uint8).any():
-            segment.zero(pos, stop)
 
 
 Decoder = Callable[[memoryview, int, int], Record | RecordHeader | Filler]

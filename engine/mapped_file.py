@@ -13,11 +13,14 @@ import shutil
 from enum import Enum
 from pathlib import Path
 
+import numpy as np
+
 from engine.errors import DiskFullError, SegmentLayoutError, StoreError, StorePermissionError
 from engine.naming import TEMP_SUFFIX
 
 PAGE_BYTES = mmap.PAGESIZE
-RESERVE_STEP_BYTES = 4 << 20  # blocks are allocated ahead of the writer in steps of this size
+RESERVE_STEP_BYTES = 4 << 20
+ZERO_CHUNK_BYTES = 1 << 20  # blocks are allocated ahead of the writer in steps of this size
 
 
 class Access(Enum):
@@ -124,6 +127,49 @@ class MappedFile:
         for pos in range(start_pos, end_pos, step):
             n = min(step, end_pos - pos)
             self.buf[pos:pos + n] = bytes(n)
+
+    def data_ranges(self, start_pos: int = 0, end_pos: int | None = None) -> list[tuple[int, int]]:
+        """Sub-ranges of [start_pos, end_pos) that may hold data; holes of the sparse file are skipped.
+
+        SEEK_DATA/SEEK_HOLE account for dirty page-cache pages, so bytes written through the
+        mapping but not yet synced are reported as data.
+        """
+        end_pos = self.size_bytes if end_pos is None else min(end_pos, self.size_bytes)
+        fd = os.open(self.path, os.O_RDONLY)
+        ranges = []
+        try:
+            pos = start_pos
+            while pos < end_pos:
+                try:
+                    data = os.lseek(fd, pos, os.SEEK_DATA)
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:  # only a hole remains
+                        break
+                    return [(start_pos, end_pos)]  # no SEEK_DATA here: treat all as data
+                if data >= end_pos:
+                    break
+                hole = min(os.lseek(fd, data, os.SEEK_HOLE), end_pos)
+                ranges.append((data, hole))
+                pos = hole
+        finally:
+            os.close(fd)
+        return ranges
+
+    def is_zero(self, start_pos: int = 0, end_pos: int | None = None) -> bool:
+        """True when every byte of [start_pos, end_pos) is zero (holes are not read)."""
+        for lo, hi in self.data_ranges(start_pos, end_pos):
+            for pos in range(lo, hi, ZERO_CHUNK_BYTES):
+                if np.frombuffer(self.buf[pos:min(pos + ZERO_CHUNK_BYTES, hi)], dtype=np.uint8).any():
+                    return False
+        return True
+
+    def zero_nonzero(self, start_pos: int, end_pos: int | None = None) -> None:
+        """Zero [start_pos, end_pos), writing only chunks that hold something (keeps holes holes)."""
+        for lo, hi in self.data_ranges(start_pos, end_pos):
+            for pos in range(lo, hi, ZERO_CHUNK_BYTES):
+                stop = min(pos + ZERO_CHUNK_BYTES, hi)
+                if np.frombuffer(self.buf[pos:stop], dtype=np.uint8).any():
+                    self.zero(pos, stop)
 
     def sync(self, start_pos: int = 0, end_pos: int | None = None) -> None:
         """msync(MS_SYNC) the pages covering [start_pos, end_pos); errors are raised, not swallowed."""

@@ -42,6 +42,15 @@ class ShutdownState(Enum):
     CRASH = "crash"
 
 
+class RecoveryMode(Enum):
+    """ROUTINE: bounded by the checkpoint (after any stop or crash). REBUILD: verify the whole
+    log and rebuild consume queues and index from it (after `check` finds damage to data the
+    checkpoint already counts as durable, e.g. bit rot or a lost index file)."""
+
+    ROUTINE = "routine"
+    REBUILD = "rebuild"
+
+
 def detect_shutdown(root: Path) -> ShutdownState:
     return ShutdownState.CRASH if (Path(root) / ABORT_FILE).exists() else ShutdownState.CLEAN
 
@@ -52,6 +61,8 @@ class RecoveryReport:
 
     shutdown: str
     checkpoint_source: str
+    mode: str = RecoveryMode.ROUTINE.value
+    index_shards_rebuilt: list[int] = field(default_factory=list)
     checkpoint_problems: list[str] = field(default_factory=list)
     scan_start_pos: int = 0
     cut_pos: int = 0
@@ -73,7 +84,8 @@ class RecoveryReport:
 
     def summary_lines(self) -> list[str]:
         lines = [
-            f"recovery after {self.shutdown} shutdown (checkpoint: {self.checkpoint_source})",
+            f"{self.mode} recovery after {self.shutdown} shutdown "
+            f"(checkpoint: {self.checkpoint_source})",
             f"  scanned {self.records_scanned} records, {self.bytes_scanned} bytes "
             f"from commit_pos {self.scan_start_pos} to {self.cut_pos} in {self.duration_ms:.0f} ms",
             f"  re-dispatched {self.cq_entries_redispatched} consume-queue entries, "
@@ -89,6 +101,8 @@ class RecoveryReport:
                          f"{self.index_entries_trimmed} index entries past the cut")
         lines += [f"  removed segment {s}" for s in self.segments_removed]
         lines += [f"  rebuilt consume queue {q}" for q in self.queues_rebuilt]
+        lines += [f"  rebuilt index shard {n} (its files were unreadable and were quarantined)"
+                  for n in self.index_shards_rebuilt]
         return lines
 
 
@@ -100,9 +114,11 @@ class StoreParts:
     commitlog: CommitLog
     queues: ConsumeQueueTable
     shards: list[ShardIndex]
+    damaged_shards: list[int] = field(default_factory=list)
 
 
-def recover(parts: StoreParts, shutdown: ShutdownState, *, progress: Progress | None = None,
+def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = RecoveryMode.ROUTINE,
+            progress: Progress | None = None,
             now_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> RecoveryReport:
     """Bring the store to a consistent state and write a fresh checkpoint; see the module doc."""
     started = time.monotonic()
@@ -110,9 +126,16 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, progress: Progress | 
     fresh = not parts.commitlog.segments.segments
     report = RecoveryReport(shutdown=shutdown.value, checkpoint_source=loaded.source.value,
                             checkpoint_problems=[] if fresh else list(loaded.problems))
-    cp = loaded.checkpoint
+    report.mode = mode.value
+    report.index_shards_rebuilt = list(parts.damaged_shards)
+    cp = None if mode is RecoveryMode.REBUILD else loaded.checkpoint
+    if mode is RecoveryMode.REBUILD:
+        for queue in list(parts.queues):
+            parts.queues.drop(queue.topic, queue.queue_id)
     parts.queues.recover_all()
     shard_positions = _shard_durable_positions(cp, len(parts.shards))
+    for shard_no in parts.damaged_shards:
+        shard_positions[shard_no] = 0
     for shard, durable_pos in zip(parts.shards, shard_positions, strict=True):
         report.index_entries_trimmed += shard.trim_from(durable_pos)
         shard.mark_processed(durable_pos)
@@ -230,10 +253,9 @@ def _is_unwritten(commitlog: CommitLog, pos: int) -> bool:
     if segment is None:
         return True
     base = segments.base_of(segment)
-    if np.frombuffer(segment.read(pos - base, segment.size_bytes), dtype=np.uint8).any():
+    if not segment.is_zero(pos - base):
         return False
-    later = [s for s in segments.segments if segments.base_of(s) > base]
-    return not any(np.frombuffer(s.buf, dtype=np.uint8).any() for s in later)
+    return all(s.is_zero() for s in segments.segments if segments.base_of(s) > base)
 
 
 def _cut(parts: StoreParts, cut_pos: int, report: RecoveryReport, now_ms: int) -> None:
@@ -258,7 +280,7 @@ def _cut(parts: StoreParts, cut_pos: int, report: RecoveryReport, now_ms: int) -
 
 def _holds_data(segment) -> bool:
     """A preallocated (all-zero) segment is not data; removing it is not worth reporting."""
-    return bool(np.frombuffer(segment.buf, dtype=np.uint8).any())
+    return not segment.is_zero()
 
 
 def _segment_base(commitlog: CommitLog, pos: int) -> int:
@@ -268,17 +290,18 @@ def _segment_base(commitlog: CommitLog, pos: int) -> int:
 
 def _tail_bytes(commitlog: CommitLog, cut_pos: int) -> bytes:
     """Bytes from cut_pos to the last non-zero byte of the log (what the cut removes)."""
-    chunks = []
+    out = bytearray()
     seg = commitlog.segments
     for segment in seg.segments:
         base = seg.base_of(segment)
         if base + segment.size_bytes <= cut_pos:
             continue
-        view = segment.read(max(cut_pos - base, 0), segment.size_bytes)
-        chunks.append(bytes(view))
-    data = b"".join(chunks)
-    nonzero = np.flatnonzero(np.frombuffer(data, dtype=np.uint8))
-    return data[: int(nonzero[-1]) + 1] if nonzero.size else b""
+        start = max(cut_pos - base, 0)
+        for lo, hi in segment.data_ranges(start):
+            out += bytes(base + lo - cut_pos - len(out))  # a hole reads as zeros
+            out += segment.read(lo, hi - lo)
+    nonzero = np.flatnonzero(np.frombuffer(out, dtype=np.uint8))
+    return bytes(out[: int(nonzero[-1]) + 1]) if nonzero.size else b""
 
 
 def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int) -> None:

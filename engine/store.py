@@ -18,14 +18,15 @@ from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.consume_queue import Boundary, ConsumeQueueTable
 from engine.dispatch import dispatch_to_consume_queue, dispatch_to_shard, keys_by_shard
-from engine.errors import BadInputError, ReadOnlyStoreError, StoreClosedError
+from engine.errors import BadInputError, CorruptIndexError, ReadOnlyStoreError, StoreClosedError
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.index_file import shard_of
 from engine.formats.record import FILLER_SIZE, Record, Verify, encode_record, make_msg_id, store_ts_at
 from engine.hash_index import ShardIndex
-from engine.mapped_file import Access, disk_usage_ratio
-from engine.message import Message, build_properties, validate_body, validate_queue_id
-from engine.recovery import RecoveryReport, StoreParts, detect_shutdown, recover
+from engine.mapped_file import Access, disk_usage_ratio, ensure_dir, fsync_dir
+from engine.message import Message, build_properties, normalize_keys, validate_body, validate_queue_id
+from engine.naming import QUARANTINE_DIR, index_shard_dir, validate_topic
+from engine.recovery import RecoveryMode, RecoveryReport, StoreParts, detect_shutdown, recover
 from engine.status import GetResult, GetStatus, PutResult, PutStatus
 from engine.store_dir import (
     StoreKind,
@@ -68,6 +69,7 @@ class MessageStore:
 
     @classmethod
     def open(cls, path: str | Path, config: StoreConfig | None = None, *,
+             recovery: RecoveryMode = RecoveryMode.ROUTINE,
              progress: Callable[[int, int], None] | None = None) -> MessageStore:
         """Open (creating if new) a store for writing; runs recovery before returning."""
         root = Path(path)
@@ -82,7 +84,7 @@ class MessageStore:
         lock = StoreLock.acquire(root)
         try:
             parts = open_parts(root, config, Access.READ_WRITE)
-            report = recover(parts, detect_shutdown(root), progress=progress)
+            report = recover(parts, detect_shutdown(root), mode=recovery, progress=progress)
             mark_running(root)
         except BaseException:
             lock.release()
@@ -242,6 +244,8 @@ class MessageStore:
                      max_count: int = 64) -> list[Record]:
         """Messages of `topic` with this key (or UNIQ_KEY), oldest first; collisions filtered out."""
         self._require_open()
+        validate_topic(topic)
+        normalize_keys(key)  # a str, UTF-8, no separators: BadInputError rather than a codec error
         end_ms = 2**63 - 1 if end_ms is None else end_ms
         shard = self.shards[shard_of(topic, key, len(self.shards))]
         found = []
@@ -300,12 +304,37 @@ class MessageStore:
 
 
 def open_parts(root: Path, config: StoreConfig, access: Access) -> StoreParts:
-    """Open the commitlog, consume queues and index shards of a store."""
+    """Open the commitlog, consume queues and index shards of a store.
+
+    A writer that finds an index shard it cannot read moves the shard aside to quarantine/
+    and starts it empty; recovery then rebuilds it from the commitlog (the index is derived).
+    """
     commitlog = CommitLog.open(root, config.commitlog_file_size, access)
     queues = ConsumeQueueTable.load(root, config.consume_queue_entries, access)
-    shards = [ShardIndex.load(root, n, config.index_slot_count, config.index_entry_count, access)
-              for n in range(config.index_shards)]
-    return StoreParts(Path(root), commitlog, queues, shards)
+    shards, damaged = [], []
+    for n in range(config.index_shards):
+        try:
+            shards.append(open_shard(root, config, n, access))
+        except CorruptIndexError:
+            if access is not Access.READ_WRITE:
+                raise
+            quarantine_shard(root, n)
+            shards.append(open_shard(root, config, n, access))
+            damaged.append(n)
+    return StoreParts(Path(root), commitlog, queues, shards, damaged)
+
+
+def open_shard(root: Path, config: StoreConfig, shard: int, access: Access) -> ShardIndex:
+    return ShardIndex.load(root, shard, config.index_slot_count, config.index_entry_count, access)
+
+
+def quarantine_shard(root: Path, shard: int) -> Path:
+    """Move an unreadable index shard's directory aside (kept for inspection, never deleted)."""
+    target = ensure_dir(Path(root) / QUARANTINE_DIR) / f"index-{shard}.{_now_ms()}"
+    os.replace(index_shard_dir(root, shard), target)
+    fsync_dir(target.parent)
+    fsync_dir(index_shard_dir(root, shard).parent)
+    return target
 
 
 def close_parts(parts: StoreParts) -> None:

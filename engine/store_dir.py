@@ -38,14 +38,17 @@ class StoreKind(Enum):
 def inspect_store_dir(root: Path) -> StoreKind:
     """Classify `root` without changing anything; raise NotAStoreError for anything else."""
     root = Path(root)
-    if not root.exists():
-        return StoreKind.NEW
-    if not root.is_dir():
-        raise NotAStoreError("not a directory", path=str(root))
-    if not os.access(root, os.R_OK | os.X_OK):
+    try:
+        if not root.exists():
+            return StoreKind.NEW
+        if not root.is_dir():
+            raise NotAStoreError("not a directory", path=str(root))
+        if not os.access(root, os.R_OK | os.X_OK):
+            raise PermissionError
+        names = {p.name for p in root.iterdir()}
+    except PermissionError:
         raise StorePermissionError("no permission to read the store directory", path=str(root),
-                                   hint="the store belongs to another user")
-    names = {p.name for p in root.iterdir()}
+                                   hint="the store belongs to another user") from None
     if STORE_META_FILE in names:
         return StoreKind.MQSTORE
     if COMMITLOG_DIR in names and (root / COMMITLOG_DIR).is_dir():
@@ -57,7 +60,13 @@ def inspect_store_dir(root: Path) -> StoreKind:
 
 
 def read_meta(root: Path) -> StoreMeta:
-    return decode_store_meta((Path(root) / STORE_META_FILE).read_bytes())
+    path = Path(root) / STORE_META_FILE
+    try:
+        raw = path.read_bytes()
+    except PermissionError:
+        raise StorePermissionError("no permission to read store.json", path=str(path),
+                                   hint="the store belongs to another user") from None
+    return decode_store_meta(raw)
 
 
 def create_store_dir(root: Path, config: StoreConfig) -> StoreMeta:
@@ -89,7 +98,11 @@ class StoreLock:
     @classmethod
     def acquire(cls, root: Path) -> StoreLock:
         path = Path(root) / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except PermissionError:
+            raise StorePermissionError("no permission to take the store's lock", path=str(path),
+                                       hint="the store belongs to another user") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -3,7 +3,7 @@
 Damage is patched at offsets taken from the format constants. Each damage test then lets
 `MessageStore.open` recover and asks check again: recovery is crash recovery, so damage a crash
 can leave (past the last checkpoint) must be repaired, while damage to data the checkpoint
-already calls durable is left for a rebuild (those cases are strict xfails, see their reasons).
+already calls durable is repaired by a rebuild recovery (RecoveryMode.REBUILD).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from engine import check as fsck
 from engine.check import FindingKind, check, check_summary, findings_to_json
 from engine.checkpoint import write_checkpoint
 from engine.config import StoreConfig
-from engine.errors import CorruptIndexError, NotAStoreError
+from engine.errors import NotAStoreError
 from engine.formats.checkpoint import MQSTORE_PART_POS, Checkpoint, decode_checkpoint
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, encode_cq_entry
 from engine.formats.index_file import (
@@ -38,9 +38,11 @@ from engine.naming import (
     index_shard_dir,
     offset_to_name,
 )
+from engine.recovery import RecoveryMode
 from engine.store import MessageStore, close_parts
+from tests.conftest import ROCKETMQ_SAMPLES
 
-SAMPLES = Path("/work/shared/data/rocketmq-samples")
+SAMPLES = ROCKETMQ_SAMPLES
 SEGMENT_BYTES = 4096
 CONFIG = StoreConfig(commitlog_file_size=SEGMENT_BYTES, consume_queue_entries=10, index_slot_count=64,
                      index_entry_count=256, index_shards=2, queue_count=4,
@@ -130,6 +132,12 @@ def reopen_and_check(root: Path) -> list:
     return check(root)
 
 
+def rebuild_and_check(root: Path) -> list:
+    """Damage inside what the checkpoint calls durable is repaired by a rebuild recovery."""
+    MessageStore.open(root, CONFIG, recovery=RecoveryMode.REBUILD).close()
+    return check(root)
+
+
 # ------------------------------------------------------------------------------ clean stores
 
 
@@ -208,7 +216,6 @@ def test_check_flipped_record_byte_crash_region_is_corrupt_then_recovered(tmp_pa
     assert reopen_and_check(tmp_path) == []
 
 
-@pytest.mark.xfail(strict=True, reason=RECOVERY_LEAVES_DURABLE_DAMAGE)
 def test_check_flipped_record_byte_durable_region_after_reopen_is_clean(tmp_path):
     _, results = make_store(tmp_path)
     victim = results[3].commit_pos
@@ -216,7 +223,7 @@ def test_check_flipped_record_byte_durable_region_after_reopen_is_clean(tmp_path
     patch(path, file_pos + BODY_OFFSET, bytes([read(path, file_pos + BODY_OFFSET, 1)[0] ^ 0x01]))
     findings = check(tmp_path)
     assert [(f.kind, f.pos) for f in findings] == [(FindingKind.CORRUPT_RECORD, victim)]
-    assert reopen_and_check(tmp_path) == []
+    assert rebuild_and_check(tmp_path) == []
 
 
 def test_check_flipped_byte_in_last_record_is_torn_tail(tmp_path):
@@ -298,15 +305,12 @@ def test_check_zeroed_cq_entry_is_gap_and_missing_then_recovered_after_crash(tmp
     assert reopen_and_check(tmp_path) == []
 
 
-@pytest.mark.xfail(strict=True, reason="ConsumeQueue.recover cuts the queue at the zeroed entry and "
-                   "the scan starts at the checkpoint's cq_durable_pos (the end): entries after the "
-                   "gap are never re-dispatched. " + RECOVERY_LEAVES_DURABLE_DAMAGE)
 def test_check_zeroed_cq_entry_after_clean_stop_recovered(tmp_path):
     make_store(tmp_path, 20)
     path, file_pos = cq_entry_path(tmp_path, 0, 3)
     patch(path, file_pos, bytes(CQ_ENTRY_SIZE))
     assert {FindingKind.CQ_GAP, FindingKind.CQ_MISSING_ENTRY} <= kinds(check(tmp_path))
-    assert reopen_and_check(tmp_path) == []
+    assert rebuild_and_check(tmp_path) == []
 
 
 def test_check_zeroed_last_cq_entry_is_missing(tmp_path):
@@ -330,14 +334,12 @@ def test_check_cq_entry_to_wrong_record_is_mismatch_then_rebuilt_after_crash(tmp
     assert reopen_and_check(tmp_path) == []
 
 
-@pytest.mark.xfail(strict=True, reason="ConsumeQueue.recover keeps a valid-looking entry and nothing "
-                   "re-puts offsets below cq_durable_pos. " + RECOVERY_LEAVES_DURABLE_DAMAGE)
 def test_check_cq_entry_to_wrong_record_after_clean_stop_recovered(tmp_path):
     _, results = make_store(tmp_path, 20)
     path, file_pos = cq_entry_path(tmp_path, 0, 2)
     patch(path, file_pos, encode_cq_entry(results[8].commit_pos + 1, 100, 0))
     assert FindingKind.CQ_ENTRY_MISMATCH in kinds(check(tmp_path))
-    assert reopen_and_check(tmp_path) == []
+    assert rebuild_and_check(tmp_path) == []
 
 
 def test_check_cq_entry_past_end_then_recovered(tmp_path):
@@ -359,14 +361,11 @@ def test_check_missing_cq_directory_reports_every_record(tmp_path):
         [(FindingKind.CQ_MISSING_ENTRY, "10")]
 
 
-@pytest.mark.xfail(strict=True, reason="recovery re-dispatches only the last record (offset 9) into the "
-                   "emptied queue, which then starts at 9 behind filler entries: offsets 0..8 stay lost. "
-                   + RECOVERY_LEAVES_DURABLE_DAMAGE)
 def test_check_missing_cq_files_after_clean_stop_recovered(tmp_path):
     make_store(tmp_path, 20)
     for path in consume_queue_dir(tmp_path, TOPIC, 1).iterdir():
         path.unlink()
-    assert reopen_and_check(tmp_path) == []
+    assert rebuild_and_check(tmp_path) == []
 
 
 # ------------------------------------------------------------------------------ index
@@ -383,14 +382,12 @@ def test_check_zeroed_index_entry_is_key_missing_then_recovered_after_crash(tmp_
     assert reopen_and_check(tmp_path) == []
 
 
-@pytest.mark.xfail(strict=True, reason="ShardIndex.trim_from(durable_pos) keeps a zeroed entry below the "
-                   "durable position and nothing re-indexes it. " + RECOVERY_LEAVES_DURABLE_DAMAGE)
 def test_check_zeroed_index_entry_after_clean_stop_recovered(tmp_path):
     make_store(tmp_path, 20)
     path, pos = index_entry_of(tmp_path, "key3")
     patch(path, pos, bytes(INDEX_ENTRY_SIZE))
     assert FindingKind.INDEX_KEY_MISSING in kinds(check(tmp_path))
-    assert reopen_and_check(tmp_path) == []
+    assert rebuild_and_check(tmp_path) == []
 
 
 def test_check_index_entry_to_non_record_is_unresolved(tmp_path):
@@ -404,14 +401,12 @@ def test_check_index_entry_to_non_record_is_unresolved(tmp_path):
     assert FindingKind.INDEX_KEY_MISSING in kinds(findings)
 
 
-@pytest.mark.xfail(strict=True, reason="the entry lies below the shard's durable position, so "
-                   "ShardIndex.trim_from keeps it. " + RECOVERY_LEAVES_DURABLE_DAMAGE)
 def test_check_index_entry_to_non_record_after_clean_stop_recovered(tmp_path):
     make_store(tmp_path, 20)
     path, pos = index_entry_of(tmp_path, "key5")
     key_hash, commit_pos, time_diff, prev = INDEX_ENTRY.unpack_from(read(path, pos, INDEX_ENTRY_SIZE))
     patch(path, pos, INDEX_ENTRY.pack(key_hash, commit_pos + 1, time_diff, prev))
-    assert reopen_and_check(tmp_path) == []
+    assert rebuild_and_check(tmp_path) == []
 
 
 def test_check_index_file_of_wrong_size_is_corrupt(tmp_path):
@@ -424,9 +419,6 @@ def test_check_index_file_of_wrong_size_is_corrupt(tmp_path):
     assert FindingKind.INDEX_KEY_MISSING in kinds(findings)
 
 
-@pytest.mark.xfail(strict=True, raises=CorruptIndexError, reason="MessageStore.open raises "
-                   "CorruptIndexError from ShardIndex.load (IndexFile.open checks the size) instead of "
-                   "rebuilding the shard from the commitlog; its hint points at `mqstore recover`")
 def test_check_index_file_of_wrong_size_after_reopen_is_clean(tmp_path):
     make_store(tmp_path, 5)
     path = next((tmp_path / INDEX_DIR / "0").iterdir())

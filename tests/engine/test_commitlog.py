@@ -22,6 +22,7 @@ from engine.formats.record import (
 )
 from engine.mapped_file import Access
 from engine.naming import offset_to_name
+from tests.conftest import ROCKETMQ_SAMPLES
 
 SEG = 4096
 TOPIC = "TopicA"
@@ -408,7 +409,7 @@ def test_commitlog_expiry_by_mtime_stops_at_first_unexpired(tmp_path):
 
 # ---------------------------------------------------------------- RocketMQ-written files
 
-SAMPLES = "/work/shared/data/rocketmq-samples"
+SAMPLES = str(ROCKETMQ_SAMPLES)
 
 
 @pytest.mark.skipif(not os.path.isdir(SAMPLES), reason="RocketMQ sample files not present")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import struct
 import zlib
-from pathlib import Path
 
 import pytest
 
@@ -26,8 +25,9 @@ from engine.formats.record import (
     encode_record,
     stamp_record,
 )
+from tests.conftest import ROCKETMQ_SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "rocketmq-samples"
+SAMPLES = ROCKETMQ_SAMPLES
 STORES = ["store-2021", "store-2019"]
 BODY = b"Once, there was a chance for me!"
 RECORD_SIZE = 172
