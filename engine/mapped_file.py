@@ -224,14 +224,7 @@ def write_file_atomically(path: Path, data: bytes, *, backup_suffix: str | None 
     """Replace `path` with `data`: write temp, fsync, (copy old to backup), rename, fsync dir."""
     path = Path(path)
     tmp = path.with_name(path.name + TEMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_synced(tmp, data)
     if backup_suffix is not None and path.exists():
         backup = path.with_name(path.name + backup_suffix)
         backup_tmp = backup.with_name(backup.name + TEMP_SUFFIX)
@@ -245,6 +238,12 @@ def write_file_atomically(path: Path, data: bytes, *, backup_suffix: str | None 
 def write_new_file(path: Path, data) -> None:
     """Write a new side file (e.g. a quarantined tail) durably."""
     path = Path(path)
+    _write_synced(path, data)
+    fsync_dir(path.parent)
+
+
+def _write_synced(path: Path, data) -> None:
+    """Write `data` as the whole content of `path` (owner-only) and fsync it."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         view = memoryview(data)
@@ -253,7 +252,6 @@ def write_new_file(path: Path, data) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    fsync_dir(path.parent)
 
 
 def remove_file(path: Path) -> None:
