@@ -23,13 +23,13 @@ the dispatcher) tracks the end of the segments it has mapped; `refresh()` adopts
 
 from __future__ import annotations
 
-import bisect
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from itertools import accumulate
 from pathlib import Path
 from typing import NamedTuple
+
+import numpy as np
 
 from engine.errors import BadInputError, CorruptRecordError
 from engine.formats.record import (
@@ -42,6 +42,15 @@ from engine.formats.record import (
     decode_record,
     encode_filler,
     stamp_record,
+)
+from engine.formats.record_batch import check_stampable, stamp_checked_records
+from engine.formats.record_scan import (
+    DispatchColumns,
+    RecordSpans,
+    columns_from_headers,
+    decode_dispatch,
+    find_starts,
+    verify_spans,
 )
 from engine.mapped_file import Access, MappedFile, remove_file
 from engine.naming import commitlog_dir, is_segment_name, name_to_offset
@@ -121,30 +130,42 @@ class CommitLog:
         """Append many records with one store time; returns their commit positions.
 
         Each record is whole within a segment; a batch may span a roll (unlike RocketMQ,
-        which moves a whole batch). Each run that fits one segment is copied with a single
-        slice assignment, then its records are stamped. Nothing is written if any is invalid.
+        which moves a whole batch). Nothing is written if any record is invalid.
         """
         if len(records) != len(queue_offsets):
             raise BadInputError("queue_offsets", f"{len(queue_offsets)} offsets for "
                                 f"{len(records)} records")
-        sizes = self._check_sizes(records)
-        positions: list[int] = []
+        sizes = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
+        starts = np.zeros(len(records), dtype=np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        blob = bytearray().join(records)
+        return self.append_encoded(blob, starts, sizes, queue_offsets, store_ts_ms).tolist()
+
+    def append_encoded(self, blob: bytearray, starts: np.ndarray, sizes: np.ndarray,
+                       queue_offsets, store_ts_ms: int) -> np.ndarray:
+        """Append the records laid end to end in `blob` (record_batch.encode_records); returns
+        their commit positions. Each run that fits the current segment is stamped in `blob`
+        (record_batch.stamp_checked_records) and copied in with one slice assignment."""
+        if len(starts) and int(sizes.max()) + FILLER_SIZE > self.segment_bytes:
+            raise BadInputError("body", f"record of {int(sizes.max())} bytes does not fit a segment "
+                                f"of {self.segment_bytes} bytes (minus {FILLER_SIZE} for a filler)")
+        check_stampable(blob, starts, sizes)
+        offsets = np.asarray(queue_offsets, dtype=np.int64)
+        positions = np.empty(len(starts), dtype=np.int64)
+        ends = starts + sizes
         i = 0
-        while i < len(records):
-            segment, file_pos = self._room_for(sizes[i])
-            room = self.segment_bytes - file_pos - FILLER_SIZE
-            j = i + bisect.bisect_right(list(accumulate(sizes[i:])), room)
-            starts = list(accumulate(sizes[i:j - 1], initial=file_pos))
-            end = starts[-1] + sizes[j - 1]
-            buf = segment.buf
-            buf[file_pos:end] = records[i] if j == i + 1 else b"".join(records[i:j])
-            base_pos = self.written_pos - file_pos
-            for start, queue_offset in zip(starts, queue_offsets[i:j], strict=True):
-                stamp_record(buf, start, queue_offset=queue_offset, commit_pos=base_pos + start,
-                             store_ts_ms=store_ts_ms)
-            positions.extend([base_pos + start for start in starts])
-            self.written_pos = base_pos + end
-            i = j
+        with memoryview(blob) as view:
+            while i < len(starts):
+                segment, file_pos = self._room_for(int(sizes[i]))
+                room = self.segment_bytes - file_pos - FILLER_SIZE
+                j = i + int(np.searchsorted(ends[i:] - starts[i], room, side="right"))
+                positions[i:j] = self.written_pos + (starts[i:j] - starts[i])
+                stamp_checked_records(blob, starts[i:j], sizes[i:j], offsets[i:j], positions[i:j],
+                                      store_ts_ms)
+                run_bytes = int(ends[j - 1] - starts[i])
+                segment.buf[file_pos:file_pos + run_bytes] = view[int(starts[i]):int(ends[j - 1])]
+                self.written_pos += run_bytes
+                i = j
         return positions
 
     def _check_sizes(self, records) -> list[int]:
@@ -227,6 +248,11 @@ class CommitLog:
         """Iterate Records from `start_pos` (a record boundary); see Scanner for the rules."""
         return Scanner(self, start_pos, end_pos,
                        lambda buf, pos, base: decode_record(buf, pos, verify=verify, base_pos=base))
+
+    def scan_batches(self, start_pos: int, end_pos: int | None = None,
+                     verify: Verify = Verify.MQSTORE) -> BatchScanner:
+        """Like scan (scan_headers with Verify.STRUCTURE), many records per step: ScannedRuns."""
+        return BatchScanner(self, start_pos, end_pos, verify)
 
     def scan_headers(self, start_pos: int, end_pos: int | None = None) -> Scanner:
         """Like scan, yielding RecordHeaders (no CRC check): the dispatcher's fast path."""
@@ -350,3 +376,81 @@ class Scanner:
             self.log.refresh()
             segment = self.log.segments.find(self.pos)
         return segment
+
+
+class ScannedRun(NamedTuple):
+    """One step of a BatchScanner: a run of records checked together in one segment (`spans`
+    over `buf`), or one record the reference decoder read (`single`)."""
+
+    buf: memoryview | None
+    base_pos: int
+    spans: RecordSpans | None
+    single: Record | RecordHeader | None
+
+    @property
+    def count(self) -> int:
+        return 1 if self.spans is None else self.spans.count
+
+    @property
+    def byte_count(self) -> int:
+        if self.spans is None:
+            return self.single.total_size
+        return int(self.spans.ends[-1] - self.spans.starts[0])
+
+    def columns(self) -> DispatchColumns:
+        """What dispatch needs from these records."""
+        if self.spans is None:
+            return columns_from_headers([self.single])
+        return decode_dispatch(self.buf, self.spans, self.base_pos)
+
+
+class BatchScanner:
+    """Scanner's rules, many records per step: yields ScannedRuns from `start_pos`.
+
+    Each step walks and checks up to `run_bytes` of one segment with the batch codec
+    (engine.formats.record_scan); the first record the batch path does not accept (a filler,
+    a v2 or IPv6 record, non-ASCII text, damage) is read by a one-step Scanner with the
+    reference decoder, which yields it or raises CorruptRecordError at its position. So `pos`,
+    `fillers` and the errors are those of `CommitLog.scan` (verify given) or `scan_headers`
+    (Verify.STRUCTURE).
+    """
+
+    def __init__(self, log: CommitLog, start_pos: int, end_pos: int | None, verify: Verify,
+                 run_bytes: int = 1 << 20):
+        if start_pos < log.min_pos:
+            raise BadInputError("start_pos", f"{start_pos} is below the log start {log.min_pos}")
+        self.log = log
+        self.pos = start_pos
+        self.end_pos = log.segments.end_pos if end_pos is None else end_pos
+        self.fillers = 0
+        self.verify = verify
+        self.run_bytes = run_bytes
+
+    def __iter__(self) -> Iterator[ScannedRun]:
+        return self
+
+    def __next__(self) -> ScannedRun:
+        if self.pos >= self.end_pos:
+            raise StopIteration
+        probe = Scanner(self.log, self.pos, self.end_pos, self._decode)
+        segment = probe._segment()
+        if segment is None:
+            raise StopIteration
+        base_pos = self.log.segments.base_of(segment)
+        file_pos = self.pos - base_pos
+        limit = min(self.end_pos - base_pos, segment.size_bytes, file_pos + self.run_bytes)
+        starts = find_starts(segment.buf, file_pos, limit, base_pos)
+        if len(starts):
+            spans = verify_spans(segment.buf, starts, base_pos, self.verify)
+            if spans.count:
+                self.pos = base_pos + int(spans.ends[-1])
+                return ScannedRun(segment.buf, base_pos, spans, None)
+        try:
+            return ScannedRun(None, 0, None, next(probe))
+        finally:
+            self.pos, self.fillers = probe.pos, self.fillers + probe.fillers
+
+    def _decode(self, buf, pos: int, base_pos: int) -> Record | RecordHeader | Filler:
+        if self.verify is Verify.STRUCTURE:
+            return decode_header(buf, pos, base_pos=base_pos)
+        return decode_record(buf, pos, verify=self.verify, base_pos=base_pos)

@@ -8,10 +8,16 @@ step is idempotent: re-dispatching a record that is already there changes nothin
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import repeat
+
+import crc32c
+import numpy as np
 
 from engine.consume_queue import ConsumeQueueTable
-from engine.formats.index_file import shard_of
+from engine.formats.index_file import index_key, shard_of
+from engine.formats.java_hash import index_key_hashes
 from engine.formats.record import TX_TYPE_MASK, RecordHeader, TxType
+from engine.formats.record_scan import DispatchColumns
 from engine.hash_index import ShardIndex
 
 _NOT_CONSUMABLE = (TxType.PREPARED, TxType.ROLLBACK)
@@ -58,3 +64,85 @@ def dispatch_to_shard(shard: ShardIndex, header: RecordHeader, keys: Iterable[st
         count += 1
     shard.mark_processed(end_pos)
     return count
+
+
+# ---------------------------------------------------------------- many records at once
+# The same rules over DispatchColumns (engine.formats.record_scan), so a batch dispatch writes
+# the bytes the per-record functions above write for the same records.
+
+
+def consumable_rows(cols: DispatchColumns) -> np.ndarray:
+    """Rows that enter a consume queue (enters_consume_queue, vectorized)."""
+    tx = cols.sys_flag & TX_TYPE_MASK
+    return np.flatnonzero((tx != TxType.PREPARED) & (tx != TxType.ROLLBACK))
+
+
+def dispatch_columns_to_consume_queues(table: ConsumeQueueTable, cols: DispatchColumns,
+                                       rows: np.ndarray | None = None) -> int:
+    """dispatch_to_consume_queue for every consumable record, one put_batch per queue; returns
+    the entries written. `rows` restricts it to those records (recovery skips broken queues)."""
+    rows = consumable_rows(cols) if rows is None else rows
+    written = 0
+    for (topic, queue_id), sel in queue_groups(cols, rows):
+        queue = table.get_or_create(topic, queue_id)
+        written += queue.put_batch(cols.queue_offset[sel], cols.commit_pos[sel], cols.total_size[sel],
+                                   cols.tags_code[sel])
+    return written
+
+
+def queue_groups(cols: DispatchColumns, rows: np.ndarray) -> list[tuple[tuple[str, int], np.ndarray]]:
+    """((topic, queue_id), rows of that queue in record order) for the given rows."""
+    if not len(rows):
+        return []
+    group_key = (cols.topic_index[rows] << 32) | cols.queue_id[rows]
+    if (group_key == group_key[0]).all():
+        return [((cols.topics[int(cols.topic_index[rows[0]])], int(cols.queue_id[rows[0]])), rows)]
+    keys, inverse = np.unique(group_key, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(keys) + 1))
+    return [((cols.topics[int(key >> 32)], int(key & 0xFFFFFFFF)), rows[order[lo:hi]])
+            for key, lo, hi in zip(keys.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+
+
+def key_shards(cols: DispatchColumns, shard_count: int) -> np.ndarray:
+    """The shard of every index key: CRC32C of `topic#key` modulo the shard count (the CRC of
+    the `topic#` prefix is computed once and continued over each key)."""
+    count = len(cols.keys)
+    if shard_count == 1:
+        return np.zeros(count, dtype=np.int64)
+    prefix_crcs = [crc32c.crc32c(index_key(topic, "").encode()) for topic in cols.topics]
+    if len(prefix_crcs) == 1:
+        seeds = repeat(prefix_crcs[0], count)
+    else:
+        seeds = map(prefix_crcs.__getitem__, cols.topic_index[cols.key_rows].tolist())
+    crcs = np.fromiter(map(crc32c.crc32c, cols.keys, seeds), dtype=np.int64, count=count)
+    return crcs % shard_count
+
+
+def dispatch_columns_to_shard(shard: ShardIndex, cols: DispatchColumns, shard_no: int,
+                              shards_of_keys: np.ndarray) -> int:
+    """dispatch_to_shard for every record: index this shard's keys of the records it does not
+    cover yet (none of a rollback), then mark the last record processed; returns keys put."""
+    if not cols.count or int(cols.commit_pos[-1]) < shard.processed_pos:
+        return 0
+    rows = cols.key_rows
+    tx = cols.sys_flag[rows] & TX_TYPE_MASK
+    take = np.flatnonzero((shards_of_keys == shard_no) & (cols.commit_pos[rows] >= shard.processed_pos)
+                          & (tx != TxType.ROLLBACK))
+    if len(take):
+        keys = cols.keys
+        prefixes = [index_key(topic, "") for topic in cols.topics]
+        hashes = index_key_hashes(prefixes, cols.topic_index[rows[take]], [keys[i] for i in take.tolist()])
+        shard.put_hashes(hashes, cols.commit_pos[rows[take]], cols.store_ts_ms[rows[take]])
+    shard.mark_processed(cols.end_pos)
+    return len(take)
+
+
+def dispatch_columns(table: ConsumeQueueTable, shards: list[ShardIndex],
+                     cols: DispatchColumns) -> tuple[int, int]:
+    """Consume queues and every index shard; returns (entries written, keys put)."""
+    written = dispatch_columns_to_consume_queues(table, cols)
+    shards_of_keys = key_shards(cols, len(shards))
+    keys_put = sum(dispatch_columns_to_shard(shard, cols, n, shards_of_keys)
+                   for n, shard in enumerate(shards))
+    return written, keys_put

@@ -172,6 +172,39 @@ class IndexFile:
         _header_pack(buf, 0, begin_ts, store_ts_ms, begin_pos, commit_pos,
                      slots_used + (head == 0), count + 1)
 
+    def put_hashes(self, key_hashes: np.ndarray, commit_positions: np.ndarray,
+                   store_ts_ms: np.ndarray) -> int:
+        """put_key for many precomputed index_key_hash values, in order; returns how many fit.
+
+        The same bytes as that many put_key calls: chains inside the batch are linked with one
+        stable sort by slot. Entries, then slots, then the header are written, as put_key does.
+        """
+        buf = self._wbuf
+        if buf is None:
+            self._raise_not_writable()
+        begin_ts, _, begin_pos, _, slots_used, count = _header_unpack(buf, 0)
+        m = max(0, min(len(key_hashes), self.entry_count - count))
+        if m == 0:
+            return 0
+        hashes, positions = key_hashes[:m].astype(np.int64), commit_positions[:m].astype(np.int64)
+        times = store_ts_ms[:m].astype(np.int64)
+        numbers = count + np.arange(m, dtype=np.int64)
+        prev = _chain_links(self._slot_table(), hashes % self.slot_count, numbers)
+        diff_begin = np.full(m, begin_ts, dtype=np.int64)
+        if count <= 1:
+            begin_ts, begin_pos = int(times[0]), int(positions[0])
+            diff_begin[1:] = begin_ts
+        diffs = np.where(diff_begin <= 0, 0, np.clip((times - diff_begin) // 1000, 0, INT32_MAX))
+        entries = np.empty(m, dtype=_ENTRY_DTYPE)
+        entries["key_hash"], entries["commit_pos"] = hashes, positions
+        entries["time_diff_s"], entries["prev_index"] = diffs, prev
+        start = entry_pos(self.slot_count, count)
+        buf[start:start + m * INDEX_ENTRY_SIZE] = entries.tobytes()
+        _set_slot_heads(self._slot_table(), hashes % self.slot_count, numbers)
+        _header_pack(buf, 0, begin_ts, int(times[-1]), begin_pos, int(positions[-1]),
+                     slots_used + int(np.count_nonzero(prev == 0)), count + m)
+        return m
+
     def select(self, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[int]:
         """Commit positions of entries with key's hash stored in [begin_ms, end_ms], newest first."""
         return self.select_hash(index_key_hash(key), begin_ms, end_ms, max_count)
@@ -326,6 +359,32 @@ class IndexFile:
         return f"IndexFile({self.path.name}, {state})"
 
 
+def _chain_links(heads: np.ndarray, slots: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+    """prev_index of each new entry: the batch's previous entry in the same slot, else the
+    slot's head when it is a valid older entry (0 < head <= the entry's number), else 0."""
+    order = np.argsort(slots, kind="stable")
+    sorted_slots = slots[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = sorted_slots[1:] != sorted_slots[:-1]
+    prev_sorted = np.empty(len(order), dtype=np.int64)
+    prev_sorted[1:] = numbers[order[:-1]]
+    old = heads[sorted_slots[first]].astype(np.int64)
+    ok = (old > 0) & (old <= numbers[order][first])
+    prev_sorted[first] = np.where(ok, old, 0)
+    prev = np.empty(len(order), dtype=np.int64)
+    prev[order] = prev_sorted
+    return prev
+
+
+def _set_slot_heads(heads: np.ndarray, slots: np.ndarray, numbers: np.ndarray) -> None:
+    """Point each touched slot at its newest entry of the batch."""
+    order = np.argsort(slots, kind="stable")
+    sorted_slots = slots[order]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = sorted_slots[1:] != sorted_slots[:-1]
+    heads[sorted_slots[last]] = numbers[order][last]
+
+
 def _check_geometry(slot_count: int, entry_count: int) -> None:
     if slot_count < 1 or entry_count < 2 or entry_count > INT32_MAX:
         raise ValueError(f"bad index geometry: {slot_count} slots, {entry_count} entries")
@@ -444,6 +503,15 @@ class ShardIndex:
             self.put(topic, key, commit_pos, store_ts_ms)
             count += 1
         return count
+
+    def put_hashes(self, key_hashes: np.ndarray, commit_positions: np.ndarray,
+                   store_ts_ms: np.ndarray) -> None:
+        """`put` for many keys whose index_key_hash is known, in order, rolling files as they fill."""
+        done, total = 0, len(key_hashes)
+        while done < total:
+            last = self._files[-1] if self._files else None
+            target = last if last is not None and not last.is_full else self._roll()
+            done += target.put_hashes(key_hashes[done:], commit_positions[done:], store_ts_ms[done:])
 
     def _roll(self) -> IndexFile:
         """Sync the full last file and start a new one seeded with its end (RocketMQ)."""

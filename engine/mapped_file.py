@@ -229,6 +229,7 @@ def write_file_atomically(path: Path, data: bytes, *, backup_suffix: str | None 
         backup = path.with_name(path.name + backup_suffix)
         backup_tmp = backup.with_name(backup.name + TEMP_SUFFIX)
         shutil.copyfile(path, backup_tmp)
+        os.chmod(backup_tmp, 0o600)
         _fsync_path(backup_tmp)
         os.replace(backup_tmp, backup)
     os.replace(tmp, path)

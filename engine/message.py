@@ -10,7 +10,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from engine.errors import BadInputError
-from engine.formats.properties import PROP_CRC32C, PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, PROP_WAIT
+from engine.formats.properties import (
+    PROP_CRC32C,
+    PROP_KEYS,
+    PROP_TAGS,
+    PROP_UNIQ_KEY,
+    PROP_WAIT,
+    encode_properties,
+)
 from engine.formats.record import new_uniq_key
 from engine.naming import validate_topic
 
@@ -44,7 +51,11 @@ def _require_text(field_name: str, value: object) -> str:
 
 def normalize_keys(keys: str | Iterable[str]) -> tuple[str, ...]:
     """Keys as a tuple; a str is one key. Keys may not hold spaces (KEYS is space-separated)."""
-    items = (keys,) if isinstance(keys, str) else tuple(keys)
+    try:
+        items = (keys,) if isinstance(keys, str) else tuple(keys)
+    except TypeError:
+        raise BadInputError("keys", f"must be a str or an iterable of str, not "
+                            f"{type(keys).__name__}") from None
     for key in items:
         _require_text("keys", key)
         if not key or " " in key:
@@ -66,7 +77,7 @@ def validate_body(body: object) -> bytes:
     return bytes(body)
 
 
-def build_properties(message: Message) -> dict[str, str]:
+def build_properties(message: Message, *, uniq_key: str | None = None) -> dict[str, str]:
     """Validated record properties: user properties, then TAGS, KEYS, UNIQ_KEY (and WAIT)."""
     validate_topic(message.topic)
     props: dict[str, str] = {}
@@ -84,7 +95,26 @@ def build_properties(message: Message) -> dict[str, str]:
     keys = normalize_keys(message.keys)
     if keys:
         props[PROP_KEYS] = " ".join(keys)
-    props[PROP_UNIQ_KEY] = new_uniq_key()
+    props[PROP_UNIQ_KEY] = new_uniq_key() if uniq_key is None else uniq_key
     if not message.wait:
         props[PROP_WAIT] = "false"
     return props
+
+
+def encode_message_properties(message: Message, uniq_key: str) -> bytes:
+    """encode_properties(build_properties(message, uniq_key=...)), cheaply for the common message
+    (no user properties, str tags and keys of plain text); anything else takes that exact path,
+    which also raises the right BadInputError."""
+    tags, keys = message.tags, message.keys
+    if message.properties or not message.wait or type(keys) is not tuple \
+            or (tags is not None and (type(tags) is not str or not tags)) \
+            or not all(type(key) is str and key for key in keys):
+        return encode_properties(build_properties(message, uniq_key=uniq_key))
+    joined = " ".join(keys)
+    text = (f"{PROP_TAGS}\x01{tags}\x02" if tags is not None else "") \
+        + (f"{PROP_KEYS}\x01{joined}\x02" if keys else "") + f"{PROP_UNIQ_KEY}\x01{uniq_key}\x02"
+    plain = joined.count(" ") == len(keys) - 1 if keys else True
+    if not plain or "\x01" in joined or "\x02" in joined or (tags is not None and (
+            "\x01" in tags or "\x02" in tags)) or not text.isascii():
+        return encode_properties(build_properties(message, uniq_key=uniq_key))
+    return text.encode("ascii")

@@ -50,7 +50,11 @@ def validate_topic(topic: object) -> str:
         raise BadInputError("topic", f"must be a str, not {type(topic).__name__}")
     if not topic:
         raise BadInputError("topic", "must not be empty")
-    if len(topic.encode("utf-8")) > TOPIC_MAX_BYTES:
+    try:
+        encoded = topic.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInputError("topic", "is not valid UTF-8 text") from None
+    if len(encoded) > TOPIC_MAX_BYTES:
         raise BadInputError("topic", f"longer than {TOPIC_MAX_BYTES} bytes")
     if topic in (".", "..") or "/" in topic or not _TOPIC_RE.match(topic):
         raise BadInputError("topic", f"{topic!r} may only hold letters, digits, '%', '|', '-', '_'")

@@ -23,11 +23,18 @@ import numpy as np
 from engine.checkpoint import load_checkpoint, write_checkpoint
 from engine.commitlog import CommitLog
 from engine.consume_queue import ConsumeQueueTable
-from engine.dispatch import dispatch_to_consume_queue, dispatch_to_shard, keys_by_shard
+from engine.dispatch import (
+    consumable_rows,
+    dispatch_columns_to_consume_queues,
+    dispatch_columns_to_shard,
+    key_shards,
+    queue_groups,
+)
 from engine.errors import CorruptConsumeQueueError, CorruptRecordError
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
+from engine.formats.record_scan import DispatchColumns
 from engine.hash_index import ShardIndex
 from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import ABORT_FILE, QUARANTINE_DIR, quarantine_name
@@ -201,13 +208,14 @@ def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
     broken: set[tuple[str, int]] = set()
     first = True
     try:
-        for record in commitlog.scan(start_pos, verify=Verify.MQSTORE):
+        for run in commitlog.scan_batches(start_pos, verify=Verify.MQSTORE):
             first = False
-            pos = record.commit_pos + record.total_size
-            report.records_scanned += 1
-            report.bytes_scanned += record.total_size
-            _redispatch(parts, record, shard_count, report, broken)
-            if progress is not None and report.records_scanned % 65536 == 0:
+            cols = run.columns()
+            pos = cols.end_pos
+            report.records_scanned += cols.count
+            report.bytes_scanned += int(cols.total_size.sum())
+            _redispatch(parts, cols, shard_count, report, broken)
+            if progress is not None:
                 progress(pos - start_pos, end_hint)
     except CorruptRecordError as exc:
         if first and exc.pos == start_pos and start_pos != commitlog.min_pos \
@@ -222,17 +230,19 @@ def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
     return pos, None
 
 
-def _redispatch(parts: StoreParts, record, shard_count: int, report: RecoveryReport,
+def _redispatch(parts: StoreParts, cols: DispatchColumns, shard_count: int, report: RecoveryReport,
                 broken: set[tuple[str, int]]) -> None:
-    if (record.topic, record.queue_id) not in broken:
+    """Dispatch a run of verified records; a queue that refuses its entries joins `broken`."""
+    for queue_key, rows in queue_groups(cols, consumable_rows(cols)):
+        if queue_key in broken:
+            continue
         try:
-            if dispatch_to_consume_queue(parts.queues, record):
-                report.cq_entries_redispatched += 1
+            report.cq_entries_redispatched += dispatch_columns_to_consume_queues(parts.queues, cols, rows)
         except CorruptConsumeQueueError:
-            broken.add((record.topic, record.queue_id))
-    by_shard = keys_by_shard(record, shard_count)
+            broken.add(queue_key)
+    shards_of_keys = key_shards(cols, shard_count)
     for shard_no, shard in enumerate(parts.shards):
-        report.index_keys_redispatched += dispatch_to_shard(shard, record, by_shard.get(shard_no, ()))
+        report.index_keys_redispatched += dispatch_columns_to_shard(shard, cols, shard_no, shards_of_keys)
 
 
 def _rebuild_queues(parts: StoreParts, broken: set[tuple[str, int]], end_pos: int,
@@ -241,9 +251,11 @@ def _rebuild_queues(parts: StoreParts, broken: set[tuple[str, int]], end_pos: in
     for topic, queue_id in sorted(broken):
         parts.queues.drop(topic, queue_id)
         report.queues_rebuilt.append(f"{topic}/{queue_id}")
-    for record in parts.commitlog.scan(parts.commitlog.min_pos, end_pos, verify=Verify.STRUCTURE):
-        if (record.topic, record.queue_id) in broken:
-            dispatch_to_consume_queue(parts.queues, record)
+    for run in parts.commitlog.scan_batches(parts.commitlog.min_pos, end_pos, Verify.STRUCTURE):
+        cols = run.columns()
+        for queue_key, rows in queue_groups(cols, consumable_rows(cols)):
+            if queue_key in broken:
+                dispatch_columns_to_consume_queues(parts.queues, cols, rows)
 
 
 def _is_unwritten(commitlog: CommitLog, pos: int) -> bool:

@@ -11,20 +11,38 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 from engine import retention
 from engine.checkpoint import write_checkpoint
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.consume_queue import Boundary, ConsumeQueueTable
-from engine.dispatch import dispatch_to_consume_queue, dispatch_to_shard, keys_by_shard
+from engine.dispatch import dispatch_columns
 from engine.errors import BadInputError, CorruptIndexError, ReadOnlyStoreError, StoreClosedError
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.index_file import shard_of
-from engine.formats.record import FILLER_SIZE, Record, Verify, encode_record, make_msg_id, store_ts_at
+from engine.formats.record import (
+    CRC32C_PROP_SIZE,
+    FILLER_SIZE,
+    MAX_PROPERTIES_BYTES,
+    RECORD_FIXED_SIZE,
+    Record,
+    Verify,
+    make_msg_id,
+    new_uniq_keys,
+    store_ts_at,
+)
+from engine.formats.record_batch import EncodedRecords, encode_records
 from engine.hash_index import ShardIndex
 from engine.mapped_file import Access, disk_usage_ratio, ensure_dir, fsync_dir
-from engine.message import Message, build_properties, normalize_keys, validate_body, validate_queue_id
+from engine.message import (
+    Message,
+    encode_message_properties,
+    normalize_keys,
+    validate_body,
+    validate_queue_id,
+)
 from engine.naming import QUARANTINE_DIR, index_shard_dir, validate_topic
 from engine.recovery import RecoveryMode, RecoveryReport, StoreParts, detect_shutdown, recover
 from engine.status import GetResult, GetStatus, PutResult, PutStatus
@@ -40,6 +58,23 @@ from engine.store_dir import (
 )
 
 DISK_CHECK_INTERVAL_MS = 1000
+_TOPIC_BYTES: dict[str, bytes] = {}  # validated topics, UTF-8
+
+
+def _topic_bytes(topic: str) -> bytes:
+    raw = validate_topic(topic).encode("utf-8")
+    if len(_TOPIC_BYTES) < 4096:
+        _TOPIC_BYTES[topic] = raw
+    return raw
+
+
+class _EncodedBatch(NamedTuple):
+    """The accepted messages of a put_batch (indexes into it) and their encoded records."""
+
+    accepted: list[int]
+    topics: list[str]
+    queue_ids: list[int]
+    records: EncodedRecords
 
 
 def _now_ms() -> int:
@@ -62,7 +97,7 @@ class MessageStore:
         self._next_offsets = {(q.topic, q.queue_id): q.max_offset for q in self.queues}
         self._dispatched_pos = self.commitlog.written_pos
         self._store_host = config.store_ip_port
-        self._last_checkpoint_ms = _now_ms()
+        self._last_checkpoint_ms = self._flushed_at_ms = _now_ms()
         self._disk_checked_ms = 0
         self._disk_full = False
         self._closed = False
@@ -108,44 +143,68 @@ class MessageStore:
             return [PutResult(PutStatus.DISK_FULL, reason="disk usage above "
                               f"{self.config.disk_full_ratio:.0%}") for _ in messages]
         results: list[PutResult | None] = [None] * len(messages)
-        accepted, records, keys = [], [], []
-        for i, message in enumerate(messages):
+        batch = self._encode_batch(messages, results)
+        if batch is not None:
+            self._append(batch, results)
+        return results  # type: ignore[return-value]
+
+    def _encode_batch(self, messages: list[Message], results: list) -> _EncodedBatch | None:
+        """Validate each message (a bad one gets its status in `results`); encode the rest at once."""
+        accepted, topics, bodies, props, queue_ids = [], [], [], [], []
+        for i, (message, uniq_key) in enumerate(zip(messages, new_uniq_keys(len(messages)), strict=True)):
             try:
-                records.append(self._encode(message))
+                topic_raw, body, props_raw, queue_id = self._message_parts(message, uniq_key)
             except BadInputError as exc:
                 results[i] = PutResult(_status_for(exc), reason=str(exc))
                 continue
             accepted.append(i)
-            keys.append((message.topic, message.queue_id or 0))
-        if accepted:
-            self._append(messages, accepted, records, keys, results)
-        return results  # type: ignore[return-value]
+            topics.append(topic_raw)
+            bodies.append(body)
+            props.append(props_raw)
+            queue_ids.append(queue_id)
+        if not accepted:
+            return None
+        records = encode_records(topics, bodies, props, queue_ids, born_ts_ms=_now_ms(),
+                                 born_host=("127.0.0.1", _pid_port()), store_host=self._store_host)
+        return _EncodedBatch(accepted, [messages[i].topic for i in accepted], queue_ids, records)
 
-    def _encode(self, message: Message) -> bytearray:
-        validate_queue_id(message.queue_id or 0, self.config.queue_count)
-        record = encode_record(message.topic, validate_body(message.body),
-                               queue_id=message.queue_id or 0, properties=build_properties(message),
-                               born_ts_ms=_now_ms(), born_host=("127.0.0.1", _pid_port()),
-                               store_host=self._store_host, max_body_bytes=self.config.max_body_bytes)
-        if len(record) + FILLER_SIZE > self.commitlog.segment_bytes:
-            raise BadInputError("body", f"the record of {len(record)} bytes does not fit a commitlog "
+    def _message_parts(self, message: Message, uniq_key: str) -> tuple[bytes, bytes, bytes, int]:
+        """(topic, body, properties without the CRC32C tail, queue id) of a valid message."""
+        queue_id = validate_queue_id(message.queue_id or 0, self.config.queue_count)
+        topic = message.topic
+        topic_raw = (_TOPIC_BYTES.get(topic) if type(topic) is str else None) or _topic_bytes(topic)
+        body = validate_body(message.body)
+        if len(body) > self.config.max_body_bytes:
+            raise BadInputError("body", f"{len(body)} bytes exceeds the maximum of "
+                                f"{self.config.max_body_bytes}")
+        props_raw = encode_message_properties(message, uniq_key)
+        if len(props_raw) + CRC32C_PROP_SIZE > MAX_PROPERTIES_BYTES:
+            raise BadInputError("properties", f"{len(props_raw)} bytes plus the {CRC32C_PROP_SIZE}-byte "
+                                f"CRC32C property exceeds {MAX_PROPERTIES_BYTES}")
+        size = RECORD_FIXED_SIZE + len(body) + len(topic_raw) + len(props_raw) + CRC32C_PROP_SIZE
+        if size + FILLER_SIZE > self.commitlog.segment_bytes:
+            raise BadInputError("body", f"the record of {size} bytes does not fit a commitlog "
                                 f"segment of {self.commitlog.segment_bytes} bytes")
-        return record
+        return topic_raw, body, props_raw, queue_id
 
-    def _append(self, messages, accepted, records, keys, results) -> None:
+    def _append(self, batch: _EncodedBatch, results: list) -> None:
         offsets, next_offsets = [], {}
+        keys = list(zip(batch.topics, batch.queue_ids, strict=True))
         for key in keys:
             offset = next_offsets.get(key, self._next_offsets.get(key, 0))
             next_offsets[key] = offset + 1
             offsets.append(offset)
         store_ts_ms = _now_ms()
-        positions = self.commitlog.append_batch(records, offsets, store_ts_ms)
+        records = batch.records
+        positions = self.commitlog.append_encoded(records.buf, records.starts, records.sizes, offsets,
+                                                  store_ts_ms).tolist()
         self._next_offsets.update(next_offsets)  # only once the records are in: no offset is lost
         self._flush_by_policy()
         self._dispatch_until(self._dispatch_limit())
-        for i, key, offset, pos in zip(accepted, keys, offsets, positions, strict=True):
+        id_prefix = make_msg_id(self._store_host, 0)[:-16]  # msgId ends with the position in hex
+        for i, key, offset, pos in zip(batch.accepted, keys, offsets, positions, strict=True):
             results[i] = PutResult(PutStatus.PUT_OK, commit_pos=pos, queue_id=key[1],
-                                   queue_offset=offset, msg_id=make_msg_id(self._store_host, pos),
+                                   queue_offset=offset, msg_id=f"{id_prefix}{pos:016X}",
                                    store_ts_ms=store_ts_ms)
         self._maybe_checkpoint()
 
@@ -153,9 +212,15 @@ class MessageStore:
         if self.config.flush is FlushPolicy.SYNC:
             self.commitlog.flush()
             return
+        # FlushRealTimeService's rule, checked on put instead of by a timer thread: every
+        # interval when enough pages are dirty, and everything every thorough interval.
         dirty = self.commitlog.written_pos - self.commitlog.flushed_pos
-        if dirty >= self.config.async_flush_least_pages * 4096:
+        since_ms = _now_ms() - self._flushed_at_ms
+        if dirty and ((since_ms >= self.config.async_flush_interval_ms
+                       and dirty >= self.config.async_flush_least_pages * 4096)
+                      or since_ms >= self.config.async_flush_thorough_interval_ms):
             self.commitlog.flush()
+            self._flushed_at_ms = _now_ms()
 
     def _dispatch_limit(self) -> int:
         """Under sync flush nothing past the flushed position is visible (RocketMQ #8239)."""
@@ -164,14 +229,11 @@ class MessageStore:
         return self.commitlog.written_pos
 
     def _dispatch_until(self, end_pos: int) -> None:
+        """Tail the log to end_pos as the dispatcher does, many records per step."""
         if end_pos <= self._dispatched_pos:
             return
-        shard_count = len(self.shards)
-        for header in self.commitlog.scan_headers(self._dispatched_pos, end_pos):
-            dispatch_to_consume_queue(self.queues, header)
-            by_shard = keys_by_shard(header, shard_count)
-            for shard_no, shard in enumerate(self.shards):
-                dispatch_to_shard(shard, header, by_shard.get(shard_no, ()))
+        for run in self.commitlog.scan_batches(self._dispatched_pos, end_pos, Verify.STRUCTURE):
+            dispatch_columns(self.queues, self.shards, run.columns())
         self._dispatched_pos = end_pos
 
     def _maybe_checkpoint(self) -> None:
@@ -225,6 +287,10 @@ class MessageStore:
     def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32) -> GetResult:
         """Up to max_count messages of one queue from a queue offset, with RocketMQ's statuses."""
         self._require_open()
+        validate_topic(topic)
+        for name, value in (("queue_id", queue_id), ("offset", offset), ("max_count", max_count)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise BadInputError(name, f"must be a non-negative int, not {value!r}")
         queue = self.queues.get(topic, queue_id)
         if queue is None or queue.max_offset == 0:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE)

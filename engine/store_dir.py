@@ -66,7 +66,7 @@ def read_meta(root: Path) -> StoreMeta:
     except PermissionError:
         raise StorePermissionError("no permission to read store.json", path=str(path),
                                    hint="the store belongs to another user") from None
-    return decode_store_meta(raw)
+    return decode_store_meta(raw, path=str(path))
 
 
 def create_store_dir(root: Path, config: StoreConfig) -> StoreMeta:

@@ -1,0 +1,279 @@
+"""Commitlog records many at a time: batch encode and stamp (numpy), byte-identical to record.py.
+
+`engine.formats.record` is the reference codec and owns the layout; this module only imports its
+constants. The fixed 88-byte header of a v1 IPv4 record is described once more as a numpy
+structured dtype, built from `record.V4_HEADER_FMT` and checked against record.py's offsets at
+import time, so that many headers are filled by a few whole-array writes.
+
+Per record, Python work is kept to what cannot be vectorized: one zlib.crc32 of the body when
+encoding and one crc32c call when stamping (each a C call, driven by `map`). Everything else
+(header fields, the ten CRC32C digits, queue offsets, positions, store time) is a numpy write
+at all record starts at once; the bytes are joined with one `bytearray.join`.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import zlib
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import NamedTuple
+
+import crc32c
+import numpy as np
+
+from engine.errors import BadInputError
+from engine.formats.record import (
+    BODY_CRC_MASK,
+    BODY_OFFSET,
+    CRC32C_DIGITS,
+    CRC32C_PREFIX,
+    CRC32C_PROP_SIZE,
+    CRC32C_RESERVED,
+    MAGIC_OFFSET,
+    MAGIC_V1,
+    MAX_PROPERTIES_BYTES,
+    MAX_TOPIC_BYTES,
+    PHYSICAL_OFFSET_OFFSET,
+    PROPERTIES_LENGTH_SIZE,
+    QUEUE_OFFSET_OFFSET,
+    RECORD_FIXED_SIZE,
+    STORE_TS_OFFSET,
+    STORE_TS_OFFSET_BORN_V6,
+    SYS_FLAG_OFFSET,
+    TOPIC_LENGTH_SIZE_V1,
+    V4_HEADER_FMT,
+    V4_HEADER_SIZE,
+    SysFlag,
+)
+
+HEADER_FIELDS = ("total_size", "magic", "body_crc", "queue_id", "flag", "queue_offset", "commit_pos",
+                 "sys_flag", "born_ts_ms", "born_ip", "born_port", "store_ts_ms", "store_ip",
+                 "store_port", "reconsume_times", "prepared_tx_offset", "body_length")
+_NUMPY_CODES = {"b": "i1", "h": ">i2", "i": ">i4", "I": ">u4", "q": ">i8"}
+
+
+def _dtype_of(struct_fmt: str, names: Sequence[str]) -> np.dtype:
+    """A numpy structured dtype with the layout of a big-endian struct format."""
+    codes = re.findall(r"(\d*)([a-zA-Z])", struct_fmt.lstrip(">"))
+    kinds = [f"S{count}" if code == "s" else _NUMPY_CODES[code] for count, code in codes]
+    return np.dtype(list(zip(names, kinds, strict=True)))
+
+
+HEADER_DTYPE = _dtype_of(V4_HEADER_FMT, HEADER_FIELDS)
+assert HEADER_DTYPE.itemsize == V4_HEADER_SIZE == BODY_OFFSET
+assert HEADER_DTYPE.fields["magic"][1] == MAGIC_OFFSET
+assert HEADER_DTYPE.fields["queue_offset"][1] == QUEUE_OFFSET_OFFSET
+assert HEADER_DTYPE.fields["commit_pos"][1] == PHYSICAL_OFFSET_OFFSET
+assert HEADER_DTYPE.fields["sys_flag"][1] == SYS_FLAG_OFFSET
+assert HEADER_DTYPE.fields["store_ts_ms"][1] == STORE_TS_OFFSET
+
+# The fields stamp_records fills, as one span of HEADER_DTYPE from QUEUEOFFSET (IPv4 born host).
+_STAMP_FIELDS = ("queue_offset", "commit_pos", "sys_flag", "store_ts_ms")
+_STAMP_DTYPE = np.dtype({
+    "names": list(_STAMP_FIELDS),
+    "formats": [HEADER_DTYPE.fields[f][0] for f in _STAMP_FIELDS],
+    "offsets": [HEADER_DTYPE.fields[f][1] - QUEUE_OFFSET_OFFSET for f in _STAMP_FIELDS],
+    "itemsize": STORE_TS_OFFSET + 8 - QUEUE_OFFSET_OFFSET})
+_STAMP_SPAN = QUEUE_OFFSET_OFFSET + np.arange(_STAMP_DTYPE.itemsize)
+_HOSTS_V6 = int(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
+_BORNHOST_V6 = int(SysFlag.BORNHOST_V6)
+_CRC_DIGITS_OFFSET = len(CRC32C_PREFIX)  # from the start of the __CRC32C tail
+_POWERS_OF_TEN = 10 ** np.arange(CRC32C_DIGITS - 1, -1, -1, dtype=np.int64)
+_PREFIX_U8 = np.frombuffer(CRC32C_PREFIX, dtype=np.uint8)
+_ASCII_ZERO = ord("0")
+
+
+class EncodedRecords(NamedTuple):
+    """Records laid end to end in `buf`; record i is buf[starts[i]:starts[i] + sizes[i]]."""
+
+    buf: bytearray
+    starts: np.ndarray  # int64, position of each record in buf
+    sizes: np.ndarray  # int64, each record's TOTALSIZE
+
+
+# ---------------------------------------------------------------- numpy field access
+
+
+def gather(u8: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
+    """The `width` bytes at each position, as an (n, width) uint8 array (a copy)."""
+    return u8[positions[:, None] + np.arange(width)]
+
+
+def gather_int(u8: np.ndarray, positions: np.ndarray, be_dtype: str) -> np.ndarray:
+    """The big-endian integer of type `be_dtype` ('>i4', '>i8', ...) at each position, as int64."""
+    dtype = np.dtype(be_dtype)
+    return gather(u8, positions, dtype.itemsize).view(dtype).ravel().astype(np.int64)
+
+
+def scatter_int(u8: np.ndarray, positions: np.ndarray, values, be_dtype: str) -> None:
+    """Write each value as a big-endian `be_dtype` at its position."""
+    dtype = np.dtype(be_dtype)
+    raw = np.asarray(values).astype(dtype).view(np.uint8).reshape(-1, dtype.itemsize)
+    u8[positions[:, None] + np.arange(dtype.itemsize)] = raw
+
+
+# ---------------------------------------------------------------- encode
+
+
+def encode_records(topic_raws: Sequence[bytes], bodies: Sequence[bytes], props_raws: Sequence[bytes],
+                   queue_ids: Sequence[int], *, born_ts_ms: int, born_host: tuple[str, int],
+                   store_host: tuple[str, int], flag: int = 0, sys_flag: int = 0) -> EncodedRecords:
+    """Many `record.encode_record` results end to end, byte for byte.
+
+    `topic_raws` are UTF-8 topics, `props_raws` encoded properties *without* the CRC32C tail
+    (it is reserved here, as encode_record does). Inputs are assumed validated per message
+    (engine.message); lengths and ranges are checked here as a whole, BadInputError if off.
+    """
+    n = len(bodies)
+    if not n == len(topic_raws) == len(props_raws) == len(queue_ids):
+        raise BadInputError("records", "topics, bodies, properties and queue ids differ in count")
+    body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+    topic_lens = np.fromiter(map(len, topic_raws), dtype=np.int64, count=n)
+    props_lens = np.fromiter(map(len, props_raws), dtype=np.int64, count=n) + CRC32C_PROP_SIZE
+    _check_lengths(topic_lens, props_lens)
+    sizes = RECORD_FIXED_SIZE + body_lens + topic_lens + props_lens
+    header = np.repeat(_header_template(flag, sys_flag, born_ts_ms, born_host, store_host), n)
+    header["total_size"] = sizes
+    header["body_crc"] = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & BODY_CRC_MASK
+    header["queue_id"] = queue_ids
+    header["body_length"] = body_lens
+    pieces: list = [None] * (6 * n)
+    pieces[0::6] = header.view(f"V{V4_HEADER_SIZE}").tolist()
+    pieces[1::6] = bodies
+    pieces[2::6] = _topic_pieces(topic_raws, topic_lens)
+    pieces[3::6] = props_lens.astype(">i2").view(f"V{PROPERTIES_LENGTH_SIZE}").tolist()
+    pieces[4::6] = props_raws
+    pieces[5::6] = [CRC32C_RESERVED] * n
+    starts = np.zeros(n, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    return EncodedRecords(bytearray().join(pieces), starts, sizes)
+
+
+@lru_cache(maxsize=64)
+def _header_template(flag: int, sys_flag: int, born_ts_ms: int, born_host: tuple[str, int],
+                     store_host: tuple[str, int]) -> np.ndarray:
+    """The header fields every record of a batch shares (one row; callers copy it)."""
+    row = np.zeros(1, dtype=HEADER_DTYPE)
+    row["magic"], row["flag"], row["sys_flag"], row["born_ts_ms"] = MAGIC_V1, flag, sys_flag, born_ts_ms
+    row["born_ip"], row["born_port"] = _ipv4(born_host)
+    row["store_ip"], row["store_port"] = _ipv4(store_host)
+    row.flags.writeable = False
+    return row
+
+
+def _check_lengths(topic_lens: np.ndarray, props_lens: np.ndarray) -> None:
+    if len(topic_lens) and (topic_lens.min() < 1 or topic_lens.max() > MAX_TOPIC_BYTES):
+        raise BadInputError("topic", f"must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8")
+    if len(props_lens) and props_lens.max() > MAX_PROPERTIES_BYTES:
+        raise BadInputError("properties", f"properties plus the {CRC32C_PROP_SIZE}-byte CRC32C "
+                            f"property exceed {MAX_PROPERTIES_BYTES}")
+
+
+def _topic_pieces(topic_raws: Sequence[bytes], topic_lens: np.ndarray) -> list[bytes]:
+    """TOPICLENGTH byte + topic for each record (one object per distinct topic)."""
+    assert TOPIC_LENGTH_SIZE_V1 == 1
+    by_topic = {raw: bytes((len(raw),)) + raw for raw in set(topic_raws)}
+    return list(map(by_topic.__getitem__, topic_raws))
+
+
+def _ipv4(host: tuple[str, int]) -> tuple[bytes, int]:
+    ip, port = host
+    try:
+        return socket.inet_pton(socket.AF_INET, ip), port
+    except (OSError, TypeError):
+        raise BadInputError("host", f"{host!r} is not an (IPv4 address, port) pair") from None
+
+
+# ---------------------------------------------------------------- stamp
+
+
+def check_stampable(buf, starts: np.ndarray, sizes: np.ndarray) -> None:
+    """BadInputError unless each record's TOTALSIZE equals its size and it has a reserved
+    __CRC32C tail (what `record.stamp_record` checks), so a batch is refused before any write."""
+    u8 = np.frombuffer(buf, dtype=np.uint8)
+    if not len(starts):
+        return
+    if starts.min() < 0 or (starts + sizes).max() > len(u8):
+        raise BadInputError("record", "a record runs past the end of the buffer")
+    if sizes.min() < RECORD_FIXED_SIZE + CRC32C_PROP_SIZE:
+        raise BadInputError("record", "a record is too short to hold a __CRC32C tail")
+    if not np.array_equal(gather_int(u8, starts, ">i4"), sizes):
+        raise BadInputError("record", "a record's TOTALSIZE field does not match its length")
+    tails = gather(u8, starts + sizes - CRC32C_PROP_SIZE, len(CRC32C_PREFIX))
+    if not (tails == _PREFIX_U8).all():
+        raise BadInputError("record", "a record has no reserved __CRC32C tail")
+
+
+def stamp_records(buf, starts: np.ndarray, sizes: np.ndarray, queue_offsets, commit_positions,
+                  store_ts_ms: int) -> None:
+    """`record.stamp_record` for every record of `buf` at once: QUEUEOFFSET, PHYSICALOFFSET,
+    STORETIMESTAMP in place, then each record's CRC32C sealed in its tail."""
+    check_stampable(buf, starts, sizes)
+    stamp_checked_records(buf, starts, sizes, queue_offsets, commit_positions, store_ts_ms)
+
+
+def stamp_checked_records(buf, starts: np.ndarray, sizes: np.ndarray, queue_offsets,
+                          commit_positions, store_ts_ms: int) -> None:
+    """stamp_records for records that `check_stampable` has accepted.
+
+    The stamped fields lie in bytes [QUEUEOFFSET, STORETIMESTAMP + 8) of an IPv4-born record:
+    that span of every record is read with one gather, filled through _STAMP_DTYPE and written
+    back with one scatter (a record with an IPv6 born host takes a field-by-field path)."""
+    u8 = np.frombuffer(buf, dtype=np.uint8)
+    span = starts[:, None] + _STAMP_SPAN
+    block = u8[span].view(_STAMP_DTYPE).ravel()
+    if (block["sys_flag"] & _BORNHOST_V6).any():
+        _stamp_fields(u8, starts, queue_offsets, commit_positions, store_ts_ms)
+    else:
+        block["queue_offset"] = queue_offsets
+        block["commit_pos"] = commit_positions
+        block["store_ts_ms"] = store_ts_ms
+        u8[span] = block.view(np.uint8).reshape(len(starts), _STAMP_DTYPE.itemsize)
+    crc_pos = starts + sizes - CRC32C_PROP_SIZE
+    crcs = crc32c_each(buf, starts, crc_pos)
+    u8[(crc_pos + _CRC_DIGITS_OFFSET)[:, None] + np.arange(CRC32C_DIGITS)] = crc_digits(crcs)
+
+
+def _stamp_fields(u8: np.ndarray, starts: np.ndarray, queue_offsets, commit_positions,
+                  store_ts_ms: int) -> None:
+    scatter_int(u8, starts + QUEUE_OFFSET_OFFSET, queue_offsets, ">i8")
+    scatter_int(u8, starts + PHYSICAL_OFFSET_OFFSET, commit_positions, ">i8")
+    born_v6 = (gather_int(u8, starts + SYS_FLAG_OFFSET, ">i4") & _BORNHOST_V6) != 0
+    ts_at = starts + np.where(born_v6, STORE_TS_OFFSET_BORN_V6, STORE_TS_OFFSET)
+    scatter_int(u8, ts_at, np.full(len(starts), store_ts_ms), ">i8")
+
+
+def crc32c_each(buf, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """CRC32C of buf[starts[i]:ends[i]] for each i (one C call per range, on copies of the
+    ranges: slicing one bytes copy of the run costs less than a memoryview slice each)."""
+    if not len(starts):
+        return np.zeros(0, dtype=np.int64)
+    lo = int(starts[0])
+    run = bytes(buf[lo:int(ends.max())])
+    ranges = map(slice, (starts - lo).tolist(), (ends - lo).tolist())
+    return np.fromiter(map(crc32c.crc32c, map(run.__getitem__, ranges)), dtype=np.int64,
+                       count=len(starts))
+
+
+def crc_digits(crcs: np.ndarray) -> np.ndarray:
+    """The ten zero-padded decimal ASCII digits of each CRC, most significant first: (n, 10) uint8."""
+    return (crcs[:, None] // _POWERS_OF_TEN % 10 + _ASCII_ZERO).astype(np.uint8)
+
+
+def digits_value(digits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(value, ok) of (n, 10) ASCII digit rows; ok is False where a byte is not a digit."""
+    d = digits.astype(np.int64) - _ASCII_ZERO
+    ok = ((d >= 0) & (d <= 9)).all(axis=1)
+    return d @ _POWERS_OF_TEN, ok
+
+
+def hosts_v6(sys_flags: np.ndarray) -> np.ndarray:
+    """True where a SYSFLAG says a host is IPv6 (the batch paths leave those to record.py)."""
+    return (sys_flags & _HOSTS_V6) != 0
+
+
+__all__ = ["HEADER_DTYPE", "EncodedRecords", "check_stampable", "crc32c_each", "crc_digits",
+           "digits_value", "encode_records", "gather", "gather_int", "hosts_v6", "scatter_int",
+           "stamp_checked_records", "stamp_records"]
