@@ -8,14 +8,12 @@ step is idempotent: re-dispatching a record that is already there changes nothin
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import repeat
 
-import crc32c
 import numpy as np
 
 from engine.consume_queue import ConsumeQueueTable
 from engine.formats.index_file import index_key, shard_of
-from engine.formats.java_hash import index_key_hashes
+from engine.formats.key_batch import index_key_values
 from engine.formats.record import TX_TYPE_MASK, RecordHeader, TxType
 from engine.formats.record_scan import DispatchColumns
 from engine.hash_index import ShardIndex
@@ -104,36 +102,27 @@ def queue_groups(cols: DispatchColumns, rows: np.ndarray) -> list[tuple[tuple[st
             for key, lo, hi in zip(keys.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
 
 
-def key_shards(cols: DispatchColumns, shard_count: int) -> np.ndarray:
-    """The shard of every index key: CRC32C of `topic#key` modulo the shard count (the CRC of
-    the `topic#` prefix is computed once and continued over each key)."""
-    count = len(cols.keys)
-    if shard_count == 1:
-        return np.zeros(count, dtype=np.int64)
-    prefix_crcs = [crc32c.crc32c(index_key(topic, "").encode()) for topic in cols.topics]
-    if len(prefix_crcs) == 1:
-        seeds = repeat(prefix_crcs[0], count)
-    else:
-        seeds = map(prefix_crcs.__getitem__, cols.topic_index[cols.key_rows].tolist())
-    crcs = np.fromiter(map(crc32c.crc32c, cols.keys, seeds), dtype=np.int64, count=count)
-    return crcs % shard_count
+def key_hashes_and_shards(cols: DispatchColumns, shard_count: int) -> tuple[np.ndarray, np.ndarray]:
+    """index_key_hash and shard (CRC32C % shard_count, as shard_of) of every `topic#key`."""
+    prefixes = [index_key(topic, "") for topic in cols.topics]
+    return index_key_values(prefixes, cols.topic_index[cols.key_rows], cols.key_blob, cols.key_starts,
+                            cols.key_ends, shard_count)
 
 
 def dispatch_columns_to_shard(shard: ShardIndex, cols: DispatchColumns, shard_no: int,
-                              shards_of_keys: np.ndarray) -> int:
+                              keys: tuple[np.ndarray, np.ndarray]) -> int:
     """dispatch_to_shard for every record: index this shard's keys of the records it does not
-    cover yet (none of a rollback), then mark the last record processed; returns keys put."""
+    cover yet (none of a rollback), then mark the last record processed; returns keys put.
+    `keys` is key_hashes_and_shards(cols, shard count)."""
     if not cols.count or int(cols.commit_pos[-1]) < shard.processed_pos:
         return 0
+    hashes, shards = keys
     rows = cols.key_rows
     tx = cols.sys_flag[rows] & TX_TYPE_MASK
-    take = np.flatnonzero((shards_of_keys == shard_no) & (cols.commit_pos[rows] >= shard.processed_pos)
+    take = np.flatnonzero((shards == shard_no) & (cols.commit_pos[rows] >= shard.processed_pos)
                           & (tx != TxType.ROLLBACK))
     if len(take):
-        keys = cols.keys
-        prefixes = [index_key(topic, "") for topic in cols.topics]
-        hashes = index_key_hashes(prefixes, cols.topic_index[rows[take]], [keys[i] for i in take.tolist()])
-        shard.put_hashes(hashes, cols.commit_pos[rows[take]], cols.store_ts_ms[rows[take]])
+        shard.put_hashes(hashes[take], cols.commit_pos[rows[take]], cols.store_ts_ms[rows[take]])
     shard.mark_processed(cols.end_pos)
     return len(take)
 
@@ -142,7 +131,6 @@ def dispatch_columns(table: ConsumeQueueTable, shards: list[ShardIndex],
                      cols: DispatchColumns) -> tuple[int, int]:
     """Consume queues and every index shard; returns (entries written, keys put)."""
     written = dispatch_columns_to_consume_queues(table, cols)
-    shards_of_keys = key_shards(cols, len(shards))
-    keys_put = sum(dispatch_columns_to_shard(shard, cols, n, shards_of_keys)
-                   for n, shard in enumerate(shards))
+    keys = key_hashes_and_shards(cols, len(shards))
+    keys_put = sum(dispatch_columns_to_shard(shard, cols, n, keys) for n, shard in enumerate(shards))
     return written, keys_put

@@ -27,7 +27,7 @@ from engine.dispatch import (
     consumable_rows,
     dispatch_columns_to_consume_queues,
     dispatch_columns_to_shard,
-    key_shards,
+    key_hashes_and_shards,
     queue_groups,
 )
 from engine.errors import CorruptConsumeQueueError, CorruptRecordError
@@ -240,9 +240,9 @@ def _redispatch(parts: StoreParts, cols: DispatchColumns, shard_count: int, repo
             report.cq_entries_redispatched += dispatch_columns_to_consume_queues(parts.queues, cols, rows)
         except CorruptConsumeQueueError:
             broken.add(queue_key)
-    shards_of_keys = key_shards(cols, shard_count)
+    keys = key_hashes_and_shards(cols, shard_count)
     for shard_no, shard in enumerate(parts.shards):
-        report.index_keys_redispatched += dispatch_columns_to_shard(shard, cols, shard_no, shards_of_keys)
+        report.index_keys_redispatched += dispatch_columns_to_shard(shard, cols, shard_no, keys)
 
 
 def _rebuild_queues(parts: StoreParts, broken: set[tuple[str, int]], end_pos: int,

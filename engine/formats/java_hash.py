@@ -18,8 +18,6 @@ from array import array
 from functools import lru_cache
 from operator import mul
 
-import numpy as np
-
 INT32_MIN = -(2**31)
 _MASK32 = 0xFFFFFFFF
 _UTF16_NATIVE = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
@@ -64,31 +62,3 @@ def tags_code(tags: str | None) -> int:
         return 0
     return java_string_hash(tags)
 
-
-def index_key_hashes(prefixes: list[str], prefix_index: np.ndarray, keys: list[bytes]) -> np.ndarray:
-    """index_key_hash(prefixes[prefix_index[i]] + keys[i]) for UTF-8 keys (int64), whole-array
-    when all are ASCII.
-
-    For ASCII text the UTF-16 units are the bytes, so the hash of a key is
-    sum(byte_j * 31**(len - 1 - j)) mod 2**32 (one product and one reduceat over all keys) and
-    hash(prefix + key) = hash(prefix) * 31**len(key) + hash(key) mod 2**32.
-    """
-    count = len(keys)
-    if not count:
-        return np.zeros(0, dtype=np.int64)
-    blob = b"".join(keys)
-    lengths = np.fromiter(map(len, keys), dtype=np.int64, count=count)
-    if not blob.isascii() or lengths.min() == 0 or not all(map(str.isascii, prefixes)):
-        return np.array([index_key_hash(prefixes[p] + key.decode("utf-8"))
-                         for p, key in zip(prefix_index.tolist(), keys, strict=True)], dtype=np.int64)
-    _powers_descending(int(lengths.max()) + 1)  # grow the table
-    powers = np.array(_powers_of_31[: int(lengths.max()) + 1], dtype=np.uint64)
-    starts = np.zeros(count, dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    exponent = np.repeat(starts + lengths - 1, lengths) - np.arange(len(blob))
-    units = np.frombuffer(blob, dtype=np.uint8).astype(np.uint64)
-    key_h = np.add.reduceat(units * powers[exponent], starts) & _MASK32
-    prefix_h = np.array([java_string_hash(p) & _MASK32 for p in prefixes], dtype=np.uint64)
-    h = ((prefix_h[prefix_index] * powers[lengths] + key_h) & _MASK32).astype(np.int64)
-    h = np.where(h >= 0x80000000, h - 0x100000000, h)
-    return np.where(h == INT32_MIN, 0, np.abs(h))

@@ -17,7 +17,6 @@ import re
 import socket
 import zlib
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import NamedTuple
 
 import crc32c
@@ -69,14 +68,6 @@ assert HEADER_DTYPE.fields["commit_pos"][1] == PHYSICAL_OFFSET_OFFSET
 assert HEADER_DTYPE.fields["sys_flag"][1] == SYS_FLAG_OFFSET
 assert HEADER_DTYPE.fields["store_ts_ms"][1] == STORE_TS_OFFSET
 
-# The fields stamp_records fills, as one span of HEADER_DTYPE from QUEUEOFFSET (IPv4 born host).
-_STAMP_FIELDS = ("queue_offset", "commit_pos", "sys_flag", "store_ts_ms")
-_STAMP_DTYPE = np.dtype({
-    "names": list(_STAMP_FIELDS),
-    "formats": [HEADER_DTYPE.fields[f][0] for f in _STAMP_FIELDS],
-    "offsets": [HEADER_DTYPE.fields[f][1] - QUEUE_OFFSET_OFFSET for f in _STAMP_FIELDS],
-    "itemsize": STORE_TS_OFFSET + 8 - QUEUE_OFFSET_OFFSET})
-_STAMP_SPAN = QUEUE_OFFSET_OFFSET + np.arange(_STAMP_DTYPE.itemsize)
 _HOSTS_V6 = int(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
 _BORNHOST_V6 = int(SysFlag.BORNHOST_V6)
 _CRC_DIGITS_OFFSET = len(CRC32C_PREFIX)  # from the start of the __CRC32C tail
@@ -101,17 +92,29 @@ def gather(u8: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
     return u8[positions[:, None] + np.arange(width)]
 
 
-def gather_int(u8: np.ndarray, positions: np.ndarray, be_dtype: str) -> np.ndarray:
+def int_view(u8: np.ndarray, be_dtype) -> np.ndarray:
+    """An overlapping view whose element i is the `be_dtype` value at bytes [i, i + size): a
+    field at many unaligned positions is then read or written by one fancy index, one element
+    per position (rather than `size` bytes per position)."""
+    dtype = np.dtype(be_dtype)
+    return np.ndarray(shape=(max(len(u8) - dtype.itemsize + 1, 0),), dtype=dtype, buffer=u8,
+                      strides=(1,))
+
+
+def gather_int(u8: np.ndarray, positions: np.ndarray, be_dtype) -> np.ndarray:
     """The big-endian integer of type `be_dtype` ('>i4', '>i8', ...) at each position, as int64."""
-    dtype = np.dtype(be_dtype)
-    return gather(u8, positions, dtype.itemsize).view(dtype).ravel().astype(np.int64)
+    return int_view(u8, be_dtype)[positions].astype(np.int64)
 
 
-def scatter_int(u8: np.ndarray, positions: np.ndarray, values, be_dtype: str) -> None:
+def scatter_int(u8: np.ndarray, positions: np.ndarray, values, be_dtype) -> None:
     """Write each value as a big-endian `be_dtype` at its position."""
-    dtype = np.dtype(be_dtype)
-    raw = np.asarray(values).astype(dtype).view(np.uint8).reshape(-1, dtype.itemsize)
-    u8[positions[:, None] + np.arange(dtype.itemsize)] = raw
+    int_view(u8, be_dtype)[positions] = values
+
+
+def gather_field(u8: np.ndarray, starts: np.ndarray, name: str) -> np.ndarray:
+    """HEADER_DTYPE field `name` of the records at `starts` (IPv4 layout), as int64."""
+    dtype, offset = HEADER_DTYPE.fields[name][:2]
+    return gather_int(u8, starts + offset, dtype)
 
 
 # ---------------------------------------------------------------- encode
@@ -134,7 +137,11 @@ def encode_records(topic_raws: Sequence[bytes], bodies: Sequence[bytes], props_r
     props_lens = np.fromiter(map(len, props_raws), dtype=np.int64, count=n) + CRC32C_PROP_SIZE
     _check_lengths(topic_lens, props_lens)
     sizes = RECORD_FIXED_SIZE + body_lens + topic_lens + props_lens
-    header = np.repeat(_header_template(flag, sys_flag, born_ts_ms, born_host, store_host), n)
+    header = np.zeros(n, dtype=HEADER_DTYPE)
+    header["magic"], header["flag"], header["sys_flag"] = MAGIC_V1, flag, sys_flag
+    header["born_ts_ms"] = born_ts_ms
+    header["born_ip"], header["born_port"] = _ipv4(born_host)
+    header["store_ip"], header["store_port"] = _ipv4(store_host)
     header["total_size"] = sizes
     header["body_crc"] = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & BODY_CRC_MASK
     header["queue_id"] = queue_ids
@@ -149,18 +156,6 @@ def encode_records(topic_raws: Sequence[bytes], bodies: Sequence[bytes], props_r
     starts = np.zeros(n, dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
     return EncodedRecords(bytearray().join(pieces), starts, sizes)
-
-
-@lru_cache(maxsize=64)
-def _header_template(flag: int, sys_flag: int, born_ts_ms: int, born_host: tuple[str, int],
-                     store_host: tuple[str, int]) -> np.ndarray:
-    """The header fields every record of a batch shares (one row; callers copy it)."""
-    row = np.zeros(1, dtype=HEADER_DTYPE)
-    row["magic"], row["flag"], row["sys_flag"], row["born_ts_ms"] = MAGIC_V1, flag, sys_flag, born_ts_ms
-    row["born_ip"], row["born_port"] = _ipv4(born_host)
-    row["store_ip"], row["store_port"] = _ipv4(store_host)
-    row.flags.writeable = False
-    return row
 
 
 def _check_lengths(topic_lens: np.ndarray, props_lens: np.ndarray) -> None:
@@ -201,8 +196,8 @@ def check_stampable(buf, starts: np.ndarray, sizes: np.ndarray) -> None:
         raise BadInputError("record", "a record is too short to hold a __CRC32C tail")
     if not np.array_equal(gather_int(u8, starts, ">i4"), sizes):
         raise BadInputError("record", "a record's TOTALSIZE field does not match its length")
-    tails = gather(u8, starts + sizes - CRC32C_PROP_SIZE, len(CRC32C_PREFIX))
-    if not (tails == _PREFIX_U8).all():
+    tails = int_view(u8, f"S{len(CRC32C_PREFIX)}")[starts + sizes - CRC32C_PROP_SIZE]
+    if not (tails == CRC32C_PREFIX).all():
         raise BadInputError("record", "a record has no reserved __CRC32C tail")
 
 
@@ -216,33 +211,18 @@ def stamp_records(buf, starts: np.ndarray, sizes: np.ndarray, queue_offsets, com
 
 def stamp_checked_records(buf, starts: np.ndarray, sizes: np.ndarray, queue_offsets,
                           commit_positions, store_ts_ms: int) -> None:
-    """stamp_records for records that `check_stampable` has accepted.
-
-    The stamped fields lie in bytes [QUEUEOFFSET, STORETIMESTAMP + 8) of an IPv4-born record:
-    that span of every record is read with one gather, filled through _STAMP_DTYPE and written
-    back with one scatter (a record with an IPv6 born host takes a field-by-field path)."""
+    """stamp_records for records that `check_stampable` has accepted."""
     u8 = np.frombuffer(buf, dtype=np.uint8)
-    span = starts[:, None] + _STAMP_SPAN
-    block = u8[span].view(_STAMP_DTYPE).ravel()
-    if (block["sys_flag"] & _BORNHOST_V6).any():
-        _stamp_fields(u8, starts, queue_offsets, commit_positions, store_ts_ms)
-    else:
-        block["queue_offset"] = queue_offsets
-        block["commit_pos"] = commit_positions
-        block["store_ts_ms"] = store_ts_ms
-        u8[span] = block.view(np.uint8).reshape(len(starts), _STAMP_DTYPE.itemsize)
-    crc_pos = starts + sizes - CRC32C_PROP_SIZE
-    crcs = crc32c_each(buf, starts, crc_pos)
-    u8[(crc_pos + _CRC_DIGITS_OFFSET)[:, None] + np.arange(CRC32C_DIGITS)] = crc_digits(crcs)
-
-
-def _stamp_fields(u8: np.ndarray, starts: np.ndarray, queue_offsets, commit_positions,
-                  store_ts_ms: int) -> None:
     scatter_int(u8, starts + QUEUE_OFFSET_OFFSET, queue_offsets, ">i8")
     scatter_int(u8, starts + PHYSICAL_OFFSET_OFFSET, commit_positions, ">i8")
     born_v6 = (gather_int(u8, starts + SYS_FLAG_OFFSET, ">i4") & _BORNHOST_V6) != 0
-    ts_at = starts + np.where(born_v6, STORE_TS_OFFSET_BORN_V6, STORE_TS_OFFSET)
-    scatter_int(u8, ts_at, np.full(len(starts), store_ts_ms), ">i8")
+    ts_at = starts + (np.where(born_v6, STORE_TS_OFFSET_BORN_V6, STORE_TS_OFFSET) if born_v6.any()
+                      else STORE_TS_OFFSET)
+    scatter_int(u8, ts_at, store_ts_ms, ">i8")
+    crc_pos = starts + sizes - CRC32C_PROP_SIZE
+    crcs = crc32c_each(buf, starts, crc_pos)
+    digits = int_view(u8, f"V{CRC32C_DIGITS}")
+    digits[crc_pos + _CRC_DIGITS_OFFSET] = crc_digits(crcs).view(f"V{CRC32C_DIGITS}").ravel()
 
 
 def crc32c_each(buf, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -275,5 +255,6 @@ def hosts_v6(sys_flags: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["HEADER_DTYPE", "EncodedRecords", "check_stampable", "crc32c_each", "crc_digits",
-           "digits_value", "encode_records", "gather", "gather_int", "hosts_v6", "scatter_int",
+           "digits_value", "encode_records", "gather", "gather_field", "gather_int", "hosts_v6",
+           "int_view", "scatter_int",
            "stamp_checked_records", "stamp_records"]

@@ -22,7 +22,6 @@ import struct
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import chain, repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -45,7 +44,14 @@ from engine.formats.record import (
     RecordHeader,
     Verify,
 )
-from engine.formats.record_batch import HEADER_DTYPE, crc32c_each, digits_value, gather, hosts_v6
+from engine.formats.record_batch import (
+    crc32c_each,
+    digits_value,
+    gather,
+    gather_field,
+    gather_int,
+    hosts_v6,
+)
 
 _TOTAL_SIZE = struct.Struct(">i")
 _PREFIX_U8 = np.frombuffer(CRC32C_PREFIX, dtype=np.uint8)
@@ -61,7 +67,7 @@ class RecordSpans(NamedTuple):
     """The accepted records of one buffer: file positions, decoded headers, text positions."""
 
     starts: np.ndarray  # int64 file positions
-    header: np.ndarray  # HEADER_DTYPE rows
+    body_lens: np.ndarray
     topic_pos: np.ndarray
     props_pos: np.ndarray
     ends: np.ndarray
@@ -75,9 +81,9 @@ class RecordSpans(NamedTuple):
 class DispatchColumns:
     """What dispatch needs from many records, one array entry per record (RecordHeader, columnar).
 
-    `keys` are the UTF-8 index keys (without the `topic#` prefix) of every record's UNIQ_KEY then
-    KEYS tokens, in record order, and `key_rows` the record each belongs to (rollbacks included:
-    dispatch decides what to index)."""
+    The index keys of every record, its UNIQ_KEY then its KEYS tokens, in record order, are
+    spans of `key_blob` (UTF-8, without the `topic#` prefix); `key_rows` is the record each
+    belongs to (rollbacks included: dispatch decides what to index)."""
 
     commit_pos: np.ndarray
     total_size: np.ndarray
@@ -89,7 +95,9 @@ class DispatchColumns:
     topics: list[str]  # distinct topics
     topic_index: np.ndarray  # per record, into `topics`
     key_rows: np.ndarray
-    keys: list[bytes]
+    key_blob: bytes
+    key_starts: np.ndarray
+    key_ends: np.ndarray
 
     @property
     def count(self) -> int:
@@ -98,6 +106,11 @@ class DispatchColumns:
     @property
     def end_pos(self) -> int:
         return int(self.commit_pos[-1] + self.total_size[-1]) if self.count else 0
+
+    @property
+    def keys(self) -> list[bytes]:
+        """The index keys as bytes objects (for tests and tools; dispatch works on the spans)."""
+        return list(_slices(self.key_blob, self.key_starts, self.key_ends))
 
 
 # ---------------------------------------------------------------- walk and verify
@@ -135,8 +148,8 @@ def find_starts(buf, pos: int, end: int, base_pos: int) -> np.ndarray:
         hits = hits[window[hits + i] == _MAGIC_U8[i]]
     cand = hits + pos
     cand = cand[cand + V4_HEADER_SIZE <= limit]
-    cand = cand[gather(u8, cand + PHYSICAL_OFFSET_OFFSET, 8).view(">i8").ravel() == base_pos + cand]
-    sizes = gather(u8, cand, 4).view(">i4").ravel().astype(np.int64)
+    cand = cand[gather_int(u8, cand + PHYSICAL_OFFSET_OFFSET, ">i8") == base_pos + cand]
+    sizes = gather_int(u8, cand, ">i4")
     chained = (cand + sizes <= limit) & (sizes >= RECORD_FIXED_SIZE)
     chained[0:1] &= cand[0:1] == pos
     chained[1:] &= cand[1:] == cand[:-1] + sizes[:-1]
@@ -150,12 +163,12 @@ def verify_spans(buf, starts: np.ndarray, base_pos: int, verify: Verify) -> Reco
     (STRUCTURE: those of decode_header), restricted to the batch path's plain records."""
     u8 = np.frombuffer(buf, dtype=np.uint8)
     starts = starts[: _first_false(_prefix_sizes_ok(u8, starts))]
-    header = gather(u8, starts, V4_HEADER_SIZE).view(HEADER_DTYPE).ravel()
-    sizes = header["total_size"].astype(np.int64)
+    sizes = gather_field(u8, starts, "total_size")
     ends = starts + sizes
-    body_lens = header["body_length"].astype(np.int64)
-    ok = ((header["magic"] == MAGIC_V1) & ~hosts_v6(header["sys_flag"].astype(np.int64))
-          & (header["commit_pos"] == base_pos + starts) & (body_lens >= 0)
+    body_lens = gather_field(u8, starts, "body_length")
+    ok = ((gather_field(u8, starts, "magic") == MAGIC_V1)
+          & ~hosts_v6(gather_field(u8, starts, "sys_flag"))
+          & (gather_field(u8, starts, "commit_pos") == base_pos + starts) & (body_lens >= 0)
           & (starts + BODY_OFFSET + body_lens + TOPIC_LENGTH_SIZE_V1 + PROPERTIES_LENGTH_SIZE <= ends))
     k = _first_false(ok)
     topic_len_pos = starts[:k] + BODY_OFFSET + body_lens[:k]
@@ -164,10 +177,10 @@ def verify_spans(buf, starts: np.ndarray, base_pos: int, verify: Verify) -> Reco
     plen_pos = topic_pos + topic_lens
     ok = (topic_lens >= 0) & (plen_pos + PROPERTIES_LENGTH_SIZE <= ends[:k])
     k = _first_false(ok)
-    props_lens = gather(u8, plen_pos[:k], PROPERTIES_LENGTH_SIZE).view(">i2").ravel().astype(np.int64)
+    props_lens = gather_int(u8, plen_pos[:k], ">i2")
     props_pos = plen_pos[:k] + PROPERTIES_LENGTH_SIZE
     k = _first_false((props_lens >= 1) & (props_pos + props_lens == ends[:k]))
-    spans = RecordSpans(starts[:k], header[:k], topic_pos[:k], props_pos[:k], ends[:k])
+    spans = RecordSpans(starts[:k], body_lens[:k], topic_pos[:k], props_pos[:k], ends[:k])
     spans = _take(spans, _first_false(_text_is_ascii(u8, spans)))
     if verify is not Verify.STRUCTURE:
         spans = _take(spans, _first_false(_checksums_ok(buf, u8, spans)))
@@ -178,8 +191,8 @@ def _prefix_sizes_ok(u8: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """TOTALSIZE >= a record's fixed part and the header lies in the buffer (so gathers are safe)."""
     if not len(starts):
         return np.zeros(0, dtype=bool)
-    sizes = gather(u8, starts, 4).view(">i4").ravel()
-    return (sizes >= RECORD_FIXED_SIZE) & (starts + sizes <= len(u8))
+    sizes = gather_int(u8, starts, ">i4")
+    return (sizes >= RECORD_FIXED_SIZE) & (starts + sizes <= len(u8)) & (starts + V4_HEADER_SIZE <= len(u8))
 
 
 def _first_false(ok: np.ndarray) -> int:
@@ -220,9 +233,9 @@ def _checksums_ok(buf, u8: np.ndarray, spans: RecordSpans) -> np.ndarray:
     lo = int(spans.starts[0])
     run = bytes(buf[lo:int(spans.ends[k - 1])])
     body_starts = spans.starts[:k] + BODY_OFFSET - lo
-    bodies = _slices(run, body_starts, body_starts + spans.header["body_length"][:k])
+    bodies = _slices(run, body_starts, body_starts + spans.body_lens[:k])
     body_crcs = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=k) & BODY_CRC_MASK
-    ok[:k] &= body_crcs == spans.header["body_crc"][:k]
+    ok[:k] &= body_crcs == gather_field(u8, spans.starts[:k], "body_crc")
     ok[:k] &= crc32c_each(buf, spans.starts[:k], tail_pos[:k]) == stored[:k]
     return ok
 
@@ -233,22 +246,26 @@ def _checksums_ok(buf, u8: np.ndarray, spans: RecordSpans) -> np.ndarray:
 def decode_dispatch(buf, spans: RecordSpans, base_pos: int) -> DispatchColumns:
     """The DispatchColumns of records accepted by `verify_spans` (any verify level)."""
     u8 = np.frombuffer(buf, dtype=np.uint8)
-    h = spans.header
     n = spans.count
     lo, hi = (int(spans.starts[0]), int(spans.ends[-1])) if n else (0, 0)
     chunk = bytes(buf[lo:hi])
     topics, topic_index = _topics(u8, chunk, spans, lo)
-    values = _props_values(u8, spans, (_TAGS_B, _KEYS_B, _UNIQ_B))
+    props = b"".join(_slices(chunk, spans.props_pos - lo, spans.ends - lo))
+    props_ends = np.cumsum(spans.ends - spans.props_pos)
+    values = _props_values(props, props_ends, (_TAGS_B, _KEYS_B, _UNIQ_B))
     tags = np.zeros(n, dtype=np.int64)
     rows, v_start, v_end = values[_TAGS_B]
-    tags[rows] = np.fromiter(map(_tags_code_of, _slices(chunk, v_start - lo, v_end - lo)),
+    tags[rows] = np.fromiter(map(_tags_code_of, _slices(props, v_start, v_end)),
                              dtype=np.int64, count=len(rows))
-    key_rows, keys = _index_keys(chunk, lo, values[_UNIQ_B], values[_KEYS_B])
+    key_rows, key_starts, key_ends = _index_keys(props, values[_UNIQ_B], values[_KEYS_B])
     return DispatchColumns(
-        commit_pos=base_pos + spans.starts, total_size=h["total_size"].astype(np.int64),
-        queue_id=h["queue_id"].astype(np.int64), queue_offset=h["queue_offset"].astype(np.int64),
-        sys_flag=h["sys_flag"].astype(np.int64), store_ts_ms=h["store_ts_ms"].astype(np.int64),
-        tags_code=tags, topics=topics, topic_index=topic_index, key_rows=key_rows, keys=keys)
+        commit_pos=base_pos + spans.starts, total_size=spans.ends - spans.starts,
+        queue_id=gather_field(u8, spans.starts, "queue_id"),
+        queue_offset=gather_field(u8, spans.starts, "queue_offset"),
+        sys_flag=gather_field(u8, spans.starts, "sys_flag"),
+        store_ts_ms=gather_field(u8, spans.starts, "store_ts_ms"),
+        tags_code=tags, topics=topics, topic_index=topic_index, key_rows=key_rows, key_blob=props,
+        key_starts=key_starts, key_ends=key_ends)
 
 
 def _slices(chunk: bytes, starts: np.ndarray, ends: np.ndarray):
@@ -277,30 +294,30 @@ def _topics(u8: np.ndarray, chunk: bytes, spans: RecordSpans, lo: int) -> tuple[
     return [raw.decode("ascii") for raw in ids], index
 
 
-def _props_values(u8: np.ndarray, spans: RecordSpans, names: tuple[bytes, ...]) -> dict:
-    """For each property name: (rows, value starts, value ends) of the records that have it,
-    parsed as properties.decode_properties does (split on 0x02, first 0x01 strictly inside,
-    later duplicates win)."""
-    n = spans.count
-    pp, ends = spans.props_pos, spans.ends
-    lo, hi = (int(pp[0]), int(ends[-1])) if n else (0, 0)
-    window = u8[lo:hi]
-    p2, r2 = _in_props(np.flatnonzero(window == _SEP_PROP) + lo, pp, ends)
-    p1, _ = _in_props(np.flatnonzero(window == _SEP_KV) + lo, pp, ends)
-    seg_start = np.concatenate([pp, p2 + 1])
-    seg_row = np.concatenate([np.arange(n), r2])
+def _props_values(props: bytes, ends: np.ndarray, names: tuple[bytes, ...]) -> dict:
+    """For each property name: (rows, value starts, value ends in `props`) of the records that
+    have it, parsed as properties.decode_properties does (split on 0x02, first 0x01 strictly
+    inside the piece, later duplicates win). `props` holds every record's properties end to
+    end; record i's end at ends[i]."""
+    n = len(ends)
+    u8 = np.frombuffer(props, dtype=np.uint8)
+    starts = np.concatenate([[0], ends[:-1]]) if n else ends
+    p2 = np.flatnonzero(u8 == _SEP_PROP)
+    p1 = np.flatnonzero(u8 == _SEP_KV)
+    seg_start = np.concatenate([starts, p2 + 1])
+    seg_row = np.concatenate([np.arange(n), np.searchsorted(ends, p2, side="right")])
     order = np.argsort(seg_start, kind="stable")
     seg_start, seg_row = seg_start[order], seg_row[order]
     nxt = np.searchsorted(p2, seg_start)
     nxt_pos = p2[np.minimum(nxt, len(p2) - 1)] if len(p2) else np.zeros(len(seg_start), np.int64)
-    seg_end = np.where((nxt < len(p2)) & (nxt_pos < ends[seg_row]), nxt_pos, ends[seg_row])
+    seg_end = np.where((nxt < len(p2)) & (nxt_pos < ends[np.minimum(seg_row, n - 1)]), nxt_pos,
+                       ends[np.minimum(seg_row, n - 1)])
     j = np.searchsorted(p1, seg_start)
     first_kv = p1[np.minimum(j, len(p1) - 1)] if len(p1) else np.zeros(len(seg_start), np.int64)
-    pair = (j < len(p1)) & (first_kv > seg_start) & (first_kv < seg_end - 1)
+    pair = (j < len(p1)) & (first_kv > seg_start) & (first_kv < seg_end - 1) & (seg_row < n)
     out = {}
     for name in names:
-        hit = pair & (first_kv - seg_start == len(name))
-        cand = np.flatnonzero(hit)
+        cand = np.flatnonzero(pair & (first_kv - seg_start == len(name)))
         if len(cand):
             same = (gather(u8, seg_start[cand], len(name)) == np.frombuffer(name, np.uint8)).all(axis=1)
             cand = cand[same]
@@ -312,33 +329,24 @@ def _props_values(u8: np.ndarray, spans: RecordSpans, names: tuple[bytes, ...]) 
     return out
 
 
-def _in_props(positions: np.ndarray, props_pos: np.ndarray, ends: np.ndarray):
-    """The positions that lie inside some record's properties, and that record's row."""
-    rows = np.searchsorted(props_pos, positions, side="right") - 1
-    keep = (rows >= 0) & (positions < ends[np.maximum(rows, 0)])
-    return positions[keep], rows[keep]
-
-
-def _index_keys(chunk: bytes, lo: int, uniq: tuple, keys: tuple) -> tuple[np.ndarray, list[bytes]]:
-    """Each record's UNIQ_KEY then its KEYS tokens, in record order, and their rows."""
+def _index_keys(props: bytes, uniq: tuple, keys: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, starts, ends) of each record's UNIQ_KEY then its KEYS tokens (split on spaces,
+    empty tokens dropped, as split_keys does), in record order."""
     uniq_rows, u_start, u_end = uniq
     key_rows, k_start, k_end = keys
-    values = list(_slices(chunk, u_start - lo, u_end - lo))
-    if not len(key_rows):
-        return uniq_rows, values
-    split = list(map(bytes.split, _slices(chunk, k_start - lo, k_end - lo), repeat(_KEYS_SEP_B)))
-    counts = np.fromiter(map(len, split), dtype=np.int64, count=len(split))
-    tokens = list(chain.from_iterable(split))
-    token_rows = np.repeat(key_rows, counts)
-    if b"" in tokens:  # doubled spaces: empty tokens are dropped, as split_keys does
-        keep = np.fromiter(map(bool, tokens), dtype=bool, count=len(tokens))
-        tokens, token_rows = [t for t in tokens if t], token_rows[keep]
-    rows = np.concatenate([uniq_rows, token_rows])
+    spaces = np.flatnonzero(np.frombuffer(props, dtype=np.uint8) == _KEYS_SEP_B[0])
+    if not len(k_start):
+        spaces = spaces[:0]
+    inside = np.searchsorted(k_start, spaces, side="right") - 1
+    spaces = spaces[(inside >= 0) & (spaces < k_end[np.maximum(inside, 0)])]
+    t_start = np.sort(np.concatenate([k_start, spaces + 1]))
+    t_end = np.sort(np.concatenate([k_end, spaces]))
+    nonempty = t_end > t_start
+    t_start, t_end = t_start[nonempty], t_end[nonempty]
+    t_rows = key_rows[np.searchsorted(k_start, t_start, side="right") - 1]
+    rows = np.concatenate([uniq_rows, t_rows])
     order = np.argsort(rows, kind="stable")  # UNIQ_KEY first within a record
-    values += tokens
-    ordered = np.empty(len(values), dtype=object)
-    ordered[:] = values
-    return rows[order], ordered[order].tolist()
+    return rows[order], np.concatenate([u_start, t_start])[order], np.concatenate([u_end, t_end])[order]
 
 
 def columns_from_headers(headers: list[RecordHeader]) -> DispatchColumns:
@@ -350,6 +358,8 @@ def columns_from_headers(headers: list[RecordHeader]) -> DispatchColumns:
         keys = ([h.uniq_key] if h.uniq_key else []) + [k for k in h.keys if k]
         key_rows += [row] * len(keys)
         index_keys += [k.encode() for k in keys]
+    key_ends = np.cumsum(np.array([len(k) for k in index_keys], dtype=np.int64))
+    key_starts = key_ends - np.array([len(k) for k in index_keys], dtype=np.int64)
 
     def col(name: str) -> np.ndarray:
         return np.array([getattr(h, name) for h in headers], dtype=np.int64)
@@ -357,4 +367,4 @@ def columns_from_headers(headers: list[RecordHeader]) -> DispatchColumns:
     return DispatchColumns(col("commit_pos"), col("total_size"), col("queue_id"), col("queue_offset"),
                            col("sys_flag"), col("store_ts_ms"), col("tags_code"), topics,
                            np.array([ids[h.topic] for h in headers], dtype=np.int64),
-                           np.array(key_rows, dtype=np.int64), index_keys)
+                           np.array(key_rows, dtype=np.int64), b"".join(index_keys), key_starts, key_ends)

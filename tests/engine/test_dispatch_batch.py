@@ -14,7 +14,7 @@ from engine.consume_queue import ConsumeQueueTable
 from engine.dispatch import dispatch_columns, dispatch_to_consume_queue, dispatch_to_shard, keys_by_shard
 from engine.errors import CorruptRecordError
 from engine.formats.index_file import index_key
-from engine.formats.java_hash import index_key_hashes
+from engine.formats.key_batch import index_key_hashes
 from engine.formats.record import TxType, Verify, encode_record, stamp_record
 from engine.hash_index import ShardIndex
 from engine.mapped_file import Access
@@ -136,8 +136,9 @@ def test_shard_put_hashes_equals_put_across_rolls(tmp_path):
     many = ShardIndex.load(tmp_path / "many", 0, 5, 17, Access.READ_WRITE, clock_ms=lambda: CLOCK_MS)
     for key, pos, ts in zip(keys, positions, times, strict=True):
         one.put("T", key, pos, ts)
+    ends = np.cumsum([len(k) for k in keys])
     hashes = index_key_hashes([index_key("T", "")], np.zeros(len(keys), dtype=np.int64),
-                              [k.encode() for k in keys])
+                              "".join(keys).encode(), ends - [len(k) for k in keys], ends)
     for lo, hi in ((0, 7), (7, 8), (8, 150)):
         many.put_hashes(hashes[lo:hi], np.array(positions[lo:hi]), np.array(times[lo:hi]))
     for shard in (one, many):

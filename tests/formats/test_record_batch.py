@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import random
 
+import crc32c
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import BadInputError, CorruptRecordError
-from engine.formats.java_hash import index_key_hash, index_key_hashes
+from engine.formats.java_hash import index_key_hash
+from engine.formats.key_batch import index_key_hashes, index_key_shards
 from engine.formats.properties import encode_properties
 from engine.formats.record import (
     CRC32C_PROP_SIZE,
@@ -35,8 +37,8 @@ from engine.formats.record_scan import (
 BORN, STORE = ("127.0.0.1", 4242), ("10.1.2.3", 10911)
 BASE_POS = 1 << 30
 TEXT = st.text(alphabet=st.sampled_from("abcXYZ019_-"), min_size=1, max_size=12)
-PROPS = st.fixed_dictionaries({}, optional={"TAGS": TEXT, "KEYS": st.lists(TEXT, min_size=1, max_size=3).map(" ".join),
-                                            "UNIQ_KEY": TEXT, "user": TEXT})
+KEYS_TEXT = st.lists(TEXT, min_size=1, max_size=3).map(" ".join) | st.just(" a  b ")
+PROPS = st.fixed_dictionaries({}, optional={"TAGS": TEXT, "KEYS": KEYS_TEXT, "UNIQ_KEY": TEXT, "user": TEXT})
 MESSAGES = st.lists(st.tuples(st.sampled_from(["TopicA", "B", "c_c"]), st.binary(max_size=300), PROPS,
                               st.integers(0, 7)), min_size=1, max_size=40)
 
@@ -148,12 +150,17 @@ def test_record_batch_check_stampable_refuses_bad_records():
 
 
 @settings(max_examples=40, deadline=None)
-@given(keys=st.lists(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40),
-                    min_size=1, max_size=30),
-       topics=st.lists(TEXT, min_size=1, max_size=3), data=st.data())
-def test_index_key_hashes_equal_the_scalar_hash(keys, topics, data):
+@given(keys=st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=40), min_size=1,
+                    max_size=30),
+       topics=st.lists(TEXT, min_size=1, max_size=3), shard_count=st.integers(1, 5), data=st.data())
+def test_key_batch_hashes_and_shards_equal_the_scalar_ones(keys, topics, shard_count, data):
     prefixes = [f"{t}#" for t in topics]
     which = np.array([data.draw(st.integers(0, len(prefixes) - 1)) for _ in keys], dtype=np.int64)
     raw = [k.encode("utf-8") for k in keys]
-    expected = [index_key_hash(prefixes[p] + k) for p, k in zip(which.tolist(), keys, strict=True)]
-    assert index_key_hashes(prefixes, which, raw).tolist() == expected
+    ends = np.cumsum([len(r) for r in raw]).astype(np.int64)
+    starts = ends - np.array([len(r) for r in raw], dtype=np.int64)
+    blob = b"".join(raw)
+    full = [prefixes[p] + k for p, k in zip(which.tolist(), keys, strict=True)]
+    assert index_key_hashes(prefixes, which, blob, starts, ends).tolist() == list(map(index_key_hash, full))
+    shards = index_key_shards([p.encode() for p in prefixes], which, blob, starts, ends, shard_count)
+    assert shards.tolist() == [crc32c.crc32c(f.encode()) % shard_count for f in full]

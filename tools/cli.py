@@ -1,0 +1,401 @@
+"""The `mqstore` command line: thin commands over engine, ipc and workers.
+
+    mqstore start [--store DIR] [--config FILE.toml] [--index-shards N] [--flush sync|async] [--detach]
+    mqstore stop | status [--json] | send | consume [--follow] | query | check | recover
+    mqstore bench | torture | spark      (delegated to tools.bench, tools.torture, tools.spark)
+    mqstore quick-bench                  (a small throughput probe, tools/quick_bench.py)
+
+Every command takes --store (default ./data). Errors are one line on stderr (no traceback) with
+the exit codes listed in `mqstore --help`. Logs go to stderr and to <store>/mqstore.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine.config import StoreConfig, load_config_file, parse_flush_policy
+from engine.errors import (
+    BadInputError,
+    FormatVersionError,
+    NotAStoreError,
+    ReadOnlyStoreError,
+    ServiceNotAvailableError,
+    StoreError,
+    StoreLockedError,
+    StorePermissionError,
+)
+from tools import client_commands
+from tools.logging_setup import setup_logging
+from workers.exit_codes import CliExit, cli_epilog
+
+DEFAULT_STORE = "data"
+BENCH_WORKER = "_bench-worker"
+QUICK_BENCH = "quick-bench"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DETACH_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 120.0
+
+log = logging.getLogger("mqstore")
+
+
+class CliError(Exception):
+    """A one-line error with its exit code."""
+
+    def __init__(self, message: str, code: CliExit = CliExit.FAILED):
+        super().__init__(message)
+        self.code = code
+
+
+def exit_code_for(exc: BaseException) -> CliExit:
+    if isinstance(exc, StoreLockedError):
+        return CliExit.LOCKED
+    if isinstance(exc, StorePermissionError):
+        return CliExit.PERMISSION
+    if isinstance(exc, ServiceNotAvailableError):
+        return CliExit.NOT_RUNNING
+    if isinstance(exc, BadInputError | NotAStoreError | FormatVersionError | ReadOnlyStoreError):
+        return CliExit.BAD_INPUT
+    return CliExit.FAILED
+
+
+# ---------------------------------------------------------------------------------- config
+def load_settings(args: argparse.Namespace):
+    """StoreConfig and SupervisorSettings from --config (tables [store], [supervisor]) and flags."""
+    import tomllib
+
+    from workers.restart_policy import RestartSettings
+    from workers.supervisor import SupervisorSettings
+
+    config = StoreConfig()
+    settings = SupervisorSettings()
+    if getattr(args, "config", None):
+        config = load_config_file(args.config)
+        table = tomllib.loads(Path(args.config).read_text()).get("supervisor", {})
+        restart = {k[len("restart_"):]: v for k, v in table.items() if k.startswith("restart_")}
+        other = {k: v for k, v in table.items() if not k.startswith("restart_")}
+        try:
+            settings = SupervisorSettings(restart=RestartSettings(**restart), **other)
+        except TypeError as exc:
+            raise BadInputError("config", f"[supervisor]: {exc}", path=args.config) from None
+    if getattr(args, "index_shards", None) is not None:
+        config = config.replace(index_shards=args.index_shards)
+    if getattr(args, "flush", None) is not None:
+        config = config.replace(flush=parse_flush_policy(args.flush))
+    return config, settings
+
+
+# ---------------------------------------------------------------------------------- start/stop
+def cmd_start(args: argparse.Namespace) -> int:
+    from engine.store_dir import StoreKind, create_store_dir, inspect_store_dir, read_meta
+    from workers.supervisor import Supervisor
+
+    os.umask(0o077)
+    root = Path(args.store)
+    config, settings = load_settings(args)
+    if args.detach:
+        return _start_detached(args, root)
+    ready_fd = args.ready_fd
+    try:
+        kind = inspect_store_dir(root)
+        if kind is StoreKind.NEW:
+            create_store_dir(root, config)
+        elif kind is StoreKind.MQSTORE:
+            read_meta(root)  # a newer format version is refused before anything is written
+        setup_logging("supervisor", root, rotate=True, to_stderr=ready_fd is None)
+
+        def on_ready(sup: Supervisor) -> None:
+            if ready_fd is not None:
+                report = "".join(f"report {line}\n" for line in sup.report.summary_lines())
+                os.write(ready_fd, f"{report}ready {os.getpid()}\n".encode())
+                os.close(ready_fd)
+            else:
+                print(f"mqstore ready: store {root}, pid {os.getpid()} "
+                      f"(Ctrl-C or `mqstore stop --store {root}` stops it)", flush=True)
+
+        return Supervisor(root, config, settings, on_ready=on_ready).run()
+    except StoreError as exc:
+        if ready_fd is not None:
+            os.write(ready_fd, f"error {int(exit_code_for(exc))} {exc}\n".encode())
+        raise
+
+
+def _start_detached(args: argparse.Namespace, root: Path) -> int:
+    """Run `mqstore start` in the background; return once it is ready, printing its pid."""
+    read_fd, write_fd = os.pipe()
+    argv = [sys.executable, "-m", "tools.cli", "start", "--store", str(root.resolve()),
+            "--ready-fd", str(write_fd)]
+    if args.config:
+        argv += ["--config", str(Path(args.config).resolve())]
+    if args.index_shards is not None:
+        argv += ["--index-shards", str(args.index_shards)]
+    if args.flush is not None:
+        argv += ["--flush", args.flush]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(argv, pass_fds=(write_fd,), start_new_session=True, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    os.close(write_fd)
+    chunks = []
+    with os.fdopen(read_fd, "rb") as pipe:
+        while chunk := pipe.read(4096):
+            chunks.append(chunk)
+    lines = b"".join(chunks).decode(errors="replace").splitlines()
+    for report_line in (x for x in lines if x.startswith("report ")):
+        print(report_line[len("report "):], file=sys.stderr)
+    line = next((x for x in lines if not x.startswith("report ")), "")
+    if line.startswith("ready"):
+        print(line.split()[1])
+        return CliExit.OK
+    try:
+        code = proc.wait(DETACH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise CliError("the supervisor did not become ready") from None
+    if line.startswith("error"):
+        _, status, message = line.split(" ", 2)
+        raise CliError(message, CliExit(int(status)))
+    raise CliError(f"the supervisor exited with code {code} before it was ready; "
+                   f"see {root / 'mqstore.log'}")
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from engine.naming import ABORT_FILE
+    from engine.store_dir import holder_pid
+
+    root = Path(args.store)
+    pid = holder_pid(root)
+    if pid is None:
+        raise CliError(f"no supervisor runs on {root}", CliExit.NOT_RUNNING)
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + args.timeout
+    while holder_pid(root) is not None:
+        if time.monotonic() > deadline:
+            raise CliError(f"supervisor {pid} did not stop within {args.timeout:g} s")
+        time.sleep(0.05)
+    if (root / ABORT_FILE).exists():
+        print(f"stopped supervisor {pid}; the store was not fully caught up, so the next start "
+              "runs recovery (see mqstore.log)")
+    else:
+        print(f"stopped supervisor {pid}")
+    return CliExit.OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from workers.status_report import collect_status, render_status
+
+    status = collect_status(args.store)
+    print(json.dumps(status, indent=2) if args.json else render_status(status))
+    return CliExit.OK
+
+
+# ---------------------------------------------------------------------------------- offline
+def cmd_check(args: argparse.Namespace) -> int:
+    from engine.check import check
+
+    findings = check(Path(args.store))
+    if args.json:
+        print(json.dumps([_finding_dict(f) for f in findings], indent=2))
+    else:
+        for finding in findings:
+            print(_finding_text(finding))
+        print(f"{len(findings)} finding(s)" if findings else "store is consistent")
+    return CliExit.FAILED if findings else CliExit.OK
+
+
+def _finding_dict(finding) -> dict:
+    import dataclasses
+
+    if dataclasses.is_dataclass(finding):
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(finding).items()}
+    return {"finding": str(finding)}
+
+
+def _finding_text(finding) -> str:
+    data = _finding_dict(finding)
+    return "  ".join(f"{k}={v}" for k, v in data.items() if v not in (None, ""))
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    from engine.mapped_file import Access
+    from engine.recovery import detect_shutdown, recover
+    from engine.store import close_parts, open_parts
+    from engine.store_dir import (
+        StoreKind,
+        StoreLock,
+        config_for_store,
+        inspect_store_dir,
+        mark_clean_stop,
+        read_meta,
+    )
+
+    os.umask(0o077)
+    root = Path(args.store)
+    kind = inspect_store_dir(root)
+    if kind is StoreKind.NEW:
+        raise NotAStoreError("no store here: nothing to recover", path=str(root))
+    if kind is StoreKind.ROCKETMQ:
+        raise ReadOnlyStoreError("this is a RocketMQ-written store; recover never writes it",
+                                 path=str(root), hint="use `mqstore check` to verify it")
+    config, _ = load_settings(args)
+    config = config_for_store(read_meta(root), config)
+    lock = StoreLock.acquire(root)  # refuses while a supervisor runs
+    try:
+        parts = open_parts(root, config, Access.READ_WRITE)
+        try:
+            last = [0.0]
+
+            def progress(done: int, total: int) -> None:
+                if time.monotonic() - last[0] >= 1.0 and not args.json:
+                    last[0] = time.monotonic()
+                    print(f"  scanned {done >> 20} of {max(total, 1) >> 20} MiB", file=sys.stderr)
+
+            report = recover(parts, detect_shutdown(root), progress=progress)
+        finally:
+            close_parts(parts)
+        mark_clean_stop(root)
+    finally:
+        lock.release()
+    print(json.dumps(report.to_dict(), indent=2) if args.json else "\n".join(report.summary_lines()))
+    return CliExit.OK
+
+
+# ---------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mqstore", description="A durable message store for processes on one Linux host "
+        "(Apache RocketMQ's storage design).", epilog=cli_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str, func) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=cli_epilog(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--store", default=DEFAULT_STORE, help="store directory (default ./data)")
+        p.set_defaults(func=func)
+        return p
+
+    p = command("start", "run the supervisor (foreground; Ctrl-C stops it)", cmd_start)
+    p.add_argument("--config", help="TOML file: a [store] table of StoreConfig fields and an "
+                   "optional [supervisor] table (restart_budget, restart_window_s, "
+                   "restart_base_delay_s, restart_max_delay_s, restart_jitter, "
+                   "restart_healthy_after_s, child_timeout_s, boot_timeout_s, catch_up_timeout_s, "
+                   "child_stop_timeout_s, mailbox_slots)")
+    p.add_argument("--index-shards", type=int, help="index shards of a new store (1..64)")
+    p.add_argument("--flush", choices=("sync", "async"), help="flush policy (default sync)")
+    p.add_argument("--detach", action="store_true", help="run in the background; print its pid once ready")
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+    p = command("stop", "stop the store's supervisor cleanly (SIGTERM) and wait for it", cmd_stop)
+    p.add_argument("--timeout", type=float, default=STOP_TIMEOUT_S, help="seconds to wait")
+
+    p = command("status", "processes, positions, lags and rates of a running store", cmd_status)
+    p.add_argument("--json", action="store_true")
+
+    client_commands.add_parsers(command)
+
+    p = command("check", "verify a store offline (engine.check); exit 1 on findings", cmd_check)
+    p.add_argument("--json", action="store_true")
+
+    p = command("recover", "run recovery offline and print the report (refused while running)",
+                cmd_recover)
+    p.add_argument("--config", help="TOML file with [store] settings")
+    p.add_argument("--json", action="store_true")
+
+    for name, help_text in DELEGATED.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    sub.add_parser(QUICK_BENCH, help="a quick throughput probe: N producer processes against a "
+                   "running store (`mqstore quick-bench --help`)", add_help=False)
+    return parser
+
+
+# Commands other issues build, each a package exposing add_<name>_parser(subparsers) and
+# run_<name>(args); imported only when that command runs, so a missing optional dependency
+# (pyspark) breaks only its own command.
+DELEGATED = {
+    "bench": "load-test a store with producer and consumer processes (`mqstore bench --help`)",
+    "torture": "kill rounds and fault injection against a ledger (`mqstore torture --help`)",
+    "spark": "Spark jobs over store files (needs pyspark; `mqstore spark --help`)",
+}
+DELEGATE_MODULES = {"bench": "tools.bench", "torture": "tools.torture.cli", "spark": "tools.spark.cli"}
+
+
+def run_delegated(name: str, argv: list[str]) -> int:
+    """Build the command's own parser from its package and run it."""
+    import importlib
+
+    try:
+        module = importlib.import_module(DELEGATE_MODULES[name])
+        add_parser = getattr(module, f"add_{name}_parser")
+        run = getattr(module, f"run_{name}")
+    except (ImportError, AttributeError) as exc:
+        if name == "bench":  # the quick probe stands in for the harness
+            return run_quick_bench(argv)
+        hint = " (install the [spark] extra)" if name == "spark" else ""
+        raise CliError(f"`mqstore {name}` is unavailable: {exc}{hint}") from None
+    parser = argparse.ArgumentParser(prog="mqstore", epilog=cli_epilog(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args([name, *argv])
+    return int(run(args) or 0)
+
+
+def run_quick_bench(argv: list[str]) -> int:
+    from tools.quick_bench import add_parser
+
+    parser = argparse.ArgumentParser(prog="mqstore")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(cmd: str, help_text: str, func) -> argparse.ArgumentParser:
+        p = sub.add_parser(cmd, help=help_text, description=help_text)
+        p.add_argument("--store", default=DEFAULT_STORE, help="store directory (default ./data)")
+        p.set_defaults(func=func)
+        return p
+
+    add_parser(command)
+    args = parser.parse_args([QUICK_BENCH, *argv])
+    return int(args.func(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if argv and argv[0] in DELEGATED:
+            return run_delegated(argv[0], argv[1:])
+        if argv and argv[0] == QUICK_BENCH:
+            return run_quick_bench(argv[1:])
+        if argv and argv[0] == BENCH_WORKER:
+            from tools.quick_bench import bench_worker_main
+
+            return bench_worker_main(argv[1:])
+        args = build_parser().parse_args(argv)
+        if args.command not in ("start",):
+            setup_logging("cli", None, level=logging.WARNING)
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"mqstore: error: {exc}", file=sys.stderr)
+        return int(exc.code)
+    except StoreError as exc:
+        print(f"mqstore: error: {exc}", file=sys.stderr)
+        return int(exit_code_for(exc))
+    except KeyboardInterrupt:
+        return int(CliExit.INTERRUPTED)
+    except BrokenPipeError:
+        return int(CliExit.OK)
+    except PermissionError as exc:
+        print(f"mqstore: error: {exc} (the store belongs to another user?)", file=sys.stderr)
+        return int(CliExit.PERMISSION)
+    except OSError as exc:
+        print(f"mqstore: error: {exc}", file=sys.stderr)
+        return int(CliExit.FAILED)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""`mqstore send`, `mqstore consume` and `mqstore query`: the client commands of the CLI.
+
+send and consume go through a running supervisor (ipc.Producer, ipc.Consumer); query reads the
+files read-only and works with or without one (bounded by the published positions when one
+runs, so it never shows what a crash could take back under sync flush).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from engine.errors import BadInputError, CorruptRecordError, ServiceNotAvailableError, StoreError
+from engine.formats.record import Record, Verify, parse_msg_id
+from engine.status import PutStatus
+from workers.exit_codes import CliExit
+
+DEFAULT_GROUP = "mqstore-cli"
+COMMIT_EVERY_S = 1.0
+
+
+def add_parsers(command) -> None:
+    p = command("send", "put one message (or --count copies) into a running store", cmd_send)
+    p.add_argument("--topic", required=True)
+    body = p.add_mutually_exclusive_group()
+    body.add_argument("--body", help="message body as UTF-8 text")
+    body.add_argument("--body-file", help="read the body from a file ('-' = stdin)")
+    p.add_argument("--tags", help="one tag")
+    p.add_argument("--key", action="append", default=[], dest="keys", help="a key (repeatable)")
+    p.add_argument("--queue-id", type=int, help="queue (default: round robin)")
+    p.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
+                   help="a user property (repeatable)")
+    p.add_argument("--count", type=int, default=1, help="send the message this many times")
+    p.add_argument("--no-wait", action="store_true", help="do not wait for the flush (WAIT=false)")
+    p.add_argument("--json", action="store_true")
+
+    p = command("consume", "read messages of a topic as a consumer group", cmd_consume)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--group", default=DEFAULT_GROUP, help=f"consumer group (default {DEFAULT_GROUP})")
+    p.add_argument("--queue-id", type=int, help="only this queue")
+    p.add_argument("--offset", type=int, help="start offset (with --queue-id; default: committed)")
+    p.add_argument("--max", type=int, dest="max_messages", help="stop after this many messages")
+    p.add_argument("--follow", "-f", action="store_true", help="keep waiting for new messages")
+    p.add_argument("--timeout-ms", type=int, default=1000, help="long-poll wait (default 1000)")
+    p.add_argument("--no-commit", action="store_true", help="do not commit the group's offsets")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    p = command("query", "find messages by key (and time range), msgId or commit position",
+                cmd_query)
+    p.add_argument("--topic", help="topic (with --key)")
+    p.add_argument("--key", help="a KEYS token or UNIQ_KEY")
+    p.add_argument("--begin", help="with --key: earliest store time (ms since epoch or ISO 8601)")
+    p.add_argument("--end", help="with --key: latest store time (ms since epoch or ISO 8601)")
+    p.add_argument("--max", type=int, default=64, dest="max_messages")
+    p.add_argument("--msg-id", help="RocketMQ offset msgId (32 hex)")
+    p.add_argument("--commit-pos", type=int, help="commit position of a record")
+    p.add_argument("--json", action="store_true")
+
+
+# ---------------------------------------------------------------------------------- send
+def _read_body(args: argparse.Namespace) -> bytes:
+    if args.body is not None:
+        return args.body.encode("utf-8", "surrogateescape")
+    if args.body_file is not None:
+        if args.body_file == "-":
+            return sys.stdin.buffer.read()
+        try:
+            return Path(args.body_file).read_bytes()
+        except OSError as exc:
+            raise BadInputError("body-file", exc.strerror or str(exc), path=args.body_file) from None
+    if not sys.stdin.isatty():
+        return sys.stdin.buffer.read()
+    raise BadInputError("body", "give --body, --body-file or pipe the body on stdin")
+
+
+def _properties(pairs: list[str]) -> dict[str, str]:
+    props = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise BadInputError("property", f"{pair!r} is not NAME=VALUE")
+        props[name] = value
+    return props
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    from engine.message import Message
+    from ipc.producer import Producer
+
+    body = _read_body(args)
+    props = _properties(args.property)
+    if args.count < 1:
+        raise BadInputError("count", f"{args.count} must be >= 1")
+    with Producer(args.store) as producer:
+        message = Message(args.topic, body, tags=args.tags, keys=tuple(args.keys),
+                          queue_id=args.queue_id, properties=props, wait=not args.no_wait)
+        results = producer.send_batch([message] * args.count)
+    worst = CliExit.OK
+    for result in results:
+        if args.json:
+            print(json.dumps({"status": result.status.name, "msg_id": result.msg_id,
+                              "commit_pos": result.commit_pos, "queue_id": result.queue_id,
+                              "queue_offset": result.queue_offset, "store_ts_ms": result.store_ts_ms,
+                              "reason": result.reason}))
+        elif result.status.is_stored:
+            print(f"{result.status.name} msgId={result.msg_id} commit_pos={result.commit_pos} "
+                  f"queue={args.topic}/{result.queue_id} offset={result.queue_offset}")
+        code = _send_exit(result.status)
+        if code is not CliExit.OK and not args.json:
+            print(f"mqstore: error: {result.status.name}: {result.reason}", file=sys.stderr)
+        if worst is CliExit.OK:
+            worst = code
+    return worst
+
+
+def _send_exit(status: PutStatus) -> CliExit:
+    if status is PutStatus.PUT_OK:
+        return CliExit.OK
+    if status in (PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED):
+        return CliExit.BAD_INPUT
+    if status is PutStatus.SERVICE_NOT_AVAILABLE:
+        return CliExit.NOT_RUNNING
+    return CliExit.FAILED
+
+
+# ---------------------------------------------------------------------------------- output
+def record_dict(record: Record) -> dict:
+    data = {"topic": record.topic, "queue_id": record.queue_id, "queue_offset": record.queue_offset,
+            "commit_pos": record.commit_pos, "msg_id": record.msg_id,
+            "store_ts_ms": record.store_ts_ms, "born_ts_ms": record.born_ts_ms,
+            "tags": record.tags, "keys": list(record.keys), "uniq_key": record.uniq_key,
+            "properties": record.properties}
+    try:
+        data["body"] = record.body.decode("utf-8")
+    except UnicodeDecodeError:
+        data["body_base64"] = base64.b64encode(record.body).decode()
+    return data
+
+
+def record_line(record: Record) -> str:
+    try:
+        body = record.body.decode("utf-8")
+    except UnicodeDecodeError:
+        body = repr(record.body)
+    if len(body) > 200:
+        body = body[:200] + f"... ({len(record.body)} bytes)"
+    extra = f" tags={record.tags}" if record.tags else ""
+    extra += f" keys={','.join(record.keys)}" if record.keys else ""
+    return (f"{record.topic}/{record.queue_id}@{record.queue_offset} msgId={record.msg_id}"
+            f"{extra} body={body}")
+
+
+def _print_record(record: Record, as_json: bool) -> None:
+    print(json.dumps(record_dict(record)) if as_json else record_line(record), flush=True)
+
+
+# ---------------------------------------------------------------------------------- consume
+def cmd_consume(args: argparse.Namespace) -> int:
+    from engine.status import GetStatus
+    from ipc.consumer import Consumer
+
+    if args.offset is not None and args.queue_id is None:
+        raise BadInputError("offset", "needs --queue-id")
+    if args.max_messages is not None and args.max_messages < 1:
+        raise BadInputError("max", f"{args.max_messages} must be >= 1")
+    printed = 0
+    pending: dict[int, int] = {}
+    with Consumer(args.store, args.group) as consumer:
+        last_commit = time.monotonic()
+
+        def commit() -> None:
+            if not args.no_commit:
+                for queue_id, offset in pending.items():
+                    consumer.commit(args.topic, queue_id, offset)
+            pending.clear()
+
+        try:
+            if args.queue_id is not None:
+                offset = args.offset
+                while args.max_messages is None or printed < args.max_messages:
+                    want = 32 if args.max_messages is None else min(32, args.max_messages - printed)
+                    result = consumer.pull(args.topic, args.queue_id, offset, want,
+                                           timeout_ms=args.timeout_ms)
+                    for record in result.messages:
+                        _print_record(record, args.json)
+                        printed += 1
+                    if result.status in (GetStatus.FOUND, GetStatus.OFFSET_TOO_SMALL,
+                                         GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.NO_MATCHED_MESSAGE):
+                        offset = result.next_offset
+                        pending[args.queue_id] = offset
+                    elif not args.follow:
+                        break
+                    commit()
+            else:
+                for record in consumer.iterate(args.topic, follow=args.follow,
+                                               poll_timeout_ms=args.timeout_ms, auto_commit=False):
+                    _print_record(record, args.json)
+                    printed += 1
+                    pending[record.queue_id] = record.queue_offset + 1
+                    if time.monotonic() - last_commit >= COMMIT_EVERY_S:
+                        commit()
+                        last_commit = time.monotonic()
+                    if args.max_messages is not None and printed >= args.max_messages:
+                        break
+        finally:
+            commit()
+    if not args.json:
+        print(f"{printed} message(s)", file=sys.stderr)
+    return CliExit.OK
+
+
+# ---------------------------------------------------------------------------------- query
+def parse_time_ms(text: str, field: str) -> int:
+    """Milliseconds since the epoch, or an ISO 8601 date/time (local time unless it has a zone)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    except ValueError:
+        raise BadInputError(field, f"{text!r} is neither ms since the epoch nor ISO 8601") from None
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    chosen = [name for name, value in (("--key", args.key), ("--msg-id", args.msg_id),
+                                        ("--commit-pos", args.commit_pos)) if value is not None]
+    if len(chosen) != 1:
+        raise BadInputError("query", "give exactly one of --key (with --topic), --msg-id, --commit-pos")
+    with _ReadView(Path(args.store)) as view:
+        if args.key is not None:
+            if not args.topic:
+                raise BadInputError("topic", "--key needs --topic")
+            begin = parse_time_ms(args.begin, "begin") if args.begin else 0
+            end = parse_time_ms(args.end, "end") if args.end else 2**63 - 1
+            records = view.by_key(args.topic, args.key, begin, end, args.max_messages)
+        else:
+            pos = args.commit_pos if args.commit_pos is not None else parse_msg_id(args.msg_id)[1]
+            records = [view.at(pos)]
+    for record in records:
+        _print_record(record, args.json)
+    if not args.json:
+        print(f"{len(records)} message(s)", file=sys.stderr)
+    return CliExit.OK if records else CliExit.FAILED
+
+
+class _ReadView:
+    """Read-only commitlog + index of a store, bounded by a running supervisor's positions."""
+
+    def __init__(self, root: Path):
+        from engine.commitlog import CommitLog
+        from engine.mapped_file import Access
+        from engine.store_dir import StoreKind, inspect_store_dir, read_meta
+        from ipc.control_block import ControlBlock
+
+        kind = inspect_store_dir(root)
+        if kind is not StoreKind.MQSTORE:
+            from engine.errors import NotAStoreError
+
+            raise NotAStoreError("not an mqstore store (no store.json)", path=str(root))
+        self.root = root
+        self.meta = read_meta(root)
+        self.commitlog = CommitLog.open(root, self.meta.commitlog_file_size, Access.READ_ONLY)
+        self.limit = None
+        try:
+            ctl = ControlBlock.attach(root)
+        except (ServiceNotAvailableError, StoreError):
+            ctl = None
+        if ctl is not None:
+            if ctl.supervisor_alive():
+                sync = ctl.flush_policy.value == "sync"
+                self.limit = ctl.flushed_pos if sync else ctl.written_pos
+            ctl.close()
+
+    def at(self, commit_pos: int) -> Record:
+        if commit_pos < 0 or (self.limit is not None and commit_pos >= self.limit):
+            raise BadInputError("commit_pos", f"{commit_pos} is past the readable end {self.limit}")
+        try:
+            return self.commitlog.read_at(commit_pos, verify=Verify.MQSTORE)
+        except CorruptRecordError as exc:
+            raise BadInputError("commit_pos", f"no record at {commit_pos} ({exc.reason})") from None
+
+    def by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[Record]:
+        from engine.formats.index_file import shard_of
+        from engine.hash_index import ShardIndex
+        from engine.mapped_file import Access
+        from engine.naming import validate_topic
+
+        validate_topic(topic)
+        if max_count < 1:
+            raise BadInputError("max", f"{max_count} must be >= 1")
+        shard_no = shard_of(topic, key, self.meta.index_shards)
+        shard = ShardIndex.load(self.root, shard_no, self.meta.index_slot_count,
+                                self.meta.index_entry_count, Access.READ_ONLY)
+        try:
+            candidates = shard.query(topic, key, begin_ms, end_ms, max_count * 4)
+        finally:
+            shard.close()
+        found = []
+        for pos in sorted(set(candidates)):
+            if pos < self.commitlog.min_pos or (self.limit is not None and pos >= self.limit):
+                continue
+            record = self.commitlog.read_at(pos, verify=Verify.MQSTORE)
+            if record.topic == topic and (key == record.uniq_key or key in record.keys) \
+                    and begin_ms <= record.store_ts_ms <= end_ms:
+                found.append(record)
+        return found[:max_count]
+
+    def __enter__(self) -> _ReadView:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.commitlog.close()

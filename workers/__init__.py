@@ -1,0 +1,31 @@
+"""The supervisor and its child processes (DESIGN §4).
+
+    supervisor.py      start order, the serve/supervise loop, stop (`mqstore start`)
+    appender.py        producer mailbox requests -> checked, stamped commitlog appends
+    request_check.py   structural check of producer-encoded records
+    group_commit.py    the flush thread: group commit (sync) or timed flushes (async)
+    shared_state.py    the shared memory a supervisor creates, and a crashed one's cleanup
+    child_handle.py    spawn / watch / stop one child process
+    restart_policy.py  backoff with jitter inside a restart budget
+    exit_codes.py      the child <-> supervisor exit-code contract, and the CLI's codes
+    child.py           the child-process base: heartbeat, orphan check, signals
+    dispatcher.py      the dispatcher process (consume queues)
+    index_builder.py   an index-builder process (one shard)
+    status_report.py   `mqstore status`
+"""
+
+from workers.exit_codes import NO_RESTART, CliExit, ExitCode
+from workers.restart_policy import RestartPolicy, RestartSettings
+
+
+def __getattr__(name: str):
+    """Supervisor and SupervisorSettings load lazily: children and the CLI's client commands
+    import this package for exit codes and should not pay for the supervisor's imports."""
+    if name in ("Supervisor", "SupervisorSettings"):
+        from workers import supervisor
+
+        return getattr(supervisor, name)
+    raise AttributeError(f"module 'workers' has no attribute {name!r}")
+
+__all__ = ["NO_RESTART", "CliExit", "ExitCode", "RestartPolicy", "RestartSettings", "Supervisor",
+           "SupervisorSettings"]

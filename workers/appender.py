@@ -1,0 +1,205 @@
+"""The supervisor's put path: producer mailbox requests in, stamped commitlog records out.
+
+One sweep (called from the supervisor loop after sem-sup is posted or a timer runs out):
+
+1. take every published, not yet appended request (MailboxServer.pending_slots);
+2. copy its bytes out of shared memory (so the producer cannot change a record between its
+   check and its append), cut them into records and check each record's structure
+   (request_check, whole-array operations) -- a bad record gets MESSAGE_ILLEGAL and never
+   reaches the log, the good ones of the request go on;
+3. assign queue offsets from the topic-queue table and append the request's good records with
+   one CommitLog.append_encoded (stamp queue offsets, commit positions, store time and CRC32Cs
+   in the private copy with numpy, then one slice copy per segment run);
+4. publish the written position once for the sweep;
+5. answer: under async flush, or for a request without WAIT_FOR_FLUSH, at once; under sync
+   flush the request waits for the group commit and is answered PUT_OK when the published
+   flushed position passes its last record, or FLUSH_DISK_TIMEOUT at its deadline
+   (sync_flush_timeout_ms after it was appended; the records stay in the log either way).
+
+Results go straight into the slot's numpy results array; nothing is pickled. While the store
+stops, `admitting` is False and new requests are answered SERVICE_NOT_AVAILABLE (not stored).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.commitlog import CommitLog
+from engine.config import FlushPolicy, StoreConfig
+from engine.errors import BadInputError
+from engine.mapped_file import disk_usage_ratio
+from engine.retention import is_disk_full
+from engine.status import PutStatus
+from ipc.mailbox import RESULT_DTYPE, MailboxServer, PendingRequest, RequestFlag
+from workers.group_commit import GroupCommit
+from workers.request_check import CheckedRequest, RecordChecker
+
+DISK_CHECK_INTERVAL_S = 1.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Waiting:
+    """An appended request waiting for the group commit."""
+
+    seq: int
+    end_pos: int
+    deadline: float
+    results: np.ndarray
+
+
+class Appender:
+    """Serves the mailbox: checks, appends and answers producer requests."""
+
+    def __init__(self, commitlog: CommitLog, server: MailboxServer, group_commit: GroupCommit,
+                 config: StoreConfig, next_offsets: dict[tuple[str, int], int], *, root):
+        self.commitlog = commitlog
+        self.server = server
+        self.group_commit = group_commit
+        self.config = config
+        self.root = root
+        self.sync = config.flush is FlushPolicy.SYNC
+        self.checker = RecordChecker(max_body_bytes=config.max_body_bytes,
+                                     queue_count=config.queue_count,
+                                     segment_bytes=config.commitlog_file_size)
+        self.next_offsets = next_offsets
+        self.admitting = True
+        self._waiting: dict[int, _Waiting] = {}
+        self._timeout_s = config.sync_flush_timeout_ms / 1000.0
+        self._disk_checked = 0.0
+        self._disk_full = False
+        self.appended_msgs = 0
+        self.illegal_msgs = 0
+        self.timeouts = 0
+
+    @property
+    def waiting_count(self) -> int:
+        return len(self._waiting)
+
+    def next_deadline(self) -> float | None:
+        return min((w.deadline for w in self._waiting.values()), default=None)
+
+    def sweep(self) -> int:
+        """Append every new request, publish, answer what can be answered; messages appended."""
+        appended = 0
+        for request in self.server.pending_slots():
+            waiting = self._waiting.get(request.slot_index)
+            if waiting is not None and waiting.seq == request.seq:
+                continue
+            appended += self._serve(request)
+        if appended:
+            self.appended_msgs += appended
+        written = self.group_commit.publish_written(appended)
+        if self.sync and (appended or self._waiting):  # WAIT=false is flushed too, just not awaited
+            self.group_commit.request(written)
+        self.answer_flushed()
+        return appended
+
+    def _serve(self, request: PendingRequest) -> int:
+        results = np.zeros(request.count, dtype=RESULT_DTYPE)
+        if not self.admitting:
+            results["status"] = PutStatus.SERVICE_NOT_AVAILABLE
+            self.server.complete(request.slot_index, request.seq, results)
+            return 0
+        if self._is_disk_full():
+            results["status"] = PutStatus.DISK_FULL
+            self.server.complete(request.slot_index, request.seq, results)
+            return 0
+        # A private copy: the producer cannot change a record between its check and its append.
+        data = bytearray(request.data)
+        checked = self._check(request, data, results)
+        stored = 0
+        if checked is not None:
+            stored = self._append(data, checked, results)
+        if stored and self.sync and request.flags & RequestFlag.WAIT_FOR_FLUSH:
+            last = int(np.flatnonzero(checked.ok)[-1])
+            end_pos = int(results["commit_pos"][last] + checked.sizes[last])
+            self._waiting[request.slot_index] = _Waiting(
+                request.seq, end_pos, time.monotonic() + self._timeout_s, results)
+        else:
+            self.server.complete(request.slot_index, request.seq, results)
+        return stored
+
+    def _check(self, request: PendingRequest, data: bytearray,
+               results: np.ndarray) -> CheckedRequest | None:
+        try:
+            checked = self.checker.check_request(data, request.count)
+        except BadInputError as exc:
+            log.warning("slot %d (pid %d): malformed request: %s", request.slot_index,
+                        request.owner_pid, exc)
+            results["status"] = PutStatus.MESSAGE_ILLEGAL
+            self.illegal_msgs += request.count
+            return None
+        for i, reason in checked.reasons.items():
+            log.warning("slot %d (pid %d): record %d refused: %s", request.slot_index,
+                        request.owner_pid, i, reason)
+        if checked.reasons:
+            results["status"][~checked.ok] = PutStatus.MESSAGE_ILLEGAL
+            self.illegal_msgs += len(checked.reasons)
+        return checked
+
+    def _append(self, data: bytearray, checked: CheckedRequest, results: np.ndarray) -> int:
+        """Assign queue offsets and append the request's good records; returns how many."""
+        good = np.flatnonzero(checked.ok)
+        if not len(good):
+            return 0
+        starts, sizes = checked.starts, checked.sizes
+        if len(good) < len(starts):  # leave the refused records out of the blob
+            with memoryview(data) as view:
+                data = bytearray().join(view[s:s + n] for s, n in
+                                        zip(starts[good].tolist(), sizes[good].tolist(), strict=True))
+            sizes = sizes[good]
+            starts = np.zeros(len(good), dtype=np.int64)
+            np.cumsum(sizes[:-1], out=starts[1:])
+        queue_ids = checked.queue_ids[good].tolist()
+        offsets = []
+        next_offsets = self.next_offsets
+        for topic, queue_id in zip((checked.topics[i] for i in good.tolist()), queue_ids, strict=True):
+            key = (topic, queue_id)
+            offset = next_offsets.get(key, 0)
+            next_offsets[key] = offset + 1
+            offsets.append(offset)
+        store_ts_ms = time.time_ns() // 1_000_000
+        positions = self.commitlog.append_encoded(data, starts, sizes, offsets, store_ts_ms)
+        results["status"][good] = PutStatus.PUT_OK
+        results["queue_id"][good] = queue_ids
+        results["commit_pos"][good] = positions
+        results["queue_offset"][good] = offsets
+        results["store_ts_ms"][good] = store_ts_ms
+        return len(good)
+
+    def answer_flushed(self) -> None:
+        """Answer waiting requests the flushed position passed, or whose deadline passed."""
+        if not self._waiting:
+            return
+        flushed = self.group_commit.published_flushed
+        now = time.monotonic()
+        for slot_index, waiting in list(self._waiting.items()):
+            if waiting.end_pos <= flushed:
+                pass
+            elif now >= waiting.deadline:
+                stored = waiting.results["status"] == PutStatus.PUT_OK
+                waiting.results["status"][stored] = PutStatus.FLUSH_DISK_TIMEOUT
+                self.timeouts += 1
+                log.warning("slot %d: flush did not reach %d within %d ms: FLUSH_DISK_TIMEOUT",
+                            slot_index, waiting.end_pos, self.config.sync_flush_timeout_ms)
+            else:
+                continue
+            del self._waiting[slot_index]
+            self.server.complete(slot_index, waiting.seq, waiting.results)
+
+    def _is_disk_full(self) -> bool:
+        now = time.monotonic()
+        if now - self._disk_checked >= DISK_CHECK_INTERVAL_S:
+            self._disk_checked = now
+            full = is_disk_full(disk_usage_ratio(self.root), self.config)
+            if full != self._disk_full:
+                log.warning("disk %s", "full: refusing puts with DISK_FULL" if full else
+                            "has room again: accepting puts")
+            self._disk_full = full
+        return self._disk_full

@@ -1,0 +1,224 @@
+"""The child-process base: boot, heartbeat, orphan check, signal handling, exit codes.
+
+A child (the dispatcher, an index builder) is started by the supervisor as
+`python -m workers.<role> --store DIR --supervisor-pid PID --config-json {...} [--shard N]`
+in its own session, so a Ctrl-C on the terminal reaches the supervisor only and the supervisor
+decides the order of the stop. Its life:
+
+1. boot: attach the control block, open and recover its own files (any failure: exit
+   BOOT_FAILED, which the supervisor does not restart);
+2. loop: stamp the heartbeat in its process slot, check that the supervisor is still its parent
+   (else exit ORPHANED within HEARTBEAT_INTERVAL_S), do a bounded step of work, flush on its
+   interval, and sleep on its wakeup semaphore (posted by the supervisor after each flush)
+   when there was nothing to do;
+3. SIGTERM: finish (flush, publish what is durable) and exit OK.
+
+Signal handlers only enqueue (gunicorn): the loop handles what they queued. Corruption found
+while running exits STORE_CORRUPT (a restart would find it again); anything else unexpected
+exits CRASHED and the supervisor restarts the child from its durable position.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import logging.handlers
+import os
+import queue
+import signal
+import sys
+import time
+from pathlib import Path
+
+from engine.config import StoreConfig
+from engine.errors import CorruptConsumeQueueError, CorruptIndexError, CorruptRecordError
+from engine.naming import LOG_FILE
+from ipc import seqlock
+from ipc.control_block import ControlBlock, ProcState, Role, process_slot_index
+from ipc.shm import region_name
+from ipc.wakeup import Wakeup
+from workers.exit_codes import ExitCode
+
+HEARTBEAT_INTERVAL_S = 0.1
+MAX_STEP_BYTES = 16 * 1024 * 1024  # bounded work per step keeps the heartbeat fresh
+CORRUPTION = (CorruptRecordError, CorruptConsumeQueueError, CorruptIndexError)
+
+log = logging.getLogger(__name__)
+
+
+def read_own_group(ctl: ControlBlock, offset: int, layout) -> tuple:
+    """This child's own seqlock group, read without the sequence check: the previous holder of
+    the group may have died mid-write (odd sequence), which a consistent read would wait out in
+    vain; the first write of the restarted writer repairs it."""
+    return seqlock.read_unlocked(ctl.region.buf, offset, layout)
+
+
+def child_wakeup_name(store_dir: str | os.PathLike, slot_index: int) -> str:
+    """The semaphore the supervisor posts to wake the child of process slot `slot_index`."""
+    return region_name(store_dir, f"sem-child-{slot_index}")
+
+
+def encode_config(config: StoreConfig) -> str:
+    from dataclasses import asdict
+
+    return json.dumps(asdict(config))
+
+
+def parse_child_args(argv: list[str] | None, role: Role) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"mqstore-{role.name.lower()}")
+    parser.add_argument("--store", required=True, type=Path)
+    parser.add_argument("--supervisor-pid", required=True, type=int)
+    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--shard", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+class ChildProcess:
+    """Subclasses set `role` and implement boot(), step(), flush() and close()."""
+
+    role: Role = Role.DISPATCHER
+
+    def __init__(self, store_dir: Path, config: StoreConfig, supervisor_pid: int, shard: int = 0):
+        self.store_dir = Path(store_dir)
+        self.config = config
+        self.supervisor_pid = supervisor_pid
+        self.shard = shard
+        self.slot_index = process_slot_index(self.role, shard)
+        self.ctl: ControlBlock | None = None
+        self.wakeup: Wakeup | None = None
+        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._stopping = False
+        self._flush_interval_s = config.cq_flush_interval_ms / 1000.0
+        self._last_flush = time.monotonic()
+
+    # -- to implement --------------------------------------------------------------------------
+    def boot(self) -> None:
+        """Open and recover this child's files from its durable position."""
+        raise NotImplementedError
+
+    def step(self) -> bool:
+        """Do one bounded piece of work; True if there was any."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Make what was processed durable and publish it."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release files (after the final flush)."""
+
+    # -- the loop ------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.role.name.lower() + (f"[{self.shard}]" if self.role is Role.INDEX_BUILDER else "")
+
+    def run(self) -> ExitCode:
+        self._install_signal_handlers()
+        try:
+            if os.getppid() != self.supervisor_pid:
+                log.error("%s: parent is not supervisor %d; exiting", self.name, self.supervisor_pid)
+                return ExitCode.ORPHANED
+            self.ctl = ControlBlock.attach(self.store_dir)
+            self.ctl.heartbeat(self.slot_index)
+            self.wakeup = Wakeup.open(child_wakeup_name(self.store_dir, self.slot_index))
+            self.boot()
+        except Exception:
+            log.exception("%s failed to boot", self.name)
+            return ExitCode.BOOT_FAILED
+        self.ctl.set_process_state(self.slot_index, ProcState.RUNNING)
+        log.info("%s running (pid %d)", self.name, os.getpid())
+        try:
+            code = self._loop()
+        except CORRUPTION:
+            log.exception("%s found corruption it cannot repair", self.name)
+            return ExitCode.STORE_CORRUPT
+        if code is ExitCode.OK:
+            self.ctl.set_process_state(self.slot_index, ProcState.STOPPING)
+            self.flush()
+            self.ctl.set_process_state(self.slot_index, ProcState.EXITED)
+            log.info("%s stopped", self.name)
+        self.close()
+        return code
+
+    def _loop(self) -> ExitCode:
+        while True:
+            self._drain_signals()
+            if self._stopping:
+                self._catch_up()
+                return ExitCode.OK
+            if os.getppid() != self.supervisor_pid:
+                log.warning("%s: supervisor %d is gone; exiting", self.name, self.supervisor_pid)
+                return ExitCode.ORPHANED
+            self.ctl.heartbeat(self.slot_index)
+            did_work = self.step()
+            now = time.monotonic()
+            if now - self._last_flush >= self._flush_interval_s:
+                self.flush()
+                self._last_flush = now
+            if not did_work and self.wakeup.wait(HEARTBEAT_INTERVAL_S):
+                self.wakeup.drain()  # one look at the published position serves every post
+
+    def _catch_up(self) -> None:
+        """On stop, process what is already published (the supervisor stopped appending)."""
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and self.step():
+            self.ctl.heartbeat(self.slot_index)
+
+    def _drain_signals(self) -> None:
+        while True:
+            try:
+                signum = self._signals.get_nowait()
+            except queue.Empty:
+                return
+            if signum in (signal.SIGTERM, signal.SIGHUP):
+                self._stopping = True
+
+    def _install_signal_handlers(self) -> None:
+        def enqueue(signum, _frame):  # NO LOGGING: only enqueue
+            self._signals.put_nowait(signum)
+
+        signal.signal(signal.SIGTERM, enqueue)
+        signal.signal(signal.SIGHUP, enqueue)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def setup_child_logging(role: str, store_dir: Path) -> None:
+    """stderr (the supervisor's) plus the store's log file, which the supervisor rotates: a
+    WatchedFileHandler reopens it after a rotation. Same line format as tools.logging_setup."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)-7s {role}[%(process)d] "
+                                          "%(message)s", "%H:%M:%S"))
+    root.addHandler(stderr)
+    path = Path(store_dir) / LOG_FILE
+    if path.parent.is_dir():
+        handler = logging.handlers.WatchedFileHandler(path)
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)-7s {role}[%(process)d] "
+                                               "%(name)s: %(message)s"))
+        root.addHandler(handler)
+
+
+def child_main(cls: type[ChildProcess], argv: list[str] | None = None) -> None:
+    """Entry point of `python -m workers.<role>`: exits with an ExitCode."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        args = parse_child_args(argv, cls.role)
+    except SystemExit:
+        sys.exit(ExitCode.USAGE)
+    role = cls.role.name.lower() + (f"-{args.shard}" if cls.role is Role.INDEX_BUILDER else "")
+    setup_child_logging(role, args.store)
+    try:
+        config = StoreConfig(**json.loads(args.config_json))
+        child = cls(args.store, config, args.supervisor_pid, args.shard)
+    except Exception:
+        log.exception("bad child arguments")
+        sys.exit(ExitCode.USAGE)
+    try:
+        code = child.run()
+    except Exception:
+        log.exception("%s crashed", child.name)
+        code = ExitCode.CRASHED
+    logging.shutdown()
+    sys.exit(int(code))

@@ -1,0 +1,133 @@
+"""The supervisor's handle on one child process: spawn, liveness, stop, restart scheduling.
+
+A child runs `python -m workers.dispatcher` or `python -m workers.index_builder --shard N` in
+its own session (Ctrl-C on the terminal reaches only the supervisor). It is alive while its
+process runs and its heartbeat in the control block is fresh; a child whose heartbeat is older
+than `child_timeout_s` (or that is still booting after `boot_timeout_s`) is hung and gets
+SIGKILL, after which it is reaped and handled like any other exit. What happens after an exit
+is the RestartPolicy's decision.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine.config import StoreConfig
+from ipc.control_block import ControlBlock, ProcState, Role, process_slot_index
+from ipc.wakeup import Wakeup
+from workers.child import child_wakeup_name, encode_config
+from workers.restart_policy import RestartPolicy, RestartSettings
+
+MODULES = {Role.DISPATCHER: "workers.dispatcher", Role.INDEX_BUILDER: "workers.index_builder"}
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+log = logging.getLogger(__name__)
+
+
+class ChildHandle:
+    """One supervised child (a role and a shard) across its restarts."""
+
+    def __init__(self, role: Role, shard: int, store_dir: Path, config: StoreConfig,
+                 ctl: ControlBlock, restart: RestartSettings):
+        self.role = role
+        self.shard = shard
+        self.store_dir = Path(store_dir)
+        self.config = config
+        self.ctl = ctl
+        self.slot_index = process_slot_index(role, shard)
+        self.policy = RestartPolicy(restart)
+        self.process: subprocess.Popen | None = None
+        self.started_at = 0.0
+        self.restart_at: float | None = None
+        self.last_returncode: int | None = None
+        self.wakeup = Wakeup.create(child_wakeup_name(store_dir, self.slot_index))
+
+    @property
+    def name(self) -> str:
+        return "dispatcher" if self.role is Role.DISPATCHER else f"index builder {self.shard}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def spawn(self) -> None:
+        """Start the child process and claim its slot in the control block."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        argv = [sys.executable, "-m", MODULES[self.role], "--store", str(self.store_dir),
+                "--supervisor-pid", str(os.getpid()), "--config-json", encode_config(self.config),
+                "--shard", str(self.shard)]
+        self.wakeup.drain()
+        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env,
+                                        start_new_session=True, close_fds=True)
+        self.started_at = time.monotonic()
+        self.restart_at = None
+        self.ctl.claim_process_slot(self.slot_index, self.role, self.shard, self.process.pid)
+        log.info("%s started (pid %d)", self.name, self.process.pid)
+
+    def poll(self) -> int | None:
+        """The return code if the child exited (it is reaped), else None."""
+        if self.process is None:
+            return None
+        code = self.process.poll()
+        if code is not None:
+            self.last_returncode = code
+            self.ctl.set_process_state(self.slot_index, ProcState.EXITED)
+        return code
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    def state(self) -> ProcState | None:
+        slot = self.ctl.process_slot(self.slot_index)
+        return slot.state if slot is not None else None
+
+    def is_hung(self, child_timeout_s: float, boot_timeout_s: float) -> str | None:
+        """Why the running child counts as hung, or None."""
+        slot = self.ctl.process_slot(self.slot_index)
+        if slot is None or not self.running:
+            return None
+        age_s = (time.monotonic_ns() - slot.heartbeat_ns) / 1e9
+        if slot.state is ProcState.BOOTING:
+            if time.monotonic() - self.started_at > boot_timeout_s:
+                return f"still booting after {boot_timeout_s:g} s"
+            return None
+        if age_s > child_timeout_s:
+            return f"no heartbeat for {age_s:.1f} s"
+        return None
+
+    def ran_for_s(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def signal(self, signum: int) -> None:
+        if self.running:
+            try:
+                self.process.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout_s: float) -> int | None:
+        """SIGTERM, wait up to `timeout_s`, then SIGKILL; returns the exit code."""
+        if self.process is None:
+            return None
+        self.signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %g s: SIGKILL", self.name, timeout_s)
+            self.signal(signal.SIGKILL)
+            self.process.wait()
+        return self.poll()
+
+    def close(self) -> None:
+        self.wakeup.close()
+
+    def unlink(self) -> None:
+        self.wakeup.unlink()

@@ -1,0 +1,158 @@
+"""The supervisor's flush thread: group commit under sync flush, timed flushes under async.
+
+Sync (RocketMQ GroupCommitService): the appender appends a sweep of requests, publishes the
+written position and calls `request(pos)`. The flush thread wakes, makes everything written so
+far durable with one msync (CommitLog.flush), publishes the flushed position and wakes the
+appender (to answer the waiting producers) and the children (to dispatch what became
+visible). Appends that arrive while a flush runs join the next one, so the batch grows with the
+load and there is one msync per group, not per message.
+
+Async (FlushRealTimeService): every `async_flush_interval_ms`, flush when at least
+`async_flush_least_pages` pages are dirty, and everything every `async_flush_thorough_interval_ms`.
+
+Only positions the appender has published are published as flushed: CommitLog.flush may cover
+bytes of an append still in progress, and flushed_pos may never pass written_pos in the control
+block. Both threads write the supervisor's seqlock group, so they do it under `publish_lock`.
+
+Fault injection (off by default, for the fault suite): MQSTORE_FAULT_FSYNC_DELAY_MS, read once
+by the supervisor at start, sleeps that long before every flush, standing in for a slow disk;
+producers waiting past sync_flush_timeout_ms then get FLUSH_DISK_TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from engine.commitlog import CommitLog
+from engine.config import FlushPolicy, StoreConfig
+from engine.mapped_file import PAGE_BYTES
+from ipc.control_block import ControlBlock
+
+FAULT_FSYNC_DELAY_ENV = "MQSTORE_FAULT_FSYNC_DELAY_MS"
+IDLE_WAIT_S = 0.5
+
+log = logging.getLogger(__name__)
+
+
+def fault_fsync_delay_s(environ=os.environ) -> float:
+    """The injected flush delay in seconds (0 unless MQSTORE_FAULT_FSYNC_DELAY_MS is set)."""
+    raw = environ.get(FAULT_FSYNC_DELAY_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{FAULT_FSYNC_DELAY_ENV}={raw!r} is not a number of milliseconds") from None
+    return max(value, 0.0) / 1000.0
+
+
+class GroupCommit:
+    """Owns commitlog flushing and the published written/flushed positions."""
+
+    def __init__(self, commitlog: CommitLog, ctl: ControlBlock, config: StoreConfig, *,
+                 on_flushed: Callable[[], None], fault_delay_s: float = 0.0):
+        self.commitlog = commitlog
+        self.ctl = ctl
+        self.config = config
+        self.sync = config.flush is FlushPolicy.SYNC
+        self._on_flushed = on_flushed
+        self._fault_delay_s = fault_delay_s
+        self.publish_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._requested = 0
+        self._stopping = False
+        self.published_written = commitlog.written_pos
+        self.published_flushed = commitlog.flushed_pos
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # -- the appender's side ------------------------------------------------------------------
+    def publish_written(self, msg_count: int) -> int:
+        """Publish the commitlog's written position (after an append sweep); returns it."""
+        with self.publish_lock:
+            pos = self.commitlog.written_pos
+            if pos > self.published_written or msg_count:
+                self.ctl.publish_written(pos, msg_count=msg_count)
+                self.published_written = pos
+        return pos
+
+    def request(self, pos: int) -> None:
+        """Ask for everything below `pos` to be made durable (sync flush)."""
+        with self._cond:
+            if pos > self._requested:
+                self._requested = pos
+                self._cond.notify()
+
+    # -- the flush thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            if self.sync:
+                self._run_sync()
+            else:
+                self._run_async()
+        except BaseException as exc:  # surfaced to the supervisor loop, which stops the store
+            log.exception("flush thread failed")
+            self.error = exc
+            self._on_flushed()
+
+    def _run_sync(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and self._requested <= self.published_flushed:
+                    self._cond.wait(IDLE_WAIT_S)
+                if self._stopping and self._requested <= self.published_flushed:
+                    return
+            self.flush_now()
+
+    def _run_async(self) -> None:
+        cfg = self.config
+        interval = cfg.async_flush_interval_ms / 1000.0
+        least_bytes = cfg.async_flush_least_pages * PAGE_BYTES
+        last_thorough = time.monotonic()
+        while True:
+            with self._cond:
+                if not self._stopping:
+                    self._cond.wait(interval)
+                stopping = self._stopping
+            now = time.monotonic()
+            thorough = now - last_thorough >= cfg.async_flush_thorough_interval_ms / 1000.0
+            dirty = self.published_written - self.published_flushed
+            if stopping or thorough or dirty >= least_bytes:
+                self.flush_now()
+                if thorough:
+                    last_thorough = now
+            if stopping:
+                return
+
+    def flush_now(self) -> int:
+        """One flush of everything written; publishes and returns the new flushed position."""
+        if self._fault_delay_s:
+            time.sleep(self._fault_delay_s)
+        before = self.published_flushed
+        started = time.monotonic_ns()
+        pos = self.commitlog.flush()
+        latency_ns = time.monotonic_ns() - started
+        with self.publish_lock:
+            target = min(pos, self.published_written)
+            if target > self.published_flushed:
+                self.ctl.publish_flushed(target, latency_ns=latency_ns, flushed_bytes=target - before)
+                self.published_flushed = target
+        self._on_flushed()
+        return self.published_flushed
+
+    def stop(self) -> None:
+        """Flush what is outstanding and end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.error is None and self.published_flushed < self.published_written:
+            self.flush_now()

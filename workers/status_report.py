@@ -1,0 +1,184 @@
+"""`mqstore status`: what a running store is doing, from its control block and psutil.
+
+Two snapshots of the control block `sample_s` apart give rates (messages appended and
+dispatched per second, flushes per second) and each process's CPU use; lags are reported in
+bytes (position differences) and in milliseconds (the age of the oldest record the structure
+has not processed yet, read from its STORETIMESTAMP). Restart history comes from
+run/supervisor.json.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+
+from engine.commitlog import CommitLog
+from engine.errors import StoreError
+from engine.formats.record import BLANK_MAGIC, V4_HEADER_SIZE, store_ts_at
+from engine.mapped_file import Access
+from engine.store_dir import read_meta
+from ipc.control_block import ControlBlock, Positions, ProcessSlot
+from ipc.run_info import read_run_info
+
+DEFAULT_SAMPLE_S = 0.5
+
+
+def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S) -> dict:
+    """A JSON-ready description of the running store (ServiceNotAvailableError if none runs)."""
+    root = Path(store_dir)
+    ctl = ControlBlock.attach(root)
+    try:
+        info = read_run_info(root, ctl.supervisor_pid)
+        slots = ctl.process_slots()
+        procs = {slot.pid: _process(slot.pid) for slot in slots}
+        for proc in procs.values():
+            if proc is not None:
+                _cpu(proc)
+        first, t0 = ctl.snapshot(), time.monotonic()
+        time.sleep(sample_s)
+        second, t1 = ctl.snapshot(), time.monotonic()
+        elapsed = max(t1 - t0, 1e-6)
+        processes = [_describe_slot(slot, procs.get(slot.pid)) for slot in ctl.process_slots()]
+        state = ctl.store_state.name
+        sync = ctl.flush_policy.value == "sync"
+    finally:
+        ctl.close()
+    p = second
+    limit = p.flushed_pos if sync else p.written_pos
+    lag_ms = _lag_ms(root, p, limit)
+    return {
+        "store": str(root.resolve()),
+        "state": state,
+        "supervisor_pid": info.supervisor_pid,
+        "generation": info.generation,
+        "flush": info.flush,
+        "index_shards": info.index_shards,
+        "processes": processes,
+        "positions": {
+            "written": p.written_pos, "flushed": p.flushed_pos, "dispatched": p.dispatched_pos,
+            "cq_durable": p.cq_durable_pos, "indexed": list(p.shard_processed_pos),
+            "index_durable": list(p.shard_durable_pos),
+        },
+        "lag_bytes": {
+            "flush": p.written_pos - p.flushed_pos,
+            "dispatch": max(limit - p.dispatched_pos, 0),
+            "index": [max(limit - pos, 0) for pos in p.shard_processed_pos],
+        },
+        "lag_ms": lag_ms,
+        "flush_stats": {
+            "count": p.flush_count, "last_latency_ms": p.last_flush_latency_ns / 1e6,
+            "last_bytes": p.last_flush_bytes,
+        },
+        "rates": {
+            "append_msgs_per_s": (second.appended_msgs - first.appended_msgs) / elapsed,
+            "dispatch_msgs_per_s": (second.dispatched_msgs - first.dispatched_msgs) / elapsed,
+            "flushes_per_s": (second.flush_count - first.flush_count) / elapsed,
+            "append_bytes_per_s": (second.written_pos - first.written_pos) / elapsed,
+        },
+        "totals": {"appended_msgs": p.appended_msgs, "dispatched_msgs": p.dispatched_msgs},
+        "restart_history": info.restart_history,
+    }
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _cpu(proc: psutil.Process) -> float | None:
+    try:
+        return proc.cpu_percent(None)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _describe_slot(slot: ProcessSlot, proc: psutil.Process | None) -> dict:
+    alive = proc is not None and proc.is_running()
+    rss = None
+    if alive:
+        try:
+            rss = proc.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            alive = False
+    return {
+        "role": slot.role.name.lower(),
+        "shard": slot.shard,
+        "pid": slot.pid,
+        "state": slot.state.name.lower() if alive else "gone",
+        "uptime_s": round(max(time.time_ns() - slot.started_ns, 0) / 1e9, 3),
+        "restarts": slot.restarts,
+        "rss_bytes": rss,
+        "cpu_percent": _cpu(proc) if alive else None,
+        "heartbeat_age_ms": round(max(time.monotonic_ns() - slot.heartbeat_ns, 0) / 1e6, 1),
+    }
+
+
+def _lag_ms(root: Path, p: Positions, limit: int) -> dict:
+    """Age of the oldest record not yet flushed / dispatched / indexed (0 when caught up)."""
+    now_ms = time.time_ns() // 1_000_000
+    try:
+        commitlog = CommitLog.open(root, read_meta(root).commitlog_file_size, Access.READ_ONLY)
+    except (StoreError, OSError):
+        return {"flush": None, "dispatch": None, "index": [None] * len(p.shard_processed_pos)}
+    try:
+        def age(pos: int, end: int) -> float | None:
+            if pos >= end:
+                return 0.0
+            ts = _store_ts(commitlog, pos)
+            return None if ts is None else float(max(now_ms - ts, 0))
+
+        return {"flush": age(p.flushed_pos, p.written_pos),
+                "dispatch": age(p.dispatched_pos, limit),
+                "index": [age(pos, limit) for pos in p.shard_processed_pos]}
+    finally:
+        commitlog.close()
+
+
+def _store_ts(commitlog: CommitLog, pos: int) -> int | None:
+    try:
+        head = commitlog.read_bytes(pos, 8)
+        if int.from_bytes(head[4:8], "big") == BLANK_MAGIC:
+            pos = commitlog.next_segment_pos(pos)
+        return store_ts_at(commitlog.read_bytes(pos, V4_HEADER_SIZE), 0)
+    except (StoreError, ValueError):
+        return None
+
+
+def render_status(status: dict) -> str:
+    """The human-readable form of collect_status()."""
+    pos, lag_b, lag_ms = status["positions"], status["lag_bytes"], status["lag_ms"]
+    rates, flush = status["rates"], status["flush_stats"]
+    lines = [f"store {status['store']}: {status['state']} (supervisor pid {status['supervisor_pid']}, "
+             f"generation {status['generation']}, flush {status['flush']})", "",
+             f"{'role':<16}{'pid':>8}{'state':>10}{'uptime':>10}{'restarts':>10}{'rss MiB':>10}"
+             f"{'cpu %':>8}{'beat ms':>9}"]
+    for proc in status["processes"]:
+        role = proc["role"] + (f"[{proc['shard']}]" if proc["role"] == "index_builder" else "")
+        rss = "-" if proc["rss_bytes"] is None else f"{proc['rss_bytes'] / 2**20:.1f}"
+        cpu = "-" if proc["cpu_percent"] is None else f"{proc['cpu_percent']:.0f}"
+        lines.append(f"{role:<16}{proc['pid']:>8}{proc['state']:>10}{proc['uptime_s']:>9.0f}s"
+                     f"{proc['restarts']:>10}{rss:>10}{cpu:>8}{proc['heartbeat_age_ms']:>9.0f}")
+    fmt_ms = lambda v: "?" if v is None else f"{v:.0f} ms"  # noqa: E731
+    lines += ["", f"written    {pos['written']:>16}",
+              f"flushed    {pos['flushed']:>16}   lag {lag_b['flush']} B, {fmt_ms(lag_ms['flush'])}",
+              f"dispatched {pos['dispatched']:>16}   lag {lag_b['dispatch']} B, "
+              f"{fmt_ms(lag_ms['dispatch'])}   (durable {pos['cq_durable']})"]
+    for shard, indexed in enumerate(pos["indexed"]):
+        label = f"indexed[{shard}]"
+        lines.append(f"{label:<11}{indexed:>16}   lag {lag_b['index'][shard]} B, "
+                     f"{fmt_ms(lag_ms['index'][shard])}   (durable {pos['index_durable'][shard]})")
+    lines += ["", f"append {rates['append_msgs_per_s']:.0f} msg/s "
+                  f"({rates['append_bytes_per_s'] / 2**20:.1f} MiB/s), dispatch "
+                  f"{rates['dispatch_msgs_per_s']:.0f} msg/s, {rates['flushes_per_s']:.0f} flushes/s, "
+                  f"last flush {flush['last_latency_ms']:.2f} ms ({flush['last_bytes']} B)"]
+    history = status["restart_history"]
+    lines.append("")
+    lines.append(f"restart history: {len(history)} event(s)" if history else "restart history: none")
+    for event in history[-10:]:
+        when = time.strftime("%H:%M:%S", time.localtime(event["at"]))
+        lines.append(f"  {when} {event['role']}[{event['shard']}] pid {event['pid']}: {event['what']}")
+    return "\n".join(lines)

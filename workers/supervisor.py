@@ -1,0 +1,420 @@
+"""The supervisor (`mqstore start`): owns the store, the commitlog writer and its children.
+
+Start order (each step only after the previous one succeeded):
+
+1. classify the directory (new, mqstore store; a RocketMQ store or anything else is refused),
+   create a new store's layout, then take the store lock (a second supervisor is refused);
+2. wait out and remove what a crashed previous supervisor left (children, shared memory);
+3. recover (engine.recovery.recover over engine.store.open_parts), logging progress and the
+   report; keep the commitlog open for writing, hand the derived files to the children;
+4. create `abort` (present until a clean stop removes it);
+5. create the shared memory (owner-only) with every position at the recovery cut;
+6. start the flush thread, the dispatcher and one index builder per shard, and wait for them
+   to boot;
+7. write run/supervisor.json, mark the store READY (producers are admitted), say so.
+
+Then the loop: serve producer requests (Appender), watch children (exit, heartbeat) and restart
+them within the restart budget, write the checkpoint every cq_flush_interval_ms from the
+durable positions the children publish, and handle queued signals.
+
+Stop (SIGTERM, SIGINT, `mqstore stop`, or a fatal condition): stop admitting, answer what was
+accepted after a last flush, let the dispatcher and index builders catch up (bounded wait),
+stop them (they flush and publish their durable positions), write the last checkpoint, remove
+`abort` only when every structure is durable up to the flushed position, remove the shared
+memory and release the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.checkpoint import write_checkpoint
+from engine.config import FlushPolicy, StoreConfig
+from engine.errors import ReadOnlyStoreError, StoreError
+from engine.formats.checkpoint import Checkpoint
+from engine.mapped_file import Access
+from engine.recovery import RecoveryReport, detect_shutdown, recover
+from engine.store import open_parts
+from engine.store_dir import (
+    StoreKind,
+    StoreLock,
+    config_for_store,
+    create_store_dir,
+    inspect_store_dir,
+    mark_clean_stop,
+    mark_running,
+    read_meta,
+)
+from ipc.control_block import ProcState, Role, StoreState
+from ipc.run_info import RunInfo, remove_run_info, write_run_info
+from workers.appender import Appender
+from workers.child_handle import ChildHandle
+from workers.exit_codes import CliExit, ExitCode, describe_exit
+from workers.group_commit import GroupCommit, fault_fsync_delay_s
+from workers.restart_policy import RestartSettings
+from workers.shared_state import SharedState, cleanup_stale
+
+SUPERVISE_INTERVAL_S = 0.1
+MAX_WAIT_S = 0.05
+PROGRESS_INTERVAL_S = 2.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    """Process-model tunables ([supervisor] table of the TOML config)."""
+
+    restart: RestartSettings = field(default_factory=RestartSettings)
+    child_timeout_s: float = 10.0
+    boot_timeout_s: float = 60.0
+    catch_up_timeout_s: float = 30.0
+    child_stop_timeout_s: float = 10.0
+    mailbox_slots: int = 64
+
+
+class StartError(StoreError):
+    """The store could not be started (a child could not boot, ...)."""
+
+
+class Supervisor:
+    def __init__(self, root: str | Path, config: StoreConfig | None = None,
+                 settings: SupervisorSettings | None = None, *,
+                 on_ready: Callable[[Supervisor], None] | None = None):
+        self.root = Path(root)
+        self.config = config or StoreConfig()
+        self.settings = settings or SupervisorSettings()
+        self.on_ready = on_ready
+        self.report: RecoveryReport | None = None
+        self.children: list[ChildHandle] = []
+        self.run_info: RunInfo | None = None
+        self.exit_code = CliExit.OK
+        self.stop_reason: str | None = None
+        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._lock: StoreLock | None = None
+        self._shared: SharedState | None = None
+        self._group_commit: GroupCommit | None = None
+        self._appender: Appender | None = None
+        self._commitlog = None
+        self._started_at = time.time()
+
+    # ------------------------------------------------------------------------------- start
+    def run(self) -> int:
+        """Start, serve until stopped, stop. Returns the CLI exit code."""
+        self._install_signal_handlers()
+        try:
+            self.start()
+        except BaseException:
+            self._cleanup_after_failed_start()
+            raise
+        try:
+            self.serve()
+        finally:
+            self.shutdown()
+        return self.exit_code
+
+    def start(self) -> None:
+        kind = inspect_store_dir(self.root)
+        if kind is StoreKind.ROCKETMQ:
+            raise ReadOnlyStoreError("this is a RocketMQ-written store; mqstore reads it but never "
+                                     "writes it", path=str(self.root))
+        meta = create_store_dir(self.root, self.config) if kind is StoreKind.NEW else read_meta(self.root)
+        wanted_shards = self.config.index_shards
+        self.config = config_for_store(meta, self.config)
+        if wanted_shards != self.config.index_shards:
+            log.warning("store.json fixes index_shards at %d (asked for %d)",
+                        self.config.index_shards, wanted_shards)
+        self._lock = StoreLock.acquire(self.root)
+        generation = cleanup_stale(self.root) + 1
+        self._recover()
+        mark_running(self.root)
+        cut = self._commitlog.written_pos
+        self._shared = SharedState.create(self.root, shard_count=self.config.index_shards,
+                                          flush=self.config.flush, commit_pos=cut,
+                                          generation=generation,
+                                          mailbox_slots=self.settings.mailbox_slots)
+        ctl = self._shared.ctl
+        self._group_commit = GroupCommit(self._commitlog, ctl, self.config,
+                                         on_flushed=self._on_flushed,
+                                         fault_delay_s=fault_fsync_delay_s())
+        self._appender = Appender(self._commitlog, self._shared.server, self._group_commit,
+                                  self.config, self._next_offsets, root=self.root)
+        self._group_commit.start()
+        self._start_children()
+        self.run_info = RunInfo(
+            supervisor_pid=os.getpid(), generation=generation, store_host=meta.store_host,
+            queue_count=self.config.queue_count, max_body_bytes=self.config.max_body_bytes,
+            flush=self.config.flush.value, sync_flush_timeout_ms=self.config.sync_flush_timeout_ms,
+            index_shards=self.config.index_shards, started_at=self._started_at, ready_at=time.time())
+        write_run_info(self.root, self.run_info)
+        ctl.set_store_state(StoreState.READY)
+        log.info("mqstore ready: store %s, pid %d, flush %s, %d index shards, commit_pos %d",
+                 self.root, os.getpid(), self.config.flush.value, self.config.index_shards, cut)
+        if self._group_commit._fault_delay_s:
+            log.warning("fault injection: every flush is delayed by %.0f ms",
+                        self._group_commit._fault_delay_s * 1000)
+        if self.on_ready is not None:
+            self.on_ready(self)
+
+    def _recover(self) -> None:
+        shutdown = detect_shutdown(self.root)
+        log.info("recovering store %s after a %s shutdown", self.root, shutdown.value)
+        parts = open_parts(self.root, self.config, Access.READ_WRITE)
+        last = [0.0]
+
+        def progress(done: int, total: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_INTERVAL_S:
+                last[0] = now
+                log.info("recovery: scanned %d of %d MiB", done >> 20, max(total, 1) >> 20)
+
+        try:
+            self.report = recover(parts, shutdown, progress=progress)
+        except BaseException:
+            parts.commitlog.close()
+            parts.queues.close()
+            for shard in parts.shards:
+                shard.close()
+            raise
+        for line in self.report.summary_lines():
+            log.info("%s", line)
+        self._next_offsets = {(q.topic, q.queue_id): q.max_offset for q in parts.queues}
+        parts.queues.close()
+        for shard in parts.shards:
+            shard.close()
+        self._commitlog = parts.commitlog
+
+    def _start_children(self) -> None:
+        ctl = self._shared.ctl
+        roles = [(Role.DISPATCHER, 0)] + [(Role.INDEX_BUILDER, s)
+                                          for s in range(self.config.index_shards)]
+        for role, shard in roles:
+            self.children.append(ChildHandle(role, shard, self.root, self.config, ctl,
+                                             self.settings.restart))
+        for child in self.children:
+            child.spawn()
+        deadline = time.monotonic() + self.settings.boot_timeout_s
+        for child in self.children:
+            while child.state() is not ProcState.RUNNING:
+                code = child.poll()
+                if code is not None:
+                    raise StartError(f"{child.name} could not boot: {describe_exit(code)}",
+                                     path=str(self.root), hint=f"see {self.root / 'mqstore.log'}")
+                if time.monotonic() > deadline:
+                    raise StartError(f"{child.name} did not boot within "
+                                     f"{self.settings.boot_timeout_s:g} s", path=str(self.root))
+                time.sleep(0.01)
+
+    def _cleanup_after_failed_start(self) -> None:
+        for child in self.children:
+            child.stop(self.settings.child_stop_timeout_s)
+        if self._group_commit is not None:
+            self._group_commit.stop()
+        self._destroy_shared()
+        if self._commitlog is not None:
+            self._commitlog.close()
+        if self._lock is not None:
+            self._lock.release()
+
+    # ------------------------------------------------------------------------------- serve
+    def serve(self) -> None:
+        """The loop: requests, children, checkpoints, signals; returns when asked to stop."""
+        ctl = self._shared.ctl
+        appender, server = self._appender, self._shared.server
+        next_supervise = next_checkpoint = time.monotonic()
+        checkpoint_every = self.config.cq_flush_interval_ms / 1000.0
+        while self.stop_reason is None:
+            timeout = MAX_WAIT_S
+            deadline = appender.next_deadline()
+            if deadline is not None:
+                timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+            server.wait_for_requests(timeout)
+            if appender.sweep() and self.config.flush is FlushPolicy.ASYNC:
+                self._wake_children()
+            self._handle_signals()
+            if self._group_commit.error is not None:
+                self._fail(f"flushing the commitlog failed: {self._group_commit.error}")
+            now = time.monotonic()
+            if now >= next_supervise:
+                ctl.heartbeat(0)
+                self._supervise_children(now)
+                next_supervise = now + SUPERVISE_INTERVAL_S
+            if now >= next_checkpoint:
+                self._write_checkpoint()
+                next_checkpoint = now + checkpoint_every
+
+    def _on_flushed(self) -> None:
+        """Called by the flush thread after each flush: wake the appender and the children."""
+        self._shared.server.wakeup.post()
+        if self.config.flush is FlushPolicy.SYNC:
+            self._wake_children()
+
+    def _wake_children(self) -> None:
+        for child in self.children:
+            child.wakeup.post()
+
+    def _supervise_children(self, now: float) -> None:
+        for child in self.children:
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    child.spawn()
+                continue
+            reason = child.is_hung(self.settings.child_timeout_s, self.settings.boot_timeout_s)
+            if reason is not None:
+                log.error("%s (pid %d) is hung (%s): SIGKILL", child.name, child.pid, reason)
+                child.signal(signal.SIGKILL)
+                child.process.wait()
+            code = child.poll()
+            if code is None or child.restart_at is not None:
+                continue
+            self._handle_exit(child, code, now)
+            if self.stop_reason is not None:
+                return
+
+    def _handle_exit(self, child: ChildHandle, code: int, now: float) -> None:
+        decision = child.policy.on_exit(code, child.ran_for_s())
+        entry = {"at": time.time(), "role": child.role.name.lower(), "shard": child.shard,
+                 "pid": child.pid, "what": decision.reason}
+        self.run_info = self.run_info.replace(restart_history=[*self.run_info.restart_history, entry])
+        write_run_info(self.root, self.run_info)
+        if decision.restart:
+            log.warning("%s (pid %d) %s", child.name, child.pid, decision.reason)
+            child.restart_at = now + decision.delay_s
+        else:
+            self._fail(f"{child.name} (pid {child.pid}) {decision.reason}; stopping the store")
+
+    def _fail(self, reason: str) -> None:
+        log.error("%s", reason)
+        self.stop_reason = reason
+        self.exit_code = CliExit.FAILED
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    # ------------------------------------------------------------------------------- signals
+    def _install_signal_handlers(self) -> None:
+        def enqueue(signum, _frame):  # NO LOGGING: only enqueue
+            self._signals.put_nowait(signum)
+
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, enqueue)
+
+    def _handle_signals(self) -> None:
+        while True:
+            try:
+                signum = self._signals.get_nowait()
+            except queue.Empty:
+                return
+            name = signal.Signals(signum).name
+            if signum == signal.SIGHUP:
+                log.info("SIGHUP: nothing to reload")
+                continue
+            log.info("%s: stopping", name)
+            self.request_stop(name)
+
+    # ------------------------------------------------------------------------------- checkpoint
+    def _write_checkpoint(self) -> Checkpoint | None:
+        try:
+            snap = self._shared.ctl.snapshot()
+        except StoreError as exc:  # a child died mid-publish; its restart repairs the group
+            log.warning("checkpoint skipped: %s", exc)
+            return None
+        flushed = self._group_commit.published_flushed
+        now = time.time_ns() // 1_000_000
+        cp = Checkpoint(physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now,
+                        confirm_commit_pos=flushed, commitlog_flushed_pos=flushed,
+                        cq_durable_pos=snap.cq_durable_pos,
+                        index_durable_pos=tuple(snap.shard_durable_pos))
+        write_checkpoint(self.root, cp)
+        return cp
+
+    # ------------------------------------------------------------------------------- stop
+    def shutdown(self) -> None:
+        """Stop admitting, finish, flush, let children catch up, checkpoint, clean up."""
+        reason = self.stop_reason or "stop requested"
+        ctl = self._shared.ctl
+        ctl.set_store_state(StoreState.STOPPING)
+        log.info("stopping (%s)", reason)
+        appender = self._appender
+        appender.admitting = False
+        self._finish_accepted()
+        self._group_commit.stop()
+        appender.sweep()
+        flushed = self._group_commit.published_flushed
+        caught_up = self._wait_for_children(flushed)
+        clean = caught_up
+        for child in self.children:
+            if child.running:
+                code = child.stop(self.settings.child_stop_timeout_s)
+                if code != ExitCode.OK:
+                    log.warning("%s %s while stopping", child.name, describe_exit(code))
+                    clean = False
+        appender.sweep()
+        cp = self._write_checkpoint()
+        durable = -1 if cp is None else min([cp.cq_durable_pos, *cp.index_durable_pos])
+        if clean and durable >= flushed and flushed == self._commitlog.written_pos:
+            mark_clean_stop(self.root)
+            log.info("stopped cleanly at commit_pos %d", flushed)
+        else:
+            log.warning("stopped with derived files behind the commitlog (durable %d < %d); the "
+                        "next start recovers them", durable, flushed)
+        ctl.set_store_state(StoreState.STOPPED if self.exit_code == CliExit.OK else StoreState.FAILED)
+        remove_run_info(self.root)
+        self._destroy_shared()
+        self._commitlog.close()
+        self._lock.release()
+        if self.stop_reason and self.exit_code != CliExit.OK:
+            log.error("store stopped: %s", self.stop_reason)
+
+    def _finish_accepted(self) -> None:
+        """Answer every request accepted before admission stopped (bounded by the flush timeout)."""
+        deadline = time.monotonic() + self.config.sync_flush_timeout_ms / 1000.0 + 1.0
+        while time.monotonic() < deadline:
+            self._appender.sweep()
+            if not self._appender.waiting_count or self._group_commit.error is not None:
+                return
+            self._shared.server.wait_for_requests(MAX_WAIT_S)
+
+    def _wait_for_children(self, flushed: int) -> bool:
+        """Wait until the dispatcher and every builder processed up to `flushed` (bounded)."""
+        ctl = self._shared.ctl
+        deadline = time.monotonic() + self.settings.catch_up_timeout_s
+        for child in self.children:
+            if child.restart_at is not None:  # in its restart backoff: it must catch up too
+                child.spawn()
+        self._wake_children()
+        while time.monotonic() < deadline:
+            try:
+                snap = ctl.snapshot()
+            except StoreError:
+                return False
+            if snap.dispatched_pos >= flushed and min(snap.shard_processed_pos) >= flushed:
+                return True
+            if not all(child.running for child in self.children):
+                log.warning("a child is not running; the derived files stay behind")
+                return False
+            self._shared.server.wait_for_requests(MAX_WAIT_S)
+            self._appender.sweep()
+            ctl.heartbeat(0)
+        log.warning("children did not catch up within %g s", self.settings.catch_up_timeout_s)
+        return False
+
+    def _destroy_shared(self) -> None:
+        for child in self.children:
+            try:
+                child.unlink()
+            except Exception:
+                log.exception("could not unlink the wakeup of %s", child.name)
+            child.close()
+        self.children = []
+        if self._shared is not None:
+            self._shared.destroy()
+            self._shared = None
