@@ -9,7 +9,7 @@ STORE ?= ./data
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,spark,plot]'
+	$(PY) -m pip install -q -e '.[dev,spark,plot]' --config-settings editable_mode=compat
 	touch $@
 
 run: $(VENV)/.installed

@@ -1,0 +1,60 @@
+"""One local[2] SparkSession for every Spark test, and small real stores written by the engine.
+
+Workers must import `engine`, `tools` and the top-level `pyspark_mqstore` module (which Spark
+discovers by itself): the repository root goes on PYTHONPATH and this interpreter becomes
+PYSPARK_PYTHON before the JVM starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.spark.stores import REPO_ROOT, T0_MS, FakeClock, engine_records, message_batches, write_store
+
+try:
+    import pyarrow  # noqa: F401 - Python data sources exchange Arrow batches
+    import pyspark  # noqa: F401
+except ImportError:  # the [spark] extra is not installed: nothing here can run
+    collect_ignore_glob = ["test_*.py"]
+
+
+def _spark_env() -> None:
+    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator:
+    from pyspark.sql import SparkSession
+
+    _spark_env()
+    session = (SparkSession.builder.master("local[2]").appName("mqstore-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.showConsoleProgress", "false")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def store_dir(tmp_path_factory) -> Path:
+    """A closed store: several segments with fillers, rolled consume-queue and index files."""
+    root = tmp_path_factory.mktemp("spark-store") / "store"
+    write_store(root, message_batches(), FakeClock(T0_MS))
+    return root
+
+
+@pytest.fixture(scope="session")
+def records(store_dir) -> dict[int, object]:
+    return engine_records(store_dir)

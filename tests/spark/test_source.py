@@ -1,0 +1,160 @@
+"""spark.read.format("mqstore"): content, partitions, filters, verification, RocketMQ stores."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import struct
+import zlib
+
+import pytest
+
+from engine.formats.record import BODY_OFFSET, MAGIC_V2, SysFlag, make_msg_id
+from tests.conftest import ROCKETMQ_SAMPLES as SAMPLES_DIR
+from tools.spark.scan import host_text
+from tools.spark.source import MqstoreReader, parse_options, register
+
+
+def load(spark, path, **options):
+    return spark.read.format("mqstore").options(**options).load(str(path))
+
+
+@pytest.mark.slow
+def test_format_is_found_without_registration(spark):
+    """Spark 4 imported pyspark_mqstore by itself and registered its DefaultSource statically."""
+    jvm = spark.sparkContext._jvm
+    manager = getattr(jvm.org.apache.spark.sql.execution.datasources, "DataSourceManager$")
+    assert spark._jsparkSession.sessionState().dataSourceManager().dataSourceExists("mqstore")
+    static = manager.__getattr__("MODULE$").dataSourceBuilders().get()
+    assert static.contains("mqstore")
+    register(spark)  # idempotent, where spark.dataSource.register would now raise ALREADY_EXISTS
+    register(spark)
+
+
+@pytest.mark.slow
+def test_rows_equal_what_the_engine_reads(spark, store_dir, records):
+    rows = {r.commit_pos: r for r in load(spark, store_dir).collect()}
+    assert rows.keys() == records.keys()
+    for pos, rec in records.items():
+        row = rows[pos]
+        assert (row.size, row.topic, row.queue_id, row.queue_offset) == (
+            rec.total_size, rec.topic, rec.queue_id, rec.queue_offset)
+        assert (row.tags, tuple(row.keys), row.uniq_key, row.msg_id) == (rec.tags, rec.keys, rec.uniq_key,
+                                                                       rec.msg_id)
+        assert int(row.born_ts.timestamp() * 1000) == rec.born_ts_ms
+        assert int(row.store_ts.timestamp() * 1000) == rec.store_ts_ms
+        assert (row.born_host, row.store_host) == (host_text(rec.born_host), host_text(rec.store_host))
+        assert (row.sys_flag, row.reconsume_times) == (rec.sys_flag, rec.reconsume_times)
+        assert row.properties == rec.properties
+        assert bytes(row.body) == rec.body
+
+
+@pytest.mark.parametrize("mode", ["sample", "walk"])
+@pytest.mark.slow
+def test_byte_range_partitions_read_every_record_once(spark, store_dir, records, mode):
+    df = load(spark, store_dir, maxPartitionBytes="4000", splitMode=mode)
+    assert df.rdd.getNumPartitions() > 8  # more ranges than segments
+    positions = [r.commit_pos for r in df.select("commit_pos").collect()]
+    assert sorted(positions) == sorted(records)
+
+
+@pytest.mark.slow
+def test_topic_time_and_commit_filters(spark, store_dir, records):
+    times = sorted({r.store_ts_ms for r in records.values()})
+    start_ms, end_ms = times[3], times[9]
+    df = load(spark, store_dir, topics="orders,audit", startTime=str(start_ms), endTime=str(end_ms))
+    got = sorted(r.commit_pos for r in df.select("commit_pos").collect())
+    assert got == sorted(p for p, r in records.items()
+                         if r.topic in ("orders", "audit") and start_ms <= r.store_ts_ms < end_ms)
+    positions = sorted(records)
+    lo, hi = positions[20] + 1, positions[100]
+    got = sorted(r.commit_pos for r in load(spark, store_dir, startPos=str(lo), endPos=str(hi))
+                 .select("commit_pos").collect())
+    assert got == [p for p in positions if lo <= p < hi]
+
+
+@pytest.mark.slow
+def test_iso_time_options_are_utc(spark, store_dir, records):
+    first = min(r.store_ts_ms for r in records.values())
+    df = load(spark, store_dir, startTime="2023-11-14T22:13:20", endTime="2023-11-14T22:13:20.001Z")
+    assert first == 1_700_000_000_000
+    assert df.count() == sum(r.store_ts_ms == first for r in records.values())
+
+
+@pytest.fixture
+def flipped_store(tmp_path, store_dir, records):
+    """A copy of the store with one body byte flipped (structure intact, CRCs broken)."""
+    copy = tmp_path / "flipped"
+    shutil.copytree(store_dir, copy)
+    victim = sorted(records)[5]
+    segment = copy / "commitlog" / f"{0:020d}"
+    with open(segment, "r+b") as f:
+        f.seek(victim + BODY_OFFSET)
+        byte = f.read(1)
+        f.seek(victim + BODY_OFFSET)
+        f.write(bytes([byte[0] ^ 0x40]))
+    return copy, victim
+
+
+@pytest.mark.slow
+def test_verify_fail_raises_on_a_flipped_byte(spark, flipped_store):
+    copy, _ = flipped_store
+    with pytest.raises(Exception, match="BODYCRC mismatch"):
+        load(spark, copy, verify="fail").count()
+
+
+@pytest.mark.slow
+def test_verify_report_flags_the_flipped_record(spark, flipped_store, records):
+    copy, victim = flipped_store
+    rows = load(spark, copy, verify="report").select("commit_pos", "topic", "error").collect()
+    assert len(rows) == len(records)
+    bad = [r for r in rows if r.error]
+    assert [(r.commit_pos, r.topic) for r in bad] == [(victim, records[victim].topic)]
+    assert "BODYCRC" in bad[0].error
+
+
+@pytest.mark.skipif(not SAMPLES_DIR.is_dir(), reason="shared/data/rocketmq-samples not present")
+@pytest.mark.slow
+def test_rocketmq_written_stores_are_read(spark):
+    for name in ("store-2021", "store-2019"):
+        rows = load(spark, SAMPLES_DIR / name, verify="fail").collect()
+        assert len(rows) == 47
+        assert {r.topic for r in rows} == {"abc"}
+        assert {bytes(r.body) for r in rows} == {b"Once, there was a chance for me!"}
+        assert [r.queue_offset for r in rows] == list(range(47))
+        assert all(r.size == 172 and r.tags == "TAG1" and len(r.keys) == 1 for r in rows)
+
+
+def _rocketmq_v2_ipv6_record(commit_pos: int, queue_offset: int, body: bytes) -> bytes:
+    """A record as RocketMQ 5 writes it for a long topic: magic v2 (2-byte TOPICLENGTH), IPv6
+    born and store hosts, BODYCRC only (no __CRC32C property)."""
+    topic = ("t" * 130).encode()
+    props = b"TAGS\x01v6\x02KEYS\x01a b\x02"
+    head = struct.pack(">iiiqqiq", zlib.crc32(body) & 0x7FFFFFFF, 3, 0, queue_offset, commit_pos,
+                       SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6, 1_600_000_000_000)
+    born = socket.inet_pton(socket.AF_INET6, "2001:db8::1") + struct.pack(">i", 4242)
+    store = socket.inet_pton(socket.AF_INET6, "::1") + struct.pack(">i", 10911)
+    rest = (struct.pack(">q", 1_600_000_000_123) + store + struct.pack(">iqi", 0, 0, len(body)) + body
+            + struct.pack(">h", len(topic)) + topic + struct.pack(">h", len(props)) + props)
+    record = struct.pack(">I", MAGIC_V2) + head + born + rest
+    return struct.pack(">i", len(record) + 4) + record
+
+
+def test_rocketmq_v2_records_with_ipv6_hosts_are_read(tmp_path):
+    """No Spark needed: the reader's partitions and batches, on a RocketMQ-layout directory."""
+    segment = bytearray(4096)
+    pos = 0
+    for i in range(3):
+        raw = _rocketmq_v2_ipv6_record(pos, i, b"body-%d" % i)
+        segment[pos:pos + len(raw)] = raw
+        pos += len(raw)
+    (tmp_path / "commitlog").mkdir()
+    (tmp_path / "commitlog" / f"{0:020d}").write_bytes(bytes(segment))
+    reader = MqstoreReader(parse_options({"path": str(tmp_path), "verify": "fail"}))
+    rows = [row for p in reader.partitions() for b in reader.read(p) for row in b.to_pylist()]
+    assert [r["queue_offset"] for r in rows] == [0, 1, 2]
+    first = rows[0]
+    assert first["topic"] == "t" * 130 and first["queue_id"] == 3 and first["body"] == b"body-0"
+    assert first["born_host"] == "[2001:db8::1]:4242" and first["store_host"] == "[::1]:10911"
+    assert first["keys"] == ["a", "b"] and first["tags"] == "v6"
+    assert first["msg_id"] == make_msg_id(("::1", 10911), 0) and len(first["msg_id"]) == 56

@@ -1,0 +1,254 @@
+"""Reading one ScanRange: records decoded by engine.formats.record from pread blocks, as Arrow.
+
+Runs on executors. Files are read with pread (never mapped), so a live store is safe to read
+below its durable position. The chain rules (see partitions.py) decide which records a range
+owns; this module decodes them, applies the row filters and verification, and builds
+`pyarrow.RecordBatch`es in the source's schema.
+
+Verification (`VerifyMode`): NONE checks structure only (framing, lengths, PHYSICALOFFSET);
+FAIL also checks every CRC and raises on the first bad record; REPORT checks every CRC and
+yields bad records as rows with an `error`: a record whose CRC fails but whose structure
+holds keeps its fields; a structurally broken one ends its segment's chain (a row with only
+commit_pos and error), and so do unwritten bytes followed by data.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import pyarrow as pa
+
+from engine.dispatch import index_keys
+from engine.errors import CorruptRecordError
+from engine.formats.record import BLANK_MAGIC, FILLER_SIZE, Record, Verify, decode_record
+from tools.spark.partitions import BlockReader, ScanRange, first_record_at, pread_reader
+
+READ_BLOCK_BYTES = 4 << 20
+BATCH_ROWS = 4096
+BATCH_BODY_BYTES = 32 << 20
+_ZERO_CHECK_BYTES = 1 << 20
+_CHAIN_HEAD = struct.Struct(">iI")
+
+
+class VerifyMode(Enum):
+    NONE = "none"
+    FAIL = "fail"
+    REPORT = "report"
+
+
+class View(Enum):
+    """MESSAGES: one full row per message. DISPATCH: what consume queues and the index need."""
+
+    MESSAGES = "messages"
+    DISPATCH = "dispatch"
+
+
+class SegmentEnd(Enum):
+    FILLER = "filler"  # the end-of-file filler: the next record is in the next segment
+    UNWRITTEN = "unwritten"  # zero TOTALSIZE and magic: nothing written from here
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    topics: frozenset[str] | None = None
+    start_ms: int | None = None
+    end_ms: int | None = None
+
+    def accepts(self, record: Record) -> bool:
+        if self.topics is not None and record.topic not in self.topics:
+            return False
+        if self.start_ms is not None and record.store_ts_ms < self.start_ms:
+            return False
+        return self.end_ms is None or record.store_ts_ms < self.end_ms
+
+
+@dataclass(frozen=True)
+class ScanSpec:
+    """Everything an executor needs besides the range (picklable)."""
+
+    verify_mode: VerifyMode
+    full_verify: Verify
+    row_filter: RowFilter
+    view: View = View.MESSAGES
+
+    @property
+    def verify(self) -> Verify:
+        return Verify.STRUCTURE if self.verify_mode is VerifyMode.NONE else self.full_verify
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """A record that failed verification; `record` is its structure-only decode, if any."""
+
+    commit_pos: int
+    reason: str
+    record: Record | None = None
+
+
+# ------------------------------------------------------------------------- iteration
+
+
+def iter_range(rng: ScanRange, spec: ScanSpec) -> Iterator[Record | BadRecord]:
+    """The records the range owns, in commit order (see the module doc for bad ones)."""
+    fd = os.open(rng.path, os.O_RDONLY)
+    try:
+        blocks = BlockReader(pread_reader(fd), READ_BLOCK_BYTES)
+        pos = first_record_at(blocks, rng.walk_from, rng.start, rng.segment_bytes)
+        while pos is not None and pos < rng.end:
+            item = _decode_at(blocks, rng, pos, spec)
+            if isinstance(item, SegmentEnd):
+                if item is SegmentEnd.UNWRITTEN and spec.verify_mode is VerifyMode.REPORT \
+                        and _data_after(fd, rng, pos):
+                    yield BadRecord(rng.base_pos + pos, "unwritten bytes followed by data")
+                return
+            yield item
+            if isinstance(item, BadRecord) and item.record is None:
+                return
+            pos += item.total_size if isinstance(item, Record) else item.record.total_size
+    finally:
+        os.close(fd)
+
+
+def _decode_at(blocks: BlockReader, rng: ScanRange, pos: int,
+               spec: ScanSpec) -> Record | BadRecord | SegmentEnd:
+    """The record at file_pos `pos`, or how the segment's data ends there."""
+    space_left = rng.segment_bytes - pos
+    head, off = blocks.view(pos, min(FILLER_SIZE, space_left))
+    if len(head) - off < FILLER_SIZE:
+        return _bad(rng, pos, spec, f"only {len(head) - off} bytes left in the segment")
+    total_size, magic = _CHAIN_HEAD.unpack_from(head, off)
+    if total_size == 0 and magic == 0:
+        return SegmentEnd.UNWRITTEN
+    if magic == BLANK_MAGIC:
+        if total_size == space_left:
+            return SegmentEnd.FILLER
+        return _bad(rng, pos, spec, f"filler of {total_size} bytes with {space_left} left")
+    buf, off = blocks.view(pos, min(max(total_size, FILLER_SIZE), space_left))
+    base_pos = rng.base_pos + pos - off
+    try:
+        return decode_record(buf, off, verify=spec.verify, base_pos=base_pos)
+    except CorruptRecordError as exc:
+        if spec.verify_mode is not VerifyMode.REPORT:
+            exc.path = rng.path
+            raise
+        reason = exc.reason
+    try:
+        record = decode_record(buf, off, verify=Verify.STRUCTURE, base_pos=base_pos)
+    except CorruptRecordError:
+        return BadRecord(rng.base_pos + pos, reason)
+    return BadRecord(rng.base_pos + pos, reason, record)
+
+
+def _bad(rng: ScanRange, pos: int, spec: ScanSpec, reason: str) -> BadRecord:
+    if spec.verify_mode is not VerifyMode.REPORT:
+        raise CorruptRecordError(reason, pos=rng.base_pos + pos, path=rng.path)
+    return BadRecord(rng.base_pos + pos, reason)
+
+
+def _data_after(fd: int, rng: ScanRange, pos: int) -> bool:
+    """True when any byte in [pos, segment end) is not zero (reads the rest of the segment)."""
+    for at in range(pos, rng.segment_bytes, _ZERO_CHECK_BYTES):
+        chunk = os.pread(fd, min(_ZERO_CHECK_BYTES, rng.segment_bytes - at), at)
+        if np.frombuffer(chunk, dtype=np.uint8).any():
+            return True
+    return False
+
+
+# ------------------------------------------------------------------------------- rows
+
+
+MESSAGE_FIELDS = (
+    ("commit_pos", pa.int64()), ("size", pa.int32()), ("topic", pa.string()),
+    ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("tags", pa.string()),
+    ("keys", pa.list_(pa.string())), ("uniq_key", pa.string()), ("msg_id", pa.string()),
+    ("born_ts", pa.timestamp("us", tz="UTC")), ("store_ts", pa.timestamp("us", tz="UTC")),
+    ("born_host", pa.string()), ("store_host", pa.string()), ("sys_flag", pa.int32()),
+    ("reconsume_times", pa.int32()), ("properties", pa.map_(pa.string(), pa.string())),
+    ("body", pa.binary()),
+)
+DISPATCH_FIELDS = (
+    ("commit_pos", pa.int64()), ("size", pa.int32()), ("topic", pa.string()),
+    ("queue_id", pa.int32()), ("queue_offset", pa.int64()), ("sys_flag", pa.int32()),
+    ("tags_code", pa.int64()), ("store_ts_ms", pa.int64()), ("index_keys", pa.list_(pa.string())),
+)
+ERROR_FIELD = ("error", pa.string())
+
+
+def arrow_schema(view: View, verify_mode: VerifyMode) -> pa.Schema:
+    fields = MESSAGE_FIELDS if view is View.MESSAGES else DISPATCH_FIELDS
+    if verify_mode is VerifyMode.REPORT:
+        fields = (*fields, ERROR_FIELD)
+    return pa.schema([pa.field(name, kind) for name, kind in fields])
+
+
+def host_text(host: tuple[str, int]) -> str:
+    ip, port = host
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def message_values(r: Record) -> tuple:
+    return (r.commit_pos, r.total_size, r.topic, r.queue_id, r.queue_offset, r.tags, list(r.keys),
+            r.uniq_key, r.msg_id, r.born_ts_ms * 1000, r.store_ts_ms * 1000, host_text(r.born_host),
+            host_text(r.store_host), r.sys_flag, r.reconsume_times, list(r.properties.items()), r.body)
+
+
+def dispatch_values(r: Record) -> tuple:
+    return (r.commit_pos, r.total_size, r.topic, r.queue_id, r.queue_offset, r.sys_flag, r.tags_code,
+            r.store_ts_ms, index_keys(r))
+
+
+class BatchBuilder:
+    """Collects rows and turns them into Arrow record batches (columns by one transpose)."""
+
+    def __init__(self, view: View, verify_mode: VerifyMode):
+        self.schema = arrow_schema(view, verify_mode)
+        self._values = message_values if view is View.MESSAGES else dispatch_values
+        self._with_error = verify_mode is VerifyMode.REPORT
+        self._rows: list[tuple] = []
+        self._body_bytes = 0
+
+    @property
+    def row_count(self) -> int:
+        return len(self._rows)
+
+    @property
+    def is_full(self) -> bool:
+        return len(self._rows) >= BATCH_ROWS or self._body_bytes >= BATCH_BODY_BYTES
+
+    def add(self, item: Record | BadRecord) -> None:
+        if isinstance(item, Record):
+            self._body_bytes += len(item.body)
+            values = self._values(item)
+            self._rows.append((*values, None) if self._with_error else values)
+        elif item.record is not None:
+            self._rows.append((*self._values(item.record), item.reason))
+        else:  # only commit_pos and the error are known
+            self._rows.append((item.commit_pos, *(None,) * (len(self.schema) - 2), item.reason))
+
+    def flush(self) -> pa.RecordBatch:
+        columns = zip(*self._rows, strict=True)
+        arrays = [pa.array(column, type=field.type)
+                  for column, field in zip(columns, self.schema, strict=True)]
+        self._rows = []
+        self._body_bytes = 0
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def read_batches(rng: ScanRange, spec: ScanSpec) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of the range's rows that pass the row filter (bad records always pass)."""
+    builder = BatchBuilder(spec.view, spec.verify_mode)
+    accepts = spec.row_filter.accepts
+    for item in iter_range(rng, spec):
+        record = item.record if isinstance(item, BadRecord) else item
+        if record is not None and not accepts(record):
+            continue
+        builder.add(item)
+        if builder.is_full:
+            yield builder.flush()
+    if builder.row_count:
+        yield builder.flush()
