@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engine.errors import BadInputError, CorruptRecordError
+from engine.errors import BadInputError, CorruptRecordError, DiskFullError
 from engine.formats.record import (
     FILLER_SIZE,
     Filler,
@@ -118,6 +118,7 @@ class CommitLog:
         """Copy one encoded record in at `written_pos`, stamp it, return its commit_pos."""
         (size,) = self._check_sizes((record,))
         segment, file_pos = self._room_for(size)
+        segment.reserve(file_pos + size)
         commit_pos = self.written_pos
         segment.buf[file_pos:file_pos + size] = record
         stamp_record(segment.buf, file_pos, queue_offset=queue_offset, commit_pos=commit_pos,
@@ -154,18 +155,25 @@ class CommitLog:
         positions = np.empty(len(starts), dtype=np.int64)
         ends = starts + sizes
         i = 0
-        with memoryview(blob) as view:
-            while i < len(starts):
-                segment, file_pos = self._room_for(int(sizes[i]))
-                room = self.segment_bytes - file_pos - FILLER_SIZE
-                j = i + int(np.searchsorted(ends[i:] - starts[i], room, side="right"))
-                positions[i:j] = self.written_pos + (starts[i:j] - starts[i])
-                stamp_checked_records(blob, starts[i:j], sizes[i:j], offsets[i:j], positions[i:j],
-                                      store_ts_ms)
-                run_bytes = int(ends[j - 1] - starts[i])
-                segment.buf[file_pos:file_pos + run_bytes] = view[int(starts[i]):int(ends[j - 1])]
-                self.written_pos += run_bytes
-                i = j
+        batch_start_pos = self.written_pos
+        try:
+            with memoryview(blob) as view:
+                while i < len(starts):
+                    segment, file_pos = self._room_for(int(sizes[i]))
+                    room = self.segment_bytes - file_pos - FILLER_SIZE
+                    j = i + int(np.searchsorted(ends[i:] - starts[i], room, side="right"))
+                    run_bytes = int(ends[j - 1] - starts[i])
+                    segment.reserve(file_pos + run_bytes)
+                    positions[i:j] = self.written_pos + (starts[i:j] - starts[i])
+                    stamp_checked_records(blob, starts[i:j], sizes[i:j], offsets[i:j],
+                                          positions[i:j], store_ts_ms)
+                    segment.buf[file_pos:file_pos + run_bytes] = view[int(starts[i]):int(ends[j - 1])]
+                    self.written_pos += run_bytes
+                    i = j
+        except DiskFullError:
+            if self.written_pos != batch_start_pos:  # all or nothing: undo the runs already copied
+                self.truncate_to(batch_start_pos)
+            raise
         return positions
 
     def _check_sizes(self, records) -> list[int]:
@@ -185,6 +193,7 @@ class CommitLog:
         segment, file_pos = self._active_segment()
         space_left = self.segment_bytes - file_pos
         if size + FILLER_SIZE > space_left:
+            segment.reserve(file_pos + FILLER_SIZE)
             segment.buf[file_pos:file_pos + FILLER_SIZE] = encode_filler(space_left)
             self.written_pos += space_left
             segment, file_pos = self._active_segment()

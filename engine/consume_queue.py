@@ -140,7 +140,8 @@ class ConsumeQueue:
         if first > self._max_offset:
             self._start_at_or_refuse(first)
         present = min(max(self._max_offset - first, 0), count)
-        self._check_existing(first, commits[:present], sizes[:present])
+        if present:
+            self._check_existing(first, commits[:present], sizes[:present])
         if present == count:
             return 0
         entries = np.empty(count - present, dtype=CQ_DTYPE)

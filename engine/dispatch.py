@@ -19,6 +19,8 @@ from engine.formats.record_scan import DispatchColumns
 from engine.hash_index import ShardIndex
 
 _NOT_CONSUMABLE = (TxType.PREPARED, TxType.ROLLBACK)
+_PREPARED, _ROLLBACK = int(TxType.PREPARED), int(TxType.ROLLBACK)  # plain ints for numpy: an
+# IntEnum operand costs an attribute lookup through Enum per array operation
 
 
 def enters_consume_queue(sys_flag: int) -> bool:
@@ -72,7 +74,7 @@ def dispatch_to_shard(shard: ShardIndex, header: RecordHeader, keys: Iterable[st
 def consumable_rows(cols: DispatchColumns) -> np.ndarray:
     """Rows that enter a consume queue (enters_consume_queue, vectorized)."""
     tx = cols.sys_flag & TX_TYPE_MASK
-    return np.flatnonzero((tx != TxType.PREPARED) & (tx != TxType.ROLLBACK))
+    return np.flatnonzero((tx != _PREPARED) & (tx != _ROLLBACK))
 
 
 def dispatch_columns_to_consume_queues(table: ConsumeQueueTable, cols: DispatchColumns,
@@ -120,7 +122,7 @@ def dispatch_columns_to_shard(shard: ShardIndex, cols: DispatchColumns, shard_no
     rows = cols.key_rows
     tx = cols.sys_flag[rows] & TX_TYPE_MASK
     take = np.flatnonzero((shards == shard_no) & (cols.commit_pos[rows] >= shard.processed_pos)
-                          & (tx != TxType.ROLLBACK))
+                          & (tx != _ROLLBACK))
     if len(take):
         shard.put_hashes(hashes[take], cols.commit_pos[rows[take]], cols.store_ts_ms[rows[take]])
     shard.mark_processed(cols.end_pos)

@@ -189,7 +189,10 @@ class IndexFile:
         hashes, positions = key_hashes[:m].astype(np.int64), commit_positions[:m].astype(np.int64)
         times = store_ts_ms[:m].astype(np.int64)
         numbers = count + np.arange(m, dtype=np.int64)
-        prev = _chain_links(self._slot_table(), hashes % self.slot_count, numbers)
+        slots = hashes % self.slot_count
+        order = np.argsort(slots, kind="stable")
+        heads = self._slot_table()
+        prev = _chain_links(heads, slots, numbers, order)
         diff_begin = np.full(m, begin_ts, dtype=np.int64)
         if count <= 1:
             begin_ts, begin_pos = int(times[0]), int(positions[0])
@@ -200,7 +203,7 @@ class IndexFile:
         entries["time_diff_s"], entries["prev_index"] = diffs, prev
         start = entry_pos(self.slot_count, count)
         buf[start:start + m * INDEX_ENTRY_SIZE] = entries.tobytes()
-        _set_slot_heads(self._slot_table(), hashes % self.slot_count, numbers)
+        _set_slot_heads(heads, slots, numbers, order)
         _header_pack(buf, 0, begin_ts, int(times[-1]), begin_pos, int(positions[-1]),
                      slots_used + int(np.count_nonzero(prev == 0)), count + m)
         return m
@@ -359,10 +362,11 @@ class IndexFile:
         return f"IndexFile({self.path.name}, {state})"
 
 
-def _chain_links(heads: np.ndarray, slots: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+def _chain_links(heads: np.ndarray, slots: np.ndarray, numbers: np.ndarray,
+                 order: np.ndarray) -> np.ndarray:
     """prev_index of each new entry: the batch's previous entry in the same slot, else the
-    slot's head when it is a valid older entry (0 < head <= the entry's number), else 0."""
-    order = np.argsort(slots, kind="stable")
+    slot's head when it is a valid older entry (0 < head <= the entry's number), else 0.
+    `order` sorts the entries by slot, stably."""
     sorted_slots = slots[order]
     first = np.ones(len(order), dtype=bool)
     first[1:] = sorted_slots[1:] != sorted_slots[:-1]
@@ -376,9 +380,9 @@ def _chain_links(heads: np.ndarray, slots: np.ndarray, numbers: np.ndarray) -> n
     return prev
 
 
-def _set_slot_heads(heads: np.ndarray, slots: np.ndarray, numbers: np.ndarray) -> None:
-    """Point each touched slot at its newest entry of the batch."""
-    order = np.argsort(slots, kind="stable")
+def _set_slot_heads(heads: np.ndarray, slots: np.ndarray, numbers: np.ndarray,
+                    order: np.ndarray) -> None:
+    """Point each touched slot at its newest entry of the batch (`order`: by slot, stable)."""
     sorted_slots = slots[order]
     last = np.ones(len(order), dtype=bool)
     last[:-1] = sorted_slots[1:] != sorted_slots[:-1]

@@ -19,7 +19,13 @@ from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.consume_queue import Boundary, ConsumeQueueTable
 from engine.dispatch import dispatch_columns
-from engine.errors import BadInputError, CorruptIndexError, ReadOnlyStoreError, StoreClosedError
+from engine.errors import (
+    BadInputError,
+    CorruptIndexError,
+    DiskFullError,
+    ReadOnlyStoreError,
+    StoreClosedError,
+)
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.index_file import shard_of
 from engine.formats.record import (
@@ -196,8 +202,13 @@ class MessageStore:
             offsets.append(offset)
         store_ts_ms = _now_ms()
         records = batch.records
-        positions = self.commitlog.append_encoded(records.buf, records.starts, records.sizes, offsets,
-                                                  store_ts_ms).tolist()
+        try:
+            positions = self.commitlog.append_encoded(records.buf, records.starts, records.sizes,
+                                                      offsets, store_ts_ms).tolist()
+        except DiskFullError as exc:  # nothing was written; the offsets stay free
+            for i in batch.accepted:
+                results[i] = PutResult(PutStatus.DISK_FULL, reason=str(exc))
+            return
         self._next_offsets.update(next_offsets)  # only once the records are in: no offset is lost
         self._flush_by_policy()
         self._dispatch_until(self._dispatch_limit())

@@ -30,7 +30,7 @@ import numpy as np
 
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
-from engine.errors import BadInputError
+from engine.errors import BadInputError, DiskFullError
 from engine.mapped_file import disk_usage_ratio
 from engine.retention import is_disk_full
 from engine.status import PutStatus
@@ -158,14 +158,20 @@ class Appender:
             np.cumsum(sizes[:-1], out=starts[1:])
         queue_ids = checked.queue_ids[good].tolist()
         offsets = []
-        next_offsets = self.next_offsets
+        taken: dict = {}
         for topic, queue_id in zip((checked.topics[i] for i in good.tolist()), queue_ids, strict=True):
             key = (topic, queue_id)
-            offset = next_offsets.get(key, 0)
-            next_offsets[key] = offset + 1
+            offset = taken.get(key, self.next_offsets.get(key, 0))
+            taken[key] = offset + 1
             offsets.append(offset)
         store_ts_ms = time.time_ns() // 1_000_000
-        positions = self.commitlog.append_encoded(data, starts, sizes, offsets, store_ts_ms)
+        try:
+            positions = self.commitlog.append_encoded(data, starts, sizes, offsets, store_ts_ms)
+        except DiskFullError as exc:  # nothing was written (append_encoded is all or nothing)
+            log.warning("disk full while appending: %s", exc)
+            results["status"][good] = PutStatus.DISK_FULL
+            return 0
+        self.next_offsets.update(taken)  # only once the records are in: no offset is skipped
         results["status"][good] = PutStatus.PUT_OK
         results["queue_id"][good] = queue_ids
         results["commit_pos"][good] = positions

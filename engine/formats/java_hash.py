@@ -61,4 +61,3 @@ def tags_code(tags: str | None) -> int:
     if not tags:
         return 0
     return java_string_hash(tags)
-

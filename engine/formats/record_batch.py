@@ -72,7 +72,6 @@ _HOSTS_V6 = int(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
 _BORNHOST_V6 = int(SysFlag.BORNHOST_V6)
 _CRC_DIGITS_OFFSET = len(CRC32C_PREFIX)  # from the start of the __CRC32C tail
 _POWERS_OF_TEN = 10 ** np.arange(CRC32C_DIGITS - 1, -1, -1, dtype=np.int64)
-_PREFIX_U8 = np.frombuffer(CRC32C_PREFIX, dtype=np.uint8)
 _ASCII_ZERO = ord("0")
 
 

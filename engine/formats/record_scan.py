@@ -64,7 +64,8 @@ _MAGIC_TAIL_BYTES = len(_MAGIC_U8) - 1
 
 
 class RecordSpans(NamedTuple):
-    """The accepted records of one buffer: file positions, decoded headers, text positions."""
+    """The accepted records of one buffer: where each starts, its body length, where its topic
+    and properties start, and where it ends (positions in the buffer)."""
 
     starts: np.ndarray  # int64 file positions
     body_lens: np.ndarray

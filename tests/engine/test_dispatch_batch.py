@@ -7,18 +7,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.consume_queue import ConsumeQueueTable
 from engine.dispatch import dispatch_columns, dispatch_to_consume_queue, dispatch_to_shard, keys_by_shard
-from engine.errors import CorruptRecordError
+from engine.errors import BadInputError, CorruptRecordError
 from engine.formats.index_file import index_key
 from engine.formats.key_batch import index_key_hashes
+from engine.formats.properties import encode_properties
 from engine.formats.record import TxType, Verify, encode_record, stamp_record
 from engine.hash_index import ShardIndex
 from engine.mapped_file import Access
-from engine.message import Message
+from engine.message import Message, build_properties, encode_message_properties
 from engine.store import MessageStore
 
 SEG = 16 * 1024
@@ -167,3 +170,20 @@ def test_store_put_batch_matches_encode_record_bytes(tmp_path):
                          store_ts_ms=result.store_ts_ms)
             assert raw == expected
             assert store.query_by_key("TopicA", message.keys[0])[0].commit_pos == result.commit_pos
+
+
+WORDS = st.text(alphabet=st.sampled_from("ab é\x01\x02_"), max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tags=st.none() | WORDS, keys=st.lists(WORDS, max_size=3).map(tuple) | WORDS,
+       props=st.dictionaries(st.sampled_from(["p", "q", "TAGS"]), WORDS, max_size=2), wait=st.booleans())
+def test_encode_message_properties_equals_the_validating_path(tags, keys, props, wait):
+    message = Message("T", b"x", tags=tags, keys=keys, properties=props, wait=wait)
+    try:
+        expected = encode_properties(build_properties(message, uniq_key="U" * 32))
+    except BadInputError:
+        with pytest.raises(BadInputError):
+            encode_message_properties(message, "U" * 32)
+        return
+    assert encode_message_properties(message, "U" * 32) == expected
