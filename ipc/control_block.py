@@ -218,7 +218,7 @@ class ControlBlock:
         return StoreState(state)
 
     def set_store_state(self, state: StoreState) -> None:
-        STATE_WORD.pack_into(self._buf, HEADER_STATE_OFFSET, StoreState(state))
+        seqlock.store_word(self._buf, HEADER_STATE_OFFSET, int(StoreState(state)), "I")
 
     @property
     def flush_policy(self) -> FlushPolicy:
@@ -352,12 +352,12 @@ class ControlBlock:
 
     def heartbeat(self, index: int) -> None:
         """Stamp slot `index` with time.monotonic_ns() (one aligned 8-byte store)."""
-        I64_WORD.pack_into(self._buf, self._slot_offset(index) + SLOT_HEARTBEAT_OFFSET,
-                           time.monotonic_ns())
+        seqlock.store_word(self._buf, self._slot_offset(index) + SLOT_HEARTBEAT_OFFSET,
+                           time.monotonic_ns(), "q")
 
     def set_process_state(self, index: int, state: ProcState) -> None:
-        STATE_WORD.pack_into(self._buf, self._slot_offset(index) + SLOT_STATE_OFFSET,
-                             ProcState(state))
+        seqlock.store_word(self._buf, self._slot_offset(index) + SLOT_STATE_OFFSET,
+                           int(ProcState(state)), "I")
 
     def process_slot(self, index: int) -> ProcessSlot | None:
         """Snapshot of slot `index`, or None if it was never claimed."""

@@ -39,6 +39,7 @@ import ctypes
 import os
 import platform
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -94,6 +95,27 @@ fence, FENCE_KIND = _load_fence()  # FENCE_KIND: "libatomic", "lock" (x86 only) 
 order_fence = _no_fence if IS_TSO else fence
 
 
+def store_word(buf: memoryview, offset: int, value: int, code: str = "Q") -> None:
+    """Write one aligned little-endian word with a single store.
+
+    struct.pack_into zeroes its destination before writing the value, so a reader on another
+    core can see 0 mid-write (a heartbeat of 0, a sequence word of 0 that makes a torn payload
+    look consistent). Item assignment on a cast memoryview is one fixed-size memcpy, which
+    compiles to a single aligned store."""
+    size_bytes = _WORD_SIZES[code]
+    if offset % size_bytes:
+        raise ValueError(f"word offset {offset} is not {size_bytes}-byte aligned")
+    if sys.byteorder != "little":  # layouts are little-endian; no single-store path here
+        struct.pack_into("<" + code, buf, offset, value)
+        return
+    words = buf[offset:offset + size_bytes].cast(code)
+    words[0] = value
+    words.release()
+
+
+_WORD_SIZES = {"Q": 8, "q": 8, "I": 4, "i": 4}
+
+
 def seqlock_size(layout: struct.Struct) -> int:
     """Bytes one group of `layout` occupies, sequence word included."""
     return SEQ_SIZE + layout.size
@@ -106,11 +128,11 @@ def write_locked(buf: memoryview, offset: int, layout: struct.Struct,
         raise ValueError(f"seqlock offset {offset} is not 8-byte aligned")
     (seq,) = SEQ.unpack_from(buf, offset)
     odd = seq if seq & 1 else seq + 1  # odd already: the previous writer died mid-write
-    SEQ.pack_into(buf, offset, odd)
+    store_word(buf, offset, odd)
     order_fence()
     layout.pack_into(buf, offset + SEQ_SIZE, *values)
     order_fence()
-    SEQ.pack_into(buf, offset, odd + 1)
+    store_word(buf, offset, odd + 1)
 
 
 def read_unlocked(buf: memoryview, offset: int, layout: struct.Struct) -> tuple:
