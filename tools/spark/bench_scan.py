@@ -4,8 +4,10 @@ Measures, on one store:
 - planning: the driver's chain walk that places range bounds at record starts (SAMPLE), and
   the executor-side walk a WALK range pays to reach the middle of a segment;
 - decode rate of one core without Spark (the per-executor ceiling);
-- the Spark scan (count and sum over every row: every record is decoded into Arrow);
-- rebuild of consume queues and index from a copy of the commitlog.
+- the Spark scan (count and sum over every row: every record is decoded into Arrow), median
+  of --runs, page cache warm (one untimed scan first), load average beside each run;
+- rebuild of consume queues and index from a copy of the commitlog: the Spark job, and the
+  single-process paths (the dispatcher's batch dispatch over the log; recovery REBUILD).
 `--make-mb N` first writes a store of about N MiB of ~1 KiB messages if DIR does not exist.
 Prints one JSON document.
 """
@@ -21,8 +23,14 @@ import time
 from pathlib import Path
 
 from engine.config import StoreConfig
+from engine.dispatch import dispatch_columns
+from engine.errors import CorruptRecordError
+from engine.formats.record import Verify
+from engine.mapped_file import Access
 from engine.message import Message
-from engine.store import MessageStore
+from engine.recovery import RecoveryMode
+from engine.store import MessageStore, close_parts, open_parts
+from engine.store_dir import config_for_store, read_meta
 from tools.spark import jobs
 from tools.spark.partitions import (
     BlockReader,
@@ -40,7 +48,7 @@ MiB = 1 << 20
 
 def make_store(root: Path, size_mb: int, segment_mb: int, body_bytes: int = 1000) -> None:
     """About `size_mb` MiB of messages over 4 topics x 4 queues, keys on every message."""
-    config = StoreConfig(commitlog_file_size=segment_mb * MiB, queue_count=4)
+    config = StoreConfig(commitlog_file_size=segment_mb * MiB, queue_count=4, flush="async")
     store = MessageStore.open(root, config)
     try:
         n, body = 0, os.urandom(body_bytes)
@@ -98,21 +106,99 @@ def _rates(rows: int, size: int, seconds: float) -> dict:
             "records_per_s": round(rows / seconds), "mb_per_s": round(size / MiB / seconds, 1)}
 
 
-def measure_spark_scan(spark, store: str, target_bytes: int) -> dict:
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _median_runs(fn, runs: int) -> dict:
+    """Run `fn` (-> rates dict) `runs` times; the median run by seconds, every run with the
+    1-minute load average before it."""
+    results = []
+    for _ in range(runs):
+        load = _load()
+        results.append({**fn(), "load_before": load})
+    ordered = sorted(results, key=lambda r: r["seconds"])
+    return {"median": ordered[len(ordered) // 2], "runs": results}
+
+
+def measure_spark_scan(spark, store: str, target_bytes: int, runs: int = 3) -> dict:
+    """count(*) and sum(size) over every row: every record is decoded into Arrow (page cache
+    warm: one untimed scan first)."""
     df = jobs.read_store(spark, store, maxPartitionBytes=str(target_bytes))
-    row, seconds = _timed(lambda: df.selectExpr("count(*) AS n", "sum(size) AS bytes").first())
-    return {**_rates(row.n, row.bytes or 0, seconds), "partitions": df.rdd.getNumPartitions()}
+    query = df.selectExpr("count(*) AS n", "sum(size) AS bytes")
+    query.first()
+
+    def once():
+        row, seconds = _timed(query.first)
+        return _rates(row.n, row.bytes or 0, seconds)
+
+    return {**_median_runs(once, runs), "partitions": df.rdd.getNumPartitions()}
 
 
-def measure_rebuild(spark, store: str) -> dict:
-    with tempfile.TemporaryDirectory(prefix="mqstore-bench-") as tmp:
-        copy = Path(tmp) / "store"
-        copy.mkdir()
-        shutil.copytree(Path(store) / "commitlog", copy / "commitlog")
-        shutil.copy(Path(store) / "store.json", copy / "store.json")
-        report, seconds = _timed(lambda: jobs.rebuild(spark, copy))
-    return {"seconds": round(seconds, 3), "queues": report.queues, "cq_entries": report.cq_entries,
-            "index_keys": sum(report.index_keys.values())}
+def _copy_commitlog(store: str, parent: Path) -> Path:
+    copy = Path(tempfile.mkdtemp(prefix="rebuild-", dir=parent)) / "store"
+    copy.mkdir()
+    shutil.copytree(Path(store) / "commitlog", copy / "commitlog")
+    shutil.copy(Path(store) / "store.json", copy / "store.json")
+    return copy
+
+
+def measure_rebuild(spark, store: str, runs: int = 1) -> dict:
+    """`jobs.rebuild` on a copy of the commitlog (and store.json)."""
+    def once():
+        copy = _copy_commitlog(store, Path(store).parent)
+        try:
+            report, seconds = _timed(lambda: jobs.rebuild(spark, copy))
+        finally:
+            shutil.rmtree(copy.parent)
+        return {"seconds": round(seconds, 3), "queues": report.queues, "cq_entries": report.cq_entries,
+                "index_keys": sum(report.index_keys.values())}
+
+    return _median_runs(once, runs)
+
+
+def dispatch_log(root: Path) -> tuple[int, int]:
+    """The single-process dispatcher's path (MessageStore._dispatch_until) over the whole log
+    into empty consume queues and index: BatchScanner runs (structure checked) ->
+    dispatch_columns; then flush and sync. Returns (entries, keys)."""
+    config = config_for_store(read_meta(root), StoreConfig())
+    parts = open_parts(root, config, Access.READ_WRITE)
+    entries = keys = 0
+    try:
+        try:
+            for run in parts.commitlog.scan_batches(parts.commitlog.min_pos, verify=Verify.STRUCTURE):
+                written, put = dispatch_columns(parts.queues, parts.shards, run.columns())
+                entries, keys = entries + written, keys + put
+        except CorruptRecordError:  # the unwritten end of the last segment
+            pass
+        parts.queues.flush_all()
+        for shard in parts.shards:
+            shard.sync()
+    finally:
+        close_parts(parts)
+    return entries, keys
+
+
+def measure_engine_rebuild(store: str, runs: int = 1) -> dict:
+    """The single-process rebuilds of the same commitlog copy: the dispatcher path
+    (dispatch_log) and MessageStore.open(recovery=REBUILD) (which also checks every CRC)."""
+    def dispatcher():
+        copy = _copy_commitlog(store, Path(store).parent)
+        try:
+            (entries, keys), seconds = _timed(lambda: dispatch_log(copy))
+        finally:
+            shutil.rmtree(copy.parent)
+        return {"seconds": round(seconds, 3), "cq_entries": entries, "index_keys": keys}
+
+    def recovery():
+        copy = _copy_commitlog(store, Path(store).parent)
+        try:
+            _, seconds = _timed(lambda: MessageStore.open(copy, recovery=RecoveryMode.REBUILD).close())
+        finally:
+            shutil.rmtree(copy.parent)
+        return {"seconds": round(seconds, 3)}
+
+    return {"dispatcher": _median_runs(dispatcher, runs), "recovery_rebuild": _median_runs(recovery, runs)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,25 +207,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store", required=True)
     p.add_argument("--master", default="local[*]")
     p.add_argument("--make-mb", type=int, help="write a store of about this many MiB first")
-    p.add_argument("--segment-mb", type=int, default=64, help="segment size of a --make-mb store")
+    p.add_argument("--segment-mb", type=int, default=1024, help="segment size of a --make-mb store")
     p.add_argument("--max-partition-mb", type=int, default=128)
-    p.add_argument("--skip-rebuild", action="store_true")
+    p.add_argument("--runs", type=int, default=3, help="timed Spark scans (median reported)")
+    p.add_argument("--rebuild-runs", type=int, default=0, help="timed Spark rebuilds (0: none)")
+    p.add_argument("--engine-rebuild-runs", type=int, default=0,
+                   help="timed single-process rebuilds (no Spark)")
+    p.add_argument("--skip-planning", action="store_true")
+    p.add_argument("--skip-decode", action="store_true")
     args = p.parse_args(argv)
     store, target_bytes = str(Path(args.store).resolve()), args.max_partition_mb * MiB
-    result: dict = {"store": store, "master": args.master}
+    result: dict = {"store": store, "master": args.master, "load_start": _load()}
     if args.make_mb and not Path(store).exists():
         _, seconds = _timed(lambda: make_store(Path(store), args.make_mb, args.segment_mb))
         result["make_s"] = round(seconds, 1)
-    result["planning"] = measure_planning(store, target_bytes)
-    result["decode_one_core"] = measure_decode(store, target_bytes)
-    spark = jobs.spark_session(args.master, {"spark.ui.showConsoleProgress": "false"}, "mqstore-bench")
-    try:
-        spark.sparkContext.setLogLevel("ERROR")
-        result["spark_scan"] = measure_spark_scan(spark, store, target_bytes)
-        if not args.skip_rebuild:
-            result["rebuild"] = measure_rebuild(spark, store)
-    finally:
-        spark.stop()
+    if not args.skip_planning:
+        result["planning"] = measure_planning(store, target_bytes)
+    if not args.skip_decode:
+        result["decode_one_core"] = {**measure_decode(store, target_bytes), "load_before": _load()}
+    if args.runs or args.rebuild_runs:
+        spark = jobs.spark_session(args.master, {"spark.ui.showConsoleProgress": "false"}, "mqstore-bench")
+        try:
+            spark.sparkContext.setLogLevel("ERROR")
+            if args.runs:
+                result["spark_scan"] = measure_spark_scan(spark, store, target_bytes, args.runs)
+            if args.rebuild_runs:
+                result["rebuild"] = measure_rebuild(spark, store, args.rebuild_runs)
+        finally:
+            spark.stop()
+    if args.engine_rebuild_runs:
+        result["engine_rebuild"] = measure_engine_rebuild(store, args.engine_rebuild_runs)
+    result["load_end"] = _load()
     print(json.dumps(result, indent=2))
     return 0
 

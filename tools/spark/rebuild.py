@@ -1,17 +1,22 @@
 """Rebuild consume queues and index files from the commitlog, in parallel (`mqstore spark rebuild`).
 
-Every record carries its topic, queue id and queue offset, so each consume queue is written
-by one task from its records sorted by queue offset, independently of the others. Index
-keys are placed in their shard (CRC32C of `topic#key`), and each shard is written by one
-task in commit order (within a record: UNIQ_KEY, then each KEYS token), exactly the order
-the dispatcher puts them. Both use the engine's own writers (engine.consume_queue,
-engine.hash_index), so the files are byte for byte what dispatch writes; only index file
-names differ (they are creation times).
+Two Spark stages of plain tasks (no DataFrame shuffle, no Python object per record):
+1. spill: one task per scan range reads it (dispatch view, the batch path of scan.py) and
+   writes, per consume queue and per index shard, its entries and keys (with index_key_hash
+   and shard from engine.dispatch.key_hashes_and_shards) in commit order to
+   .rebuild/spill/q/<topic>/<queue>/<range>.npy and .rebuild/spill/k/<shard>/<range>.npy;
+2. write: one task per consume queue and per shard concatenates its spills in range order
+   (= commit order) and writes them with the engine's batch writers, as the single-process
+   dispatcher does: ConsumeQueue.put_batch (entries sorted by queue offset) and
+   ShardIndex.put_hashes (keys in commit order; within a record UNIQ_KEY, then each KEYS
+   token). So the files are byte for byte what dispatch writes; only index file names differ
+   (they are creation times). Parallelism: ranges in stage 1, queues + shards in stage 2 (one
+   shard is one sequential writer, as in the dispatcher).
 
 Step order (each step leaves the store as it was, or rebuilt):
 1. refuse a store that is running (lock held) or crashed (abort present: recover it first);
-2. write everything under <root>/.rebuild/ (the executors must see the store directory,
-   e.g. a shared file system on a cluster);
+2. write everything (spills included) under <root>/.rebuild/ (the executors must see the
+   store directory, e.g. a shared file system on a cluster);
 3. swap: move the old consumequeue/ and index/ aside into .rebuild/, move the new ones in;
 4. write a checkpoint that says both are durable up to the end of the data; remove .rebuild/.
 """
@@ -19,28 +24,36 @@ Step order (each step leaves the store as it was, or rebuilt):
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from engine.checkpoint import write_checkpoint
 from engine.consume_queue import ConsumeQueue
+from engine.dispatch import consumable_rows, key_hashes_and_shards, queue_groups
 from engine.errors import BadInputError, ReadOnlyStoreError, StoreLockedError
 from engine.formats.checkpoint import Checkpoint
-from engine.formats.index_file import shard_of
+from engine.formats.record_scan import DispatchColumns
 from engine.hash_index import ShardIndex
 from engine.mapped_file import Access, ensure_dir, fsync_dir, remove_tree
 from engine.naming import ABORT_FILE, CONSUMEQUEUE_DIR, INDEX_DIR
 from engine.store_dir import holder_pid
 from tools.spark.layout import StoreFormat, StoreLayout, read_layout
+from tools.spark.partitions import ScanRange
+from tools.spark.scan import ScanSpec, read_batches
+from tools.spark.source import MqstoreReader, parse_options
 
 STAGING_DIR = ".rebuild"
-CONSUMABLE_SQL = "(sys_flag & 12) NOT IN (4, 12)"  # engine.dispatch.enters_consume_queue
-KEY_ROWS_DDL = "shard int, commit_pos long, seq int, topic string, key string, store_ts_ms long"
-PUT_BATCH_ENTRIES = 4096
+SPILL_DIR = "spill"
+_QUEUE_SPILL = np.dtype([("queue_offset", "<i8"), ("commit_pos", "<i8"), ("size", "<i8"),
+                         ("tags_code", "<i8")])
+_KEY_SPILL = np.dtype([("key_hash", "<i8"), ("commit_pos", "<i8"), ("store_ts_ms", "<i8")])
 Say = Callable[[str], None]
 
 
@@ -71,27 +84,36 @@ def check_rebuildable(root: Path, layout: StoreLayout) -> None:
 
 def rebuild(spark, store: str | Path, *, say: Say = lambda _: None) -> RebuildReport:
     """Rebuild consume queues and index of `store` from its commitlog; see the module doc."""
-    from tools.spark.jobs import read_store
-
     started = time.monotonic()
     root = Path(store).resolve()
     layout = read_layout(root)
     check_rebuildable(root, layout)
     staging = root / STAGING_DIR
     remove_tree(staging)
-    for name in (CONSUMEQUEUE_DIR, INDEX_DIR):
+    for name in (CONSUMEQUEUE_DIR, INDEX_DIR, SPILL_DIR):
         ensure_dir(staging / name)
     report = RebuildReport(str(root))
-    records = read_store(spark, str(root), view="dispatch").persist()
-    try:
-        say("rebuild: scanning the commitlog")
-        report.data_end_pos = int(records.selectExpr("max(commit_pos + size)").first()[0] or layout.min_pos)
-        say("rebuild: writing consume queues")
-        _write_queues(spark, records, staging, layout, report)
-        say("rebuild: writing index shards")
-        _write_shards(spark, records, staging, layout, report)
-    finally:
-        records.unpersist()
+    reader = MqstoreReader(parse_options({"path": str(root), "view": "dispatch"}))
+    ranges = [p.value for p in reader.partitions()]
+    context = spark.sparkContext
+    say(f"rebuild: scanning the commitlog ({len(ranges)} ranges)")
+    spilled = (context.parallelize(list(enumerate(ranges)), max(len(ranges), 1))
+               .map(functools.partial(spill_range, str(staging), reader.spec, layout.index_shards))
+               .collect())
+    report.data_end_pos = max((end for end, _ in spilled), default=0) or layout.min_pos
+    queues = sorted({queue for _, queue_keys in spilled for queue in queue_keys})
+    say(f"rebuild: writing {len(queues)} consume queues and {layout.index_shards} index shards")
+    tasks = [("shard", shard) for shard in range(layout.index_shards)] + [("queue", q) for q in queues]
+    written = (context.parallelize(tasks, len(tasks))
+               .map(functools.partial(write_task, str(staging), layout))
+               .collect())
+    for kind, key, count, files in written:
+        if kind == "queue":
+            report.queues += 1
+            report.cq_entries += count
+        else:
+            report.index_keys[key], report.index_files[key] = count, files
+    remove_tree(staging / SPILL_DIR)
     say("rebuild: swapping in the new files")
     _swap_in(root, staging)
     _write_final_checkpoint(root, layout, report.data_end_pos)
@@ -100,71 +122,113 @@ def rebuild(spark, store: str | Path, *, say: Say = lambda _: None) -> RebuildRe
     return report
 
 
-def _write_queues(spark, records, staging: Path, layout: StoreLayout, report: RebuildReport) -> None:
-    parallelism = spark.sparkContext.defaultParallelism
-    rows = (records.where(CONSUMABLE_SQL)
-            .select("topic", "queue_id", "queue_offset", "commit_pos", "size", "tags_code")
-            .repartition(parallelism, "topic", "queue_id")
-            .sortWithinPartitions("topic", "queue_id", "queue_offset")
-            .rdd.mapPartitions(functools.partial(write_queue_rows, str(staging),
-                                                 layout.consume_queue_entries))
-            .collect())
-    report.queues = len(rows)
-    report.cq_entries = sum(entries for _, _, entries in rows)
+# ------------------------------------------------------------------ stage 1: spill
 
 
-def write_queue_rows(staging: str, entries_per_file: int, rows: Iterator) -> Iterator[tuple[str, int, int]]:
-    """Executor side: write the queues of this partition (rows sorted by queue, then offset);
-    yields (topic, queue_id, entries written) per queue."""
-    for (topic, queue_id), queue_rows in itertools.groupby(rows, key=lambda r: (r.topic, r.queue_id)):
-        queue = ConsumeQueue.load(Path(staging), topic, queue_id, entries_per_file, Access.READ_WRITE)
-        written = 0
+def dispatch_columns_of(batch: pa.RecordBatch) -> DispatchColumns:
+    """DispatchColumns of a dispatch-view Arrow batch (index keys as spans of the list
+    column's string data, topics dictionary-encoded); rollbacks already have no keys."""
+    keys = batch.column("index_keys")
+    list_offsets = keys.offsets.to_numpy().astype(np.int64)
+    values = keys.values
+    str_offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset:]
+    lo, hi = int(list_offsets[0]), int(list_offsets[-1])
+    data = values.buffers()[2]
+    topics = pc.dictionary_encode(batch.column("topic"))
+
+    def col(name: str) -> np.ndarray:
+        return batch.column(name).to_numpy().astype(np.int64)
+
+    return DispatchColumns(
+        commit_pos=col("commit_pos"), total_size=col("size"), queue_id=col("queue_id"),
+        queue_offset=col("queue_offset"), sys_flag=col("sys_flag"), store_ts_ms=col("store_ts_ms"),
+        tags_code=col("tags_code"), topics=topics.dictionary.to_pylist(),
+        topic_index=topics.indices.to_numpy().astype(np.int64),
+        key_rows=np.repeat(np.arange(batch.num_rows), np.diff(list_offsets)),
+        key_blob=data.to_pybytes() if data is not None else b"",
+        key_starts=str_offsets[lo:hi].astype(np.int64), key_ends=str_offsets[lo + 1:hi + 1].astype(np.int64))
+
+
+def spill_range(staging: str, spec: ScanSpec, shard_count: int,
+                task: tuple[int, ScanRange]) -> tuple[int, list[tuple[str, int]]]:
+    """Executor side: read one range (dispatch view) and write, per queue and per shard, its
+    entries and keys in commit order to spill/<q|k>/.../<range number>.npy under staging.
+    Returns (end of its last record, the queues it has entries for)."""
+    number, rng = task
+    entries: dict[tuple[str, int], list[np.ndarray]] = {}
+    keys: dict[int, list[np.ndarray]] = {}
+    end_pos = 0
+    for batch in read_batches(rng, spec):
+        cols = dispatch_columns_of(batch)
+        end_pos = max(end_pos, cols.end_pos)
+        for queue, rows in queue_groups(cols, consumable_rows(cols)):
+            entries.setdefault(queue, []).append(_records(_QUEUE_SPILL, cols.queue_offset[rows],
+                                                          cols.commit_pos[rows], cols.total_size[rows],
+                                                          cols.tags_code[rows]))
+        if len(cols.key_rows):
+            hashes, shards = key_hashes_and_shards(cols, shard_count)
+            for shard in np.unique(shards).tolist():
+                rows = cols.key_rows[shards == shard]
+                keys.setdefault(shard, []).append(_records(_KEY_SPILL, hashes[shards == shard],
+                                                           cols.commit_pos[rows], cols.store_ts_ms[rows]))
+    name = f"{number:08d}.npy"
+    for (topic, queue_id), parts in entries.items():
+        _save(Path(staging, SPILL_DIR, "q", topic, str(queue_id), name), parts)
+    for shard, parts in keys.items():
+        _save(Path(staging, SPILL_DIR, "k", str(shard), name), parts)
+    return end_pos, sorted(entries)
+
+
+def _records(dtype: np.dtype, *columns: np.ndarray) -> np.ndarray:
+    out = np.empty(len(columns[0]), dtype=dtype)
+    for name, column in zip(dtype.names, columns, strict=True):
+        out[name] = column
+    return out
+
+
+def _save(path: Path, parts: list[np.ndarray]) -> None:
+    ensure_dir(path.parent)
+    np.save(path, np.concatenate(parts))
+
+
+def _load_spills(directory: Path) -> np.ndarray | None:
+    """One queue's or shard's spills in range order (= commit order), None if it has none."""
+    paths = sorted(directory.glob("*.npy")) if directory.is_dir() else []
+    return np.concatenate([np.load(p) for p in paths]) if paths else None
+
+
+# ------------------------------------------------------------------ stage 2: write
+
+
+def write_task(staging: str, layout: StoreLayout, task: tuple) -> tuple[str, object, int, int]:
+    """Executor side: write one consume queue or one index shard from its spills; returns
+    (kind, queue or shard, entries or keys written, index files)."""
+    kind, key = task
+    spill = Path(staging, SPILL_DIR)
+    if kind == "queue":
+        topic, queue_id = key
+        data = _load_spills(spill / "q" / topic / str(queue_id))
+        data = data[np.argsort(data["queue_offset"], kind="stable")]
+        queue = ConsumeQueue.load(Path(staging), topic, queue_id, layout.consume_queue_entries,
+                                  Access.READ_WRITE)
         try:
-            while chunk := list(itertools.islice(queue_rows, PUT_BATCH_ENTRIES)):
-                offsets, positions, sizes, tags = zip(*((r.queue_offset, r.commit_pos, r.size, r.tags_code)
-                                                        for r in chunk), strict=True)
-                written += queue.put_batch(offsets, positions, sizes, tags)
+            written = queue.put_batch(data["queue_offset"], data["commit_pos"], data["size"],
+                                      data["tags_code"])
             queue.flush()
         finally:
             queue.close()
-        yield topic, queue_id, written
-
-
-def _write_shards(spark, records, staging: Path, layout: StoreLayout, report: RebuildReport) -> None:
-    shards = layout.index_shards
-    keyed = records.where("size(index_keys) > 0").select("commit_pos", "topic", "store_ts_ms", "index_keys")
-    rows = (spark.createDataFrame(keyed.rdd.flatMap(functools.partial(key_rows, shards)), KEY_ROWS_DDL)
-            .repartition(shards, "shard")
-            .sortWithinPartitions("shard", "commit_pos", "seq")
-            .rdd.mapPartitions(functools.partial(write_shard_rows, str(staging), layout.index_slot_count,
-                                                 layout.index_entry_count))
-            .collect())
-    report.index_keys = {shard: keys for shard, keys, _ in rows}
-    report.index_files = {shard: files for shard, _, files in rows}
-
-
-def key_rows(shard_count: int, row) -> Iterator[tuple]:
-    """Executor side: one row per index key of a record, with its shard and its place in the record."""
-    for seq, key in enumerate(row.index_keys):
-        yield shard_of(row.topic, key, shard_count), row.commit_pos, seq, row.topic, key, row.store_ts_ms
-
-
-def write_shard_rows(staging: str, slot_count: int, entry_count: int,
-                     rows: Iterator) -> Iterator[tuple[int, int, int]]:
-    """Executor side: put the keys of this partition's shards in commit order; yields
-    (shard, keys put, index files) per shard."""
-    for shard, shard_rows in itertools.groupby(rows, key=lambda r: r.shard):
-        index = ShardIndex.load(Path(staging), shard, slot_count, entry_count, Access.READ_WRITE)
-        count = 0
-        try:
-            for r in shard_rows:
-                index.put(r.topic, r.key, r.commit_pos, r.store_ts_ms)
-                count += 1
-            index.sync()
-            files = len(index.files)
-        finally:
-            index.close()
-        yield shard, count, files
+        return kind, tuple(key), written, 0
+    data = _load_spills(spill / "k" / str(key))
+    index = ShardIndex.load(Path(staging), key, layout.index_slot_count, layout.index_entry_count,
+                            Access.READ_WRITE)
+    try:
+        if data is not None:
+            index.put_hashes(data["key_hash"], data["commit_pos"], data["store_ts_ms"])
+        index.sync()
+        files = len(index.files)
+    finally:
+        index.close()
+    return kind, key, 0 if data is None else len(data), files
 
 
 def _swap_in(root: Path, staging: Path) -> None:
