@@ -1,0 +1,156 @@
+"""tools.bench.loadgen: schedules, coordinated-omission accounting, interval windows, bodies.
+
+A fake clock and a fake sender stand in for the store, so a stall happens exactly where the
+test puts it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tools.bench.histogram import LatencyHistogram, merged
+from tools.bench.loadgen import (
+    BODY_HEADER,
+    BODY_MAGIC,
+    IntervalRecorder,
+    Pending,
+    WorkerSpec,
+    build_batch,
+    intended_times,
+    run_producer,
+)
+
+START_NS = 10**12
+MS = 1_000_000
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_ns = START_NS
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def sleep(self, seconds: float) -> None:
+        self.now_ns += int(seconds * 1e9)
+
+
+class StallingSender:
+    """Answers every batch after `service_ns`; the first send at or after `stall_at_ns`
+    takes `stall_ns` longer (a long fsync, a descheduled supervisor)."""
+
+    def __init__(self, clock: FakeClock, *, service_ns: int, stall_at_ns: int, stall_ns: int):
+        self.clock, self.service_ns = clock, service_ns
+        self.stall_at_ns, self.stall_ns = stall_at_ns, stall_ns
+        self.stalled = False
+        self.sent = 0
+
+    def submit(self, batch) -> Pending:
+        start = self.clock.now_ns
+        self.clock.now_ns += self.service_ns
+        if not self.stalled and start >= self.stall_at_ns:
+            self.clock.now_ns += self.stall_ns
+            self.stalled = True
+        pending = Pending(len(batch.bodies))
+        pending.done_ns, pending.statuses = self.clock.now_ns, {"OK": len(batch.bodies)}
+        self.sent += len(batch.bodies)
+        return pending
+
+    def result(self, pending: Pending) -> dict[str, int]:
+        return dict(pending.statuses)
+
+
+def _run(rate: float | None, *, seconds: float = 2.0, stall_at_s: float = 0.5, stall_s: float = 0.5):
+    spec = WorkerSpec(role="producer", backend="fake", worker_id=0, target="-",
+                      streams=(("t", 0),), size_bytes=64, batch=1, rate_msgs_per_s=rate,
+                      seconds=seconds, interval_s=1.0)
+    clock, events = FakeClock(), []
+    sender = StallingSender(clock, service_ns=100_000, stall_at_ns=START_NS + int(stall_at_s * 1e9),
+                            stall_ns=int(stall_s * 1e9))
+    recorder = IntervalRecorder(START_NS, int(spec.interval_s * 1e9), spec.interval_count, events.append)
+    run_producer(spec, sender, recorder, start_ns=START_NS, clock=clock, sleep=clock.sleep)
+    latency = merged(LatencyHistogram.from_sparse(e["lat"]) for e in events)
+    delay = merged(LatencyHistogram.from_sparse(e["delay"]) for e in events)
+    return events, latency, delay, recorder, sender
+
+
+def test_fixed_rate_latency_counts_the_stall_for_every_message_behind_it():
+    events, latency, delay, recorder, sender = _run(1000.0)
+    # every one of the 2000 scheduled messages was sent and measured from its intended time
+    assert latency.count == sender.sent == recorder.total_msgs == 2000
+    # ~500 messages were due during the 500 ms stall: their latencies run from 500 ms down to 0
+    assert latency.percentile_ns(99) >= 480 * MS
+    assert 250 * MS <= latency.percentile_ns(90) <= 350 * MS
+    assert latency.percentile_ns(50) < 1 * MS
+    # the rate limiter's lateness shows the same stall (OMB's publish delay)
+    assert delay.percentile_ns(90) >= 250 * MS
+    assert [e["k"] for e in events] == [0, 1]
+
+
+def test_closed_loop_would_hide_the_same_stall():
+    """The contrast: without a schedule only the one stalled send is slow."""
+    _, latency, _, _, sender = _run(None)
+    assert latency.count == sender.sent > 10_000
+    assert latency.percentile_ns(99.9) < 1 * MS
+    assert latency.max_ns >= 500 * MS
+
+
+def test_sends_never_made_before_the_end_are_counted_not_dropped():
+    events, latency, _, recorder, sender = _run(1000.0, stall_at_s=1.5, stall_s=3.0)
+    not_sent = sum(e["errors"].get("NOT_SENT", 0) for e in events)
+    assert sender.sent + not_sent == 2000
+    assert not_sent > 400
+    assert recorder.total_errors["NOT_SENT"] == not_sent
+    assert latency.count == 2000  # the unsent ones are recorded as at least this late
+    assert latency.percentile_ns(90) >= 1000 * MS
+
+
+def test_recorder_puts_warmup_aside_and_late_events_in_the_open_window():
+    events = []
+    recorder = IntervalRecorder(START_NS, 1_000 * MS, 3, events.append)
+    common = {"ok_count": 4, "answered_count": 4, "body_bytes": 100, "errors": {}}
+    recorder.add_batch(done_ns=START_NS - 1, intended_ns=START_NS - 5 * MS, sent_ns=START_NS - 5 * MS,
+                       **common)
+    recorder.add_batch(done_ns=START_NS + 10 * MS, intended_ns=START_NS, sent_ns=START_NS, **common)
+    recorder.maybe_emit(START_NS + 2_500 * MS)  # windows 0 and 1 are closed
+    recorder.add_batch(done_ns=START_NS + 500 * MS, intended_ns=START_NS + 400 * MS,
+                       sent_ns=START_NS + 400 * MS, **common)  # late: lands in window 2
+    recorder.add_batch(done_ns=START_NS + 9_000 * MS, intended_ns=START_NS + 8_000 * MS,
+                       sent_ns=START_NS + 8_000 * MS, **{**common, "ok_count": 3,
+                                                          "errors": {"FLUSH_DISK_TIMEOUT": 1}})
+    recorder.finish()
+    assert [e["k"] for e in events] == [0, 1, 2]
+    assert [e["msgs"] for e in events] == [4, 0, 7]
+    assert events[2]["errors"] == {"FLUSH_DISK_TIMEOUT": 1}
+    assert events[-1]["cum_msgs"] == recorder.total_msgs == 15
+    assert LatencyHistogram.from_sparse(events[2]["lat"]).max_ns == 1_000 * MS
+
+
+def test_bodies_carry_the_intended_time_and_keys_are_unique():
+    spec = WorkerSpec(role="producer", backend="mqstore", worker_id=3, target="-",
+                      streams=(("a", 0), ("a", 1), ("b", 0)), size_bytes=64, batch=5, keys=True)
+    batch = build_batch(spec, 10, 123_456_789, bytes(64 - BODY_HEADER.size))
+    assert all(len(body) == 64 for body in batch.bodies)
+    assert BODY_HEADER.unpack_from(batch.bodies[0]) == (BODY_MAGIC, 3, 123_456_789, 10)
+    assert batch.streams[:3] == [("a", 1), ("b", 0), ("a", 0)]
+    assert len(set(batch.keys)) == 5
+    stamps = intended_times([*batch.bodies, b"not a bench body at all........"])
+    assert stamps.tolist() == [123_456_789] * 5
+
+
+def test_spec_round_trips_through_json():
+    spec = WorkerSpec(role="consumer", backend="redis", worker_id=1, target="127.0.0.1:1",
+                      streams=(("t", 2),), rate_msgs_per_s=5.0, seconds=7.0, interval_s=5.0)
+    assert WorkerSpec.from_json(spec.to_json()) == spec
+    assert spec.interval_count == 2
+
+
+@pytest.mark.parametrize("seconds, interval_s, count", [(2, 5, 1), (10, 5, 2), (10.5, 5, 3)])
+def test_interval_count(seconds, interval_s, count):
+    spec = WorkerSpec(role="producer", backend="x", worker_id=0, target="-", streams=(("t", 0),),
+                      seconds=seconds, interval_s=interval_s)
+    assert spec.interval_count == count
+
+
+def test_intended_times_is_int64():
+    assert intended_times([]).dtype == np.int64

@@ -1,0 +1,103 @@
+"""Real runs of `python -m tools.bench`: a store started for the run, Redis when installed,
+and the disk probe. These start processes, so they take seconds, not milliseconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.bench import disk, report
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SHORT_RUN = ("--producers", "1", "--consumers", "1", "--seconds", "2", "--warmup", "0.5",
+             "--interval", "1", "--batch", "4", "--keys")
+
+
+def bench(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", "tools.bench", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _redis_available() -> bool:
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        return False
+    return shutil.which("redis-server") is not None
+
+
+def _assert_complete(doc: dict, name: str, interval_ends_s: list[float]) -> dict:
+    run = doc["runs"][name]
+    summary = run["summary"]
+    assert summary["sent_total"] == summary["received_total"] > 0
+    assert summary["errors"] == {}
+    assert summary["pub_latency"]["count"] > 0 and summary["e2e_latency"]["count"] > 0
+    assert [i["t_s"] for i in run["intervals"]] == interval_ends_s
+    return run
+
+
+@pytest.mark.slow
+def test_two_second_run_against_a_started_store(tmp_path):
+    result = bench("--start", "--workdir", str(tmp_path), *SHORT_RUN, "--json", str(tmp_path / "r.json"),
+                   "--plot", str(tmp_path / "r.png"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert report.check_document(doc) == []
+    run = _assert_complete(doc, "mqstore", [1.0, 2.0])
+    assert run["store"]["flush"]["flush_count"] > 0
+    assert run["store"]["samples"], "status was sampled during the run"
+    lines = [line for line in result.stdout.splitlines() if line.startswith("mqstore [")]
+    assert len(lines) == 2 and all("| load " in line for line in lines)
+    assert "(equal: yes)" in result.stdout
+    assert 0 < (tmp_path / "r.png").stat().st_size < 200_000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]  # store removed
+
+
+@pytest.mark.slow
+def test_peer_redis_runs_side_by_side_or_says_how_to_install(tmp_path):
+    args = ("--start", "--workdir", str(tmp_path), *SHORT_RUN, "--seconds", "1", "--peer", "redis",
+            "--json", str(tmp_path / "r.json"))
+    result = bench(*args)
+    if not _redis_available():
+        assert result.returncode != 0
+        assert "apt-get install redis-server" in result.stderr
+        assert "pip install 'mqstore[redis]'" in result.stderr
+        return
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert report.check_document(doc) == []
+    _assert_complete(doc, "mqstore", [1.0])
+    _assert_complete(doc, "redis", [1.0])
+    assert doc["ratios"]["pub_msgs_per_s"] > 0
+    assert "mqstore vs redis (appendfsync always), same run:" in result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # redis dir removed too
+
+
+def test_missing_redis_server_prints_the_install_hint_before_starting_anything(tmp_path):
+    result = bench("--start", "--workdir", str(tmp_path), "--peer", "redis",
+                   "--redis-server", str(tmp_path / "no-such-redis-server"), timeout=60)
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "no-such-redis-server' is not on PATH" in result.stderr
+    assert "apt-get install redis-server" in result.stderr
+    assert "pip install 'mqstore[redis]'" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_without_a_store_says_what_to_give():
+    result = bench("--producers", "1", timeout=60)
+    assert result.returncode == 2
+    assert "give --store DIR (a running store) or --start" in result.stderr
+
+
+def test_disk_probe_writes_and_cleans_up(tmp_path):
+    point = disk.probe_writers(tmp_path, writers=2, write_bytes=512, seconds=0.2)
+    assert point["writes"] > 0 and point["writes_per_s"] > 0 and point["fdatasync_p50_ms"] > 0
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,369 @@
+"""Producer and consumer process bodies for `mqstore bench`, over the real clients.
+
+A worker is started as `python -m tools.bench _worker '<WorkerSpec JSON>'`. It connects, prints
+{"event": "ready"} on stdout, and waits for `go <start_ns>` on stdin (CLOCK_MONOTONIC ns, which
+every process on the host shares). Then it reports one {"event": "interval"} JSON line per
+interval and a final {"event": "done"}. Consumers run until the harness writes `drain` (every
+acknowledged message is visible by then), empty their queues, and finish. `stop` or EOF on
+stdin ends any worker early. Nothing is pickled.
+
+Timing (coordinated omission). With a fixed rate, batch j of a producer is *intended* at
+start_ns + j * batch / rate and every latency is measured from that intended time, not from
+when the send actually happened: a stall delays the sends behind it and their latencies show
+it. The body starts with BODY_HEADER (magic, producer id, intended_ns, seq), so a consumer
+measures end-to-end latency from the same intended time. At --rate max, intended = now.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import signal
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from tools.bench.histogram import LatencyHistogram
+
+BODY_HEADER = struct.Struct("<4sIqq")  # magic, producer id, intended send time (ns), sequence
+BODY_MAGIC = b"MQB1"
+MIN_BODY_BYTES = BODY_HEADER.size
+MAX_SLEEP_S = 0.1
+POLL_TIMEOUT_S = 0.1
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one producer or consumer process needs (travels as JSON)."""
+
+    role: str  # "producer" | "consumer"
+    backend: str  # "mqstore" | "redis"
+    worker_id: int
+    target: str  # store directory, or "127.0.0.1:<port>" for redis
+    streams: tuple[tuple[str, int], ...]  # (topic, queue_id): sent round robin / read
+    size_bytes: int = 256
+    batch: int = 1
+    rate_msgs_per_s: float | None = None  # this producer's share; None = as fast as acks come
+    keys: bool = False
+    warmup_s: float = 0.0
+    seconds: float = 10.0
+    interval_s: float = 5.0
+    inflight: int = 1
+    pull_count: int = 1024
+    consume_from: str = "end"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSpec:
+        data = json.loads(text)
+        data["streams"] = tuple((topic, int(qid)) for topic, qid in data["streams"])
+        return cls(**data)
+
+    @property
+    def interval_count(self) -> int:
+        return max(int(np.ceil(self.seconds / self.interval_s - 1e-9)), 1)
+
+
+# ---------------------------------------------------------------------------------- recording
+class _Window:
+    __slots__ = ("delay", "errors", "latency", "msg_bytes", "msgs")
+
+    def __init__(self) -> None:
+        self.msgs = 0
+        self.msg_bytes = 0
+        self.latency = LatencyHistogram()
+        self.delay = LatencyHistogram()
+        self.errors: collections.Counter = collections.Counter()
+
+
+class IntervalRecorder:
+    """Per-interval counts and histograms; emits interval k once the clock passes its end.
+
+    An event belongs to the measurement if its *intended* time is at or after the warm-up,
+    and to the interval of its *completion* time (clipped to the last interval)."""
+
+    def __init__(self, measure_start_ns: int, interval_ns: int, interval_count: int,
+                 emit: Callable[[dict], None]):
+        self.measure_start_ns = measure_start_ns
+        self.interval_ns = interval_ns
+        self.interval_count = interval_count
+        self.emit = emit
+        self.next_k = 0
+        self.windows: dict[int, _Window] = {}
+        self.total_msgs = 0
+        self.total_errors: collections.Counter = collections.Counter()
+
+    def _window(self, done_ns: int) -> _Window:
+        k = (done_ns - self.measure_start_ns) // self.interval_ns
+        k = min(max(k, self.next_k), self.interval_count - 1)
+        window = self.windows.get(k)
+        if window is None:
+            window = self.windows[k] = _Window()
+        return window
+
+    def add_batch(self, *, done_ns: int, intended_ns: int, sent_ns: int, ok_count: int,
+                  answered_count: int, body_bytes: int, errors: dict[str, int]) -> None:
+        """A producer batch: `answered_count` messages answered, `ok_count` of them stored OK."""
+        self.total_msgs += ok_count
+        self.total_errors.update(errors)
+        if intended_ns < self.measure_start_ns:
+            return
+        window = self._window(done_ns)
+        window.msgs += ok_count
+        window.msg_bytes += ok_count * body_bytes
+        window.errors.update(errors)
+        window.latency.record(done_ns - intended_ns, answered_count)
+        window.delay.record(sent_ns - intended_ns, answered_count)
+
+    def add_received(self, done_ns: int, intended_ns: np.ndarray, body_bytes: int) -> None:
+        """Bodies a consumer received at `done_ns`, by their intended send times."""
+        self.total_msgs += len(intended_ns)
+        measured = intended_ns[intended_ns >= self.measure_start_ns]
+        if measured.size == 0:
+            return
+        window = self._window(done_ns)
+        window.msgs += int(measured.size)
+        window.msg_bytes += int(measured.size) * body_bytes
+        window.latency.record_many(done_ns - measured)
+
+    def add_backlog_read(self, done_ns: int, intended_ns: np.ndarray, count: int, body_bytes: int) -> None:
+        """Messages read from a backlog (--consume-from start): counted by receive time, since
+        they were sent before the run; latency only for those sent during the measurement."""
+        self.total_msgs += count
+        if done_ns < self.measure_start_ns:
+            return
+        window = self._window(done_ns)
+        window.msgs += count
+        window.msg_bytes += count * body_bytes
+        window.latency.record_many(done_ns - intended_ns[intended_ns >= self.measure_start_ns])
+
+    def add_unsent(self, now_ns: int, intended_ns: np.ndarray, batch: int) -> None:
+        """Batches due before the end that were never sent (the sender fell behind): their
+        latency is at least `now - intended`, recorded as such and counted as NOT_SENT."""
+        measured = intended_ns[intended_ns >= self.measure_start_ns]
+        if intended_ns.size:
+            self.total_errors["NOT_SENT"] += int(intended_ns.size) * batch
+        if measured.size:
+            window = self._window(now_ns)
+            window.errors["NOT_SENT"] += int(measured.size) * batch
+            window.latency.record_many(now_ns - measured, np.full(measured.size, batch))
+
+    def add_error(self, name: str) -> None:
+        self.total_errors[name] += 1
+        self._window(time.monotonic_ns()).errors[name] += 1
+
+    def maybe_emit(self, now_ns: int) -> None:
+        while (self.next_k < self.interval_count - 1 and
+               now_ns >= self.measure_start_ns + (self.next_k + 1) * self.interval_ns):
+            self._emit(self.next_k)
+            self.next_k += 1
+
+    def finish(self) -> None:
+        """Emit every interval not yet emitted (the last one holds late completions)."""
+        while self.next_k < self.interval_count:
+            self._emit(self.next_k)
+            self.next_k += 1
+
+    def _emit(self, k: int) -> None:
+        window = self.windows.pop(k, None) or _Window()
+        self.emit({"event": "interval", "k": k, "msgs": window.msgs, "bytes": window.msg_bytes,
+                   "cum_msgs": self.total_msgs, "lat": window.latency.to_sparse(),
+                   "delay": window.delay.to_sparse(), "errors": dict(window.errors)})
+
+
+# ---------------------------------------------------------------------------------- producing
+@dataclass
+class SendBatch:
+    """One batch to send: parallel lists of (topic, queue_id), body and key (or None)."""
+
+    streams: list[tuple[str, int]]
+    bodies: list[bytes]
+    keys: list[str | None]
+
+
+class Pending:
+    """A batch in flight: stamped with its completion time by whoever completes it."""
+
+    __slots__ = ("count", "done_ns", "future", "intended_ns", "sent_ns", "statuses")
+
+    def __init__(self, count: int, future: Future | None = None):
+        self.count = count
+        self.future = future
+        self.statuses: dict[str, int] | None = None
+        self.done_ns = 0
+        self.intended_ns = 0
+        self.sent_ns = 0
+
+    def stamp(self, _future: object = None) -> None:
+        self.done_ns = time.monotonic_ns()
+
+
+def build_batch(spec: WorkerSpec, seq: int, intended_ns: int, tail: bytes) -> SendBatch:
+    """Messages seq..seq+batch-1 of this producer, bodies stamped with `intended_ns`."""
+    streams, bodies, keys = [], [], []
+    count = len(spec.streams)
+    pack, producer = BODY_HEADER.pack, spec.worker_id
+    for n in range(seq, seq + spec.batch):
+        streams.append(spec.streams[(producer + n) % count])
+        bodies.append(pack(BODY_MAGIC, producer, intended_ns, n) + tail)
+        keys.append(f"p{producer}-{n}" if spec.keys else None)
+    return SendBatch(streams, bodies, keys)
+
+
+def run_producer(spec: WorkerSpec, sender, recorder: IntervalRecorder, *, start_ns: int,
+                 stop: threading.Event | None = None, clock: Callable[[], int] = time.monotonic_ns,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+    """Send batches until the run ends; `sender.submit(SendBatch) -> Pending`,
+    `sender.result(Pending) -> {status name: count}` with "OK" for stored-and-acknowledged."""
+    tail = os.urandom(spec.size_bytes - BODY_HEADER.size)
+    gap_ns = spec.batch * 1e9 / spec.rate_msgs_per_s if spec.rate_msgs_per_s else 0.0
+    end_ns = start_ns + int((spec.warmup_s + spec.seconds) * 1e9)
+    inflight: collections.deque[Pending] = collections.deque()
+    j = 0
+    while stop is None or not stop.is_set():
+        while len(inflight) >= spec.inflight:
+            _complete(spec, sender, inflight.popleft(), recorder)
+        now = clock()
+        recorder.maybe_emit(now)
+        intended = start_ns + int(j * gap_ns) if gap_ns else now
+        if intended >= end_ns or now >= end_ns:
+            break
+        if intended > now:
+            sleep(min((intended - now) / 1e9, MAX_SLEEP_S))
+            if clock() < intended:
+                continue
+        batch = build_batch(spec, j * spec.batch, intended, tail)
+        sent_ns = clock()
+        pending = sender.submit(batch)
+        pending.intended_ns, pending.sent_ns = intended, sent_ns
+        inflight.append(pending)
+        j += 1
+    while inflight:
+        _complete(spec, sender, inflight.popleft(), recorder)
+    if gap_ns:  # batches the schedule wanted sent before the end: late by at least this much
+        late = start_ns + np.arange(j, int(np.ceil((end_ns - start_ns) / gap_ns))) * gap_ns
+        recorder.add_unsent(clock(), late.astype(np.int64), spec.batch)
+    recorder.finish()
+
+
+def _complete(spec: WorkerSpec, sender, pending: Pending, recorder: IntervalRecorder) -> None:
+    statuses = sender.result(pending)
+    ok = statuses.pop("OK", 0)
+    recorder.add_batch(done_ns=pending.done_ns, intended_ns=pending.intended_ns,
+                       sent_ns=pending.sent_ns, ok_count=ok, answered_count=pending.count,
+                       body_bytes=spec.size_bytes, errors=statuses)
+
+
+# ---------------------------------------------------------------------------------- consuming
+def intended_times(bodies: list[bytes]) -> np.ndarray:
+    """The intended send times stamped in bench bodies (others are skipped)."""
+    unpack = BODY_HEADER.unpack_from
+    stamps = [unpack(body)[2] for body in bodies
+              if len(body) >= MIN_BODY_BYTES and body[:4] == BODY_MAGIC]
+    return np.asarray(stamps, dtype=np.int64)
+
+
+def run_consumer(spec: WorkerSpec, receiver, recorder: IntervalRecorder, *,
+                 drain: threading.Event, stop: threading.Event) -> None:
+    """Receive until stopped, or drained: a poll that began after `drain` found nothing."""
+    while not stop.is_set():
+        draining = drain.is_set()
+        try:
+            bodies = receiver.poll(0.0 if draining else POLL_TIMEOUT_S)
+        except Exception as exc:  # counted and reported; the harness sees received < sent
+            recorder.add_error(type(exc).__name__)
+            if stop.wait(POLL_TIMEOUT_S):
+                break
+            continue
+        now = time.monotonic_ns()
+        if bodies and spec.consume_from == "start":
+            recorder.add_backlog_read(now, intended_times(bodies), len(bodies), spec.size_bytes)
+        elif bodies:
+            stamps = intended_times(bodies)
+            recorder.add_received(now, stamps, spec.size_bytes)
+            recorder.total_msgs += len(bodies) - len(stamps)
+        elif draining:
+            break
+        recorder.maybe_emit(now)
+    recorder.finish()
+
+
+# ---------------------------------------------------------------------------------- process
+def open_endpoint(spec: WorkerSpec):
+    if spec.backend == "redis":
+        from tools.bench import redis_peer
+
+        return (redis_peer.RedisSender(spec) if spec.role == "producer"
+                else redis_peer.RedisReceiver(spec))
+    from tools.bench import mqstore_client
+
+    return (mqstore_client.MqstoreSender(spec) if spec.role == "producer"
+            else mqstore_client.MqstoreReceiver(spec))
+
+
+def _emitter() -> Callable[[dict], None]:
+    lock = threading.Lock()
+
+    def emit(event: dict) -> None:
+        with lock:
+            sys.stdout.write(json.dumps(event, separators=(",", ":")) + "\n")
+            sys.stdout.flush()
+
+    return emit
+
+
+def _watch_stdin(drain: threading.Event, stop: threading.Event) -> None:
+    for line in sys.stdin:
+        if line.strip() == "drain":
+            drain.set()
+        elif line.strip() == "stop":
+            break
+    stop.set()
+
+
+def worker_main(argv: list[str]) -> int:
+    """Entry point of one worker process (see the module docstring for the protocol)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness decides when to stop
+    spec, emit = WorkerSpec.from_json(argv[0]), _emitter()
+    try:
+        endpoint = open_endpoint(spec)
+    except Exception as exc:
+        emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
+        return 1
+    emit({"event": "ready", "pid": os.getpid()})
+    words = sys.stdin.readline().split()
+    if len(words) != 2 or words[0] != "go":
+        endpoint.close()
+        return 1
+    start_ns = int(words[1])
+    drain, stop = threading.Event(), threading.Event()
+    threading.Thread(target=_watch_stdin, args=(drain, stop), daemon=True).start()
+    recorder = IntervalRecorder(start_ns + int(spec.warmup_s * 1e9), int(spec.interval_s * 1e9),
+                                spec.interval_count, emit)
+    cpu_started = time.process_time()
+    try:
+        if spec.role == "producer":
+            run_producer(spec, endpoint, recorder, start_ns=start_ns, stop=stop)
+        else:
+            run_consumer(spec, endpoint, recorder, drain=drain, stop=stop)
+    finally:
+        endpoint.close()
+    emit({"event": "done", "msgs_total": recorder.total_msgs, "errors_total": dict(recorder.total_errors),
+          "cpu_s": round(time.process_time() - cpu_started, 3), "rss_max_bytes": _max_rss_bytes()})
+    return 0
+
+
+def _max_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,114 @@
+"""PNG plots of a bench document (matplotlib, Agg): throughput and latency over time, histogram.
+
+    python -c "import json; from tools.bench import plot; plot.render(json.load(open('r.json')), 'r.png')"
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tools.bench.histogram import LatencyHistogram
+
+STYLES = {"mqstore": "-", "redis": "--"}
+DPI = 80
+
+
+def render(doc: dict, path: str) -> None:
+    """Three panels: msg/s over time, latency percentiles over time, latency distribution."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, (rate_ax, lat_ax, hist_ax) = plt.subplots(3, 1, figsize=(9, 10))
+    for name, run in doc["runs"].items():
+        _plot_rates(rate_ax, name, run)
+        _plot_latency(lat_ax, name, run)
+        _plot_histogram(hist_ax, name, run)
+    config = doc.get("config", {})
+    fig.suptitle(f"{config.get('producers')} producers, {config.get('size_bytes')} B, batch "
+                 f"{config.get('batch')}, rate {config.get('rate_msgs_per_s') or 'max'}, flush "
+                 f"{config.get('flush')}; load {doc['machine']['load_avg'][0]:.1f}", fontsize=10)
+    rate_ax.set(ylabel="msg/s", title="throughput per interval")
+    lat_ax.set(ylabel="ms", yscale="log", title="latency percentiles per interval")
+    hist_ax.set(xlabel="latency ms", ylabel="share of messages", xscale="log",
+                title="latency distribution (whole run)")
+    for ax in (rate_ax, lat_ax, hist_ax):
+        ax.grid(True, alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=7)
+    lat_ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    lat_ax.set_xlabel("seconds")
+    rate_ax.set_xlabel("seconds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def _plot_rates(ax, name: str, run: dict) -> None:
+    t = [i["t_s"] for i in run["intervals"]]
+    style = STYLES.get(name, ":")
+    ax.plot(t, [i["pub_msgs_per_s"] for i in run["intervals"]], style, marker="o", label=f"{name} publish")
+    if any(i["cons_msgs_per_s"] for i in run["intervals"]):
+        ax.plot(t, [i["cons_msgs_per_s"] for i in run["intervals"]], style, marker="x",
+                label=f"{name} consume")
+
+
+def _plot_latency(ax, name: str, run: dict) -> None:
+    t = [i["t_s"] for i in run["intervals"]]
+    style = STYLES.get(name, ":")
+    for kind, label in (("pub_latency", "pub"), ("e2e_latency", "e2e")):
+        if not any(i[kind]["count"] for i in run["intervals"]):
+            continue
+        for key in ("p50_ms", "p99_ms", "p99_9_ms"):
+            values = [max(i[kind][key], 1e-3) for i in run["intervals"]]
+            ax.plot(t, values, style, marker=".", label=f"{name} {label} {key[:-3].replace('_', '.')}")
+
+
+def _plot_histogram(ax, name: str, run: dict) -> None:
+    for kind in ("pub", "e2e"):
+        hist = LatencyHistogram.from_sparse(run["summary"]["histograms"][kind])
+        if hist.count == 0:
+            continue
+        values_ns, counts = hist.nonzero_buckets()
+        values_ms = np.maximum(values_ns / 1e6, 1e-3)
+        bins = np.logspace(np.log10(values_ms.min()) - 0.05, np.log10(values_ms.max()) + 0.05, 60)
+        shares, edges = np.histogram(values_ms, bins=bins, weights=counts / hist.count)
+        ax.step(edges[:-1], shares, where="post", linestyle=STYLES.get(name, ":"),
+                label=f"{name} {kind}")
+
+
+def render_scaling(points: dict[float, list[dict]], path: str, *, x_label: str,
+                   x_log: bool = True) -> None:
+    """Median publish rate and p99 per x value (e.g. producers, body bytes) over repeated runs:
+    `points` maps x to the bench documents of its runs; one line per backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rate_ax, lat_ax) = plt.subplots(2, 1, figsize=(8, 7))
+    xs = sorted(points)
+    backends = sorted({name for docs in points.values() for doc in docs for name in doc["runs"]})
+    for name in backends:
+        rates = [_median(points[x], name, lambda s: s["pub_msgs_per_s"]) for x in xs]
+        p99 = [_median(points[x], name, lambda s: s["pub_latency"]["p99_ms"]) for x in xs]
+        rate_ax.plot(xs, rates, STYLES.get(name, ":"), marker="o", label=f"{name} publish msg/s")
+        lat_ax.plot(xs, p99, STYLES.get(name, ":"), marker="o", label=f"{name} publish p99 ms")
+    load = np.median([doc["machine"]["load_avg"][0] for docs in points.values() for doc in docs])
+    rate_ax.set(ylabel="msg/s (median of runs)", title=f"publish rate vs {x_label} (median load {load:.1f})")
+    lat_ax.set(ylabel="ms", xlabel=x_label, yscale="log", title="publish latency p99")
+    for ax in (rate_ax, lat_ax):
+        if x_log:
+            ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def _median(docs: list[dict], name: str, pick) -> float:
+    values = [pick(doc["runs"][name]["summary"]) for doc in docs if name in doc["runs"]]
+    return float(np.median(values)) if values else float("nan")
