@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STORE ?= ./data
 
-.PHONY: run test lint soak bench clean
+.PHONY: run test lint soak clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+
+soak: $(VENV)/.installed
+	$(PY) -m tools.torture soak --rounds 200 --json soak.json
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
