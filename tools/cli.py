@@ -3,7 +3,6 @@
     mqstore start [--store DIR] [--config FILE.toml] [--index-shards N] [--flush sync|async] [--detach]
     mqstore stop | status [--json] | send | consume [--follow] | query | check | recover
     mqstore bench | torture | spark      (delegated to tools.bench, tools.torture, tools.spark)
-    mqstore quick-bench                  (a small throughput probe, tools/quick_bench.py)
 
 Every command takes --store (default ./data). Errors are one line on stderr (no traceback) with
 the exit codes listed in `mqstore --help`. Logs go to stderr and to <store>/mqstore.log.
@@ -37,8 +36,6 @@ from tools.logging_setup import setup_logging
 from workers.exit_codes import CliExit, cli_epilog
 
 DEFAULT_STORE = "data"
-BENCH_WORKER = "_bench-worker"
-QUICK_BENCH = "quick-bench"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DETACH_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 120.0
@@ -311,8 +308,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, help_text in DELEGATED.items():
         sub.add_parser(name, help=help_text, add_help=False)
-    sub.add_parser(QUICK_BENCH, help="a quick throughput probe: N producer processes against a "
-                   "running store (`mqstore quick-bench --help`)", add_help=False)
     return parser
 
 
@@ -336,8 +331,6 @@ def run_delegated(name: str, argv: list[str]) -> int:
         add_parser = getattr(module, f"add_{name}_parser")
         run = getattr(module, f"run_{name}")
     except (ImportError, AttributeError) as exc:
-        if name == "bench":  # the quick probe stands in for the harness
-            return run_quick_bench(argv)
         hint = " (install the [spark] extra)" if name == "spark" else ""
         raise CliError(f"`mqstore {name}` is unavailable: {exc}{hint}") from None
     parser = argparse.ArgumentParser(prog="mqstore", epilog=cli_epilog(),
@@ -347,34 +340,11 @@ def run_delegated(name: str, argv: list[str]) -> int:
     return int(run(args) or 0)
 
 
-def run_quick_bench(argv: list[str]) -> int:
-    from tools.quick_bench import add_parser
-
-    parser = argparse.ArgumentParser(prog="mqstore")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def command(cmd: str, help_text: str, func) -> argparse.ArgumentParser:
-        p = sub.add_parser(cmd, help=help_text, description=help_text)
-        p.add_argument("--store", default=DEFAULT_STORE, help="store directory (default ./data)")
-        p.set_defaults(func=func)
-        return p
-
-    add_parser(command)
-    args = parser.parse_args([QUICK_BENCH, *argv])
-    return int(args.func(args))
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv and argv[0] in DELEGATED:
             return run_delegated(argv[0], argv[1:])
-        if argv and argv[0] == QUICK_BENCH:
-            return run_quick_bench(argv[1:])
-        if argv and argv[0] == BENCH_WORKER:
-            from tools.quick_bench import bench_worker_main
-
-            return bench_worker_main(argv[1:])
         args = build_parser().parse_args(argv)
         if args.command not in ("start",):
             setup_logging("cli", None, level=logging.WARNING)
