@@ -69,7 +69,7 @@ def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S)
         "lag_ms": lag_ms,
         "flush_stats": {
             "count": p.flush_count, "last_latency_ms": p.last_flush_latency_ns / 1e6,
-            "last_bytes": p.last_flush_bytes,
+            "last_bytes": p.last_flush_bytes, **_flush_window(first, second),
         },
         "rates": {
             "append_msgs_per_s": (second.appended_msgs - first.appended_msgs) / elapsed,
@@ -80,6 +80,36 @@ def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S)
         "totals": {"appended_msgs": p.appended_msgs, "dispatched_msgs": p.dispatched_msgs},
         "restart_history": info.restart_history,
     }
+
+
+def _flush_window(first: Positions, second: Positions) -> dict:
+    """Average group-commit batch over the sample window (0 when no flush happened in it)."""
+    flushes = second.flush_count - first.flush_count
+    if flushes <= 0:
+        return {"window_bytes_per_flush": 0.0, "window_msgs_per_flush": 0.0}
+    return {"window_bytes_per_flush": round((second.flushed_pos - first.flushed_pos) / flushes, 1),
+            "window_msgs_per_flush": round((second.appended_msgs - first.appended_msgs) / flushes, 2)}
+
+
+def anon_rss_bytes(pid: int) -> int | None:
+    """RssAnon of /proc/<pid>/status: private memory, without the mapped store files (whose
+    pages count in RSS as soon as a process touches them)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_seconds(proc: psutil.Process) -> float | None:
+    try:
+        times = proc.cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return round(times.user + times.system, 3)
 
 
 def _process(pid: int) -> psutil.Process | None:
@@ -112,7 +142,9 @@ def _describe_slot(slot: ProcessSlot, proc: psutil.Process | None) -> dict:
         "uptime_s": round(max(time.time_ns() - slot.started_ns, 0) / 1e9, 3),
         "restarts": slot.restarts,
         "rss_bytes": rss,
+        "rss_anon_bytes": anon_rss_bytes(slot.pid) if alive else None,
         "cpu_percent": _cpu(proc) if alive else None,
+        "cpu_seconds": _cpu_seconds(proc) if alive else None,
         "heartbeat_age_ms": round(max(time.monotonic_ns() - slot.heartbeat_ns, 0) / 1e6, 1),
     }
 
@@ -155,13 +187,16 @@ def render_status(status: dict) -> str:
     lines = [f"store {status['store']}: {status['state']} (supervisor pid {status['supervisor_pid']}, "
              f"generation {status['generation']}, flush {status['flush']})", "",
              f"{'role':<16}{'pid':>8}{'state':>10}{'uptime':>10}{'restarts':>10}{'rss MiB':>10}"
-             f"{'cpu %':>8}{'beat ms':>9}"]
+             f"{'anon MiB':>10}{'cpu %':>8}{'cpu s':>9}{'beat ms':>9}"]
     for proc in status["processes"]:
         role = proc["role"] + (f"[{proc['shard']}]" if proc["role"] == "index_builder" else "")
         rss = "-" if proc["rss_bytes"] is None else f"{proc['rss_bytes'] / 2**20:.1f}"
+        anon = "-" if proc["rss_anon_bytes"] is None else f"{proc['rss_anon_bytes'] / 2**20:.1f}"
         cpu = "-" if proc["cpu_percent"] is None else f"{proc['cpu_percent']:.0f}"
+        cpu_s = "-" if proc["cpu_seconds"] is None else f"{proc['cpu_seconds']:.1f}"
         lines.append(f"{role:<16}{proc['pid']:>8}{proc['state']:>10}{proc['uptime_s']:>9.0f}s"
-                     f"{proc['restarts']:>10}{rss:>10}{cpu:>8}{proc['heartbeat_age_ms']:>9.0f}")
+                     f"{proc['restarts']:>10}{rss:>10}{anon:>10}{cpu:>8}{cpu_s:>9}"
+                     f"{proc['heartbeat_age_ms']:>9.0f}")
     fmt_ms = lambda v: "?" if v is None else f"{v:.0f} ms"  # noqa: E731
     lines += ["", f"written    {pos['written']:>16}",
               f"flushed    {pos['flushed']:>16}   lag {lag_b['flush']} B, {fmt_ms(lag_ms['flush'])}",
@@ -174,7 +209,9 @@ def render_status(status: dict) -> str:
     lines += ["", f"append {rates['append_msgs_per_s']:.0f} msg/s "
                   f"({rates['append_bytes_per_s'] / 2**20:.1f} MiB/s), dispatch "
                   f"{rates['dispatch_msgs_per_s']:.0f} msg/s, {rates['flushes_per_s']:.0f} flushes/s, "
-                  f"last flush {flush['last_latency_ms']:.2f} ms ({flush['last_bytes']} B)"]
+                  f"last flush {flush['last_latency_ms']:.2f} ms ({flush['last_bytes']} B), "
+                  f"{flush['window_msgs_per_flush']:.1f} msgs = {flush['window_bytes_per_flush']:.0f} B "
+                  f"per flush"]
     history = status["restart_history"]
     lines.append("")
     lines.append(f"restart history: {len(history)} event(s)" if history else "restart history: none")

@@ -88,6 +88,9 @@ def test_end_to_end_detach_send_consume_query_status_stop(tmp_path):
         assert data["state"] == "READY" and data["supervisor_pid"] == pid
         assert {p["role"] for p in data["processes"]} == {"supervisor", "dispatcher", "index_builder"}
         assert all(p["rss_bytes"] > 0 for p in data["processes"])
+        assert all(0 < p["rss_anon_bytes"] <= p["rss_bytes"] for p in data["processes"])
+        assert all(p["cpu_seconds"] > 0 for p in data["processes"])
+        assert {"window_bytes_per_flush", "window_msgs_per_flush"} <= data["flush_stats"].keys()
         assert data["positions"]["written"] == data["positions"]["flushed"] > 0
         assert {"lag_bytes", "lag_ms", "rates", "flush_stats", "restart_history"} <= data.keys()
         text = cli("status", "--store", str(store))

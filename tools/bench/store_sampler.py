@@ -17,6 +17,7 @@ import time
 import psutil
 
 from tools.bench import report
+from workers.status_report import anon_rss_bytes
 
 STATUS_SAMPLE_S = 0.2
 SAMPLE_LEAD_S = 0.5
@@ -122,7 +123,7 @@ class StoreSampler:
             out["rss_bytes"]["redis-server"] = _rss(self.peer_pid)
         for i, pid in enumerate(self._worker_pids):
             out["rss_bytes"][f"bench-worker-{i}"] = _rss(pid)
-        out["anon_rss_bytes"] = {name: _anon_rss(pid) for name, pid in self._processes().items()}
+        out["anon_rss_bytes"] = {name: anon_rss_bytes(pid) for name, pid in self._processes().items()}
         return out
 
     def latest(self) -> dict | None:
@@ -192,19 +193,6 @@ def _store_figures(store_dir: str) -> dict:
     return {"dispatch_lag_ms": lag["dispatch"], "index_lag_ms": max(index_lags, default=None),
             "flush_lag_ms": lag["flush"], "rss_bytes": rss, "cpu_percent": cpu, "restarts": restarts,
             "rates": status["rates"], "flush_stats": status["flush_stats"]}
-
-
-def _anon_rss(pid: int) -> int | None:
-    """RssAnon of /proc/<pid>/status: private memory, without the mapped store files (whose
-    pages count in RSS as soon as a process touches them)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _rss(pid: int) -> int | None:
