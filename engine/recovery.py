@@ -6,7 +6,9 @@ Step order (each step leaves a state the next run of recovery can finish):
 1. consume queues: keep up to the last valid entry, zero the stale bytes behind it;
 2. index shards: trim entries at or past each shard's durable position;
 3. scan from min(durable positions) and re-dispatch what each structure lacks;
-4. quarantine the bytes past the first invalid record, then truncate the commitlog there;
+4. quarantine the bytes past the first invalid record, then truncate the commitlog there (even
+   valid records after it go: a queue's offsets may not have a hole and a msgId is a commit
+   position, so nothing can be moved up; the report counts them);
 5. drop consume-queue and index entries past the cut; flush all; write the checkpoint.
 """
 
@@ -36,6 +38,7 @@ from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
 from engine.formats.record_scan import DispatchColumns
 from engine.hash_index import ShardIndex
+from engine.log_walk import valid_records_between
 from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import ABORT_FILE, QUARANTINE_DIR, quarantine_name
 
@@ -81,7 +84,8 @@ class RecoveryReport:
     index_entries_trimmed: int = 0
     cut_reason: str | None = None
     quarantine_path: str | None = None
-    quarantined_bytes: int = 0
+    quarantined_bytes: int = 0  # every byte from cut_pos to the last non-zero byte of the log
+    quarantined_records: int = 0  # valid records inside them, after the invalid bytes at cut_pos
     segments_removed: list[str] = field(default_factory=list)
     queues_rebuilt: list[str] = field(default_factory=list)
     duration_ms: float = 0.0
@@ -102,7 +106,9 @@ class RecoveryReport:
         if self.cut_reason:
             lines.append(f"  cut at {self.cut_pos}: {self.cut_reason}")
         if self.quarantine_path:
-            lines.append(f"  {self.quarantined_bytes} bytes quarantined to {self.quarantine_path}")
+            lines.append(f"  {self.quarantined_bytes} bytes quarantined to {self.quarantine_path}, "
+                         f"holding {self.quarantined_records} valid record(s) after the invalid "
+                         f"bytes at {self.cut_pos}")
         if self.cq_entries_trimmed or self.index_entries_trimmed:
             lines.append(f"  trimmed {self.cq_entries_trimmed} consume-queue entries, "
                          f"{self.index_entries_trimmed} index entries past the cut")
@@ -280,6 +286,8 @@ def _cut(parts: StoreParts, cut_pos: int, report: RecoveryReport, now_ms: int) -
         write_new_file(path, tail)
         report.quarantine_path = str(path)
         report.quarantined_bytes = len(tail)
+        report.quarantined_records = valid_records_between(commitlog, cut_pos, cut_pos + len(tail),
+                                                           Verify.MQSTORE).count
     seg = commitlog.segments
     cut_base = _segment_base(commitlog, cut_pos)
     report.segments_removed = [s.path.name for s in seg.segments

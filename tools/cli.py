@@ -195,29 +195,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------- offline
 def cmd_check(args: argparse.Namespace) -> int:
-    from engine.check import check
+    from engine.check import check, findings_to_json
 
     findings = check(Path(args.store))
     if args.json:
-        print(json.dumps([_finding_dict(f) for f in findings], indent=2))
+        print(json.dumps(findings_to_json(findings), indent=2))
     else:
-        for finding in findings:
-            print(_finding_text(finding))
+        for data in findings_to_json(findings):
+            print("  ".join(f"{k}={v}" for k, v in data.items() if v not in (None, "")))
         print(f"{len(findings)} finding(s)" if findings else "store is consistent")
     return CliExit.FAILED if findings else CliExit.OK
-
-
-def _finding_dict(finding) -> dict:
-    import dataclasses
-
-    if dataclasses.is_dataclass(finding):
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(finding).items()}
-    return {"finding": str(finding)}
-
-
-def _finding_text(finding) -> str:
-    data = _finding_dict(finding)
-    return "  ".join(f"{k}={v}" for k, v in data.items() if v not in (None, ""))
 
 
 def cmd_recover(args: argparse.Namespace) -> int:

@@ -8,14 +8,17 @@ already calls durable is repaired by a rebuild recovery (RecoveryMode.REBUILD).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine import check as fsck
 from engine.check import FindingKind, check, check_summary, findings_to_json
+from engine.check_index import expected_time_diffs_s
 from engine.checkpoint import write_checkpoint
 from engine.config import StoreConfig
 from engine.errors import NotAStoreError
@@ -24,10 +27,12 @@ from engine.formats.cq_entry import CQ_ENTRY_SIZE, encode_cq_entry
 from engine.formats.index_file import (
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
+    INT32_MAX,
     decode_index_header,
     entry_pos,
     index_key_hash_of,
     shard_of,
+    time_diff_s,
 )
 from engine.formats.record import BODY_OFFSET, encode_record
 from engine.naming import (
@@ -407,6 +412,88 @@ def test_check_index_entry_to_non_record_after_clean_stop_recovered(tmp_path):
     key_hash, commit_pos, time_diff, prev = INDEX_ENTRY.unpack_from(read(path, pos, INDEX_ENTRY_SIZE))
     patch(path, pos, INDEX_ENTRY.pack(key_hash, commit_pos + 1, time_diff, prev))
     assert rebuild_and_check(tmp_path) == []
+
+
+def _time_diff_at(path: Path, pos: int) -> int:
+    return INDEX_ENTRY.unpack_from(read(path, pos, INDEX_ENTRY_SIZE))[2]
+
+
+def _patch_time_diff(path: Path, pos: int, time_diff_s: int) -> None:
+    key_hash, commit_pos, _, prev = INDEX_ENTRY.unpack_from(read(path, pos, INDEX_ENTRY_SIZE))
+    patch(path, pos, INDEX_ENTRY.pack(key_hash, commit_pos, time_diff_s, prev))
+
+
+def _found_in_own_time(root: Path, key: str, commit_pos: int) -> bool:
+    """query_by_key in the record's own store time, the tightest window a reader can ask."""
+    with MessageStore.open(root, CONFIG) as store:
+        ts = store.read_at(commit_pos).store_ts_ms
+        return commit_pos in [r.commit_pos for r in store.query_by_key(TOPIC, key, ts, ts)]
+
+
+def test_check_index_entry_with_a_wrong_time_is_found_then_rebuilt(tmp_path):
+    _, results = make_store(tmp_path, 20)
+    path, pos = index_entry_of(tmp_path, "key5")
+    assert entry_pos(CONFIG.index_slot_count, 1) < pos  # not entry 1, whose time is the header's
+    _patch_time_diff(path, pos, _time_diff_at(path, pos) + 1)
+    findings = check(tmp_path)
+    assert [(f.kind, f.pos) for f in findings] == [(FindingKind.INDEX_ENTRY_TIME, results[5].commit_pos)]
+    assert "time_diff_s" in findings[0].detail
+    assert not _found_in_own_time(tmp_path, "key5", results[5].commit_pos)  # what the finding costs
+    assert rebuild_and_check(tmp_path) == []
+    assert _found_in_own_time(tmp_path, "key5", results[5].commit_pos)
+
+
+def test_check_index_header_with_a_wrong_begin_time_is_one_finding(tmp_path):
+    make_store(tmp_path, 20)
+    path = next((tmp_path / INDEX_DIR / "0").iterdir())
+    begin_ts_ms = decode_index_header(path.read_bytes()).begin_ts_ms
+    patch(path, 0, (begin_ts_ms + 5000).to_bytes(8, "big"))  # begin_ts_ms, the header's first field
+    findings = check(tmp_path)
+    assert [f.kind for f in findings] == [FindingKind.INDEX_ENTRY_TIME]  # not one per entry
+    assert "header begin_ts_ms" in findings[0].detail and findings[0].path == str(path)
+    assert rebuild_and_check(tmp_path) == []
+
+
+def test_check_caps_wrong_entry_times_per_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(fsck, "MAX_FINDINGS_PER_FILE", 2)
+    make_store(tmp_path, 20)
+    path = next((tmp_path / INDEX_DIR / "0").iterdir())
+    count = decode_index_header(path.read_bytes()).index_count
+    for n in range(2, count):  # every entry but the first is a second late
+        pos = entry_pos(CONFIG.index_slot_count, n)
+        _patch_time_diff(path, pos, _time_diff_at(path, pos) + 1)
+    times = [f for f in check(tmp_path) if f.kind is FindingKind.INDEX_ENTRY_TIME]
+    assert len(times) == 3 and times[-1].detail == f"... and {count - 2 - 2} more"
+
+
+ROLLING = dataclasses.replace(CONFIG, index_entry_count=8)  # 7 keys per index file
+
+
+def test_check_rolled_index_files_are_clean_and_entry_one_times_are_checked(tmp_path):
+    """Entry 1 of a rolled file measured its time_diff_s from the seed (the previous file's end):
+    a clean store has no finding, and a flip there is found."""
+    with MessageStore.open(tmp_path, ROLLING) as store:
+        for i in range(30):
+            assert store.put(TOPIC, b"x", keys=(f"key{i}",), queue_id=i % 2).ok
+    files = sorted((tmp_path / INDEX_DIR / "0").iterdir())
+    assert len(files) >= 3 and check(tmp_path) == []
+    entry_one = entry_pos(ROLLING.index_slot_count, 1)
+    for path in files[:2]:  # the unseeded first file and a seeded one
+        diff = _time_diff_at(path, entry_one)
+        _patch_time_diff(path, entry_one, diff ^ 0x40000000)
+        findings = check(tmp_path)
+        assert FindingKind.INDEX_ENTRY_TIME in kinds(findings), path.name
+        assert any(f.path == str(path) and "entry 1 " in f.detail for f in findings), findings
+        _patch_time_diff(path, entry_one, diff)
+    assert check(tmp_path) == []
+
+
+@pytest.mark.parametrize("begin_ts_ms", [0, -5, 1, 1_700_000_000_123])
+def test_expected_time_diffs_are_what_the_index_writer_stores(begin_ts_ms):
+    offsets = [-10**12, -1001, -1000, -999, -1, 0, 1, 999, 1000, 1001, 59_999, (INT32_MAX + 5) * 1000]
+    store_ts = np.array([begin_ts_ms + d for d in offsets], dtype=np.int64)
+    assert expected_time_diffs_s(store_ts, begin_ts_ms).tolist() == \
+        [time_diff_s(int(ts), begin_ts_ms) for ts in store_ts]
 
 
 def test_check_index_file_of_wrong_size_is_corrupt(tmp_path):

@@ -1,7 +1,9 @@
 """Torn and flipped bytes, one at a time: records, consume-queue entries, index entries, checkpoint.
 
 Every flip in a record is detected (check reports the record); a flipped last record is cut and
-quarantined by recovery; a bad consume-queue or index entry is found by check and rebuilt from
+quarantined by recovery; a flipped middle record is cut by a rebuild, everything from it kept in
+quarantine byte for byte; a bad consume-queue or index entry (its time included) is found by
+check and rebuilt from
 the commitlog (RecoveryMode.REBUILD: `mqstore recover` has no --rebuild yet); a bad checkpoint
 falls back to its backup, or to a full scan when both are bad. Positions come from the files'
 structure (tools.torture.faults), masks from a seeded rng; `MQSTORE_TORTURE_SCALE` > 1 sweeps
@@ -10,8 +12,12 @@ more records and entries.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from fault_harness import SCALE, SMALL_CONFIG, fill_store, verify_ledger
@@ -22,21 +28,23 @@ from engine.config import StoreConfig
 from engine.formats.checkpoint import CRC_SIZE, SHARD_POS_SIZE, SHARDS_POS
 from engine.formats.cq_entry import CQ_ENTRY_SIZE
 from engine.formats.index_file import INDEX_ENTRY
-from engine.naming import BACKUP_SUFFIX
+from engine.formats.record import Verify, decode_record
+from engine.naming import BACKUP_SUFFIX, commitlog_dir
 from engine.recovery import RecoveryMode
 from engine.store import MessageStore
 from tools.torture.faults import flip_byte, index_entry_spans, queue_entry_spans, record_spans
 
 CONFIG = StoreConfig(**SMALL_CONFIG)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SEED = 1234
 MASKS = (0x01, 0x10, 0x80, 0xFF)
 RECORD_KINDS = {FindingKind.CORRUPT_RECORD, FindingKind.TORN_TAIL}
 CQ_KINDS = {FindingKind.CQ_ENTRY_MISMATCH, FindingKind.CQ_MISSING_ENTRY, FindingKind.CQ_PAST_END,
             FindingKind.CQ_GAP, FindingKind.CQ_DUPLICATE}
 INDEX_KINDS = {FindingKind.INDEX_FILE_CORRUPT, FindingKind.INDEX_ENTRY_UNRESOLVED,
-               FindingKind.INDEX_KEY_MISSING}
+               FindingKind.INDEX_ENTRY_TIME, FindingKind.INDEX_KEY_MISSING}
 # index entry: key_hash 4 | commit_pos 8 | time_diff_s 4 | prev_index 4 (formats.index_file)
-TIME_DIFF_LOW_BYTES = range(INDEX_ENTRY.size - 4 - 3, INDEX_ENTRY.size - 4)
+TIME_DIFF_BYTES = range(INDEX_ENTRY.size - 4 - 4, INDEX_ENTRY.size - 4)
 
 
 @pytest.fixture
@@ -93,6 +101,7 @@ def test_flipped_last_record_is_cut_at_its_start_and_quarantined(store):
         report = st.recovery_report
         assert report.cut_pos == commit_pos and report.cut_reason
         assert report.quarantine_path and report.quarantined_bytes == size
+        assert report.quarantined_records == 0  # nothing valid came after it
         with open(report.quarantine_path, "rb") as fh:
             assert fh.read() == flipped  # the damaged record is kept, not thrown away
         more = fill_store(st, rng, 3, first=1000)  # the store accepts writes again
@@ -100,30 +109,54 @@ def test_flipped_last_record_is_cut_at_its_start_and_quarantined(store):
     verify_ledger(root, entries[:-1] + more)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/recovery.py recover(mode=REBUILD): bit rot in one record inside the durable region "
-    "cuts the log there (DESIGN §5.6 'cut at the first invalid record'), quarantining every "
-    "valid, acknowledged record after it instead of quarantining only the damaged record"))
-def test_rebuild_after_a_flip_in_a_middle_record_keeps_the_records_after_it(store):
-    root, entries, _rng = store
+def test_rebuild_after_a_flip_in_a_middle_record_cuts_there_and_quarantines_the_rest_intact(store):
+    """Bit rot inside the durable region: check names the record; a rebuild cuts the log at it
+    (DESIGN §5.6: the records after it cannot move, their msgIds are their commit positions and
+    a queue may not have a hole) and keeps every byte from the cut, valid records included, in
+    quarantine/, and the report counts them."""
+    root, entries, rng = store
     spans = record_spans(root, CONFIG)
     middle = len(spans) // 2
     path, file_pos, size, commit_pos = spans[middle]
+    assert entries[middle].commit_pos == commit_pos
     flip_byte(path, file_pos + size // 2)
-    assert any(f.pos == commit_pos for f in check(root))
-    rebuild(root)
-    kept = [e for e in entries if e.commit_pos != commit_pos]
-    verify_ledger(root, kept)
+    checked = _cli("check", "--store", str(root), "--json")
+    assert checked.returncode == 1, (checked.stdout, checked.stderr)
+    findings = json.loads(checked.stdout)
+    assert {"kind": FindingKind.CORRUPT_RECORD.value, "pos": commit_pos} in [
+        {"kind": f["kind"], "pos": f["pos"]} for f in findings], findings
+    tail = _log_bytes(root)[commit_pos:].rstrip(b"\0")
+    with MessageStore.open(root, CONFIG, recovery=RecoveryMode.REBUILD) as st:
+        report = st.recovery_report
+        assert (report.cut_pos, report.quarantined_bytes) == (commit_pos, len(tail))
+        assert report.cut_reason and report.quarantined_records == len(spans) - middle - 1
+        assert f"holding {report.quarantined_records} valid record(s)" in "\n".join(report.summary_lines())
+        with open(report.quarantine_path, "rb") as fh:
+            kept = fh.read()
+        more = fill_store(st, rng, 3, first=1000)  # the store accepts writes again
+    assert kept == tail  # byte for byte, the damaged record and everything after it
+    for _path, _file_pos, record_size, pos in spans[middle + 1:]:  # each one readable by hand
+        record = decode_record(kept, pos - commit_pos, verify=Verify.MQSTORE, base_pos=commit_pos)
+        assert (record.commit_pos, record.total_size) == (pos, record_size)
+    assert more[0].commit_pos == commit_pos  # the log goes on from the cut
+    verify_ledger(root, entries[:middle] + more)
 
 
-def _flip_find_rebuild(root, entries, spans, rng, kinds: set, entry_bytes: int, *,
-                       skip=()) -> None:
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _log_bytes(root) -> bytes:
+    """The whole commitlog from position 0, segment after segment."""
+    return b"".join(p.read_bytes() for p in sorted(commitlog_dir(root).iterdir()))
+
+
+def _flip_find_rebuild(root, entries, spans, rng, kinds: set, entry_bytes: int) -> None:
     """Flip each byte of each span (one at a time): check must report one of `kinds`; the first
     span is also rebuilt after each flip (the others are only checked, to bound the time)."""
     for n, (path, file_pos) in enumerate(spans):
         for i in range(entry_bytes):
-            if i in skip:
-                continue
             mask = rng.choice(MASKS)
             flip_byte(path, file_pos + i, mask)
             found = {f.kind for f in check(root)}
@@ -147,19 +180,14 @@ def test_every_flipped_index_byte_is_found_and_rebuilt(store):
     root, entries, rng = store
     spans = index_entry_spans(root, CONFIG)
     chosen = [spans[-1], spans[0], *rng.sample(spans[1:-1], 2 * SCALE - 2)]
-    _flip_find_rebuild(root, entries, chosen, rng, INDEX_KINDS, INDEX_ENTRY.size,
-                       skip=TIME_DIFF_LOW_BYTES)
+    _flip_find_rebuild(root, entries, chosen, rng, INDEX_KINDS, INDEX_ENTRY.size)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/check.py (_check_entries_resolve / _check_index_file) does not compare an index "
-    "entry's time_diff_s with its record's store timestamp: a flip in the low 3 bytes of "
-    "time_diff_s goes unnoticed, yet query_by_key with a time window then misses the message"))
 def test_flipped_index_time_is_found(store):
-    root, _entries, rng = store
+    root, _entries, _rng = store
     path, file_pos = index_entry_spans(root, CONFIG)[-1]
-    for i in TIME_DIFF_LOW_BYTES:
-        assert kinds_after_flip(path, file_pos + i, rng.choice(MASKS)) & INDEX_KINDS, i
+    for i in TIME_DIFF_BYTES:
+        assert FindingKind.INDEX_ENTRY_TIME in kinds_after_flip(path, file_pos + i, 0x01), i
 
 
 def test_every_flipped_checkpoint_byte_is_detected_and_recovery_falls_back(store):
