@@ -8,10 +8,17 @@ Consume queues are derived data: whatever is wrong with one is rebuilt from the 
 
 An entry is *valid* when commit_pos >= 0 and size > 0 (fillers included, RocketMQ §3.3);
 the first invalid entry (zeros: never written) ends the queue. Rules mqstore adds:
-- `put` is idempotent by queue offset (a re-dispatched entry returns False) and refuses a gap
-  or a conflicting entry with CorruptConsumeQueueError (RocketMQ #7355 appended anyway);
+- `put` is idempotent by queue offset (a re-dispatched entry, compared whole, returns False) and
+  refuses a gap or a conflicting entry with CorruptConsumeQueueError (RocketMQ #7355 appended
+  anyway);
+- `recover(durable_pos)` trusts the entries below the durable position only: those past it may
+  be torn by a power loss (a 20-byte entry can straddle two disk sectors), so re-dispatch
+  compares them whole and rewrites one that differs, and `drop_unconfirmed` (run by
+  `truncate_all_from`, after re-dispatch) drops those re-dispatch did not reach;
 - recovery and truncation zero the stale bytes behind the last valid entry (DESIGN §5.4);
-- every "last entry" read is guarded against empty files (RocketMQ #9728).
+- every "last entry" read is guarded against empty files (RocketMQ #9728);
+- a write that touches a page not yet allocated reserves blocks first (`MappedFile.reserve`), so
+  a full disk gives DiskFullError before any byte of the batch is written, never SIGBUS.
 
 `min_offset` is kept in memory; `load` puts it after the leading fillers of the first file and
 `correct_min_offset` moves it past entries whose records retention has deleted.
@@ -20,13 +27,15 @@ the first invalid entry (zeros: never written) ends the queue. Rules mqstore add
 from __future__ import annotations
 
 import bisect
+import errno
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
-from engine.errors import BadInputError, CorruptConsumeQueueError
+from engine.errors import BadInputError, CorruptConsumeQueueError, DiskFullError
 from engine.formats.cq_entry import (
     CQ_DTYPE,
     CQ_ENTRY_SIZE,
@@ -35,12 +44,13 @@ from engine.formats.cq_entry import (
     decode_cq_entry,
     encode_cq_entry,
 )
-from engine.mapped_file import Access, MappedFile, remove_tree
+from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile, remove_tree
 from engine.naming import CONSUMEQUEUE_DIR, consume_queue_dir, validate_topic
 from engine.segment_queue import SegmentQueue
 
 _FILLER_BYTES = encode_cq_entry(*FILLER_ENTRY)
 _SCAN_CHUNK_ENTRIES = 4096
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _RECOVER_FILES = 3  # RocketMQ recovers from the third-to-last file
 
 
@@ -65,6 +75,11 @@ class ConsumeQueue:
         self.entries_per_file = entries_per_file
         self._min_offset = self._max_offset = self._flushed_offset = 0
         self._max_commit_end = 0
+        # logical bytes [from, to) whose blocks are allocated: a write inside needs no reserve
+        self._reserved_from_lpos = self._reserved_to_lpos = 0
+        # after recover(durable_pos): entries [from, end) are past the durable position and not
+        # yet confirmed by re-dispatch, which confirmed (or repaired) them up to `confirmed`
+        self._unconfirmed_from = self._unconfirmed_end = self._confirmed_end = 0
 
     @classmethod
     def load(cls, root: Path, topic: str, queue_id: int, entries_per_file: int,
@@ -111,8 +126,8 @@ class ConsumeQueue:
         """Write one entry into the mapping; False if it is already there (re-dispatch)."""
         _check_entry(queue_offset, commit_pos, size)
         if queue_offset < self._max_offset:
-            self._check_existing(queue_offset, np.array([commit_pos]), np.array([size]))
-            return False
+            return self._reconcile(queue_offset, np.array([commit_pos]), np.array([size]),
+                                   np.array([tags_code])) > 0
         if queue_offset > self._max_offset:
             self._start_at_or_refuse(queue_offset)
         self._write(queue_offset, encode_cq_entry(commit_pos, size, tags_code))
@@ -121,7 +136,8 @@ class ConsumeQueue:
         return True
 
     def put_batch(self, queue_offsets, commit_positions, sizes, tags_codes) -> int:
-        """Many puts (lists or numpy arrays) with put's rules; returns the entries written."""
+        """Many puts (lists or numpy arrays) with put's rules; returns the entries written
+        (repaired ones included). All or nothing on a full disk: DiskFullError, nothing new written."""
         offsets = np.asarray(queue_offsets, dtype=np.int64)
         commits = np.asarray(commit_positions, dtype=np.int64)
         sizes = np.asarray(sizes, dtype=np.int64)
@@ -140,10 +156,11 @@ class ConsumeQueue:
         if first > self._max_offset:
             self._start_at_or_refuse(first)
         present = min(max(self._max_offset - first, 0), count)
+        repaired = 0
         if present:
-            self._check_existing(first, commits[:present], sizes[:present])
+            repaired = self._reconcile(first, commits[:present], sizes[:present], tags[:present])
         if present == count:
-            return 0
+            return repaired
         entries = np.empty(count - present, dtype=CQ_DTYPE)
         entries["commit_pos"] = commits[present:]
         entries["size"] = sizes[present:]
@@ -151,13 +168,14 @@ class ConsumeQueue:
         self._write(self._max_offset, entries.tobytes())
         self._max_offset += count - present
         self._max_commit_end = int(commits[-1] + sizes[-1])
-        return count - present
+        return count - present + repaired
 
     def initialize_with_offset(self, queue_offset: int) -> None:
         """Drop every file and restart the queue empty at `queue_offset` (min = max)."""
         if queue_offset < 0:
             raise BadInputError("queue_offset", f"{queue_offset} must be >= 0")
         self.segments.remove_after(self.segments.min_pos)
+        self._forget_reservation()
         self._start_at(queue_offset)
 
     def _start_at_or_refuse(self, queue_offset: int) -> None:
@@ -166,41 +184,101 @@ class ConsumeQueue:
                 f"gap: offset {queue_offset} put while the queue ends at {self._max_offset}",
                 path=str(self.segments.directory), queue_offset=queue_offset)
         self.segments.remove_after(self.segments.min_pos)  # files holding no entry
+        self._forget_reservation()
         self._start_at(queue_offset)
 
     def _start_at(self, queue_offset: int) -> None:
         """Create the file holding `queue_offset`, fillers before it, durably (fillPreBlank)."""
         lpos = queue_offset * CQ_ENTRY_SIZE
-        segment = self.segments.create(lpos - lpos % self.file_bytes)
         fill_bytes = lpos % self.file_bytes
+        if fill_bytes:
+            self._reserve(lpos - fill_bytes, lpos)
+        segment = self.segments.find(lpos - fill_bytes) or self._create_segment(lpos - fill_bytes)
         if fill_bytes:
             segment.write(0, _FILLER_BYTES * (fill_bytes // CQ_ENTRY_SIZE))
             segment.sync(0, fill_bytes)
         self._min_offset = self._max_offset = self._flushed_offset = queue_offset
         self._max_commit_end = 0
 
-    def _check_existing(self, first: int, commits: np.ndarray, sizes: np.ndarray) -> None:
-        """Entries re-put at [first, first+len) must equal the stored ones (below min: skipped)."""
+    def _reconcile(self, first: int, commits: np.ndarray, sizes: np.ndarray, tags: np.ndarray) -> int:
+        """Entries re-put at [first, first+len) must equal the stored ones, all three fields (below
+        min_offset: skipped). One that differs is rewritten when recovery left it unconfirmed
+        (past the durable position: possibly torn), else it is corruption. Returns the rewritten."""
         skip = min(max(self._min_offset - first, 0), len(commits))
-        stored = self.entries(first + skip, len(commits) - skip)
-        same = (stored["commit_pos"] == commits[skip:]) & (stored["size"] == sizes[skip:])
-        if not same.all():
-            bad = first + skip + int(np.argmin(same))
-            old = stored[bad - first - skip]
-            raise CorruptConsumeQueueError(
-                f"offset {bad} holds commit_pos {old['commit_pos']} size {old['size']}, "
-                f"re-put with commit_pos {commits[bad - first]} size {sizes[bad - first]}",
-                path=str(self.segments.directory), queue_offset=bad)
+        lo = first + skip
+        stored = self.entries(lo, len(commits) - skip)
+        if self._unconfirmed_end > self._confirmed_end:
+            self._confirmed_end = max(self._confirmed_end, lo + len(stored))
+        same = ((stored["commit_pos"] == commits[skip:]) & (stored["size"] == sizes[skip:])
+                & (stored["tags_code"] == tags[skip:]))
+        if same.all():
+            return 0
+        bad = lo + np.flatnonzero(~same)
+        outside = bad[(bad < self._unconfirmed_from) | (bad >= self._unconfirmed_end)]
+        if len(outside):
+            self._raise_conflict(int(outside[0]), stored[int(outside[0]) - lo], first, commits, sizes, tags)
+        lo_bad, hi_bad = int(bad[0]) - first, int(bad[-1]) + 1 - first
+        entries = np.empty(hi_bad - lo_bad, dtype=CQ_DTYPE)
+        entries["commit_pos"] = commits[lo_bad:hi_bad]
+        entries["size"] = sizes[lo_bad:hi_bad]
+        entries["tags_code"] = tags[lo_bad:hi_bad]
+        self._write(int(bad[0]), entries.tobytes())
+        self._update_commit_end()
+        return len(bad)
+
+    def _raise_conflict(self, bad: int, old, first: int, commits, sizes, tags) -> NoReturn:
+        i = bad - first
+        raise CorruptConsumeQueueError(
+            f"offset {bad} holds commit_pos {old['commit_pos']} size {old['size']} tags_code "
+            f"{old['tags_code']}, re-put with commit_pos {commits[i]} size {sizes[i]} tags_code {tags[i]}",
+            path=str(self.segments.directory), queue_offset=bad)
 
     def _write(self, queue_offset: int, data: bytes) -> None:
-        """Copy whole entries in at `queue_offset`, creating files as the data crosses them."""
-        lpos, done = queue_offset * CQ_ENTRY_SIZE, 0
+        """Copy whole entries in at `queue_offset`, creating files as the data crosses them.
+
+        Blocks are reserved first for every byte (DiskFullError before anything is written); the
+        common case is one range check against what is reserved already."""
+        lpos = queue_offset * CQ_ENTRY_SIZE
+        end = lpos + len(data)
+        if lpos < self._reserved_from_lpos or end > self._reserved_to_lpos:
+            self._reserve(lpos, end)
+        done = 0
         while done < len(data):
-            segment = self.segments.find(lpos) or self.segments.create(lpos)
+            segment = self.segments.find(lpos)
             file_pos = lpos - self.segments.base_of(segment)
             n = min(len(data) - done, self.file_bytes - file_pos)
             segment.write(file_pos, data[done:done + n])
             lpos, done = lpos + n, done + n
+
+    def _reserve(self, lpos: int, end: int) -> None:
+        """Create the files [lpos, end) falls in and allocate their blocks up to `end` rounded up to
+        RESERVE_STEP_BYTES within the last file (each file from its start, as MappedFile.reserve
+        does), then remember the range. DiskFullError when the disk has no room."""
+        last_base = (end - 1) - (end - 1) % self.file_bytes
+        to = min(last_base + self.file_bytes,
+                 last_base + -(-(end - last_base) // RESERVE_STEP_BYTES) * RESERVE_STEP_BYTES)
+        first_base = lpos - lpos % self.file_bytes
+        for base in range(first_base, last_base + 1, self.file_bytes):
+            segment = self.segments.find(base) or self._create_segment(base)
+            segment.reserve(min(self.file_bytes, to - base))
+        if first_base <= self._reserved_to_lpos and self._reserved_from_lpos <= to:
+            self._reserved_from_lpos = min(self._reserved_from_lpos, first_base)
+            self._reserved_to_lpos = max(self._reserved_to_lpos, to)
+        else:
+            self._reserved_from_lpos, self._reserved_to_lpos = first_base, to
+
+    def _create_segment(self, base_pos: int) -> MappedFile:
+        try:
+            return self.segments.create(base_pos)
+        except OSError as exc:
+            if exc.errno in _DISK_FULL_ERRNOS:
+                raise DiskFullError("no space left to create a consume-queue file",
+                                    path=str(self.segments.directory)) from exc
+            raise
+
+    def _forget_reservation(self) -> None:
+        """Files were removed: a later write reserves again (cheap where blocks exist)."""
+        self._reserved_from_lpos = self._reserved_to_lpos = 0
 
     def flush(self) -> int:
         """msync the entries written since the last flush; returns the flushed offset."""
@@ -285,9 +363,14 @@ class ConsumeQueue:
 
     # ---------------------------------------------------- recover and retain
 
-    def recover(self) -> int:
+    def recover(self, durable_pos: int | None = None) -> int:
         """Find the last valid entry from the third-to-last file on, zero what follows it in
-        its file, delete later files (never the first) and return max_offset."""
+        its file, delete later files (never the first) and return max_offset.
+
+        With `durable_pos` (the consume queues' durable commit position), the entries pointing at
+        or past it are kept but unconfirmed: re-dispatch compares each whole and rewrites one
+        that differs, and `drop_unconfirmed` drops those it did not reach. Without it every
+        valid entry is trusted (a differing re-put is then corruption)."""
         if not self.segments.segments:
             return self._max_offset
         start = self._recover_from()
@@ -295,7 +378,26 @@ class ConsumeQueue:
         self._cut_at(end)
         self.segments.sync_range(start * CQ_ENTRY_SIZE, end * CQ_ENTRY_SIZE)
         self._flushed_offset = end
+        if durable_pos is not None:
+            lo = max(self._min_offset, start)
+            # entries below the durable position are sorted; past it anything may lie, so the
+            # search can only land late (trusting a torn entry re-dispatch then finds), never early
+            first = lo + bisect.bisect_left(range(lo, end), durable_pos,
+                                            key=lambda o: self._entry_at(o).commit_pos)
+            self._unconfirmed_from = self._confirmed_end = first
+            self._unconfirmed_end = end
         return end
+
+    def drop_unconfirmed(self) -> int:
+        """After re-dispatch: drop the unconfirmed entries it did not reach (their records lie past
+        the recovery cut, or they are torn); returns how many."""
+        end, keep = self._unconfirmed_end, max(self._unconfirmed_from, self._confirmed_end)
+        self._unconfirmed_from = self._unconfirmed_end = self._confirmed_end = 0
+        if self._max_offset > end or keep >= self._max_offset:  # re-dispatch went past them all
+            return 0
+        removed = self._max_offset - keep
+        self._cut_at(keep)
+        return removed
 
     def truncate_from_commit_pos(self, cut_pos: int) -> int:
         """Drop every entry whose commit_pos >= cut_pos, walking back from the end; returns
@@ -314,18 +416,24 @@ class ConsumeQueue:
         return removed
 
     def _cut_at(self, end: int) -> None:
-        """Make `end` the queue's end: zero the rest of its file, delete the files after it."""
+        """Make `end` the queue's end: zero the rest of its file, delete the files after it.
+
+        Only bytes that hold data are zeroed (holes stay holes), so a cut never needs new disk
+        blocks: recovery works on a full disk."""
         lpos = end * CQ_ENTRY_SIZE
         self.segments.remove_after(max(lpos, self.segments.min_pos + 1))
+        self._forget_reservation()
         segment = self.segments.find(lpos)
         if segment is not None:
             file_pos = lpos - self.segments.base_of(segment)
-            if np.frombuffer(segment.read(file_pos, self.file_bytes - file_pos), np.uint8).any():
-                segment.zero(file_pos, self.file_bytes)
+            if not segment.is_zero(file_pos, self.file_bytes):
+                segment.zero_nonzero(file_pos, self.file_bytes)
                 segment.sync(file_pos, self.file_bytes)
         self._max_offset = end
         self._min_offset = min(self._min_offset, end)
         self._flushed_offset = min(self._flushed_offset, end)
+        self._unconfirmed_end = min(self._unconfirmed_end, end)
+        self._confirmed_end = min(self._confirmed_end, end)
         self._update_commit_end()
 
     def correct_min_offset(self, min_commit_pos: int) -> int:
@@ -348,6 +456,7 @@ class ConsumeQueue:
             if not (last.size > 0 and 0 <= last.commit_pos < min_commit_pos):
                 break
             self.segments.remove_first()
+            self._forget_reservation()
             deleted += 1
         self._min_offset = max(self._min_offset, self.segments.min_pos // CQ_ENTRY_SIZE)
         self.correct_min_offset(min_commit_pos)
@@ -483,18 +592,22 @@ class ConsumeQueueTable:
         return max((q.max_commit_end for q in self._queues.values()), default=0)
 
     def truncate_all_from(self, cut_pos: int) -> int:
-        """Drop the entries of every queue that point at or past `cut_pos`; returns how many."""
-        return sum(q.truncate_from_commit_pos(cut_pos) for q in self._queues.values()
-                   if q.max_commit_end > cut_pos)
+        """Recovery's cut, after re-dispatch: drop the unconfirmed entries re-dispatch did not
+        reach (ConsumeQueue.drop_unconfirmed), then the entries of every queue that point at or
+        past `cut_pos`; returns how many."""
+        dropped = sum(q.drop_unconfirmed() for q in self._queues.values())
+        return dropped + sum(q.truncate_from_commit_pos(cut_pos) for q in self._queues.values()
+                             if q.max_commit_end > cut_pos)
 
     def flush_all(self) -> None:
         for queue in self._queues.values():
             queue.flush()
 
-    def recover_all(self) -> int:
-        """Recover every queue; returns max_commit_end() afterwards (where re-dispatch starts)."""
+    def recover_all(self, durable_pos: int | None = None) -> int:
+        """Recover every queue (ConsumeQueue.recover; `durable_pos`: the consume queues' durable
+        commit position, None to trust every valid entry); returns max_commit_end() afterwards."""
         for queue in self._queues.values():
-            queue.recover()
+            queue.recover(durable_pos)
         return self.max_commit_end()
 
     def close(self) -> None:

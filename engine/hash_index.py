@@ -7,9 +7,14 @@ starts at 1, so a file holds `entry_count - 1` keys. Header fields are written s
 mapping, so a read-only mapping in another process sees them as they change.
 
 The index is derived: it can always be rebuilt from the commitlog. Recovery instead trims a shard
-back to its durable position (`trim_from`, DESIGN §5.4) and re-dispatches from there; trimming
-then re-putting the same keys gives the same bytes as never having trimmed, which is what makes
-re-dispatch idempotent.
+back to its durable position (`trim_from`, DESIGN §5.4; what survives is decided by
+`engine.index_trim`) and re-dispatches from there; trimming then re-putting the same keys gives
+the same bytes as never having trimmed, which is what makes re-dispatch idempotent.
+
+Writes reserve disk blocks before they touch a page not yet allocated (`MappedFile.reserve`: the
+header and slot table when a file is created, the entries ahead in steps), so a full disk gives
+DiskFullError with nothing written, never SIGBUS; a shard takes back the keys a batch already
+put when a later part of it meets a full disk, so the batch can simply be retried.
 
 Hashes collide (the key hash is Java's `String.hashCode`, and `slot = hash % slot_count`), so a
 query returns candidate commit positions; the caller reads each record back and keeps exact
@@ -20,6 +25,7 @@ needs exact bounds compares the record's store time.
 
 from __future__ import annotations
 
+import errno
 import re
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
@@ -30,12 +36,14 @@ import numpy as np
 
 from engine.errors import (
     CorruptIndexError,
+    DiskFullError,
     ReadOnlyStoreError,
     SegmentLayoutError,
     StoreClosedError,
     StoreError,
 )
 from engine.formats.index_file import (
+    FIRST_INDEX,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
@@ -51,7 +59,8 @@ from engine.formats.index_file import (
     time_diff_s,
 )
 from engine.formats.java_hash import index_key_hash
-from engine.mapped_file import Access, MappedFile, ensure_dir, remove_file
+from engine.index_trim import heads_after_trim, kept_count
+from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile, ensure_dir, remove_file
 from engine.naming import index_file_name, index_shard_dir
 
 INT32_MAX = 2**31 - 1
@@ -86,6 +95,7 @@ class IndexFile:
         self._synced_count = self.index_count  # entries [1, _synced_count) are on disk
         self._zeroed_end = 0  # entries [_synced_count, _zeroed_end) were zeroed by a trim
         self._header_dirty = False
+        self._reserved_end = 0  # file bytes [0, _reserved_end) have disk blocks
 
     @classmethod
     def create(cls, path: Path, slot_count: int, entry_count: int, seed_commit_pos: int = 0,
@@ -95,10 +105,23 @@ class IndexFile:
         The header is synced at once, so a file on disk never lacks one after this returns.
         """
         _check_geometry(slot_count, entry_count)
-        mapped = MappedFile.create(Path(path), index_file_size(slot_count, entry_count))
+        path = Path(path)
+        try:
+            mapped = MappedFile.create(path, index_file_size(slot_count, entry_count))
+        except OSError as exc:
+            _raise_if_disk_full(exc, "create an index file", path)
+            raise
+        reserved_end = _reserve_target(entry_pos(slot_count, FIRST_INDEX), mapped.size_bytes)
+        try:
+            mapped.reserve(reserved_end)  # the header and every slot: slots are written anywhere
+        except DiskFullError:
+            mapped.delete()
+            raise
         _header_pack(mapped.buf, 0, seed_ts_ms, seed_ts_ms, seed_commit_pos, seed_commit_pos, 0, 1)
         mapped.sync(0, INDEX_HEADER_SIZE)
-        return cls(mapped, slot_count, entry_count)
+        index_file = cls(mapped, slot_count, entry_count)
+        index_file._reserved_end = reserved_end
+        return index_file
 
     @classmethod
     def open(cls, path: Path, slot_count: int, entry_count: int, access: Access) -> IndexFile:
@@ -133,6 +156,11 @@ class IndexFile:
         return _header_unpack(self._live_buf(), 0)[5] >= self.entry_count
 
     @property
+    def room(self) -> int:
+        """How many more keys fit."""
+        return self.entry_count - _header_unpack(self._live_buf(), 0)[5]
+
+    @property
     def begin_ts_ms(self) -> int:
         return _header_unpack(self._live_buf(), 0)[0]
 
@@ -158,14 +186,16 @@ class IndexFile:
         begin_ts, _, begin_pos, _, slots_used, count = _header_unpack(buf, 0)
         if count >= self.entry_count:
             raise IndexFileFullError(f"index file is full ({count - 1} keys)", path=str(self.path))
+        epos = entry_pos(self.slot_count, count)
+        if epos + INDEX_ENTRY_SIZE > self._reserved_end:
+            self._reserve(epos + INDEX_ENTRY_SIZE)
         key_hash = index_key_hash(key)
         spos = slot_pos(key_hash % self.slot_count)
         head = _slot_unpack(buf, spos)[0]
         if head <= 0 or head > count:
             head = 0
         # entry, then slot, then header: a concurrent reader never follows a slot to an unwritten entry
-        _entry_pack(buf, entry_pos(self.slot_count, count), key_hash, commit_pos,
-                    time_diff_s(store_ts_ms, begin_ts), head)
+        _entry_pack(buf, epos, key_hash, commit_pos, time_diff_s(store_ts_ms, begin_ts), head)
         _slot_pack(buf, spos, count)
         if count <= 1:
             begin_ts, begin_pos = store_ts_ms, commit_pos
@@ -178,6 +208,7 @@ class IndexFile:
 
         The same bytes as that many put_key calls: chains inside the batch are linked with one
         stable sort by slot. Entries, then slots, then the header are written, as put_key does.
+        DiskFullError (nothing written) when the disk has no room for the entries.
         """
         buf = self._wbuf
         if buf is None:
@@ -186,6 +217,10 @@ class IndexFile:
         m = max(0, min(len(key_hashes), self.entry_count - count))
         if m == 0:
             return 0
+        start = entry_pos(self.slot_count, count)
+        end = start + m * INDEX_ENTRY_SIZE
+        if end > self._reserved_end:
+            self._reserve(end)
         hashes, positions = key_hashes[:m].astype(np.int64), commit_positions[:m].astype(np.int64)
         times = store_ts_ms[:m].astype(np.int64)
         numbers = count + np.arange(m, dtype=np.int64)
@@ -201,8 +236,7 @@ class IndexFile:
         entries = np.empty(m, dtype=_ENTRY_DTYPE)
         entries["key_hash"], entries["commit_pos"] = hashes, positions
         entries["time_diff_s"], entries["prev_index"] = diffs, prev
-        start = entry_pos(self.slot_count, count)
-        buf[start:start + m * INDEX_ENTRY_SIZE] = entries.tobytes()
+        buf[start:end] = entries.tobytes()
         _set_slot_heads(heads, slots, numbers, order)
         _header_pack(buf, 0, begin_ts, int(times[-1]), begin_pos, int(positions[-1]),
                      slots_used + int(np.count_nonzero(prev == 0)), count + m)
@@ -246,70 +280,75 @@ class IndexFile:
     def trim_from(self, cut_pos: int) -> int:
         """Remove every entry with commit_pos >= cut_pos (a suffix); return how many went.
 
-        Walks back from the newest entry, pointing each removed entry's slot back at the entry's
-        `prev`, and zeroes the removed entries. Entries past the last sync may be garbage after a
-        power loss (unflushed pages read as zeros, torn entries); an all-zero entry, one whose
-        position goes below its predecessor's, or one with an impossible prev/time is removed as
-        well. Then slot heads are checked (one vectorized pass over the slot table): any head
-        outside [0, index_count) makes every head be rebuilt from the kept entries.
+        Entries past the last sync may be garbage after a power loss (unflushed pages read as
+        zeros, entries torn at a sector boundary): the kept entries are the longest valid prefix
+        below the cut (`index_trim.kept_count`, a forward scan from a durable entry); every slot
+        head that points past them is set to its slot's newest kept entry
+        (`index_trim.heads_after_trim`); then every entry past them that holds data is zeroed,
+        past index_count too. Only bytes that hold data are written, so a trim needs no new disk
+        blocks (recovery works on a full disk).
 
         The end fields come from the last kept entry: end_commit_pos exactly; end_ts_ms as
         begin + time_diff x 1000, which can be up to 999 ms below the true store time (entry 1's
         is exact: it is begin). A file trimmed empty gets the header of a fresh unseeded file.
         """
-        buf = self._wbuf
-        if buf is None:
+        if self._wbuf is None:
             self._raise_not_writable()
         old_count = self.index_count
-        count = old_count
-        while count > 1 and self._is_removable(count - 1, cut_pos):
-            self._unlink_newest(count - 1)
-            count -= 1
+        entries = self._entry_array()
+        count = kept_count(entries, self.slot_count, old_count, cut_pos)
         removed = old_count - count
-        if removed:
-            self._mapped.zero(entry_pos(self.slot_count, count), entry_pos(self.slot_count, old_count))
-            self._synced_count = min(self._synced_count, count)
-            self._zeroed_end = max(self._zeroed_end, old_count)
-        repaired = self._repair_slot_heads(count)
+        repaired = self._repair_slot_heads(entries, count)  # walks the chains of the removed entries
+        self._zero_entries_from(count)
         if removed or repaired:
             self._rewrite_header_after_trim(count)
         return removed
 
-    def _is_removable(self, index_no: int, cut_pos: int) -> bool:
-        buf, slot_count = self._buf, self.slot_count
-        key_hash, commit_pos, diff_s, prev = _entry_unpack(buf, entry_pos(slot_count, index_no))
-        if commit_pos >= cut_pos or diff_s < 0 or not 0 <= prev < index_no:
-            return True
-        if key_hash == 0 and commit_pos == 0 and diff_s == 0 and prev == 0:
-            return True  # an unflushed page (a real one needs key hash 0 at commit position 0)
-        if index_no > 1:
-            return commit_pos < _entry_unpack(buf, entry_pos(slot_count, index_no - 1))[1]
-        return False
+    def _zero_entries_from(self, count: int) -> None:
+        """Zero every entry from `count` on that holds data, past the old index_count too (a power
+        loss may have kept entries behind an older header): the bytes past the kept entries must
+        be zeros, as the next power loss may revert a page to what they are now."""
+        start = entry_pos(self.slot_count, count)
+        ranges = self._mapped.data_ranges(start)
+        if not ranges or self._mapped.is_zero(start):
+            return
+        self._mapped.zero_nonzero(start, ranges[-1][1])
+        self._synced_count = min(self._synced_count, count)
+        last = -(-(ranges[-1][1] - entry_pos(self.slot_count, 0)) // INDEX_ENTRY_SIZE)
+        self._zeroed_end = max(self._zeroed_end, min(last, self.entry_count))
 
-    def _unlink_newest(self, index_no: int) -> None:
-        key_hash, _, _, prev = _entry_unpack(self._buf, entry_pos(self.slot_count, index_no))
-        spos = slot_pos(key_hash % self.slot_count)
-        if _slot_unpack(self._buf, spos)[0] == index_no:
-            _slot_pack(self._buf, spos, prev if 0 <= prev < index_no else 0)
+    def restore_header(self, header: IndexHeader) -> None:
+        """Put back the exact header saved before a batch that was taken back (trim_from has
+        restored entries and slots, but can only recompute end_ts_ms to the second)."""
+        if self._wbuf is None:
+            self._raise_not_writable()
+        _header_pack(self._wbuf, 0, header.begin_ts_ms, header.end_ts_ms, header.begin_commit_pos,
+                     header.end_commit_pos, header.hash_slot_count, header.index_count)
+        self._header_dirty = True
+
+    def _entry_array(self) -> np.ndarray:
+        """Every entry of the file (row n is entry number n), a view of the mapping."""
+        return np.frombuffer(self._buf, dtype=_ENTRY_DTYPE, count=self.entry_count,
+                             offset=entry_pos(self.slot_count, 0))
 
     def _slot_table(self) -> np.ndarray:
         return np.frombuffer(self._buf, dtype=_SLOT_DTYPE, count=self.slot_count, offset=slot_pos(0))
 
-    def _repair_slot_heads(self, count: int) -> bool:
-        """Rebuild every slot head from entries [1, count) if any head is out of range."""
+    def _repair_slot_heads(self, entries: np.ndarray, count: int) -> bool:
+        """Point every slot head outside [0, count) at its slot's newest entry below count."""
         heads = self._slot_table()
-        if not ((heads < 0) | (heads >= count)).any():
+        stale = np.flatnonzero((heads < 0) | (heads >= count))
+        if not len(stale):
             return False
-        entries = np.frombuffer(self._buf, dtype=_ENTRY_DTYPE, count=count - 1,
-                                offset=entry_pos(self.slot_count, 1))
-        slots = entries["key_hash"].astype(np.int64) % self.slot_count
-        # the newest entry per slot is the last occurrence: first occurrence in reverse order
-        used, first_rev = np.unique(slots[::-1], return_index=True)
-        rebuilt = np.zeros(self.slot_count, dtype=_SLOT_DTYPE)
-        rebuilt[used] = (count - 1) - first_rev
-        heads[:] = rebuilt
+        heads[stale] = heads_after_trim(entries, self.slot_count, stale, heads[stale], count)
         self._header_dirty = True
         return True
+
+    def _reserve(self, end_pos: int) -> None:
+        """Allocate disk blocks for [0, end_pos), a step ahead (DiskFullError if there is no room)."""
+        target = _reserve_target(end_pos, self._mapped.size_bytes)
+        self._mapped.reserve(target)
+        self._reserved_end = target
 
     def _rewrite_header_after_trim(self, count: int) -> None:
         begin_ts, _, begin_pos, _, _, _ = _header_unpack(self._buf, 0)
@@ -387,6 +426,17 @@ def _set_slot_heads(heads: np.ndarray, slots: np.ndarray, numbers: np.ndarray,
     last = np.ones(len(order), dtype=bool)
     last[:-1] = sorted_slots[1:] != sorted_slots[:-1]
     heads[sorted_slots[last]] = numbers[order][last]
+
+
+def _reserve_target(end_pos: int, size_bytes: int) -> int:
+    """end_pos rounded up to a reserve step (capped at the file size): how far a reserve goes."""
+    return min(size_bytes, -(-end_pos // RESERVE_STEP_BYTES) * RESERVE_STEP_BYTES)
+
+
+def _raise_if_disk_full(exc: OSError, what: str, path: Path) -> None:
+    """ENOSPC/EDQUOT from creating a file or directory is DiskFullError; anything else is not."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise DiskFullError(f"no space left to {what}", path=str(path)) from exc
 
 
 def _check_geometry(slot_count: int, entry_count: int) -> None:
@@ -501,21 +551,56 @@ class ShardIndex:
         self._roll().put_key(full_key, commit_pos, store_ts_ms)
 
     def put_record_keys(self, topic: str, keys: Iterable[str], commit_pos: int, store_ts_ms: int) -> int:
-        """Put each of a record's keys; returns how many."""
+        """Put each of a record's keys; returns how many. All or nothing on a full disk."""
+        keys = list(keys)
+        filled = self._header_if_overflowing(len(keys))
         count = 0
-        for key in keys:
-            self.put(topic, key, commit_pos, store_ts_ms)
-            count += 1
+        try:
+            for key in keys:
+                self.put(topic, key, commit_pos, store_ts_ms)
+                count += 1
+        except DiskFullError:
+            if count:
+                self._take_back(commit_pos, filled)
+            raise
         return count
 
     def put_hashes(self, key_hashes: np.ndarray, commit_positions: np.ndarray,
                    store_ts_ms: np.ndarray) -> None:
-        """`put` for many keys whose index_key_hash is known, in order, rolling files as they fill."""
+        """`put` for many keys whose index_key_hash is known, in order, rolling files as they fill.
+
+        All or nothing: DiskFullError with none of the keys left in (a retry puts them again)."""
         done, total = 0, len(key_hashes)
-        while done < total:
-            last = self._files[-1] if self._files else None
-            target = last if last is not None and not last.is_full else self._roll()
-            done += target.put_hashes(key_hashes[done:], commit_positions[done:], store_ts_ms[done:])
+        filled = None
+        try:
+            while done < total:
+                target = self._files[-1] if self._files else None
+                room = target.room if target is not None else 0
+                if room == 0:
+                    target = self._roll()
+                elif filled is None and total - done > room:
+                    filled = (target, target.header)  # this batch fills it: a roll follows
+                done += target.put_hashes(key_hashes[done:], commit_positions[done:], store_ts_ms[done:])
+        except DiskFullError:
+            if done:
+                self._take_back(int(commit_positions[0]), filled)
+            raise
+
+    def _header_if_overflowing(self, key_count: int) -> tuple[IndexFile, IndexHeader] | None:
+        """The last file and its header when `key_count` more keys will not all fit in it."""
+        last = self._files[-1] if self._files else None
+        return (last, last.header) if last is not None and 0 < last.room < key_count else None
+
+    def _take_back(self, first_commit_pos: int, filled: tuple[IndexFile, IndexHeader] | None) -> None:
+        """Remove the keys of a batch that failed part way: they start at `first_commit_pos` and
+        nothing indexed before the batch is at or past it. `filled`: the file the batch filled
+        before its roll failed, with its header from before the batch, put back exactly."""
+        processed = self._processed_pos
+        self.trim_from(first_commit_pos)
+        self._processed_pos = processed
+        if filled is not None and self._files and self._files[-1] is filled[0] \
+                and filled[0].index_count == filled[1].index_count:
+            filled[0].restore_header(filled[1])
 
     def _roll(self) -> IndexFile:
         """Sync the full last file and start a new one seeded with its end (RocketMQ)."""
@@ -525,7 +610,11 @@ class ShardIndex:
             prev = self._files[-1]
             prev.sync()
             seed_pos, seed_ts = prev.end_commit_pos, prev.end_ts_ms
-        ensure_dir(self.directory)
+        try:
+            ensure_dir(self.directory)
+        except OSError as exc:
+            _raise_if_disk_full(exc, "create an index shard directory", self.directory)
+            raise
         new = IndexFile.create(self.directory / self._new_file_name(), self.slot_count,
                                self.entry_count, seed_pos, seed_ts)
         self._files.append(new)

@@ -13,6 +13,11 @@ decides the order of the stop. Its life:
    when there was nothing to do;
 3. SIGTERM: finish (flush, publish what is durable) and exit OK.
 
+A full disk (DiskFullError from a step: nothing of that step's batch was written) is waited
+out, not a crash: the child logs it once, keeps heartbeating and flushing, and retries the
+step with a growing pause (DISK_FULL_FIRST_RETRY_S doubling up to DISK_FULL_MAX_RETRY_S) until
+space returns, then logs that it resumed.
+
 Signal handlers only enqueue (gunicorn): the loop handles what they queued. Corruption found
 while running exits STORE_CORRUPT (a restart would find it again); anything else unexpected
 exits CRASHED and the supervisor restarts the child from its durable position.
@@ -32,7 +37,7 @@ import time
 from pathlib import Path
 
 from engine.config import StoreConfig
-from engine.errors import CorruptConsumeQueueError, CorruptIndexError, CorruptRecordError
+from engine.errors import CorruptConsumeQueueError, CorruptIndexError, CorruptRecordError, DiskFullError
 from engine.naming import LOG_FILE
 from ipc import seqlock
 from ipc.control_block import ControlBlock, ProcState, Role, process_slot_index
@@ -42,6 +47,8 @@ from workers.exit_codes import ExitCode
 
 HEARTBEAT_INTERVAL_S = 0.1
 MAX_STEP_BYTES = 16 * 1024 * 1024  # bounded work per step keeps the heartbeat fresh
+DISK_FULL_FIRST_RETRY_S = 0.05
+DISK_FULL_MAX_RETRY_S = 1.0
 CORRUPTION = (CorruptRecordError, CorruptConsumeQueueError, CorruptIndexError)
 
 log = logging.getLogger(__name__)
@@ -91,6 +98,10 @@ class ChildProcess:
         self._stopping = False
         self._flush_interval_s = config.cq_flush_interval_ms / 1000.0
         self._last_flush = time.monotonic()
+        self._disk_full_since: float | None = None  # monotonic time of the first DiskFullError
+        self._disk_full_retries = 0
+        self._retry_pause_s = DISK_FULL_FIRST_RETRY_S
+        self._retry_at = 0.0
 
     # -- to implement --------------------------------------------------------------------------
     def boot(self) -> None:
@@ -151,19 +162,61 @@ class ChildProcess:
                 log.warning("%s: supervisor %d is gone; exiting", self.name, self.supervisor_pid)
                 return ExitCode.ORPHANED
             self.ctl.heartbeat(self.slot_index)
-            did_work = self.step()
+            did_work = self._step_unless_disk_full()
             now = time.monotonic()
             if now - self._last_flush >= self._flush_interval_s:
                 self.flush()
                 self._last_flush = now
-            if not did_work and self.wakeup.wait(HEARTBEAT_INTERVAL_S):
+            if not did_work and self.wakeup.wait(self._idle_wait_s(now)):
                 self.wakeup.drain()  # one look at the published position serves every post
 
+    def _step_unless_disk_full(self) -> bool:
+        """step(), except while waiting out a full disk (until the next retry time); a
+        DiskFullError starts or continues that wait. True if the step did work."""
+        if self._disk_full_since is None:
+            try:
+                return self.step()
+            except DiskFullError as exc:
+                self._start_disk_full_wait(exc)
+                return False
+        if time.monotonic() < self._retry_at:
+            return False
+        try:
+            did_work = self.step()
+        except DiskFullError:
+            self._disk_full_retries += 1
+            self._retry_pause_s = min(self._retry_pause_s * 2, DISK_FULL_MAX_RETRY_S)
+            self._retry_at = time.monotonic() + self._retry_pause_s
+            return False
+        log.info("%s: disk space is back; resuming after %.1f s (%d retries)", self.name,
+                 time.monotonic() - self._disk_full_since, self._disk_full_retries)
+        self._disk_full_since = None
+        return did_work
+
+    def _start_disk_full_wait(self, exc: DiskFullError) -> None:
+        now = time.monotonic()
+        log.warning("%s: disk full, waiting for space (retrying every %.2f s up to every %.1f s): %s",
+                    self.name, DISK_FULL_FIRST_RETRY_S, DISK_FULL_MAX_RETRY_S, exc)
+        self._disk_full_since = now
+        self._disk_full_retries = 0
+        self._retry_pause_s = DISK_FULL_FIRST_RETRY_S
+        self._retry_at = now + self._retry_pause_s
+
+    def _idle_wait_s(self, now: float) -> float:
+        """How long to sleep when idle: a heartbeat interval, or until the next disk-full retry."""
+        if self._disk_full_since is None:
+            return HEARTBEAT_INTERVAL_S
+        return min(HEARTBEAT_INTERVAL_S, max(self._retry_at - now, 0.0))
+
     def _catch_up(self) -> None:
-        """On stop, process what is already published (the supervisor stopped appending)."""
+        """On stop, process what is already published (the supervisor stopped appending); a full
+        disk ends the catch-up (what was not written is re-dispatched by the next start)."""
         deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline and self.step():
-            self.ctl.heartbeat(self.slot_index)
+        try:
+            while time.monotonic() < deadline and self.step():
+                self.ctl.heartbeat(self.slot_index)
+        except DiskFullError as exc:
+            log.warning("%s: disk full while catching up before the stop: %s", self.name, exc)
 
     def _drain_signals(self) -> None:
         while True:

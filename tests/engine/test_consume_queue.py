@@ -68,7 +68,7 @@ def test_consume_queue_reput_returns_false_and_writes_no_duplicate(tmp_path):  #
     queue = load(tmp_path)
     put_range(queue, 0, 12)
     before = disk(tmp_path, 0) + disk(tmp_path, 200)
-    assert queue.put(5, 500, MSG, 0) is False
+    assert queue.put(5, 500, MSG, 5) is False
     assert queue.put(11, 1100, MSG, 4) is False
     assert queue.max_offset == 12
     assert disk(tmp_path, 0) + disk(tmp_path, 200) == before
@@ -93,6 +93,8 @@ def test_consume_queue_conflicting_reput_raises(tmp_path):
         queue.put(1, 999, MSG, 0)
     with pytest.raises(CorruptConsumeQueueError):
         queue.put(1, 100, MSG + 1, 0)
+    with pytest.raises(CorruptConsumeQueueError, match=r"tags_code 1, re-put .* tags_code 0"):
+        queue.put(1, 100, MSG, 0)  # the whole entry is compared, tags_code too
 
 
 def test_consume_queue_bad_values_raise_bad_input(tmp_path):
@@ -422,3 +424,80 @@ def test_consume_queue_table_get_loads_queue_created_later(tmp_path):
     put_range(queue, 4, 13)
     seen.refresh()
     assert seen.max_offset == 13 and seen.entry(12) == queue.entry(12)
+
+
+# ------------------------------------------------------- recovery past the durable position
+
+
+def patch_entry(root, queue_offset: int, data: bytes, at: int = 0) -> None:
+    """Write through the file (what a torn write-back leaves), not through the mapping."""
+    lpos = queue_offset * CQ_ENTRY_SIZE
+    with open(qdir(root) / offset_to_name(lpos - lpos % FILE_BYTES), "r+b") as fh:
+        fh.seek(lpos % FILE_BYTES + at)
+        fh.write(data)
+
+
+def reput(queue: ConsumeQueue, start: int, stop: int) -> int:
+    offsets = np.arange(start, stop)
+    return queue.put_batch(offsets, offsets * MSG, np.full(len(offsets), MSG), offsets % 7)
+
+
+def test_recover_with_durable_pos_repairs_a_torn_entry_past_it(tmp_path):
+    """Finding 6: an entry whose tags_code sat in a sector that was not written back keeps
+    commit_pos and size; re-dispatch compares the whole entry and rewrites it."""
+    put_range(load(tmp_path / "ref"), 0, 30)
+    queue = load(tmp_path)
+    put_range(queue, 0, 30)
+    queue.close()
+    patch_entry(tmp_path, 25, bytes(8), at=12)  # entry 25's tags_code (25 % 7 = 4) lost
+    patch_entry(tmp_path, 15, bytes(8), at=12)  # and entry 15's, below the durable position
+    queue = load(tmp_path)
+    assert queue.recover(20 * MSG) == 30  # both still look valid
+    assert reput(queue, 20, 30) == 1  # the torn one, rewritten
+    assert queue.entry(25) == CqEntry(2500, MSG, 4)
+    with pytest.raises(CorruptConsumeQueueError, match="offset 15"):
+        reput(queue, 15, 16)  # durable entries are trusted: a difference there is corruption
+    patch_entry(tmp_path, 15, (15 % 7).to_bytes(8, "big"), at=12)
+    queue.close()
+    for base in (0, 200, 400):
+        assert disk(tmp_path, base) == disk(tmp_path / "ref", base)
+    trusting = load(tmp_path)
+    patch_entry(tmp_path, 25, bytes(8), at=12)
+    trusting.recover()  # no durable position known: every valid entry is trusted
+    with pytest.raises(CorruptConsumeQueueError, match=r"offset 25 .* tags_code 0"):
+        reput(trusting, 20, 30)
+
+
+def test_unconfirmed_entries_that_re_dispatch_does_not_reach_are_dropped(tmp_path):
+    """Past the durable position, only what re-dispatch confirms stays: the records of entries
+    26.. lie past the recovery cut, and entry 27 was torn to a position below the cut, which the
+    cut by commit_pos alone would keep."""
+    queue = load(tmp_path)
+    put_range(queue, 0, 30)
+    queue.close()
+    patch_entry(tmp_path, 27, (500).to_bytes(8, "big"))
+    table = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
+    table.recover_all(20 * MSG)
+    queue = table.get(TOPIC, 0)
+    assert queue.max_offset == 30
+    assert reput(queue, 20, 26) == 0  # confirmed as they are
+    assert table.truncate_all_from(26 * MSG) == 4
+    assert queue.max_offset == 26 and queue.entry(26) is None
+    assert as_tuples(queue.entries(0, 100)) == expected(0, 26)
+    table.close()
+    reloaded = load(tmp_path)
+    assert reloaded.max_offset == 26
+    assert disk(tmp_path, 400)[6 * CQ_ENTRY_SIZE:] == bytes(FILE_BYTES - 6 * CQ_ENTRY_SIZE)
+
+
+def test_re_dispatch_past_the_unconfirmed_entries_keeps_them_all(tmp_path):
+    queue = load(tmp_path)
+    put_range(queue, 0, 25)
+    queue.close()
+    table = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
+    table.recover_all(10 * MSG)
+    queue = table.get(TOPIC, 0)
+    assert reput(queue, 10, 32) == 7  # confirms 10..24, appends 25..31
+    assert table.truncate_all_from(32 * MSG) == 0
+    assert as_tuples(queue.entries(0, 100)) == expected(0, 32)
+    table.close()

@@ -159,12 +159,6 @@ def _tear_sectors_across_an_index_entry(root, durable: DurablePositions) -> bool
     return False
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/hash_index.py IndexFile.trim_from walks back from index_count and stops at the first "
-    "entry that looks valid; a sector-torn entry (commit_pos zeroed, time and prev kept) after "
-    "zeroed entries stops it, so garbage entries survive recovery, re-dispatch appends after "
-    "them, and check() reports index_file_corrupt/index_entry_unresolved. A forward scan for the "
-    "longest valid prefix below the cut would not be fooled"))
 def test_power_loss_that_tears_index_sectors_is_trimmed(tmp_path):
     rng = random.Random(5)
     root = tmp_path / "store"
@@ -175,12 +169,6 @@ def test_power_loss_that_tears_index_sectors_is_trimmed(tmp_path):
     assert check(root) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/consume_queue.py ConsumeQueue._check_existing (the re-dispatch idempotency check) "
-    "compares commit_pos and size but not tags_code, and recover() accepts any entry with "
-    "commit_pos >= 0 and size > 0: an entry torn at a sector boundary (tags_code in the sector "
-    "that was not written) survives recovery with tagsCode 0, and check() reports "
-    "cq_entry_mismatch"))
 def test_power_loss_that_tears_a_consume_queue_entry_is_repaired(tmp_path):
     rng = random.Random(8)
     root = tmp_path / "store"

@@ -1,0 +1,173 @@
+"""A full filesystem under the consume queues and the index: DiskFullError (never SIGBUS), nothing
+of the batch written, and the same writes succeed, byte for byte, once space returns.
+
+The files live on a small filesystem mounted by the test (a tmpfs; a loop-mounted ext4 image if
+tmpfs cannot be mounted; skipped with both reasons if neither can), filled for real with a
+ballast file, as tests/faults/test_disk_full.py does. A reference built the same way on the
+ordinary disk gives the bytes the files must end with.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from engine.consume_queue import ConsumeQueue
+from engine.errors import DiskFullError
+from engine.formats.cq_entry import CQ_ENTRY_SIZE, FILLER_ENTRY, encode_cq_entry
+from engine.formats.index_file import entry_pos, index_file_size
+from engine.formats.java_hash import index_key_hash
+from engine.hash_index import IndexFile, ShardIndex
+from engine.mapped_file import RESERVE_STEP_BYTES, Access
+from engine.naming import consume_queue_dir, index_shard_dir
+from tools.torture.filesystems import (
+    FilesystemUnavailable,
+    MiB,
+    fill,
+    small_loop_ext4,
+    small_tmpfs,
+    unfill,
+    unmount,
+)
+
+TOPIC = "Orders"
+EPF = 64  # entries per consume-queue file: 1280-byte files, so a batch crosses several
+FIXED_CLOCK_MS = 1_700_000_000_000
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount_point = tmp_path / "disk"
+    try:
+        small_tmpfs(mount_point, 16 * MiB)
+    except FilesystemUnavailable as tmpfs_error:
+        try:
+            small_loop_ext4(tmp_path / "disk.img", mount_point, 16 * MiB)
+        except FilesystemUnavailable as loop_error:
+            pytest.skip(f"no small filesystem: tmpfs: {tmpfs_error}; loop ext4: {loop_error}")
+    yield mount_point
+    unmount(mount_point)
+
+
+def queue_at(root) -> ConsumeQueue:
+    return ConsumeQueue.load(root, TOPIC, 0, EPF, Access.READ_WRITE)
+
+
+def put_entries(queue: ConsumeQueue, start: int, stop: int) -> int:
+    offsets = np.arange(start, stop)
+    return queue.put_batch(offsets, offsets * 100, np.full(len(offsets), 100), offsets % 5)
+
+
+def queue_bytes(root) -> dict[str, bytes]:
+    directory = consume_queue_dir(root, TOPIC, 0)
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())} if directory.is_dir() else {}
+
+
+def shard_at(root, slots: int, entries: int) -> ShardIndex:
+    return ShardIndex.load(root, 0, slots, entries, Access.READ_WRITE, clock_ms=lambda: FIXED_CLOCK_MS)
+
+
+def shard_bytes(root) -> dict[str, bytes]:
+    directory = index_shard_dir(root, 0)
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())} if directory.is_dir() else {}
+
+
+def key_batch(start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    numbers = np.arange(start, stop)
+    hashes = np.array([index_key_hash(f"{TOPIC}#k{i}") for i in numbers], dtype=np.int64)
+    return hashes, numbers * 100, 1_700_000_000_000 + numbers * 10
+
+
+def test_consume_queue_batch_on_a_full_disk_writes_nothing_then_resumes(tmp_path, small_disk):
+    root, ref_root = small_disk / "store", tmp_path / "ref"
+    queue, ref = queue_at(root), queue_at(ref_root)
+    assert put_entries(queue, 0, 10) == put_entries(ref, 0, 10) == 10
+    before = queue_bytes(root)
+    fill(small_disk, leave_bytes=0)
+    with pytest.raises(DiskFullError):
+        put_entries(queue, 10, 200)  # room in the first file, none for the three it crosses into
+    assert queue.max_offset == 10 and queue.entry(10) is None
+    assert queue_bytes(root)[min(before)] == before[min(before)]  # not even the first file's part
+    with pytest.raises(DiskFullError):
+        put_entries(queue, 10, 200)  # a retry while still full: the same
+    unfill(small_disk)
+    assert put_entries(queue, 10, 200) == put_entries(ref, 10, 200) == 190
+    assert queue_bytes(root) == queue_bytes(ref_root)
+    queue.close()
+    assert queue_at(root).max_offset == 200
+
+
+def test_new_consume_queue_on_a_full_disk_gets_its_first_page_once_space_returns(tmp_path, small_disk):
+    root, ref_root = small_disk / "store", tmp_path / "ref"
+    fill(small_disk, leave_bytes=0)
+    queue = queue_at(root)
+    with pytest.raises(DiskFullError):
+        queue.put(0, 0, 100, 7)
+    with pytest.raises(DiskFullError):
+        queue.put(EPF + 3, 100, 100, 7)  # a queue starting past 0 writes fillers first
+    assert (queue.min_offset, queue.max_offset) == (0, 0)
+    assert all(not any(data) for data in queue_bytes(root).values())  # no entry, no filler
+    unfill(small_disk)
+    assert queue.put(EPF + 3, 100, 100, 7) is True
+    ref = queue_at(ref_root)
+    ref.put(EPF + 3, 100, 100, 7)
+    assert queue_bytes(root) == queue_bytes(ref_root)
+    assert queue_bytes(root)[min(queue_bytes(root))][:CQ_ENTRY_SIZE] == encode_cq_entry(*FILLER_ENTRY)
+
+
+def test_index_entries_past_the_reserved_step_on_a_full_disk_give_disk_full(tmp_path, small_disk):
+    """Entries are reserved ahead in steps; the batch that crosses a step on a full disk writes
+    nothing (entries, slots and header as before) and the retry gives a never-failed file's bytes."""
+    slots = 16
+    entries = (RESERVE_STEP_BYTES + 2 * MiB) // 20  # a file a step and a half long
+    first = (RESERVE_STEP_BYTES - entry_pos(slots, 0)) // 20 - 50  # entries below the step
+    root, ref_root = small_disk / "store", tmp_path / "ref"
+    shard, ref = shard_at(root, slots, entries), shard_at(ref_root, slots, entries)
+    for index in (shard, ref):
+        index.put_hashes(*key_batch(1, first))
+    before = shard_bytes(root)
+    fill(small_disk, leave_bytes=0)
+    with pytest.raises(DiskFullError):
+        shard.put_hashes(*key_batch(first, first + 100))
+    assert shard_bytes(root) == before
+    unfill(small_disk)
+    for index in (shard, ref):
+        index.put_hashes(*key_batch(first, first + 100))
+    assert shard_bytes(root) == shard_bytes(ref_root)
+    assert shard.query(TOPIC, f"k{first + 99}") == [(first + 99) * 100]
+
+
+def test_shard_batch_that_rolls_on_a_full_disk_is_taken_back_whole(tmp_path, small_disk):
+    root, ref_root = small_disk / "store", tmp_path / "ref"
+    shard, ref = shard_at(root, 8, 32), shard_at(ref_root, 8, 32)  # 31 keys a file
+    for index in (shard, ref):
+        index.put_hashes(*key_batch(0, 20))
+    before = shard_bytes(root)
+    fill(small_disk, leave_bytes=0)
+    with pytest.raises(DiskFullError):
+        shard.put_hashes(*key_batch(20, 50))  # 11 fit, the new file for the rest does not
+    assert shard_bytes(root) == before  # the 11 were taken back, the new file removed
+    assert len(shard.files) == 1 and shard.files[0].index_count == 21
+    with pytest.raises(DiskFullError):
+        shard.put_record_keys(TOPIC, [f"r{i}" for i in range(12)], 5000, 1_700_000_001_000)
+    assert shard_bytes(root) == before
+    unfill(small_disk)
+    for index in (shard, ref):
+        index.put_hashes(*key_batch(20, 50))
+    assert shard_bytes(root) == shard_bytes(ref_root)
+    assert sorted(shard.query(TOPIC, "k3") + shard.query(TOPIC, "k45")) == [300, 4500]
+
+
+def test_index_file_created_on_a_full_disk_leaves_no_file(small_disk):
+    directory = small_disk / "index"
+    directory.mkdir()
+    fill(small_disk, leave_bytes=0)
+    with pytest.raises(DiskFullError):
+        IndexFile.create(directory / "20240101000000000", 64, 256)
+    assert os.listdir(directory) == []
+    unfill(small_disk)
+    created = IndexFile.create(directory / "20240101000000000", 64, 256)
+    assert created.path.stat().st_size == index_file_size(64, 256)
+    created.close()
