@@ -33,13 +33,25 @@ import re
 import shutil
 import signal
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.errors import StoreError
 from engine.naming import ABORT_FILE
-from ipc.control_block import Role
+from ipc import seqlock
+from ipc.control_block import (
+    DISPATCHER_GROUP,
+    DISPATCHER_GROUP_OFFSET,
+    GROUP_SIZE,
+    SHARD_GROUP,
+    SHARD_GROUPS_OFFSET,
+    SUPERVISOR_GROUP,
+    SUPERVISOR_GROUP_OFFSET,
+    Role,
+)
 from tools.torture.faults import DurablePositions, Tear, simulate_power_loss
 from tools.torture.figures import Figures, RoundRecord
 from tools.torture.ledger import LedgerReader
@@ -139,6 +151,8 @@ class TortureRun:
                     break
         except TortureError as exc:
             self.figures.failure = str(exc)
+        except Exception as exc:  # any other error ends the run as a failure, traceback kept
+            self.figures.failure = "".join(traceback.format_exception(exc)[-6:])
         finally:
             self._kill_everything()
             self.figures.duration_s = time.monotonic() - started
@@ -268,7 +282,7 @@ class TortureRun:
             os.kill(pid, signal.SIGSTOP)
         wait_until(lambda: all(is_stopped(p) for p in pids), "the store to freeze", 30.0)
         with self.store.ctl() as ctl:
-            return DurablePositions.from_positions(ctl.snapshot())
+            return frozen_positions(ctl)
 
     def _kill_child(self, role: Role, shard: int, record: RoundRecord) -> None:
         pid = self.store.child_pid(role, shard)
@@ -351,6 +365,21 @@ class TortureRun:
             for pid in children:
                 _kill_quietly(pid)
             self.store.wait_orphans_gone(children)
+
+
+def frozen_positions(ctl) -> DurablePositions:
+    """The durable positions of a frozen store. A writer stopped in the middle of publishing
+    leaves its seqlock group odd, so a consistent read would wait forever; then each aligned
+    8-byte field is read as it is: old or new, and each is published only after its sync."""
+    try:
+        return DurablePositions.from_positions(ctl.snapshot())
+    except StoreError:
+        buf = ctl.region.buf
+        flushed = seqlock.read_unlocked(buf, SUPERVISOR_GROUP_OFFSET, SUPERVISOR_GROUP)[1]
+        cq_durable = seqlock.read_unlocked(buf, DISPATCHER_GROUP_OFFSET, DISPATCHER_GROUP)[1]
+        shards = tuple(seqlock.read_unlocked(buf, SHARD_GROUPS_OFFSET + n * GROUP_SIZE,
+                                             SHARD_GROUP)[1] for n in range(ctl.shard_count))
+        return DurablePositions(flushed, cq_durable, shards)
 
 
 def _kill_quietly(pid: int) -> None:
