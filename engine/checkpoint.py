@@ -2,19 +2,23 @@
 
 Reading falls back from `checkpoint` to `checkpoint.bak`, then to None: recovery then scans
 the whole commitlog. A RocketMQ-written checkpoint (no mqstore part) is read for its
-RocketMQ fields only.
+RocketMQ fields only. A write that meets a full disk raises DiskFullError and leaves the
+previous checkpoint in place (and no temp file behind).
 """
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from engine.errors import CheckpointError
+from engine.errors import CheckpointError, DiskFullError
 from engine.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from engine.mapped_file import write_file_atomically
-from engine.naming import BACKUP_SUFFIX, CHECKPOINT_FILE
+from engine.mapped_file import remove_file, write_file_atomically
+from engine.naming import BACKUP_SUFFIX, CHECKPOINT_FILE, TEMP_SUFFIX
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class CheckpointSource(Enum):
@@ -55,6 +59,26 @@ def load_checkpoint(root: Path) -> LoadedCheckpoint:
 
 
 def write_checkpoint(root: Path, checkpoint: Checkpoint) -> None:
-    """Replace the checkpoint atomically, keeping the previous one as `.bak`."""
-    write_file_atomically(checkpoint_path(root), encode_checkpoint(checkpoint),
-                          backup_suffix=BACKUP_SUFFIX)
+    """Replace the checkpoint atomically, keeping the previous one as `.bak`.
+
+    DiskFullError when the disk has no room (the previous checkpoint stays); any other OSError
+    (EIO from the fsync) propagates."""
+    path = checkpoint_path(root)
+    try:
+        write_file_atomically(path, encode_checkpoint(checkpoint), backup_suffix=BACKUP_SUFFIX)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise
+        _remove_temp_files(path)
+        raise DiskFullError(f"no space left to write the checkpoint: {exc.strerror}",
+                            path=str(path)) from exc
+
+
+def _remove_temp_files(path: Path) -> None:
+    """Best effort: the half-written temp files of a failed replace take space and mean nothing."""
+    backup = path.with_name(path.name + BACKUP_SUFFIX)
+    for tmp in (path.with_name(path.name + TEMP_SUFFIX), backup.with_name(backup.name + TEMP_SUFFIX)):
+        try:
+            remove_file(tmp)
+        except OSError:
+            pass

@@ -11,18 +11,20 @@ supervisor before it declares the store READY:
      "shard": 0, "pid": 4250, "what": "killed by SIGKILL ..."}, ...]}
 
 `<store>/run/` also holds the flock files clients claim mailbox slots and waiter entries with.
-A client trusts the file only when its supervisor_pid is the control block's.
+A client trusts the file only when its supervisor_pid is the control block's. Writing it on a
+full disk raises DiskFullError and leaves the previous file in place.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.errors import ServiceNotAvailableError
+from engine.errors import DiskFullError, ServiceNotAvailableError
 from engine.mapped_file import ensure_dir, remove_file, write_file_atomically
 
 RUN_DIR = "run"
@@ -63,7 +65,14 @@ class RunInfo:
 def write_run_info(store_dir: str | os.PathLike, info: RunInfo) -> None:
     ensure_dir(run_dir(store_dir))
     data = json.dumps(dataclasses.asdict(info), indent=2, sort_keys=True) + "\n"
-    write_file_atomically(run_info_path(store_dir), data.encode())
+    path = run_info_path(store_dir)
+    try:
+        write_file_atomically(path, data.encode())
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DiskFullError(f"no space left to write {path.name}: {exc.strerror}",
+                            path=str(path)) from exc
 
 
 def read_run_info(store_dir: str | os.PathLike, supervisor_pid: int | None = None) -> RunInfo:

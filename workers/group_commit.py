@@ -14,9 +14,13 @@ Only positions the appender has published are published as flushed: CommitLog.fl
 bytes of an append still in progress, and flushed_pos may never pass written_pos in the control
 block. Both threads write the supervisor's seqlock group, so they do it under `publish_lock`.
 
-Fault injection (off by default, for the fault suite): MQSTORE_FAULT_FSYNC_DELAY_MS, read once
-by the supervisor at start, sleeps that long before every flush, standing in for a slow disk;
-producers waiting past sync_flush_timeout_ms then get FLUSH_DISK_TIMEOUT.
+Fault injection (off by default, for the fault suite; both read once by the supervisor at start,
+so an unset hook costs nothing per flush):
+- MQSTORE_FAULT_FSYNC_DELAY_MS sleeps that long before every flush, standing in for a slow disk;
+  producers waiting past sync_flush_timeout_ms then get FLUSH_DISK_TIMEOUT.
+- MQSTORE_FAULT_FSYNC_STALL_FILE=<path>: while that file exists, every flush (and the
+  supervisor's checkpoint write) waits before its sync, polling the file every
+  STALL_POLL_S; a disk stall that ends when the file is removed, without fsfreeze.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
@@ -33,7 +38,9 @@ from engine.mapped_file import PAGE_BYTES
 from ipc.control_block import ControlBlock
 
 FAULT_FSYNC_DELAY_ENV = "MQSTORE_FAULT_FSYNC_DELAY_MS"
+FAULT_FSYNC_STALL_ENV = "MQSTORE_FAULT_FSYNC_STALL_FILE"
 IDLE_WAIT_S = 0.5
+STALL_POLL_S = 0.005
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +57,31 @@ def fault_fsync_delay_s(environ=os.environ) -> float:
     return max(value, 0.0) / 1000.0
 
 
+def fault_fsync_stall_path(environ=os.environ) -> Path | None:
+    """The stall file of MQSTORE_FAULT_FSYNC_STALL_FILE (None unless set)."""
+    raw = environ.get(FAULT_FSYNC_STALL_ENV, "").strip()
+    return Path(raw) if raw else None
+
+
+def wait_while_stalled(stall_path: Path) -> None:
+    """Block while the fault-injection stall file exists (a disk stall that ends)."""
+    while stall_path.exists():
+        time.sleep(STALL_POLL_S)
+
+
 class GroupCommit:
     """Owns commitlog flushing and the published written/flushed positions."""
 
     def __init__(self, commitlog: CommitLog, ctl: ControlBlock, config: StoreConfig, *,
-                 on_flushed: Callable[[], None], fault_delay_s: float = 0.0):
+                 on_flushed: Callable[[], None], fault_delay_s: float = 0.0,
+                 fault_stall_path: Path | None = None):
         self.commitlog = commitlog
         self.ctl = ctl
         self.config = config
         self.sync = config.flush is FlushPolicy.SYNC
         self._on_flushed = on_flushed
         self._fault_delay_s = fault_delay_s
+        self._fault_stall_path = fault_stall_path
         self.publish_lock = threading.Lock()
         self._cond = threading.Condition()
         self._requested = 0
@@ -135,6 +156,8 @@ class GroupCommit:
         """One flush of everything written; publishes and returns the new flushed position."""
         if self._fault_delay_s:
             time.sleep(self._fault_delay_s)
+        if self._fault_stall_path is not None:
+            wait_while_stalled(self._fault_stall_path)
         before = self.published_flushed
         started = time.monotonic_ns()
         pos = self.commitlog.flush()

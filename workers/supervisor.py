@@ -14,8 +14,10 @@ Start order (each step only after the previous one succeeded):
 7. write run/supervisor.json, mark the store READY (producers are admitted), say so.
 
 Then the loop: serve producer requests (Appender), watch children (exit, heartbeat) and restart
-them within the restart budget, write the checkpoint every cq_flush_interval_ms from the
-durable positions the children publish, and handle queued signals.
+them within the restart budget, and handle queued signals. The checkpoint (every
+cq_flush_interval_ms, from the durable positions the children publish) and run/supervisor.json
+updates are written by the metadata thread (workers.metadata_writer), so a disk stall never
+delays the answers and a full disk never stops the store.
 
 Stop (SIGTERM, SIGINT, `mqstore stop`, or a fatal condition): stop admitting, answer what was
 accepted after a last flush, let the dispatcher and index builders catch up (bounded wait),
@@ -35,9 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.checkpoint import write_checkpoint
 from engine.config import FlushPolicy, StoreConfig
-from engine.errors import ReadOnlyStoreError, StoreError
+from engine.errors import DiskFullError, ReadOnlyStoreError, StoreError
 from engine.formats.checkpoint import Checkpoint
 from engine.mapped_file import Access
 from engine.recovery import RecoveryReport, detect_shutdown, recover
@@ -57,7 +58,8 @@ from ipc.run_info import RunInfo, remove_run_info, write_run_info
 from workers.appender import Appender
 from workers.child_handle import ChildHandle
 from workers.exit_codes import CliExit, ExitCode, describe_exit
-from workers.group_commit import GroupCommit, fault_fsync_delay_s
+from workers.group_commit import GroupCommit, fault_fsync_delay_s, fault_fsync_stall_path
+from workers.metadata_writer import MetadataWriter
 from workers.restart_policy import RestartSettings
 from workers.shared_state import SharedState, cleanup_stale
 
@@ -102,6 +104,7 @@ class Supervisor:
         self._shared: SharedState | None = None
         self._group_commit: GroupCommit | None = None
         self._appender: Appender | None = None
+        self._metadata: MetadataWriter | None = None
         self._commitlog = None
         self._started_at = time.time()
 
@@ -141,9 +144,11 @@ class Supervisor:
                                           generation=generation,
                                           mailbox_slots=self.settings.mailbox_slots)
         ctl = self._shared.ctl
+        stall_path = fault_fsync_stall_path()
         self._group_commit = GroupCommit(self._commitlog, ctl, self.config,
                                          on_flushed=self._on_flushed,
-                                         fault_delay_s=fault_fsync_delay_s())
+                                         fault_delay_s=fault_fsync_delay_s(),
+                                         fault_stall_path=stall_path)
         self._appender = Appender(self._commitlog, self._shared.server, self._group_commit,
                                   self.config, self._next_offsets, root=self.root)
         self._group_commit.start()
@@ -154,12 +159,19 @@ class Supervisor:
             flush=self.config.flush.value, sync_flush_timeout_ms=self.config.sync_flush_timeout_ms,
             index_shards=self.config.index_shards, started_at=self._started_at, ready_at=time.time())
         write_run_info(self.root, self.run_info)
+        self._metadata = MetadataWriter(self.root, ctl, self._group_commit,
+                                        self.config.cq_flush_interval_ms / 1000.0,
+                                        on_error=self._shared.server.wakeup.post,
+                                        fault_stall_path=stall_path)
+        self._metadata.start()
         ctl.set_store_state(StoreState.READY)
         log.info("mqstore ready: store %s, pid %d, flush %s, %d index shards, commit_pos %d",
                  self.root, os.getpid(), self.config.flush.value, self.config.index_shards, cut)
         if self._group_commit._fault_delay_s:
             log.warning("fault injection: every flush is delayed by %.0f ms",
                         self._group_commit._fault_delay_s * 1000)
+        if stall_path is not None:
+            log.warning("fault injection: flushes and checkpoints stall while %s exists", stall_path)
         if self.on_ready is not None:
             self.on_ready(self)
 
@@ -215,6 +227,8 @@ class Supervisor:
     def _cleanup_after_failed_start(self) -> None:
         for child in self.children:
             child.stop(self.settings.child_stop_timeout_s)
+        if self._metadata is not None:
+            self._metadata.stop()
         if self._group_commit is not None:
             self._group_commit.stop()
         self._destroy_shared()
@@ -225,11 +239,10 @@ class Supervisor:
 
     # ------------------------------------------------------------------------------- serve
     def serve(self) -> None:
-        """The loop: requests, children, checkpoints, signals; returns when asked to stop."""
+        """The loop: requests, children, signals; returns when asked to stop."""
         ctl = self._shared.ctl
         appender, server = self._appender, self._shared.server
-        next_supervise = next_checkpoint = time.monotonic()
-        checkpoint_every = self.config.cq_flush_interval_ms / 1000.0
+        next_supervise = time.monotonic()
         while self.stop_reason is None:
             timeout = MAX_WAIT_S
             deadline = appender.next_deadline()
@@ -241,14 +254,13 @@ class Supervisor:
             self._handle_signals()
             if self._group_commit.error is not None:
                 self._fail(f"flushing the commitlog failed: {self._group_commit.error}")
+            if self._metadata.error is not None:
+                self._fail(f"flushing {self._metadata.failed_file} failed: {self._metadata.error}")
             now = time.monotonic()
             if now >= next_supervise:
                 ctl.heartbeat(0)
                 self._supervise_children(now)
                 next_supervise = now + SUPERVISE_INTERVAL_S
-            if now >= next_checkpoint:
-                self._write_checkpoint()
-                next_checkpoint = now + checkpoint_every
 
     def _on_flushed(self) -> None:
         """Called by the flush thread after each flush: wake the appender and the children."""
@@ -283,7 +295,7 @@ class Supervisor:
         entry = {"at": time.time(), "role": child.role.name.lower(), "shard": child.shard,
                  "pid": child.pid, "what": decision.reason}
         self.run_info = self.run_info.replace(restart_history=[*self.run_info.restart_history, entry])
-        write_run_info(self.root, self.run_info)
+        self._metadata.post_run_info(self.run_info)
         if decision.restart:
             log.warning("%s (pid %d) %s", child.name, child.pid, decision.reason)
             child.restart_at = now + decision.delay_s
@@ -291,6 +303,8 @@ class Supervisor:
             self._fail(f"{child.name} (pid {child.pid}) {decision.reason}; stopping the store")
 
     def _fail(self, reason: str) -> None:
+        if self.stop_reason is not None and self.exit_code == CliExit.FAILED:
+            return  # the first failure is the reason; the others follow from it
         log.error("%s", reason)
         self.stop_reason = reason
         self.exit_code = CliExit.FAILED
@@ -321,20 +335,18 @@ class Supervisor:
             self.request_stop(name)
 
     # ------------------------------------------------------------------------------- checkpoint
-    def _write_checkpoint(self) -> Checkpoint | None:
+    def _final_checkpoint(self) -> Checkpoint | None:
+        """The stop's checkpoint, written here (the metadata thread has ended); None if not written."""
+        self._metadata.stop()
+        if self._metadata.error is not None:
+            return None  # the disk failed; the next start recovers from the last checkpoint
         try:
-            snap = self._shared.ctl.snapshot()
-        except StoreError as exc:  # a child died mid-publish; its restart repairs the group
-            log.warning("checkpoint skipped: %s", exc)
-            return None
-        flushed = self._group_commit.published_flushed
-        now = time.time_ns() // 1_000_000
-        cp = Checkpoint(physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now,
-                        confirm_commit_pos=flushed, commitlog_flushed_pos=flushed,
-                        cq_durable_pos=snap.cq_durable_pos,
-                        index_durable_pos=tuple(snap.shard_durable_pos))
-        write_checkpoint(self.root, cp)
-        return cp
+            return self._metadata.write_checkpoint()
+        except DiskFullError as exc:
+            log.warning("disk full: the last checkpoint was not written (%s)", exc)
+        except OSError as exc:
+            self._fail(f"flushing the checkpoint failed: {exc}")
+        return None
 
     # ------------------------------------------------------------------------------- stop
     def shutdown(self) -> None:
@@ -358,7 +370,7 @@ class Supervisor:
                     log.warning("%s %s while stopping", child.name, describe_exit(code))
                     clean = False
         appender.sweep()
-        cp = self._write_checkpoint()
+        cp = self._final_checkpoint()
         durable = -1 if cp is None else min([cp.cq_durable_pos, *cp.index_durable_pos])
         if clean and durable >= flushed and flushed == self._commitlog.written_pos:
             mark_clean_stop(self.root)
@@ -367,7 +379,10 @@ class Supervisor:
             log.warning("stopped with derived files behind the commitlog (durable %d < %d); the "
                         "next start recovers them", durable, flushed)
         ctl.set_store_state(StoreState.STOPPED if self.exit_code == CliExit.OK else StoreState.FAILED)
-        remove_run_info(self.root)
+        try:
+            remove_run_info(self.root)
+        except OSError as exc:  # a failed disk (read-only after errors): clients check the pid
+            log.warning("could not remove %s: %s", "run/supervisor.json", exc)
         self._destroy_shared()
         self._commitlog.close()
         self._lock.release()

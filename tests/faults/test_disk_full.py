@@ -107,7 +107,7 @@ def test_disk_usage_above_the_limit_gives_disk_full_and_writes_resume(tmp_path, 
         rig.wait_acks(50)
         with Producer(rig.root) as producer:
             # 93% used: above disk_full_ratio (90%), with room for the up to 1 s until the
-            # supervisor's next usage check (filling further races the SIGBUS bug, see below)
+            # supervisor's next usage check (the last bytes are the test below)
             fill(small_disk, leave_bytes=FS_BYTES * 7 // 100)
             seen: list[PutStatus] = []
             try:
@@ -130,15 +130,6 @@ def test_disk_usage_above_the_limit_gives_disk_full_and_writes_resume(tmp_path, 
         rig.kill_all()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a full disk still stops the store: (1) engine/consume_queue.py (ConsumeQueue._write, "
-    "put_batch) and engine/hash_index.py (IndexFile.put_hashes, put_key) write through their "
-    "mappings without MappedFile.reserve, so the dispatcher and index builders die of SIGBUS "
-    "('dispatcher killed by SIGBUS'); (2) workers/supervisor.py Supervisor.serve lets an "
-    "OSError(ENOSPC) from its own metadata writes (_write_checkpoint's temp file, "
-    "write_run_info in _handle_exit) escape, and the supervisor exits 1 with 'mqstore: error: "
-    "[Errno 28] No space left on device' instead of answering DISK_FULL until space returns. "
-    "The commitlog side (SIGBUS in the supervisor, no DISK_FULL mapping) was fixed in f6b2bd3"))
 def test_last_bytes_of_the_disk_give_disk_full_not_a_crash(tmp_path, small_disk):
     rig = Rig(small_disk, tmp_path / "work", {"catch_up_timeout_s": 5.0}, disk_warn_ratio=1.0,
               disk_clean_force_ratio=1.0, disk_full_ratio=1.0)  # full = 0 bytes free
@@ -193,8 +184,9 @@ def _children_meet_a_full_disk(rig: Rig, producer: Producer) -> None:
         written = ctl.written_pos
         try:
             wait_until(lambda: ctl.dispatched_pos >= written or "SIGBUS" in rig.store.log_text()
+                       or "dispatcher: disk full, waiting for space" in rig.store.log_text()
                        or not rig.store.running,
-                       "the dispatcher to index the new record, or to die", 15)
+                       "the dispatcher to index the new record, wait for space, or die", 15)
         except AssertionError as exc:
             raise AssertionError(f"{exc}: {rig.store.log_text()[-2500:]}") from None
 

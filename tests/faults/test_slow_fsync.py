@@ -1,10 +1,11 @@
 """Slow and failing flushes: FLUSH_DISK_TIMEOUT at the deadline, pace back after a stall, and an
 fsync error that is reported, never swallowed.
 
-- A slow flush uses the supervisor's only fault hook, MQSTORE_FAULT_FSYNC_DELAY_MS (every flush
+- A slow flush uses the supervisor's fault hook MQSTORE_FAULT_FSYNC_DELAY_MS (every flush
   sleeps that long first).
-- A stall that ends is a real one: the store runs on a loop-mounted ext4 that `fsfreeze`
-  freezes for two seconds.
+- A stall that ends is a real one where the machine allows it (the store runs on a loop-mounted
+  ext4 that `fsfreeze` freezes for two seconds), and everywhere the stall hook
+  MQSTORE_FAULT_FSYNC_STALL_FILE (flushes and checkpoints wait while a file exists).
 - A failing flush is a real one too (tools.torture.filesystems.ThinDisk): ext4 on a loop device
   whose sparse backing file lives on a tmpfs too small for it, so writeback fails and
   msync/fsync return EIO; afterwards the backing store is grown, the filesystem checked, and
@@ -28,6 +29,7 @@ from tools.torture.ledger import LedgerReader
 from tools.torture.processes import ProducerFleet, StoreProcess, wait_until, write_store_config
 from tools.torture.rounds import TORTURE_STORE
 from tools.torture.verify import VerifyState, verify_store
+from workers.exit_codes import CliExit
 
 pytestmark = pytest.mark.slow
 TIMEOUT_MS = 300
@@ -126,27 +128,60 @@ def test_store_recovers_its_pace_after_a_disk_stall(tmp_path, freezable_disk):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "workers/supervisor.py Supervisor.serve writes the checkpoint on the thread that answers "
-    "producers (_write_checkpoint -> engine.mapped_file.write_file_atomically); during a disk "
-    "stall that thread blocks in openat(checkpoint.tmp) (seen in /proc/<pid>/task/*/stack: "
-    "mnt_want_write), so no FLUSH_DISK_TIMEOUT is sent at sync_flush_timeout_ms (300 ms) and "
-    "producers wait out the whole 2 s stall. The checkpoint belongs on its own thread; a "
-    "stall hook that ends (e.g. MQSTORE_FAULT_FSYNC_STALL_FILE, checked per flush in "
-    "workers/group_commit.py GroupCommit.flush_now) would let this run without fsfreeze"))
+    "the checkpoint no longer blocks the answering thread (workers/metadata_writer.py), but under "
+    "fsfreeze every write to the filesystem blocks: the append's copy into the commitlog mapping "
+    "faults on a page the freeze cleaned and waits in ext4_page_mkwrite (seen in "
+    "/proc/<pid>/task/*/stack) until the thaw, so the send is answered PUT_OK after the 2 s "
+    "stall. Answering at the deadline needs the copy off the answering thread (engine/commitlog.py "
+    "append_encoded) or a stall detector that stops appending; test_stall_file_... covers a stall "
+    "of the flush and the checkpoint"))
 def test_disk_stall_gives_flush_disk_timeout_at_the_deadline(tmp_path, freezable_disk):
     store = start_store(tmp_path, freezable_disk / "store", sync_flush_timeout_ms=TIMEOUT_MS)
     try:
-        with Producer(store.root) as producer:
-            send_for(producer, 0.5)
-            timer = stall(freezable_disk, STALL_S)
-            during = send_for(producer, 0.2)
-            timer.join()
-        status, seconds = during[0]
-        assert status is PutStatus.FLUSH_DISK_TIMEOUT, (status, seconds)
-        assert seconds < TIMEOUT_MS / 1000 + 0.5, seconds
+        _assert_flush_disk_timeout_during_a_stall(store, lambda: stall(freezable_disk, STALL_S))
     finally:
         assert store.stop() == 0
     assert verify_store(store.root, [], VerifyState()).findings == []
+
+
+def test_stall_file_gives_flush_disk_timeout_at_the_deadline(tmp_path):
+    """The stall hook (MQSTORE_FAULT_FSYNC_STALL_FILE) holds every flush and checkpoint while
+    the file exists: the thread that answers producers must not wait for either."""
+    stall_file = tmp_path / "stall"
+    store = start_store(tmp_path, tmp_path / "store", sync_flush_timeout_ms=TIMEOUT_MS,
+                        env={"MQSTORE_FAULT_FSYNC_STALL_FILE": str(stall_file)})
+
+    def begin_stall() -> threading.Timer:
+        stall_file.touch()
+        timer = threading.Timer(STALL_S, stall_file.unlink)
+        timer.start()
+        return timer
+
+    try:
+        _assert_flush_disk_timeout_during_a_stall(store, begin_stall)
+        assert "fault injection: flushes and checkpoints stall" in store.log_text()
+    finally:
+        stall_file.unlink(missing_ok=True)
+        assert store.stop() == 0
+    assert verify_store(store.root, [], VerifyState()).findings == []
+
+
+def _assert_flush_disk_timeout_during_a_stall(store: StoreProcess, begin_stall) -> None:
+    """Sends during a stall are answered FLUSH_DISK_TIMEOUT at the deadline (and stored); after
+    it, PUT_OK again."""
+    with Producer(store.root) as producer:
+        assert {s for s, _ in send_for(producer, 0.5)} == {PutStatus.PUT_OK}
+        with store.ctl() as ctl:
+            flushed = ctl.flushed_pos
+            timer = begin_stall()
+            during = send_for(producer, 0.2)
+            assert ctl.flushed_pos == flushed, ("the stall did not hold the flush", during)
+        timer.join()
+        after = send_for(producer, 0.3)
+    for status, seconds in during:
+        assert status is PutStatus.FLUSH_DISK_TIMEOUT and status.is_stored, (status, seconds)
+        assert seconds < TIMEOUT_MS / 1000 + 0.5, seconds
+    assert {s for s, _ in after[1:]} == {PutStatus.PUT_OK}, after
 
 
 @pytest.fixture
@@ -174,6 +209,9 @@ def test_fsync_error_is_reported_and_nothing_acknowledged_is_lost(tmp_path, thin
         fleet.wait_all_exited(60)
         log = store.log_text()
         assert code != 0 and ("Input/output error" in log or "msync failed" in log), log[-3000:]
+        # a clean stop whichever fsync failed first (commitlog or checkpoint), never an escape
+        assert code == CliExit.FAILED and "mqstore: error" not in log, log[-3000:]
+        assert "flushing the commitlog failed" in log or "flushing the checkpoint failed" in log
         assert fleet.counts["PUT_OK"] > 0 and set(fleet.counts) <= {
             "PUT_OK", "SERVICE_NOT_AVAILABLE", "FLUSH_DISK_TIMEOUT", "UNKNOWN_ERROR"}
         thin_disk.grow(256 * MiB)
