@@ -43,7 +43,7 @@ from engine.formats.record import (
     encode_filler,
     stamp_record,
 )
-from engine.formats.record_batch import check_stampable, stamp_checked_records
+from engine.formats.record_batch import StampableRecords, check_stampable, stamp_checked_records
 from engine.formats.record_scan import (
     DispatchColumns,
     RecordSpans,
@@ -144,30 +144,43 @@ class CommitLog:
 
     def append_encoded(self, blob: bytearray, starts: np.ndarray, sizes: np.ndarray,
                        queue_offsets, store_ts_ms: int) -> np.ndarray:
-        """Append the records laid end to end in `blob` (record_batch.encode_records); returns
-        their commit positions. Each run that fits the current segment is stamped in `blob`
-        (record_batch.stamp_checked_records) and copied in with one slice assignment."""
-        if len(starts) and int(sizes.max()) + FILLER_SIZE > self.segment_bytes:
-            raise BadInputError("body", f"record of {int(sizes.max())} bytes does not fit a segment "
+        """Append the records laid end to end in `blob` (record_batch.encode_records) after
+        checking each (record_batch.check_stampable: nothing is written if one is bad); returns
+        their commit positions."""
+        return self.append_stampable(check_stampable(blob, starts, sizes), queue_offsets, store_ts_ms)
+
+    def append_stampable(self, records: StampableRecords, queue_offsets, store_ts_ms: int) -> np.ndarray:
+        """append_encoded of records already checked. Each run that fits the current segment is
+        stamped in `records.buf` (record_batch.stamp_checked_records) and copied in with one slice
+        assignment; a DiskFullError undoes the runs already copied."""
+        blob, starts, sizes = records
+        count = len(starts)
+        positions = np.empty(count, dtype=np.int64)
+        if not count:
+            return positions
+        largest = int(sizes.max())
+        if largest + FILLER_SIZE > self.segment_bytes:
+            raise BadInputError("body", f"record of {largest} bytes does not fit a segment "
                                 f"of {self.segment_bytes} bytes (minus {FILLER_SIZE} for a filler)")
-        check_stampable(blob, starts, sizes)
         offsets = np.asarray(queue_offsets, dtype=np.int64)
-        positions = np.empty(len(starts), dtype=np.int64)
         ends = starts + sizes
+        last_end = int(ends[-1])
         i = 0
         batch_start_pos = self.written_pos
         try:
             with memoryview(blob) as view:
-                while i < len(starts):
+                while i < count:
                     segment, file_pos = self._room_for(int(sizes[i]))
                     room = self.segment_bytes - file_pos - FILLER_SIZE
-                    j = i + int(np.searchsorted(ends[i:] - starts[i], room, side="right"))
-                    run_bytes = int(ends[j - 1] - starts[i])
+                    lo = int(starts[i])
+                    j = count if last_end - lo <= room else \
+                        i + int(np.searchsorted(ends[i:] - lo, room, side="right"))
+                    run_bytes = int(ends[j - 1]) - lo
                     segment.reserve(file_pos + run_bytes)
-                    positions[i:j] = self.written_pos + (starts[i:j] - starts[i])
+                    positions[i:j] = starts[i:j] + (self.written_pos - lo)
                     stamp_checked_records(blob, starts[i:j], sizes[i:j], offsets[i:j],
                                           positions[i:j], store_ts_ms)
-                    segment.buf[file_pos:file_pos + run_bytes] = view[int(starts[i]):int(ends[j - 1])]
+                    segment.buf[file_pos:file_pos + run_bytes] = view[lo:lo + run_bytes]
                     self.written_pos += run_bytes
                     i = j
         except DiskFullError:

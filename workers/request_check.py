@@ -8,9 +8,15 @@ reserved __CRC32C slot, its queue id is in range and it fits a segment. QUEUEOFF
 PHYSICALOFFSET and STORETIMESTAMP are overwritten by stamp_record, so they are not checked.
 Anything else raises BadInputError: the record gets MESSAGE_ILLEGAL and never reaches the log.
 
-`check_request` applies the same checks to a whole request with whole-array operations (the
-per-record C calls left are one zlib.crc32 per body and one bytes() per topic); only the records
-it rejects are run through `check` again, for the reason to log.
+`check` is the rule, record by record (struct); `check_request` runs it on each record of a
+small request (up to record_batch.STRUCT_PATH_MAX_RECORDS, where numpy's fixed cost per call
+would dominate). A larger request is checked as a whole against its first record, which must
+pass `check`: the fixed header fields of all records by one masked unsigned comparison, then
+TOPICLENGTH + topic equal to the first record's, PROPERTIESLENGTH what TOTALSIZE leaves, the
+__CRC32C slot as encoders reserve it, ASCII properties and the BODYCRC (one zlib.crc32 per body,
+the only per-record call). A record that differs in any of these (another topic, non-ASCII
+properties, a mistake) is given to `check`, which accepts it or says why not: the batch path
+only ever accepts records that `check` accepts, and refuses none that it accepts.
 """
 
 from __future__ import annotations
@@ -24,27 +30,51 @@ import numpy as np
 from engine.errors import BadInputError
 from engine.formats.record import (
     BODY_CRC_MASK,
+    BODY_CRC_OFFSET,
+    BODY_LENGTH_OFFSET,
     BODY_OFFSET,
     CRC32C_PREFIX,
     CRC32C_PROP_SIZE,
+    CRC32C_RESERVED,
     FILLER_SIZE,
+    MAGIC_OFFSET,
     MAGIC_V1,
     MAX_PROPERTIES_BYTES,
     PROPERTIES_LENGTH_SIZE,
+    QUEUE_ID_OFFSET,
     RECORD_FIXED_SIZE,
+    SYS_FLAG_OFFSET,
+    TOPIC_LENGTH_SIZE_V1,
+    TOTAL_SIZE_OFFSET,
     V4_HEADER_FMT,
+    V4_HEADER_SIZE,
     SysFlag,
 )
-from engine.formats.record_batch import HEADER_DTYPE, gather
-from engine.formats.record_scan import walk_starts
+from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS, StampableRecords, int_view
 from engine.naming import validate_topic
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
 _I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")  # TOTALSIZE, BODYLENGTH
 _HOSTS_V6 = int(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
 _MAX_TOPIC_CACHE = 4096
-_PREFIX_U8 = np.frombuffer(CRC32C_PREFIX, dtype=np.uint8)
+_MIN_RECORD_BYTES = RECORD_FIXED_SIZE + CRC32C_PROP_SIZE
+_CRC32C_SEPARATOR = 0x02  # the byte that closes the __CRC32C property
+
+# All headers are read as rows of big-endian 32-bit words (every V4 header field starts at a
+# multiple of 4); each checked word must satisfy (word & AND) - SUB <= LIMIT in uint32.
+_WORD_BYTES = 4
+_HEADER_WORDS = V4_HEADER_SIZE // _WORD_BYTES
+_HEADER_VOID = f"V{V4_HEADER_SIZE}"
+_TAIL_VOID = f"V{CRC32C_PROP_SIZE}"
+_RESERVED_TAIL = np.void(CRC32C_RESERVED)
+_CHECKED_WORDS = np.array([offset // _WORD_BYTES for offset in (
+    TOTAL_SIZE_OFFSET, MAGIC_OFFSET, BODY_CRC_OFFSET, QUEUE_ID_OFFSET, SYS_FLAG_OFFSET, BODY_LENGTH_OFFSET)])
+_TOTAL_FIELD, _MAGIC_FIELD, _BODY_CRC_FIELD, _QUEUE_ID_FIELD, _SYS_FLAG_FIELD, _BODY_LENGTH_FIELD = range(6)
+assert V4_HEADER_SIZE % _WORD_BYTES == 0 and BODY_LENGTH_OFFSET % _WORD_BYTES == 0
+_SIGN_BIT = 0x8000_0000
+_ALL_BITS = 0xFFFF_FFFF
 
 
 class CheckedRequest(NamedTuple):
@@ -54,27 +84,48 @@ class CheckedRequest(NamedTuple):
     sizes: np.ndarray  # int64
     ok: np.ndarray  # bool
     topics: list[str | None]  # None where not ok
-    queue_ids: np.ndarray  # int64
+    queue_ids: np.ndarray  # int64, -1 where not ok
     reasons: dict[int, str]  # why each rejected record was rejected
+
+    def good_records(self, data: bytearray) -> StampableRecords:
+        """The records that passed, ready for CommitLog.append_stampable (this check demands more
+        than record_batch.check_stampable): `data` itself when all passed, else a new buffer
+        holding only them, end to end."""
+        if self.ok.all():
+            return StampableRecords(data, self.starts, self.sizes)
+        good = np.flatnonzero(self.ok)
+        sizes = self.sizes[good]
+        with memoryview(data) as view:
+            blob = bytearray().join([view[s:s + n] for s, n in zip(self.starts[good].tolist(),
+                                                                    sizes.tolist(), strict=True)])
+        starts = np.zeros(len(good), dtype=np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        return StampableRecords(blob, starts, sizes)
 
 
 class RecordChecker:
     """Checks request records against one store's limits; caches validated topics."""
 
     def __init__(self, *, max_body_bytes: int, queue_count: int, segment_bytes: int):
+        if queue_count < 1 or max_body_bytes < 0:
+            raise BadInputError("queue_count", f"{queue_count} queues, {max_body_bytes} body bytes")
         self.max_body_bytes = max_body_bytes
         self.queue_count = queue_count
         self.max_record_bytes = segment_bytes - FILLER_SIZE
         self._topics: dict[bytes, str] = {}
+        self._word_rules = _header_word_rules(max_body_bytes, queue_count, self.max_record_bytes)
 
     def check(self, record: memoryview) -> tuple[str, int]:
         """(topic, queue_id) of a well-formed record; BadInputError naming what is wrong."""
-        size = len(record)
-        if size < RECORD_FIXED_SIZE + CRC32C_PROP_SIZE:
+        return self._check_at(record, 0, len(record))
+
+    def _check_at(self, view: memoryview, start: int, size: int) -> tuple[str, int]:
+        """`check` of the record of `size` bytes at view[start:]."""
+        if size < _MIN_RECORD_BYTES:
             raise BadInputError("record", f"{size} bytes is too short for a record")
         if size > self.max_record_bytes:
             raise BadInputError("record", f"{size} bytes does not fit a commitlog segment")
-        fields = _HEADER.unpack_from(record, 0)
+        fields = _HEADER.unpack_from(view, start)
         total, magic, body_crc, queue_id, sys_flag, body_len = (
             fields[0], fields[1], fields[2], fields[3], fields[7], fields[16])
         if total != size:
@@ -87,117 +138,118 @@ class RecordChecker:
             raise BadInputError("queue_id", f"{queue_id} is outside 0..{self.queue_count - 1}")
         if not 0 <= body_len <= self.max_body_bytes:
             raise BadInputError("body", f"BODYLENGTH {body_len} exceeds {self.max_body_bytes}")
-        topic_len_pos = BODY_OFFSET + body_len
-        if topic_len_pos + 1 + PROPERTIES_LENGTH_SIZE > size:
+        end = start + size
+        topic_len_pos = start + BODY_OFFSET + body_len
+        if topic_len_pos + TOPIC_LENGTH_SIZE_V1 + PROPERTIES_LENGTH_SIZE > end:
             raise BadInputError("record", f"BODYLENGTH {body_len} does not fit TOTALSIZE {size}")
-        (topic_len,) = _I8.unpack_from(record, topic_len_pos)
-        props_len_pos = topic_len_pos + 1 + topic_len
-        if topic_len <= 0 or props_len_pos + PROPERTIES_LENGTH_SIZE > size:
+        (topic_len,) = _I8.unpack_from(view, topic_len_pos)
+        props_len_pos = topic_len_pos + TOPIC_LENGTH_SIZE_V1 + topic_len
+        if topic_len <= 0 or props_len_pos + PROPERTIES_LENGTH_SIZE > end:
             raise BadInputError("record", f"TOPICLENGTH {topic_len} does not fit TOTALSIZE {size}")
-        (props_len,) = _I16.unpack_from(record, props_len_pos)
+        (props_len,) = _I16.unpack_from(view, props_len_pos)
         props_pos = props_len_pos + PROPERTIES_LENGTH_SIZE
-        if props_len < CRC32C_PROP_SIZE or props_pos + props_len != size \
+        if props_len < CRC32C_PROP_SIZE or props_pos + props_len != end \
                 or props_len > MAX_PROPERTIES_BYTES:
             raise BadInputError("record", f"PROPERTIESLENGTH {props_len} does not fit TOTALSIZE {size}")
-        crc_pos = size - CRC32C_PROP_SIZE
-        if record[crc_pos:crc_pos + len(CRC32C_PREFIX)] != CRC32C_PREFIX or record[size - 1] != 0x02:
+        crc_pos = end - CRC32C_PROP_SIZE
+        if view[crc_pos:crc_pos + len(CRC32C_PREFIX)] != CRC32C_PREFIX \
+                or view[end - 1] != _CRC32C_SEPARATOR:
             raise BadInputError("record", "properties do not end with the reserved __CRC32C slot")
-        if zlib.crc32(record[BODY_OFFSET:topic_len_pos]) & BODY_CRC_MASK != body_crc:
+        if zlib.crc32(view[start + BODY_OFFSET:topic_len_pos]) & BODY_CRC_MASK != body_crc:
             raise BadInputError("body", "BODYCRC does not match the body")
         try:
-            bytes(record[props_pos:crc_pos]).decode("utf-8")
+            str(view[props_pos:crc_pos], "utf-8")
         except UnicodeDecodeError:
             raise BadInputError("properties", "are not valid UTF-8") from None
-        return self._topic(bytes(record[topic_len_pos + 1:props_len_pos])), queue_id
+        return self._topic(bytes(view[topic_len_pos + TOPIC_LENGTH_SIZE_V1:props_len_pos])), queue_id
 
     def check_request(self, data: bytearray, count: int) -> CheckedRequest:
         """Check the `count` records laid end to end in `data` (BadInputError if the framing
         itself is broken: then no record can be trusted)."""
-        starts = walk_starts(data, 0, len(data), max_count=count)
-        ends = np.empty_like(starts)
-        if len(starts):
-            ends[:-1] = starts[1:]
-            ends[-1] = starts[-1] + int.from_bytes(data[starts[-1]:starts[-1] + 4], "big")
-        if len(starts) != count or not len(starts) or int(ends[-1]) != len(data):
-            raise BadInputError("request", f"{count} records announced in {len(data)} bytes, "
-                                f"framing finds {len(starts)} ending at {int(ends[-1]) if len(ends) else 0}")
-        sizes = ends - starts
-        u8 = np.frombuffer(data, dtype=np.uint8)
-        safe = np.where(sizes >= RECORD_FIXED_SIZE + CRC32C_PROP_SIZE, starts, 0)
-        header = gather(u8, safe, BODY_OFFSET).view(HEADER_DTYPE).ravel()
-        queue_ids = header["queue_id"].astype(np.int64)
-        body_len = header["body_length"].astype(np.int64)
-        sys_flag = header["sys_flag"].astype(np.int64)
-        ok = ((safe == starts) & (header["total_size"] == sizes) & (header["magic"] == MAGIC_V1)
-              & (sys_flag >= 0) & ((sys_flag & _HOSTS_V6) == 0) & (sizes <= self.max_record_bytes)
-              & (queue_ids >= 0) & (queue_ids < self.queue_count)
-              & (body_len >= 0) & (body_len <= self.max_body_bytes))
-        topic_len_pos = starts + BODY_OFFSET + body_len
-        ok &= topic_len_pos + 1 + PROPERTIES_LENGTH_SIZE <= ends
-        topic_len = u8[np.where(ok, topic_len_pos, 0)].astype(np.int8).astype(np.int64)
-        props_len_pos = topic_len_pos + 1 + topic_len
-        ok &= (topic_len > 0) & (props_len_pos + PROPERTIES_LENGTH_SIZE <= ends)
-        props_len = gather(u8, np.where(ok, props_len_pos, 0), 2).view(">i2").ravel().astype(np.int64)
-        props_pos = props_len_pos + PROPERTIES_LENGTH_SIZE
-        ok &= (props_len >= CRC32C_PROP_SIZE) & (props_pos + props_len == ends)
-        crc_pos = np.where(ok, ends - CRC32C_PROP_SIZE, 0)
-        ok &= (gather(u8, crc_pos, len(CRC32C_PREFIX)) == _PREFIX_U8).all(axis=1)
-        ok &= u8[np.where(ok, ends - 1, 0)] == 0x02
-        topics: list[str | None] = [None] * count
+        starts, sizes = _frame(data, count)
         with memoryview(data) as view:
-            rows = np.flatnonzero(ok)
-            body_crcs = np.fromiter(map(zlib.crc32, map(view.__getitem__, map(
-                slice, (starts[rows] + BODY_OFFSET).tolist(), topic_len_pos[rows].tolist()))),
-                dtype=np.int64, count=len(rows)) & BODY_CRC_MASK
-            ok[rows] &= body_crcs == header["body_crc"][rows]
-            rows = np.flatnonzero(ok)
-            props = list(map(view.__getitem__, map(slice, props_pos[rows].tolist(),
-                                                   crc_pos[rows].tolist())))
-            if not b"".join(props).isascii():  # rare: decode each, as the reader will
-                for i, raw in zip(rows.tolist(), props, strict=True):
-                    try:
-                        bytes(raw).decode("utf-8")
-                    except UnicodeDecodeError:
-                        ok[i] = False
-            self._route_topics(view, u8, np.flatnonzero(ok), topic_len_pos + 1, topic_len, ok, topics)
-            reasons = {}
-            for i in np.flatnonzero(~ok).tolist():
-                topics[i] = None
+            if count > STRUCT_PATH_MAX_RECORDS:
                 try:
-                    self.check(view[starts[i]:ends[i]])
-                    reasons[i] = "refused by the batch check"  # pragma: no cover - same rules
-                except BadInputError as exc:
-                    reasons[i] = str(exc)
-        return CheckedRequest(starts, sizes, ok, topics, queue_ids, reasons)
+                    return self._check_batch(data, view, starts, sizes)
+                except BadInputError:  # the first record is bad: no template to check against
+                    pass
+            return self._check_each(view, starts, sizes)
 
-    def _route_topics(self, view: memoryview, u8: np.ndarray, rows: np.ndarray, topic_pos: np.ndarray,
-                      topic_len: np.ndarray, ok: np.ndarray, topics: list[str | None]) -> None:
-        """Fill `topics` for `rows`; the common case (one topic per request) is compared as a
-        whole, the rest validated one by one (a bad topic clears `ok`)."""
-        if not len(rows):
-            return
-        first = int(rows[0])
-        length, at = int(topic_len[first]), int(topic_pos[first])
-        raw = bytes(view[at:at + length])
-        same = topic_len[rows] == length
-        same[same] = (gather(u8, topic_pos[rows[same]], length)
-                      == np.frombuffer(raw, dtype=np.uint8)).all(axis=1)
-        try:
-            topic = self._topic(raw)
-        except BadInputError:
-            topic = None
-        for i, is_same in zip(rows.tolist(), same.tolist(), strict=True):
-            if is_same:
-                name = topic
-            else:
-                at, length = int(topic_pos[i]), int(topic_len[i])
-                try:
-                    name = self._topic(bytes(view[at:at + length]))
-                except BadInputError:
-                    name = None
-            if name is None:
-                ok[i] = False
-            topics[i] = name
+    def _check_each(self, view: memoryview, starts: list[int], sizes: list[int]) -> CheckedRequest:
+        """check_request record by record."""
+        topics: list[str | None] = []
+        queue_ids: list[int] = []
+        reasons: dict[int, str] = {}
+        for i, (start, size) in enumerate(zip(starts, sizes, strict=True)):
+            try:
+                topic, queue_id = self._check_at(view, start, size)
+            except BadInputError as exc:
+                reasons[i] = str(exc)
+                topic, queue_id = None, -1
+            topics.append(topic)
+            queue_ids.append(queue_id)
+        return CheckedRequest(np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64),
+                              np.array([t is not None for t in topics], dtype=bool), topics,
+                              np.array(queue_ids, dtype=np.int64), reasons)
+
+    def _check_batch(self, data: bytearray, view: memoryview, starts: list[int], sizes: list[int]
+                     ) -> CheckedRequest:
+        """check_request with whole-array operations, against the first record (which must pass
+        `check`: BadInputError if not). Records that do not match it go to `check`."""
+        topic, _ = self._check_at(view, starts[0], sizes[0])
+        topic_piece = _topic_piece(view, starts[0])  # TOPICLENGTH + topic of the first record
+        n = len(starts)
+        u8 = np.frombuffer(data, dtype=np.uint8)
+        start_at = np.array(starts, dtype=np.int64)
+        size_of = np.array(sizes, dtype=np.int64)
+        ends = start_at + size_of
+        # A header of a record shorter than that may run past the data: read the first record's
+        # instead; its TOTALSIZE then leaves no room for properties (props_len below) and it fails.
+        short = min(sizes) < _MIN_RECORD_BYTES
+        heads_at = np.where(size_of >= _MIN_RECORD_BYTES, start_at, starts[0]) if short else start_at
+        words = int_view(u8, _HEADER_VOID)[heads_at].view(">u4").reshape(n, _HEADER_WORDS)
+        fields = words[:, _CHECKED_WORDS].astype(np.uint32)
+        and_, sub, limit = self._word_rules
+        ok = (((fields & and_) - sub) <= limit).all(axis=1)
+        body_len = fields[:, _BODY_LENGTH_FIELD].astype(np.int64)
+        props_len = size_of - (RECORD_FIXED_SIZE + len(topic_piece) - TOPIC_LENGTH_SIZE_V1) - body_len
+        ok &= props_len >= CRC32C_PROP_SIZE  # then every position below lies inside its record
+        body_pos = start_at + BODY_OFFSET
+        topic_len_pos = np.where(ok, body_pos + body_len, starts[0] + BODY_OFFSET + int(body_len[0]))
+        props_len_pos = topic_len_pos + len(topic_piece)
+        ok &= int_view(u8, f"V{len(topic_piece)}")[topic_len_pos] == np.void(topic_piece)
+        ok &= int_view(u8, ">i2")[props_len_pos] == props_len
+        crc_pos = ends - CRC32C_PROP_SIZE
+        ok &= int_view(u8, _TAIL_VOID)[crc_pos] == _RESERVED_TAIL  # as encoders leave it: digits 0
+        props_pos = props_len_pos + PROPERTIES_LENGTH_SIZE
+        bounds = np.empty(2 * n, dtype=np.int64)
+        bounds[0::2] = props_pos
+        bounds[1::2] = np.where(ok, crc_pos, props_pos)
+        ok &= np.maximum.reduceat(u8, bounds)[0::2] < 0x80  # ASCII properties are UTF-8
+        raw = bytes(data)  # slicing bytes costs less than a memoryview slice each
+        body_crcs = np.fromiter(map(zlib.crc32, map(raw.__getitem__, map(
+            slice, body_pos.tolist(), topic_len_pos.tolist()))), dtype=np.int64, count=n)
+        ok &= (body_crcs & BODY_CRC_MASK) == fields[:, _BODY_CRC_FIELD]
+        topics: list[str | None] = [topic] * len(starts)
+        queue_ids = fields[:, _QUEUE_ID_FIELD].astype(np.int64)
+        reasons: dict[int, str] = {}
+        if not ok.all():
+            self._recheck(view, starts, sizes, np.flatnonzero(~ok).tolist(), ok, topics, queue_ids,
+                          reasons)
+        return CheckedRequest(start_at, size_of, ok, topics, queue_ids, reasons)
+
+    def _recheck(self, view: memoryview, starts: list[int], sizes: list[int], rows: list[int],
+                 ok: np.ndarray, topics: list[str | None], queue_ids: np.ndarray,
+                 reasons: dict[int, str]) -> None:
+        """`check` the records the batch path did not accept: each is accepted after all or
+        refused with its reason."""
+        for i in rows:
+            try:
+                topics[i], queue_ids[i] = self._check_at(view, starts[i], sizes[i])
+                ok[i] = True
+            except BadInputError as exc:
+                topics[i], queue_ids[i] = None, -1
+                reasons[i] = str(exc)
 
     def _topic(self, raw: bytes) -> str:
         topic = self._topics.get(raw)
@@ -210,3 +262,48 @@ class RecordChecker:
                 self._topics.clear()
             self._topics[raw] = topic
         return topic
+
+
+def _frame(data: bytearray, count: int) -> tuple[list[int], list[int]]:
+    """Start and size of each of the `count` records by the TOTALSIZE chain, which must cover
+    `data` exactly (BadInputError otherwise)."""
+    unpack = _I32.unpack_from
+    starts: list[int] = []
+    sizes: list[int] = []
+    pos, end = 0, len(data)
+    for _ in range(count):
+        if pos + FILLER_SIZE > end:
+            break
+        size = unpack(data, pos)[0]
+        if size < FILLER_SIZE or pos + size > end:
+            break
+        starts.append(pos)
+        sizes.append(size)
+        pos += size
+    if len(starts) != count or not starts or pos != end:
+        raise BadInputError("request", f"{count} records announced in {end} bytes, "
+                            f"framing finds {len(starts)} ending at {pos}")
+    return starts, sizes
+
+
+def _topic_piece(view: memoryview, start: int) -> bytes:
+    """TOPICLENGTH and topic bytes of the (checked) record at `start`."""
+    topic_len_pos = start + BODY_OFFSET + _I32.unpack_from(view, start + BODY_LENGTH_OFFSET)[0]
+    return bytes(view[topic_len_pos:topic_len_pos + TOPIC_LENGTH_SIZE_V1 + view[topic_len_pos]])
+
+
+def _header_word_rules(max_body_bytes: int, queue_count: int, max_record_bytes: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(AND, SUB, LIMIT) per checked header word: what `check` demands of the fixed fields, as
+    unsigned comparisons (a negative queue id or BODYLENGTH is a huge unsigned number, and
+    word - MAGIC <= 0 only where word == MAGIC)."""
+    and_, sub, limit = (np.zeros(len(_CHECKED_WORDS), dtype=np.uint32) for _ in range(3))
+    and_[:] = _ALL_BITS
+    and_[_SYS_FLAG_FIELD] = _SIGN_BIT | _HOSTS_V6
+    sub[_TOTAL_FIELD] = _MIN_RECORD_BYTES
+    limit[_TOTAL_FIELD] = max(max_record_bytes - _MIN_RECORD_BYTES, 0)
+    sub[_MAGIC_FIELD] = MAGIC_V1
+    limit[_QUEUE_ID_FIELD] = queue_count - 1
+    limit[_BODY_CRC_FIELD] = _ALL_BITS  # compared with the body's CRC below
+    limit[_BODY_LENGTH_FIELD] = min(max_body_bytes, _SIGN_BIT - 1)
+    return and_, sub, limit

@@ -7,14 +7,17 @@ import time, so that many headers are filled by a few whole-array writes.
 
 Per record, Python work is kept to what cannot be vectorized: one zlib.crc32 of the body when
 encoding and one crc32c call when stamping (each a C call, driven by `map`). Everything else
-(header fields, the ten CRC32C digits, queue offsets, positions, store time) is a numpy write
-at all record starts at once; the bytes are joined with one `bytearray.join`.
+(header fields, queue offsets, positions, store time) is a numpy write at all record starts at
+once, the ten CRC32C digits of all records one `%` format; the bytes are joined with one
+`bytearray.join`. Up to STRUCT_PATH_MAX_RECORDS records are checked and stamped one by one with
+struct instead, where numpy's fixed cost per call (1-6 us here) outweighs the work.
 """
 
 from __future__ import annotations
 
 import re
 import socket
+import struct
 import zlib
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -71,6 +74,18 @@ assert HEADER_DTYPE.fields["store_ts_ms"][1] == STORE_TS_OFFSET
 _HOSTS_V6 = int(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
 _BORNHOST_V6 = int(SysFlag.BORNHOST_V6)
 _CRC_DIGITS_OFFSET = len(CRC32C_PREFIX)  # from the start of the __CRC32C tail
+_CRC_DIGITS_FORMAT = f"%0{CRC32C_DIGITS}d"  # a CRC32C (< 2**32) has at most ten digits
+_CRC_DIGITS_BYTES_FORMAT = _CRC_DIGITS_FORMAT.encode("ascii")
+_CRC32C_PREFIX_VOID = np.void(CRC32C_PREFIX)
+_SYS_FLAG_LOW_BYTE = SYS_FLAG_OFFSET + 3  # SYSFLAG is big-endian; BORNHOST_V6 is in its last byte
+assert _BORNHOST_V6 < 0x100 and 10**CRC32C_DIGITS > 2**32
+_TOTAL_SIZE = struct.Struct(">i")
+_STAMP = struct.Struct(">qq")  # QUEUEOFFSET PHYSICALOFFSET, adjacent
+_I64 = struct.Struct(">q")
+assert QUEUE_OFFSET_OFFSET + _I64.size == PHYSICAL_OFFSET_OFFSET
+# Up to this many records, stamping (and the supervisor's request check) goes record by record
+# with struct: numpy's fixed cost per call (1-6 us) exceeds the per-record work of a few records.
+STRUCT_PATH_MAX_RECORDS = 24
 _POWERS_OF_TEN = 10 ** np.arange(CRC32C_DIGITS - 1, -1, -1, dtype=np.int64)
 _ASCII_ZERO = ord("0")
 
@@ -81,6 +96,15 @@ class EncodedRecords(NamedTuple):
     buf: bytearray
     starts: np.ndarray  # int64, position of each record in buf
     sizes: np.ndarray  # int64, each record's TOTALSIZE
+
+
+class StampableRecords(NamedTuple):
+    """Records laid end to end in `buf` that `check_stampable` accepted (or a check demanding more
+    of each record, like the supervisor's request check): stamping and appending need no other."""
+
+    buf: bytearray
+    starts: np.ndarray  # int64
+    sizes: np.ndarray  # int64
 
 
 # ---------------------------------------------------------------- numpy field access
@@ -183,45 +207,96 @@ def _ipv4(host: tuple[str, int]) -> tuple[bytes, int]:
 # ---------------------------------------------------------------- stamp
 
 
-def check_stampable(buf, starts: np.ndarray, sizes: np.ndarray) -> None:
-    """BadInputError unless each record's TOTALSIZE equals its size and it has a reserved
-    __CRC32C tail (what `record.stamp_record` checks), so a batch is refused before any write."""
+def check_stampable(buf, starts: np.ndarray, sizes: np.ndarray) -> StampableRecords:
+    """The records, once each one's TOTALSIZE equals its size and it has a reserved __CRC32C tail
+    (what `record.stamp_record` checks); BadInputError otherwise, so a batch is refused before
+    any write."""
+    if len(starts) <= STRUCT_PATH_MAX_RECORDS:
+        _check_stampable_each(buf, starts.tolist(), sizes.tolist())
+        return StampableRecords(buf, starts, sizes)
     u8 = np.frombuffer(buf, dtype=np.uint8)
-    if not len(starts):
-        return
     if starts.min() < 0 or (starts + sizes).max() > len(u8):
         raise BadInputError("record", "a record runs past the end of the buffer")
     if sizes.min() < RECORD_FIXED_SIZE + CRC32C_PROP_SIZE:
         raise BadInputError("record", "a record is too short to hold a __CRC32C tail")
-    if not np.array_equal(gather_int(u8, starts, ">i4"), sizes):
+    if not (int_view(u8, ">i4")[starts] == sizes).all():
         raise BadInputError("record", "a record's TOTALSIZE field does not match its length")
-    tails = int_view(u8, f"S{len(CRC32C_PREFIX)}")[starts + sizes - CRC32C_PROP_SIZE]
-    if not (tails == CRC32C_PREFIX).all():
+    tails = int_view(u8, f"V{len(CRC32C_PREFIX)}")[starts + (sizes - CRC32C_PROP_SIZE)]
+    if not (tails == _CRC32C_PREFIX_VOID).all():
         raise BadInputError("record", "a record has no reserved __CRC32C tail")
+    return StampableRecords(buf, starts, sizes)
+
+
+def _check_stampable_each(buf, starts: list[int], sizes: list[int]) -> None:
+    """check_stampable one record at a time (struct): cheaper than numpy for a few records."""
+    unpack, length, prefix = _TOTAL_SIZE.unpack_from, len(buf), CRC32C_PREFIX
+    with memoryview(buf) as view:
+        for start, size in zip(starts, sizes, strict=True):
+            if start < 0 or start + size > length:
+                raise BadInputError("record", "a record runs past the end of the buffer")
+            if size < RECORD_FIXED_SIZE + CRC32C_PROP_SIZE:
+                raise BadInputError("record", "a record is too short to hold a __CRC32C tail")
+            if unpack(view, start)[0] != size:
+                raise BadInputError("record", "a record's TOTALSIZE field does not match its length")
+            tail = start + size - CRC32C_PROP_SIZE
+            if view[tail:tail + len(prefix)] != prefix:
+                raise BadInputError("record", "a record has no reserved __CRC32C tail")
 
 
 def stamp_records(buf, starts: np.ndarray, sizes: np.ndarray, queue_offsets, commit_positions,
-                  store_ts_ms: int) -> None:
+                  store_ts_ms) -> None:
     """`record.stamp_record` for every record of `buf` at once: QUEUEOFFSET, PHYSICALOFFSET,
-    STORETIMESTAMP in place, then each record's CRC32C sealed in its tail."""
+    STORETIMESTAMP (one int for all, or one per record) in place, then each CRC32C sealed."""
     check_stampable(buf, starts, sizes)
     stamp_checked_records(buf, starts, sizes, queue_offsets, commit_positions, store_ts_ms)
 
 
 def stamp_checked_records(buf, starts: np.ndarray, sizes: np.ndarray, queue_offsets,
-                          commit_positions, store_ts_ms: int) -> None:
-    """stamp_records for records that `check_stampable` has accepted."""
+                          commit_positions, store_ts_ms) -> None:
+    """stamp_records for records that `check_stampable` has accepted. Up to
+    STRUCT_PATH_MAX_RECORDS records are stamped one by one with struct, more with numpy: one
+    fancy-index write per field, one crc32c call per record, the digits by one `%` format."""
+    n = len(starts)
+    if n <= STRUCT_PATH_MAX_RECORDS:
+        store_times = ([int(store_ts_ms)] * n if type(store_ts_ms) is int or np.ndim(store_ts_ms) == 0
+                       else np.asarray(store_ts_ms).tolist())
+        _stamp_each(buf, starts.tolist(), sizes.tolist(), np.asarray(queue_offsets).tolist(),
+                    np.asarray(commit_positions).tolist(), store_times)
+        return
     u8 = np.frombuffer(buf, dtype=np.uint8)
-    scatter_int(u8, starts + QUEUE_OFFSET_OFFSET, queue_offsets, ">i8")
-    scatter_int(u8, starts + PHYSICAL_OFFSET_OFFSET, commit_positions, ">i8")
-    born_v6 = (gather_int(u8, starts + SYS_FLAG_OFFSET, ">i4") & _BORNHOST_V6) != 0
-    ts_at = starts + (np.where(born_v6, STORE_TS_OFFSET_BORN_V6, STORE_TS_OFFSET) if born_v6.any()
-                      else STORE_TS_OFFSET)
-    scatter_int(u8, ts_at, store_ts_ms, ">i8")
-    crc_pos = starts + sizes - CRC32C_PROP_SIZE
-    crcs = crc32c_each(buf, starts, crc_pos)
-    digits = int_view(u8, f"V{CRC32C_DIGITS}")
-    digits[crc_pos + _CRC_DIGITS_OFFSET] = crc_digits(crcs).view(f"V{CRC32C_DIGITS}").ravel()
+    longs = int_view(u8, ">i8")
+    longs[starts + QUEUE_OFFSET_OFFSET] = queue_offsets
+    longs[starts + PHYSICAL_OFFSET_OFFSET] = commit_positions
+    ts_at = starts + STORE_TS_OFFSET
+    born_v6 = u8[starts + _SYS_FLAG_LOW_BYTE] & _BORNHOST_V6
+    if born_v6.any():
+        ts_at += np.where(born_v6 != 0, STORE_TS_OFFSET_BORN_V6 - STORE_TS_OFFSET, 0)
+    longs[ts_at] = store_ts_ms
+    crc_pos = starts + (sizes - CRC32C_PROP_SIZE)
+    lo = int(starts.min())
+    with memoryview(buf) as view:  # slicing one bytes copy costs less than a memoryview slice each
+        raw = bytes(view[lo:int(crc_pos.max())])
+    crcs = list(map(crc32c.crc32c, map(raw.__getitem__, map(slice, (starts - lo).tolist(),
+                                                             (crc_pos - lo).tolist()))))
+    digits = (_CRC_DIGITS_FORMAT * n % tuple(crcs)).encode("ascii")
+    int_view(u8, f"V{CRC32C_DIGITS}")[crc_pos + _CRC_DIGITS_OFFSET] = np.frombuffer(
+        digits, dtype=f"V{CRC32C_DIGITS}")
+
+
+def _stamp_each(buf, starts: list[int], sizes: list[int], queue_offsets: list[int],
+                commit_positions: list[int], store_times: list[int]) -> None:
+    """stamp_checked_records one record at a time, as record.stamp_record does."""
+    stamp, put_long, crc_of = _STAMP.pack_into, _I64.pack_into, crc32c.crc32c
+    with memoryview(buf) as view:
+        for start, size, queue_offset, commit_pos, store_ts_ms in zip(
+                starts, sizes, queue_offsets, commit_positions, store_times, strict=True):
+            stamp(view, start + QUEUE_OFFSET_OFFSET, queue_offset, commit_pos)
+            born_v6 = view[start + _SYS_FLAG_LOW_BYTE] & _BORNHOST_V6
+            put_long(view, start + (STORE_TS_OFFSET_BORN_V6 if born_v6 else STORE_TS_OFFSET), store_ts_ms)
+            crc_pos = start + size - CRC32C_PROP_SIZE
+            digits_pos = crc_pos + _CRC_DIGITS_OFFSET
+            crc = crc_of(view[start:crc_pos])
+            view[digits_pos:digits_pos + CRC32C_DIGITS] = _CRC_DIGITS_BYTES_FORMAT % crc
 
 
 def crc32c_each(buf, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -236,11 +311,6 @@ def crc32c_each(buf, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
                        count=len(starts))
 
 
-def crc_digits(crcs: np.ndarray) -> np.ndarray:
-    """The ten zero-padded decimal ASCII digits of each CRC, most significant first: (n, 10) uint8."""
-    return (crcs[:, None] // _POWERS_OF_TEN % 10 + _ASCII_ZERO).astype(np.uint8)
-
-
 def digits_value(digits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(value, ok) of (n, 10) ASCII digit rows; ok is False where a byte is not a digit."""
     d = digits.astype(np.int64) - _ASCII_ZERO
@@ -253,7 +323,6 @@ def hosts_v6(sys_flags: np.ndarray) -> np.ndarray:
     return (sys_flags & _HOSTS_V6) != 0
 
 
-__all__ = ["HEADER_DTYPE", "EncodedRecords", "check_stampable", "crc32c_each", "crc_digits",
-           "digits_value", "encode_records", "gather", "gather_field", "gather_int", "hosts_v6",
-           "int_view", "scatter_int",
-           "stamp_checked_records", "stamp_records"]
+__all__ = ["HEADER_DTYPE", "STRUCT_PATH_MAX_RECORDS", "EncodedRecords", "StampableRecords", "check_stampable",
+           "crc32c_each", "digits_value", "encode_records", "gather", "gather_field", "gather_int",
+           "hosts_v6", "int_view", "scatter_int", "stamp_checked_records", "stamp_records"]

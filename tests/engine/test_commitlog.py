@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from engine.formats.record import (
     decode_record,
     encode_record,
 )
+from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS
 from engine.mapped_file import Access
 from engine.naming import offset_to_name
 from tests.conftest import ROCKETMQ_SAMPLES
@@ -154,6 +156,41 @@ def test_commitlog_batch_writes_same_bytes_as_single_appends(tmp_path):
     assert singles == batched and a.written_pos == b.written_pos
     for seg_a, seg_b in zip(a.segments.segments, b.segments.segments, strict=True):
         assert bytes(seg_a.buf) == bytes(seg_b.buf)
+
+
+@pytest.mark.parametrize("count", [3, STRUCT_PATH_MAX_RECORDS, STRUCT_PATH_MAX_RECORDS + 1, 40])
+def test_commitlog_append_encoded_spanning_rolls_equals_single_appends(tmp_path, count):
+    """Both stamp paths (struct for a few records, numpy for more): same bytes as append()."""
+    sizes = [BASE_SIZE + (i * 97) % 700 for i in range(count)]
+    a, b = open_log(tmp_path / "a"), open_log(tmp_path / "b")
+    a.append(record(2500), queue_offset=0, store_ts_ms=5)
+    b.append(record(2500), queue_offset=0, store_ts_ms=5)
+    singles = [a.append(record(s, fill=0x41 + i % 26), queue_offset=i + 1, store_ts_ms=5)
+               for i, s in enumerate(sizes)]
+    blob = bytearray(b"".join(record(s, fill=0x41 + i % 26) for i, s in enumerate(sizes)))
+    starts = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+    positions = b.append_encoded(blob, starts, np.array(sizes, dtype=np.int64), range(1, count + 1), 5)
+    assert positions.tolist() == singles and a.written_pos == b.written_pos
+    assert len(b.segments.segments) >= 2 or count < 10
+    for seg_a, seg_b in zip(a.segments.segments, b.segments.segments, strict=True):
+        assert bytes(seg_a.buf) == bytes(seg_b.buf)
+    assert [r.commit_pos for r in b.scan(0, b.written_pos)][1:] == singles
+
+
+@pytest.mark.parametrize("count", [2, STRUCT_PATH_MAX_RECORDS + 4])
+def test_commitlog_append_encoded_refuses_a_bad_record_before_writing(tmp_path, count):
+    log = open_log(tmp_path)
+    log.append(record(), queue_offset=0, store_ts_ms=1)
+    records = [record(200) for _ in range(count)]
+    records[-1][-CRC_TAIL] ^= 0xFF  # no reserved __CRC32C slot
+    blob = bytearray(b"".join(records))
+    starts = np.arange(count, dtype=np.int64) * 200
+    with pytest.raises(BadInputError, match="CRC32C"):
+        log.append_encoded(blob, starts, np.full(count, 200), range(count), 1)
+    with pytest.raises(BadInputError, match="TOTALSIZE"):
+        log.append_encoded(blob, starts, np.full(count, 199), range(count), 1)
+    assert log.written_pos == 300
+    assert bytes(log.segments.find(0).read(300, 300)) == bytes(300)
 
 
 def test_commitlog_batch_with_one_bad_record_writes_nothing(tmp_path):

@@ -25,7 +25,12 @@ from engine.formats.record import (
     encode_record,
     stamp_record,
 )
-from engine.formats.record_batch import check_stampable, encode_records, stamp_records
+from engine.formats.record_batch import (
+    STRUCT_PATH_MAX_RECORDS,
+    check_stampable,
+    encode_records,
+    stamp_records,
+)
 from engine.formats.record_scan import (
     columns_from_headers,
     decode_dispatch,
@@ -147,6 +152,62 @@ def test_record_batch_check_stampable_refuses_bad_records():
     wrong_magic = bytearray(record)
     wrong_magic[MAGIC_OFFSET] ^= 0xFF
     check_stampable(wrong_magic, starts, sizes)  # stamping does not judge the magic (as stamp_record)
+
+
+@pytest.mark.parametrize("count", [1, STRUCT_PATH_MAX_RECORDS, STRUCT_PATH_MAX_RECORDS + 1, 50])
+def test_record_batch_stamp_paths_equal_stamp_record_with_bornhost_v6_flags(count):
+    """Both stamp paths put STORETIMESTAMP where stamp_record does (after a 20-byte IPv6 born host
+    when SYSFLAG says so) and seal the same CRC32C; one store time for all, or one per record."""
+    records = [bytearray(encode_record("T", bytes([i]) * (i % 50), queue_id=0, born_ts_ms=1, born_host=BORN,
+                                       store_host=STORE)) for i in range(count)]
+    for record in records[1::3]:
+        record[SYS_FLAG_OFFSET + 3] |= int(SysFlag.BORNHOST_V6)
+    expected = bytearray(b"".join(records))
+    starts = np.cumsum([0] + [len(r) for r in records[:-1]]).astype(np.int64)
+    sizes = np.array([len(r) for r in records], dtype=np.int64)
+    for store_ts in (1_700_000_000_000, 1_700_000_000_000 + np.arange(count) * 7):
+        reference = bytearray(expected)
+        for i, start in enumerate(starts.tolist()):
+            ts = store_ts if isinstance(store_ts, int) else int(store_ts[i])
+            stamp_record(reference, start, queue_offset=10 + i, commit_pos=BASE_POS + start, store_ts_ms=ts)
+        stamped = bytearray(expected)
+        stamp_records(stamped, starts, sizes, np.arange(count) + 10, BASE_POS + starts, store_ts)
+        assert bytes(stamped) == bytes(reference)
+
+
+@pytest.mark.parametrize("count", [3, STRUCT_PATH_MAX_RECORDS + 5])
+def test_record_batch_stamp_records_given_out_of_order(count):
+    records = [encode_record("T", bytes([i]) * (7 * i % 90), queue_id=0, born_ts_ms=1, born_host=BORN,
+                             store_host=STORE) for i in range(count)]
+    buf = bytearray(b"".join(records))
+    starts = np.cumsum([0] + [len(r) for r in records[:-1]]).astype(np.int64)[::-1].copy()
+    sizes = np.array([len(r) for r in records[::-1]], dtype=np.int64)
+    reference = bytearray(buf)
+    for i, start in enumerate(starts.tolist()):
+        stamp_record(reference, start, queue_offset=i, commit_pos=BASE_POS + start, store_ts_ms=9)
+    stamp_records(buf, starts, sizes, np.arange(count), BASE_POS + starts, 9)
+    assert bytes(buf) == bytes(reference)
+
+
+@pytest.mark.parametrize("count", [1, STRUCT_PATH_MAX_RECORDS + 1])
+def test_record_batch_check_stampable_paths_refuse_the_same(count):
+    record = encode_record("T", b"x", queue_id=0, born_ts_ms=1, born_host=BORN, store_host=STORE)
+    buf = bytearray(record * count)
+    starts = np.arange(count, dtype=np.int64) * len(record)
+    sizes = np.full(count, len(record), dtype=np.int64)
+    check_stampable(buf, starts, sizes)
+    bad_sizes = sizes.copy()
+    bad_sizes[-1] += 1
+    with pytest.raises(BadInputError, match="past the end"):
+        check_stampable(buf, starts, bad_sizes)
+    with pytest.raises(BadInputError, match="too short"):
+        check_stampable(buf, starts, np.full(count, 40))
+    bad_sizes[-1] -= 2
+    with pytest.raises(BadInputError, match="TOTALSIZE"):
+        check_stampable(buf, starts, bad_sizes)
+    buf[-CRC32C_PROP_SIZE] ^= 0xFF
+    with pytest.raises(BadInputError, match="__CRC32C"):
+        check_stampable(buf, starts, sizes)
 
 
 @settings(max_examples=40, deadline=None)

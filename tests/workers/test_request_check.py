@@ -1,11 +1,28 @@
 """The supervisor's structural check of producer records: garbage never reaches the log."""
 
+import random
 import struct
 
+import numpy as np
 import pytest
+from store_harness import RunningStore, assert_check_clean
 
 from engine.errors import BadInputError
-from engine.formats.record import BODY_CRC_OFFSET, MAGIC_OFFSET, encode_record
+from engine.formats.record import (
+    BODY_CRC_OFFSET,
+    BODY_LENGTH_OFFSET,
+    BODY_OFFSET,
+    CRC32C_PROP_SIZE,
+    MAGIC_OFFSET,
+    QUEUE_ID_OFFSET,
+    SYS_FLAG_OFFSET,
+    SysFlag,
+    encode_record,
+)
+from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS, check_stampable
+from engine.status import PutStatus
+from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
+from ipc.run_info import run_dir
 from workers.request_check import RecordChecker
 
 CHECKER = RecordChecker(max_body_bytes=1024, queue_count=4, segment_bytes=65536)
@@ -84,3 +101,175 @@ def test_check_request_refuses_broken_framing():
         CHECKER.check_request(data, 2)
     with pytest.raises(BadInputError, match="framing"):
         CHECKER.check_request(bytearray(record()), 2)
+
+
+# ---------------------------------------------------------------- whole requests, both paths
+
+BIG = STRUCT_PATH_MAX_RECORDS + 8  # checked as a whole against its first record
+
+
+def reference(data: bytearray, count: int):
+    """What check_request must answer: the TOTALSIZE walk, then `check` on each record."""
+    view, pos, rows = memoryview(data), 0, []
+    for _ in range(count):
+        if pos + 8 > len(data):
+            return None
+        size = struct.unpack_from(">i", data, pos)[0]
+        if size < 8 or pos + size > len(data):
+            return None
+        try:
+            rows.append((True, *CHECKER.check(view[pos:pos + size]), None))
+        except BadInputError as exc:
+            rows.append((False, None, -1, str(exc)))
+        pos += size
+    return rows if pos == len(data) else None
+
+
+def assert_agrees(data: bytearray, count: int):
+    expected = reference(bytearray(data), count)
+    if expected is None:
+        with pytest.raises(BadInputError, match="framing"):
+            CHECKER.check_request(data, count)
+        return None
+    checked = CHECKER.check_request(data, count)
+    got = [(bool(ok), topic, int(queue_id), checked.reasons.get(i))
+           for i, (ok, topic, queue_id) in enumerate(zip(checked.ok, checked.topics, checked.queue_ids,
+                                                         strict=True))]
+    assert got == expected
+    assert checked.sizes.sum() == len(data) and checked.starts[0] == 0
+    return checked
+
+
+def request(rnd: random.Random, count: int, topics=("T1",)) -> list[bytearray]:
+    return [bytearray(record(topic=rnd.choice(topics), body=rnd.randbytes(rnd.randrange(300)),
+                             queue_id=rnd.randrange(4),
+                             props={"KEYS": f"k{i}", "UNIQ_KEY": f"{rnd.getrandbits(64):X}"}))
+            for i in range(count)]
+
+
+def put(raw: bytearray, offset: int, fmt: str, value) -> bytearray:
+    struct.pack_into(fmt, raw, offset, value)
+    return raw
+
+
+def props_at(raw: bytearray) -> int:
+    return raw.index(b"KEYS\x01")
+
+
+TOPIC_LEN_AT = BODY_OFFSET  # of a record with an empty body
+MUTATIONS = {  # name: (how to break a record, words of the reason; None: still a good record)
+    "BODYCRC": (lambda r: put(r, BODY_CRC_OFFSET, ">i", 12345), "BODYCRC"),
+    "magic": (lambda r: put(r, MAGIC_OFFSET, ">I", 0xDAA320AB), "magic"),
+    "ipv6": (lambda r: put(r, SYS_FLAG_OFFSET, ">i", int(SysFlag.STOREHOST_V6)), "IPv6"),
+    "negative sysflag": (lambda r: put(r, SYS_FLAG_OFFSET, ">i", -1 << 20), "IPv6"),
+    "queue id": (lambda r: put(r, QUEUE_ID_OFFSET, ">i", 4), "queue_id"),
+    "negative queue id": (lambda r: put(r, QUEUE_ID_OFFSET, ">i", -1), "queue_id"),
+    "body too long": (lambda r: put(r, BODY_LENGTH_OFFSET, ">i", 1025), "BODYLENGTH"),
+    "negative body": (lambda r: put(r, BODY_LENGTH_OFFSET, ">i", -5), "BODYLENGTH"),
+    "body past end": (lambda r: put(r, BODY_LENGTH_OFFSET, ">i", len(r) - BODY_OFFSET - 2), "BODYLENGTH"),
+    "topic length": (lambda r: put(r, TOPIC_LEN_AT, ">b", 3), "PROPERTIESLENGTH"),
+    "zero topic length": (lambda r: put(r, TOPIC_LEN_AT, ">b", 0), "TOPICLENGTH"),
+    "negative topic length": (lambda r: put(r, TOPIC_LEN_AT, ">b", -2), "TOPICLENGTH"),
+    "bad topic": (lambda r: put(r, TOPIC_LEN_AT + 1, ">c", b"/"), "topic"),
+    "other topic": (lambda r: put(r, TOPIC_LEN_AT + 2, ">c", b"9"), None),
+    "props length": (lambda r: put(r, props_at(r) - 2, ">h", 19), "PROPERTIESLENGTH"),
+    "no crc slot": (lambda r: put(r, len(r) - CRC32C_PROP_SIZE, ">c", b"x"), "__CRC32C"),
+    "no crc separator": (lambda r: put(r, len(r) - 1, ">c", b"\x01"), "__CRC32C"),
+    "crc digits set": (lambda r: put(r, len(r) - 11, ">10s", b"1234567890"), None),
+    "not utf-8": (lambda r: put(r, props_at(r) + 5, ">B", 0xFF), "UTF-8"),
+    "non-ascii utf-8": (lambda r: put(r, props_at(r) + 5, ">H", 0xC3A9), None),
+    "tiny": (lambda r: bytearray(b"\x00\x00\x00\x0c") + bytes(8), "too short"),
+    "short": (lambda r: bytearray(struct.pack(">i", 100)) + bytes(96), "too short"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_check_request_batch_refuses_each_kind_of_bad_record_like_check(name, where):
+    """A request of BIG records (the whole-array path) with one broken record: that record alone
+    gets the reason `check` gives, the others pass; framing still holds."""
+    mutate, words = MUTATIONS[name]
+    records = [bytearray(record(body=b"", queue_id=i % 4, props={"KEYS": f"k{i:02d}"})) for i in range(BIG)]
+    at = {"first": 0, "middle": BIG // 2, "last": BIG - 1}[where]
+    records[at] = mutate(records[at])
+    checked = assert_agrees(bytearray(b"".join(records)), BIG)
+    assert checked.ok.sum() == BIG - (words is not None)
+    if words is not None:
+        assert set(checked.reasons) == {at} and words in checked.reasons[at]
+        assert checked.topics[at] is None and checked.queue_ids[at] == -1
+    else:
+        assert checked.topics[at] == ("T9" if name == "other topic" else "T1")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_check_request_agrees_with_check_under_random_damage(seed):
+    """Random byte flips and field writes in requests of 1..60 records (both paths, every kind of
+    damage, framing included): check_request answers exactly what `check` answers per record."""
+    rnd = random.Random(seed)
+    for _ in range(40):
+        records = request(rnd, rnd.choice([1, 5, STRUCT_PATH_MAX_RECORDS, BIG, 60]), ("T1", "T1", "T2"))
+        for _ in range(rnd.randrange(4)):
+            i = rnd.randrange(len(records))
+            if rnd.random() < 0.3:
+                records[i] = MUTATIONS[rnd.choice(sorted(MUTATIONS))][0](records[i])
+            else:
+                records[i][rnd.randrange(len(records[i]))] ^= 1 << rnd.randrange(8)
+        assert_agrees(bytearray(b"".join(records)), len(records))
+
+
+def test_good_records_are_the_accepted_records_end_to_end():
+    rnd = random.Random(3)
+    records = request(rnd, BIG)
+    for i in (2, 9, BIG - 1):
+        records[i] = MUTATIONS["BODYCRC"][0](records[i])
+    data = bytearray(b"".join(records))
+    checked = CHECKER.check_request(data, len(records))
+    good = checked.good_records(data)
+    assert bytes(good.buf) == b"".join(r for i, r in enumerate(records) if i not in (2, 9, BIG - 1))
+    assert good.sizes.tolist() == [len(r) for i, r in enumerate(records) if i not in (2, 9, BIG - 1)]
+    assert good.starts.tolist() == [0, *np.cumsum(good.sizes)[:-1].tolist()]
+    check_stampable(*good)
+    clean = bytearray(b"".join(request(rnd, 3)))
+    assert CHECKER.check_request(clean, 3).good_records(clean).buf is clean
+
+
+def test_check_request_batch_topics_and_queue_ids_per_record():
+    rnd = random.Random(7)
+    records = request(rnd, 40, ("T1", "T2", "T3"))
+    checked = assert_agrees(bytearray(b"".join(records)), len(records))
+    assert checked.ok.all() and set(checked.topics) == {"T1", "T2", "T3"}
+
+
+@pytest.mark.slow
+def test_supervisor_appends_only_the_good_records_of_a_large_request(tmp_path):
+    """End to end through the real supervisor: a request checked as a whole with bad records in
+    it; each bad record is MESSAGE_ILLEGAL, exactly the good ones reach the log, which stays clean."""
+    running = RunningStore.start(tmp_path / "store")
+    try:
+        records = [bytearray(record(topic="E2E", body=bytes([i]) * i, queue_id=i % 4,
+                                    props={"KEYS": f"k{i}"})) for i in range(BIG + 10)]
+        bad = {3: "BODYCRC", 11: "queue id", 20: "not utf-8", BIG + 9: "tiny"}
+        for i, name in bad.items():
+            records[i] = MUTATIONS[name][0](records[i])
+        good_bytes = sum(len(r) for i, r in enumerate(records) if i not in bad)
+        with running.ctl() as ctl:
+            mailbox = Mailbox.attach(running.root)
+            slot = ProducerSlot.claim(mailbox, run_dir(running.root), alive=ctl.supervisor_alive)
+            try:
+                before = ctl.written_pos
+                seq = slot.write_request(b"".join(records), count=len(records),
+                                         flags=RequestFlag.WAIT_FOR_FLUSH)
+                results = slot.wait_response(seq, 10, ctl.supervisor_alive)
+                assert [PutStatus(s) for s in results["status"]] == [
+                    PutStatus.MESSAGE_ILLEGAL if i in bad else PutStatus.PUT_OK for i in range(len(records))]
+                assert ctl.written_pos == before + good_bytes
+                ok = results[results["status"] == PutStatus.PUT_OK]
+                assert ok["commit_pos"].tolist() == sorted(ok["commit_pos"].tolist())
+                assert sorted(ok["queue_offset"][ok["queue_id"] == 1].tolist()) == list(range(
+                    sum(1 for i in range(len(records)) if i % 4 == 1 and i not in bad)))
+            finally:
+                slot.release()
+                mailbox.close()
+    finally:
+        assert running.stop() == 0
+    assert_check_clean(running.root)
