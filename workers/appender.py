@@ -22,6 +22,7 @@ stops, `admitting` is False and new requests are answered SERVICE_NOT_AVAILABLE 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -148,26 +149,18 @@ class Appender:
         good = np.flatnonzero(checked.ok)
         if not len(good):
             return 0
-        starts, sizes = checked.starts, checked.sizes
-        if len(good) < len(starts):  # leave the refused records out of the blob
-            with memoryview(data) as view:
-                data = bytearray().join(view[s:s + n] for s, n in
-                                        zip(starts[good].tolist(), sizes[good].tolist(), strict=True))
-            sizes = sizes[good]
-            starts = np.zeros(len(good), dtype=np.int64)
-            np.cumsum(sizes[:-1], out=starts[1:])
+        records = checked.good_records(data)  # already checked: append_stampable skips re-checking
         queue_ids = checked.queue_ids[good].tolist()
-        offsets = []
-        taken: dict = {}
-        for topic, queue_id in zip((checked.topics[i] for i in good.tolist()), queue_ids, strict=True):
-            key = (topic, queue_id)
-            offset = taken.get(key, self.next_offsets.get(key, 0))
-            taken[key] = offset + 1
-            offsets.append(offset)
+        topics = checked.topics if len(good) == len(checked.topics) else \
+            [checked.topics[i] for i in good.tolist()]
+        keys = list(zip(topics, queue_ids, strict=True))
+        counters = {key: itertools.count(self.next_offsets.get(key, 0)) for key in set(keys)}
+        offsets = [next(counters[key]) for key in keys]
+        taken = {key: next(counter) for key, counter in counters.items()}  # the next free offset
         store_ts_ms = time.time_ns() // 1_000_000
         try:
-            positions = self.commitlog.append_encoded(data, starts, sizes, offsets, store_ts_ms)
-        except DiskFullError as exc:  # nothing was written (append_encoded is all or nothing)
+            positions = self.commitlog.append_stampable(records, offsets, store_ts_ms)
+        except DiskFullError as exc:  # nothing was written (append_stampable is all or nothing)
             log.warning("disk full while appending: %s", exc)
             results["status"][good] = PutStatus.DISK_FULL
             return 0
