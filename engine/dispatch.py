@@ -8,6 +8,7 @@ step is idempotent: re-dispatching a record that is already there changes nothin
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -71,9 +72,19 @@ def dispatch_to_shard(shard: ShardIndex, header: RecordHeader, keys: Iterable[st
 # the bytes the per-record functions above write for the same records.
 
 
+class KeyColumns(NamedTuple):
+    """What an index shard needs of each key it indexes (ShardIndex.put_hashes), in key order."""
+
+    key_hash: np.ndarray
+    commit_pos: np.ndarray
+    store_ts_ms: np.ndarray
+
+
 def consumable_rows(cols: DispatchColumns) -> np.ndarray:
     """Rows that enter a consume queue (enters_consume_queue, vectorized)."""
     tx = cols.sys_flag & TX_TYPE_MASK
+    if not tx.any():
+        return np.arange(cols.count)
     return np.flatnonzero((tx != _PREPARED) & (tx != _ROLLBACK))
 
 
@@ -90,18 +101,27 @@ def dispatch_columns_to_consume_queues(table: ConsumeQueueTable, cols: DispatchC
     return written
 
 
+_MAX_STRETCHES = 64  # above this many stretches of one queue, group by sorting instead
+
+
 def queue_groups(cols: DispatchColumns, rows: np.ndarray) -> list[tuple[tuple[str, int], np.ndarray]]:
-    """((topic, queue_id), rows of that queue in record order) for the given rows."""
+    """((topic, queue_id), rows of that queue in record order) for the given rows, queues in
+    order of first appearance. Records come in stretches of one queue (a batch goes to one
+    queue), so the stretches are found and joined per queue; many short ones are sorted."""
     if not len(rows):
         return []
     group_key = (cols.topic_index[rows] << 32) | cols.queue_id[rows]
-    if (group_key == group_key[0]).all():
-        return [((cols.topics[int(cols.topic_index[rows[0]])], int(cols.queue_id[rows[0]])), rows)]
-    keys, inverse = np.unique(group_key, return_inverse=True)
-    order = np.argsort(inverse, kind="stable")
-    bounds = np.searchsorted(inverse[order], np.arange(len(keys) + 1))
-    return [((cols.topics[int(key >> 32)], int(key & 0xFFFFFFFF)), rows[order[lo:hi]])
-            for key, lo, hi in zip(keys.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+    edges = np.flatnonzero(group_key[1:] != group_key[:-1]) + 1
+    if len(edges) > _MAX_STRETCHES:
+        order = np.argsort(group_key, kind="stable")
+        edges = np.flatnonzero(np.diff(group_key[order])) + 1
+        rows, group_key = rows[order], group_key[order]
+    bounds = [0, *edges.tolist(), len(rows)]
+    stretches: dict[int, list[np.ndarray]] = {}
+    for key, lo, hi in zip(group_key[bounds[:-1]].tolist(), bounds[:-1], bounds[1:], strict=True):
+        stretches.setdefault(key, []).append(rows[lo:hi])
+    return [((cols.topics[key >> 32], key & 0xFFFFFFFF),
+             parts[0] if len(parts) == 1 else np.concatenate(parts)) for key, parts in stretches.items()]
 
 
 def key_hashes_and_shards(cols: DispatchColumns, shard_count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -109,6 +129,43 @@ def key_hashes_and_shards(cols: DispatchColumns, shard_count: int) -> tuple[np.n
     prefixes = [index_key(topic, "") for topic in cols.topics]
     return index_key_values(prefixes, cols.topic_index[cols.key_rows], cols.key_blob, cols.key_starts,
                             cols.key_ends, shard_count)
+
+
+def shard_key_columns(cols: DispatchColumns, shard_count: int,
+                      keys: tuple[np.ndarray, np.ndarray] | None = None) -> list[KeyColumns]:
+    """Per shard, the KeyColumns of every key dispatch_to_shard would index (none of a
+    rollback), in record order, UNIQ_KEY first: one hash and shard computation for all shards.
+    `keys` is key_hashes_and_shards(cols, shard_count) if the caller has it."""
+    hashes, shards = key_hashes_and_shards(cols, shard_count) if keys is None else keys
+    rows = cols.key_rows
+    tx = cols.sys_flag[rows] & TX_TYPE_MASK
+    if (tx == _ROLLBACK).any():
+        keep = np.flatnonzero(tx != _ROLLBACK)
+        hashes, shards, rows = hashes[keep], shards[keep], rows[keep]
+    if shard_count == 1:
+        return [KeyColumns(hashes, cols.commit_pos[rows], cols.store_ts_ms[rows])]
+    order = np.argsort(shards, kind="stable")
+    bounds = np.zeros(shard_count + 1, dtype=np.int64)
+    np.cumsum(np.bincount(shards, minlength=shard_count), out=bounds[1:])
+    hashes, rows = hashes[order], rows[order]
+    positions, times = cols.commit_pos[rows], cols.store_ts_ms[rows]
+    return [KeyColumns(hashes[lo:hi], positions[lo:hi], times[lo:hi])
+            for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+
+
+def put_key_columns(shard: ShardIndex, keys: KeyColumns, end_pos: int) -> int:
+    """Index the keys of records [.., end_pos) that the shard does not cover yet (commit_pos at
+    or past processed_pos), then mark end_pos processed; returns keys put. Idempotent."""
+    if end_pos <= shard.processed_pos:
+        return 0
+    take = keys
+    if len(keys.commit_pos) and int(keys.commit_pos[0]) < shard.processed_pos:
+        sel = np.flatnonzero(keys.commit_pos >= shard.processed_pos)
+        take = KeyColumns(keys.key_hash[sel], keys.commit_pos[sel], keys.store_ts_ms[sel])
+    if len(take.key_hash):
+        shard.put_hashes(take.key_hash, take.commit_pos, take.store_ts_ms)
+    shard.mark_processed(end_pos)
+    return len(take.key_hash)
 
 
 def dispatch_columns_to_shard(shard: ShardIndex, cols: DispatchColumns, shard_no: int,
@@ -121,18 +178,16 @@ def dispatch_columns_to_shard(shard: ShardIndex, cols: DispatchColumns, shard_no
     hashes, shards = keys
     rows = cols.key_rows
     tx = cols.sys_flag[rows] & TX_TYPE_MASK
-    take = np.flatnonzero((shards == shard_no) & (cols.commit_pos[rows] >= shard.processed_pos)
-                          & (tx != _ROLLBACK))
-    if len(take):
-        shard.put_hashes(hashes[take], cols.commit_pos[rows[take]], cols.store_ts_ms[rows[take]])
-    shard.mark_processed(cols.end_pos)
-    return len(take)
+    take = np.flatnonzero((shards == shard_no) & (tx != _ROLLBACK))
+    columns = KeyColumns(hashes[take], cols.commit_pos[rows[take]], cols.store_ts_ms[rows[take]])
+    return put_key_columns(shard, columns, cols.end_pos)
 
 
 def dispatch_columns(table: ConsumeQueueTable, shards: list[ShardIndex],
                      cols: DispatchColumns) -> tuple[int, int]:
     """Consume queues and every index shard; returns (entries written, keys put)."""
     written = dispatch_columns_to_consume_queues(table, cols)
-    keys = key_hashes_and_shards(cols, len(shards))
-    keys_put = sum(dispatch_columns_to_shard(shard, cols, n, keys) for n, shard in enumerate(shards))
+    per_shard = shard_key_columns(cols, len(shards))
+    keys_put = sum(put_key_columns(shard, keys, cols.end_pos)
+                   for shard, keys in zip(shards, per_shard, strict=True))
     return written, keys_put

@@ -9,8 +9,12 @@ of dispatch_to_consume_queue), publishes `dispatched_pos` after each batch and w
 long-polling consumers. Every `cq_flush_interval_ms` it msyncs the queues and publishes
 `cq_durable_pos`, from which the supervisor's checkpoint is written.
 
-Index keys are not handed on: each index builder tails the same published position and picks
-its own shard's keys (see workers/index_builder.py for the trade-off).
+Index keys are handed on (DESIGN §4): for each run the dispatcher computes every key's index hash
+and shard once (engine.dispatch.shard_key_columns) and publishes each shard's columns as one
+block of the key ring (ipc/key_ring.py) tagged with the commitlog range of the run, then posts
+the index builders. It never waits for a builder: a full ring is overwritten, and a builder
+scans the commitlog for whatever the ring does not give it (workers/index_builder.py). Without
+a ring (the region could not be made) the builders scan everything, as before.
 
 Restart: ConsumeQueueTable.load + recover_all keeps every valid entry (a killed dispatcher's
 page-cache writes survive it), then dispatch resumes from the published cq_durable_pos;
@@ -23,17 +27,23 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from engine.commitlog import BatchScanner, CommitLog
 from engine.config import FlushPolicy
 from engine.consume_queue import ConsumeQueueTable
-from engine.dispatch import dispatch_columns_to_consume_queues
+from engine.dispatch import dispatch_columns_to_consume_queues, shard_key_columns
+from engine.errors import StoreError
 from engine.formats.record import Verify
 from engine.mapped_file import Access
-from ipc.control_block import DISPATCHER_GROUP, DISPATCHER_GROUP_OFFSET, Role
-from ipc.wakeup import WaiterTable
-from workers.child import MAX_STEP_BYTES, ChildProcess, child_main, read_own_group
+from ipc.control_block import DISPATCHER_GROUP, DISPATCHER_GROUP_OFFSET, Role, process_slot_index
+from ipc.key_ring import KeyRing, RingWriter
+from ipc.wakeup import WaiterTable, Wakeup
+from workers.child import MAX_STEP_BYTES, ChildProcess, child_main, child_wakeup_name, read_own_group
 
 log = logging.getLogger(__name__)
+_EMPTY = np.zeros(0, dtype=np.int64)
+_NO_KEYS = (_EMPTY, _EMPTY, _EMPTY)
 
 
 def scan_window(commitlog: CommitLog, start_pos: int, limit_pos: int) -> BatchScanner:
@@ -60,7 +70,32 @@ class Dispatcher(ChildProcess):
         self.ctl.reset_dispatcher(published, durable)
         self.waiters = WaiterTable.attach(self.store_dir)
         self.sync_flush = self.ctl.flush_policy is FlushPolicy.SYNC
-        log.info("dispatcher resumes at commit_pos %d (%d consume queues)", self.pos, len(self.queues))
+        self.shard_count = self.ctl.shard_count
+        self.ring, self.ring_writers = self._open_ring()
+        self.builder_wakeups = self._open_builder_wakeups()
+        self.blocks_dropped = 0  # blocks too big for the ring (their builders scan instead)
+        log.info("dispatcher resumes at commit_pos %d (%d consume queues, key ring %s)", self.pos,
+                 len(self.queues), "on" if self.ring is not None else "off")
+
+    def _open_ring(self) -> tuple[KeyRing | None, list[RingWriter]]:
+        try:
+            ring = KeyRing.open_writer(self.store_dir, self.shard_count, self.ctl.generation)
+        except (StoreError, OSError) as exc:
+            log.warning("no key ring (the index builders scan the commitlog themselves): %s", exc)
+            return None, []
+        return ring, [ring.writer(shard) for shard in range(self.shard_count)]
+
+    def _open_builder_wakeups(self) -> list[Wakeup]:
+        """The index builders' semaphores (the supervisor made them), to post after a block."""
+        wakeups = []
+        for shard in range(self.shard_count if self.ring is not None else 0):
+            name = child_wakeup_name(self.store_dir, process_slot_index(Role.INDEX_BUILDER, shard))
+            try:
+                wakeups.append(Wakeup.open(name))
+            except StoreError as exc:
+                log.warning("cannot post index builder %d (it wakes on the supervisor's posts): %s",
+                            shard, exc)
+        return wakeups
 
     def _limit(self) -> int:
         return self.ctl.flushed_pos if self.sync_flush else self.ctl.written_pos
@@ -80,17 +115,32 @@ class Dispatcher(ChildProcess):
                 self.ctl.publish_dispatched(self.pos, msg_count=count)
                 self.published_pos = self.pos
                 self.waiters.notify_waiters()
+            for wakeup in self.builder_wakeups:  # after dispatched_pos: see index_builder's gap rule
+                wakeup.post()
         return True
 
     def _dispatch(self, scanner: BatchScanner) -> int:
-        """Consume-queue entries for every record of the scan (one put_batch per queue and run);
-        returns the records scanned."""
+        """Consume-queue entries for every record of the scan (one put_batch per queue and run)
+        and one key-ring block per shard and run; returns the records scanned."""
         count = 0
+        run_start = scanner.pos
         for run in scanner:
             cols = run.columns()
             dispatch_columns_to_consume_queues(self.queues, cols)
+            if self.ring_writers:
+                self._hand_keys(run_start, scanner.pos, shard_key_columns(cols, self.shard_count))
+            run_start = scanner.pos
             count += cols.count
+        if self.ring_writers and scanner.pos > run_start:  # fillers crossed after the last run
+            self._hand_keys(run_start, scanner.pos, None)
         return count
+
+    def _hand_keys(self, start_pos: int, end_pos: int, per_shard) -> None:
+        """Publish each shard's keys of the records in [start_pos, end_pos) (None: no records)."""
+        for shard, writer in enumerate(self.ring_writers):
+            keys = per_shard[shard] if per_shard is not None else _NO_KEYS
+            if not writer.publish(start_pos, end_pos, *keys):
+                self.blocks_dropped += 1
 
     def flush(self) -> None:
         if self.durable_pos >= self.pos:
@@ -101,6 +151,13 @@ class Dispatcher(ChildProcess):
         self.ctl.publish_cq_durable(pos)
 
     def close(self) -> None:
+        if self.blocks_dropped:
+            log.info("dispatcher: %d key blocks were too big for the ring", self.blocks_dropped)
+        for wakeup in self.builder_wakeups:
+            wakeup.close()
+        if self.ring is not None:
+            self.ring.remove()
+            self.ring.close()
         self.waiters.close()
         self.queues.close()
         self.commitlog.close()

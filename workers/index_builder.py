@@ -1,15 +1,24 @@
 """An index-builder process: owns index/<shard>/ and indexes the keys of its shard.
 
-DESIGN §4 has the dispatcher hand each key to its shard. This implementation uses the simpler
-equivalent the issue allows: every builder tails the same published position as the
-dispatcher (flushed under sync flush, written under async) through its own read-only mapping of
-the commitlog, and indexes only the keys that hash to its shard (engine.dispatch.key_hashes_and_shards,
-CRC32C of `topic#key` modulo the shard count, then dispatch_columns_to_shard, the batch form of
-dispatch_to_shard). No ring is needed and a
-builder never waits for the dispatcher. The cost is CPU: each of the N builders scans every
-record (CommitLog.scan_batches + DispatchColumns) and CRC32Cs every key to find its shard, so
-that work is done N + 1 times instead of once; on a 2-core host the builders compete with the supervisor for
-those cores at high rates. A ring fed by the dispatcher would parse once and is the upgrade path.
+The dispatcher hands each shard its keys (DESIGN §4) through the key ring (ipc/key_ring.py):
+blocks of (key_hash, commit_pos, store_ts_ms) columns, each tagged with the commitlog range
+[start_pos, end_pos) it covers, so a builder only does ShardIndex.put_hashes. The builder keeps
+its own position (processed_pos, durable on its flush interval) and never trusts the ring for
+more than the range a block names:
+
+* a block that starts at or before its position and ends after it is applied (its keys at or
+  past the position; the rest are already indexed), whatever dispatcher life published it;
+* a block wholly behind its position is skipped (a restarted dispatcher re-dispatches);
+* any range the ring does not give it is scanned from the commitlog as before
+  (CommitLog.scan_batches + key_hashes_and_shards + dispatch_columns_to_shard): the range up
+  to the next block when blocks were overwritten (a slow builder) or never written (a
+  restart, a block too big for the ring), the range up to the dispatcher's published position
+  when the dispatcher is past it and the ring has nothing for it, and everything up to the
+  flushed position when there is no ring, when stopping, when retrying a write a full disk
+  refused, or when the dispatcher made no progress for RING_PATIENCE_S (dead or stuck) while
+  there was work.
+
+Otherwise the builder waits for the dispatcher, which posts it after each step.
 
 Every `cq_flush_interval_ms` the builder msyncs its files and publishes its durable position.
 Restart: ShardIndex.load, trim_from(durable_pos) (entries past it go, slot heads repaired),
@@ -19,16 +28,22 @@ mark_processed(durable_pos), and continue; re-putting the trimmed keys rebuilds 
 from __future__ import annotations
 
 import logging
+import time
 
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy
-from engine.dispatch import dispatch_columns_to_shard, key_hashes_and_shards
+from engine.dispatch import KeyColumns, dispatch_columns_to_shard, key_hashes_and_shards, put_key_columns
+from engine.errors import DiskFullError, StoreError
 from engine.formats.record import Verify
 from engine.hash_index import ShardIndex
 from engine.mapped_file import Access
 from ipc.control_block import GROUP_SIZE, SHARD_GROUP, SHARD_GROUPS_OFFSET, Role
-from workers.child import ChildProcess, child_main, read_own_group
+from ipc.key_ring import KeyBlock, KeyRing, RingReader
+from workers.child import MAX_STEP_BYTES, ChildProcess, child_main, read_own_group
 from workers.dispatcher import scan_window
+
+RING_PATIENCE_S = 0.5  # no dispatcher progress for this long while there is work: scan
+RING_ATTACH_RETRY_S = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +64,17 @@ class IndexBuilder(ChildProcess):
         self.durable_pos = durable
         self.ctl.reset_shard(self.shard, durable, durable)
         self.sync_flush = self.ctl.flush_policy is FlushPolicy.SYNC
-        log.info("index builder %d resumes at commit_pos %d (%d entries trimmed)", self.shard,
-                 durable, trimmed)
+        self.ring: KeyRing | None = None
+        self.reader: RingReader | None = None
+        self._attach_at = 0.0
+        self._pending: KeyBlock | None = None  # read from the ring, not applicable yet
+        self._waiting_since: float | None = None
+        self._dispatched_seen = -1
+        self._write_failed = False  # the last step met a full disk
+        self.ring_bytes = self.scanned_bytes = 0  # commitlog bytes indexed each way
+        self._attach_ring()
+        log.info("index builder %d resumes at commit_pos %d (%d entries trimmed, key ring %s)",
+                 self.shard, durable, trimmed, "on" if self.reader is not None else "off")
 
     def _limit(self) -> int:
         return self.ctl.flushed_pos if self.sync_flush else self.ctl.written_pos
@@ -60,16 +84,104 @@ class IndexBuilder(ChildProcess):
         limit = self._limit()
         if limit <= start:
             return False
-        scanner = scan_window(self.commitlog, start, limit)
+        dispatched = self.ctl.dispatched_pos  # before the ring: blocks below it are published
+        try:
+            self._apply_ring(limit)
+            pos = self.index.processed_pos
+            if pos < limit:
+                gap_end = self._gap_end(pos, limit, dispatched)
+                if gap_end > pos:
+                    self._scan(pos, gap_end)
+        except DiskFullError:
+            self._write_failed = True  # the retry must write again, not wait for the dispatcher
+            raise
+        if self.index.processed_pos == start:
+            return False
+        self._waiting_since = None
+        self._write_failed = False
+        self.ctl.publish_shard(self.shard, self.index.processed_pos, self.durable_pos)
+        return True
+
+    # -- the ring ------------------------------------------------------------------------------
+    def _apply_ring(self, limit: int) -> None:
+        """Apply ring blocks in order while they continue the position (at most
+        MAX_STEP_BYTES of commitlog per step); one that does not is kept pending."""
+        start = self.index.processed_pos
+        while self.index.processed_pos - start < MAX_STEP_BYTES:
+            pos = self.index.processed_pos
+            block = self._pending if self._pending is not None else self._next_block(pos)
+            self._pending = None
+            if block is None:
+                return
+            if block.end_pos <= pos:
+                continue  # behind: re-published by a restarted dispatcher
+            if block.end_pos > limit:
+                limit = self._limit()
+            if block.start_pos > pos or block.end_pos > limit:
+                self._pending = block
+                return
+            self._pending = block  # until its keys are in: a full disk retries it
+            put_key_columns(self.index, KeyColumns(block.key_hash, block.commit_pos, block.store_ts_ms),
+                            block.end_pos)
+            self._pending = None
+            self.ring_bytes += block.end_pos - pos
+
+    def _next_block(self, pos: int) -> KeyBlock | None:
+        if self.reader is None or self.ring.retired:
+            self._attach_ring()
+            if self.reader is None:
+                return None
+        return self.reader.read(pos)
+
+    def _attach_ring(self) -> None:
+        """(Re)attach the dispatcher's ring, at most every RING_ATTACH_RETRY_S."""
+        now = time.monotonic()
+        if now < self._attach_at:
+            return
+        self._attach_at = now + RING_ATTACH_RETRY_S
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = self.reader = None
+        try:
+            self.ring = KeyRing.attach(self.store_dir, self.ctl.generation)
+        except StoreError:
+            return
+        if self.ring.shard_count != self.shard_count:
+            self.ring.close()
+            self.ring = None
+            return
+        self.reader = self.ring.reader(self.shard)
+
+    def _gap_end(self, pos: int, limit: int, dispatched: int) -> int:
+        """Where to scan the commitlog to from `pos` (pos itself: wait for the dispatcher)."""
+        if self._pending is not None:
+            return pos if self._pending.start_pos <= pos else min(limit, self._pending.start_pos)
+        if self.reader is None or self._stopping or self._write_failed:
+            return limit  # stopping: the dispatcher may be gone; a failed write: retry it now
+        if dispatched > pos:  # the dispatcher is past pos and the ring has no block for it
+            return min(limit, dispatched)
+        return limit if self._dispatcher_stalled(dispatched) else pos
+
+    def _dispatcher_stalled(self, dispatched: int) -> bool:
+        """True when the dispatcher's position has not moved for RING_PATIENCE_S while this
+        builder waited for it."""
+        now = time.monotonic()
+        if self._waiting_since is None or dispatched != self._dispatched_seen:
+            self._waiting_since, self._dispatched_seen = now, dispatched
+            return False
+        return now - self._waiting_since > RING_PATIENCE_S
+
+    # -- the commitlog -------------------------------------------------------------------------
+    def _scan(self, start: int, end: int) -> None:
+        """Index [start, end) from the commitlog (at most MAX_STEP_BYTES, or one record)."""
+        scanner = scan_window(self.commitlog, start, end)
         self._index(scanner)
         if scanner.pos == start:
-            scanner = self.commitlog.scan_batches(start, limit, Verify.STRUCTURE)
+            scanner = self.commitlog.scan_batches(start, end, Verify.STRUCTURE)
             self._index(scanner)
         if scanner.pos > self.index.processed_pos:
             self.index.mark_processed(scanner.pos)
-        if self.index.processed_pos > start:
-            self.ctl.publish_shard(self.shard, self.index.processed_pos, self.durable_pos)
-        return True
+        self.scanned_bytes += self.index.processed_pos - start
 
     def _index(self, scanner) -> None:
         for run in scanner:
@@ -77,6 +189,7 @@ class IndexBuilder(ChildProcess):
             keys = key_hashes_and_shards(cols, self.shard_count)
             dispatch_columns_to_shard(self.index, cols, self.shard, keys)
 
+    # -- durability and the end ----------------------------------------------------------------
     def flush(self) -> None:
         if self.durable_pos >= self.index.processed_pos:
             return
@@ -84,6 +197,11 @@ class IndexBuilder(ChildProcess):
         self.ctl.publish_shard(self.shard, self.index.processed_pos, self.durable_pos)
 
     def close(self) -> None:
+        log.info("index builder %d: %d bytes of commitlog indexed from the key ring, %d scanned",
+                 self.shard, self.ring_bytes, self.scanned_bytes)
+        if self.ring is not None:
+            self.ring.remove_if_writer_gone()
+            self.ring.close()
         self.index.close()
         self.commitlog.close()
 
