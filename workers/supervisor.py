@@ -54,7 +54,9 @@ from engine.store_dir import (
     read_meta,
 )
 from ipc.control_block import ProcState, Role, StoreState
+from ipc.key_ring import REGION_KIND as KEY_RING_KIND
 from ipc.run_info import RunInfo, remove_run_info, write_run_info
+from ipc.shm import region_name, unlink_stale
 from workers.appender import Appender
 from workers.child_handle import ChildHandle
 from workers.exit_codes import CliExit, ExitCode, describe_exit
@@ -430,6 +432,9 @@ class Supervisor:
                 log.exception("could not unlink the wakeup of %s", child.name)
             child.close()
         self.children = []
+        # the dispatcher's key ring: its children remove it when they can, but the supervisor
+        # outlives them all, so it makes sure nothing of the store stays in /dev/shm
+        unlink_stale(region_name(self.root, KEY_RING_KIND))
         if self._shared is not None:
             self._shared.destroy()
             self._shared = None
