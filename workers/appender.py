@@ -173,24 +173,29 @@ class Appender:
         return len(good)
 
     def answer_flushed(self) -> None:
-        """Answer waiting requests the flushed position passed, or whose deadline passed."""
+        """Answer waiting requests the flushed position passed, or whose deadline passed. The
+        timeouts are logged after they are all answered (the log may be on the stalled disk)."""
         if not self._waiting:
             return
         flushed = self.group_commit.published_flushed
         now = time.monotonic()
+        timed_out = []
         for slot_index, waiting in list(self._waiting.items()):
             if waiting.end_pos <= flushed:
                 pass
             elif now >= waiting.deadline:
                 stored = waiting.results["status"] == PutStatus.PUT_OK
                 waiting.results["status"][stored] = PutStatus.FLUSH_DISK_TIMEOUT
-                self.timeouts += 1
-                log.warning("slot %d: flush did not reach %d within %d ms: FLUSH_DISK_TIMEOUT",
-                            slot_index, waiting.end_pos, self.config.sync_flush_timeout_ms)
+                timed_out.append(slot_index)
             else:
                 continue
             del self._waiting[slot_index]
             self.server.complete(slot_index, waiting.seq, waiting.results)
+        if timed_out:
+            self.timeouts += len(timed_out)
+            log.warning("flush did not reach the records of %d request(s) within %d ms: "
+                        "FLUSH_DISK_TIMEOUT (slots %s)", len(timed_out),
+                        self.config.sync_flush_timeout_ms, timed_out)
 
     def _is_disk_full(self) -> bool:
         now = time.monotonic()

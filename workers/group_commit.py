@@ -34,6 +34,7 @@ from pathlib import Path
 
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
+from engine.errors import StoreError
 from engine.mapped_file import PAGE_BYTES
 from ipc.control_block import ControlBlock
 
@@ -118,7 +119,10 @@ class GroupCommit:
                 self._run_sync()
             else:
                 self._run_async()
-        except BaseException as exc:  # surfaced to the supervisor loop, which stops the store
+        except (OSError, StoreError) as exc:  # the disk failed: the supervisor loop says so and stops
+            self.error = exc
+            self._on_flushed()
+        except BaseException as exc:  # a bug: its traceback, then the same stop
             log.exception("flush thread failed")
             self.error = exc
             self._on_flushed()

@@ -98,7 +98,11 @@ class MetadataWriter:
                 if time.monotonic() >= next_checkpoint:
                     next_checkpoint = time.monotonic() + self.interval_s
                     self._attempt("the checkpoint", self.write_checkpoint)
-            except BaseException as exc:  # surfaced to the supervisor loop, which stops the store
+            except (OSError, StoreError) as exc:  # EIO: the supervisor loop says so and stops
+                self.error = exc
+                self._on_error()
+                return
+            except BaseException as exc:  # a bug: its traceback, then the same stop
                 log.exception("writing %s failed", self.failed_file)
                 self.error = exc
                 self._on_error()

@@ -128,13 +128,14 @@ def test_store_recovers_its_pace_after_a_disk_stall(tmp_path, freezable_disk):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "the checkpoint no longer blocks the answering thread (workers/metadata_writer.py), but under "
-    "fsfreeze every write to the filesystem blocks: the append's copy into the commitlog mapping "
-    "faults on a page the freeze cleaned and waits in ext4_page_mkwrite (seen in "
-    "/proc/<pid>/task/*/stack) until the thaw, so the send is answered PUT_OK after the 2 s "
-    "stall. Answering at the deadline needs the copy off the answering thread (engine/commitlog.py "
-    "append_encoded) or a stall detector that stops appending; test_stall_file_... covers a stall "
-    "of the flush and the checkpoint"))
+    "under fsfreeze every write fault on the store's filesystem waits for the thaw, and the "
+    "append's copy into the commitlog mapping (engine/commitlog.py append_stampable: a memoryview "
+    "slice assignment) faults while holding the GIL, so the whole supervisor stops, the flush and "
+    "metadata threads included, and the send is answered PUT_OK after the stall. Needs a copy that "
+    "releases the GIL (MappedFile), the request registered as waiting once its positions are "
+    "final and before the copy (a hook in CommitLog.append_stampable), and a thread that answers "
+    "overdue requests while the loop is stuck; test_stall_file_... covers a stall of the flush "
+    "and the checkpoint"))
 def test_disk_stall_gives_flush_disk_timeout_at_the_deadline(tmp_path, freezable_disk):
     store = start_store(tmp_path, freezable_disk / "store", sync_flush_timeout_ms=TIMEOUT_MS)
     try:

@@ -11,6 +11,8 @@ import pytest
 
 from engine.check import check
 from engine.checkpoint import load_checkpoint
+from engine.commitlog import CommitLog
+from engine.mapped_file import Access
 from engine.status import PutStatus
 from ipc.control_block import Role, process_slot_index
 from ipc.producer import Producer
@@ -18,6 +20,7 @@ from ipc.run_info import run_info_path
 from tools.torture.filesystems import FilesystemUnavailable, MiB, fill, small_tmpfs, unfill, unmount
 from tools.torture.processes import StoreProcess, wait_until, write_store_config
 from tools.torture.rounds import TORTURE_STORE
+from workers.exit_codes import CliExit
 
 pytestmark = pytest.mark.slow
 
@@ -72,3 +75,46 @@ def test_full_disk_keeps_the_checkpoint_and_run_info_and_writes_resume(tmp_path,
         unfill(small_disk)
         if store.running:
             store.kill()
+
+
+@pytest.mark.parametrize("what", ["checkpoint", "run info"])
+def test_a_metadata_write_that_fails_stops_the_store_cleanly(tmp_path, what):
+    """A checkpoint or run/supervisor.json write failing with anything but a full disk (here a
+    directory in the way of its temp file: EISDIR, as an fsync EIO would) stops the store like a
+    failed commitlog flush: "flushing ... failed", exit code 1, no escaped exception; nothing
+    acknowledged is lost and the next start recovers."""
+    config = write_store_config(tmp_path / "store.toml", TORTURE_STORE)
+    store = StoreProcess(tmp_path / "store", config, tmp_path / "supervisor.log")
+    store.start()
+    try:
+        store.wait_ready()
+        with Producer(store.root) as producer:
+            acked = producer.send("Meta", b"m" * 100, keys=("meta",))
+        assert acked.status is PutStatus.PUT_OK
+        if what == "checkpoint":
+            blocker, file_name = store.root / "checkpoint.tmp", "the checkpoint"
+            blocker.mkdir()  # the next checkpoint (every cq_flush_interval_ms) meets it
+        else:
+            info = run_info_path(store.root)
+            blocker, file_name = info.with_name(info.name + ".tmp"), "run/supervisor.json"
+            blocker.mkdir()
+            os.kill(store.child_pid(Role.DISPATCHER), signal.SIGKILL)  # its restart is recorded
+        wait_until(lambda: store.proc.poll() is not None, "the supervisor to stop", 30)
+        log = store.log_text()
+        assert store.proc.returncode == CliExit.FAILED, log[-3000:]
+        assert f"flushing {file_name} failed" in log and "Is a directory" in log, log[-3000:]
+        assert "mqstore: error" not in log, log[-3000:]
+        blocker.rmdir()
+        store.start()
+        store.wait_ready()
+        assert store.stop() == 0
+        assert "mqstore: error" not in store.log_text()
+    finally:
+        if store.running:
+            store.kill()
+    assert check(store.root) == []
+    log_file = CommitLog.open(store.root, TORTURE_STORE["commitlog_file_size"], Access.READ_ONLY)
+    try:
+        assert log_file.read_at(acked.commit_pos).body == b"m" * 100
+    finally:
+        log_file.close()
