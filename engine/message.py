@@ -1,13 +1,22 @@
 """A message as callers give it, and its validation into record properties.
 
 Shared by the in-process store and the co-located Producer so both refuse the same bad input
-with the same error before anything reaches the log.
+with the same error before anything reaches the log. The column checks (`body_column`,
+`key_column`, `tags_text`) apply the same rules to a batch given as columns
+(Producer.send_columns), with one C-level pass per column instead of a call per message;
+`new_uniq_key_block` reserves the UNIQ_KEYs of such a batch as one prefix and a counter range.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
 
 from engine.errors import BadInputError
 from engine.formats.properties import (
@@ -118,3 +127,133 @@ def encode_message_properties(message: Message, uniq_key: str) -> bytes:
             "\x01" in tags or "\x02" in tags)) or not text.isascii():
         return encode_properties(build_properties(message, uniq_key=uniq_key))
     return text.encode("ascii")
+
+
+# ---------------------------------------------------------------- columns
+
+
+def body_column(bodies: Sequence[object]) -> list:
+    """The bodies of a batch as a list of bytes-like objects (bytes kept as they are; bytearray
+    and memoryview copied to bytes); BadInputError naming the first one that is not bytes."""
+    try:
+        items = list(bodies)
+    except TypeError:
+        raise BadInputError("bodies", f"must be a sequence of bytes, not {type(bodies).__name__}") from None
+    if set(map(type, items)) <= {bytes}:
+        return items
+    for i, body in enumerate(items):
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise BadInputError("bodies", f"body {i} must be bytes, not {type(body).__name__}")
+    return [body if type(body) is bytes else bytes(body) for body in items]
+
+
+def key_column(keys: Sequence[object], count: int) -> list[bytes]:
+    """One key per message as UTF-8 (KEYS of one key each): `normalize_keys`'s rules checked on
+    the joined text at once; BadInputError naming the first bad key."""
+    if isinstance(keys, str | bytes):
+        raise BadInputError("keys", "must be a sequence of one str per message, not a single "
+                            f"{type(keys).__name__}")
+    try:
+        items = list(keys)
+    except TypeError:
+        raise BadInputError("keys", f"must be a sequence of str, not {type(keys).__name__}") from None
+    if len(items) != count:
+        raise BadInputError("keys", f"{len(items)} keys for {count} messages")
+    if not items:
+        return []
+    try:
+        joined = _KEY_JOIN.join(items)  # TypeError for a non-str item
+        if all(items) and joined.count(_KEY_JOIN) == count - 1 and " " not in joined \
+                and "\x02" not in joined:
+            return joined.encode("utf-8").split(_KEY_JOIN_BYTES)
+    except (TypeError, UnicodeEncodeError):
+        pass
+    for i, key in enumerate(items):  # name the first offender
+        try:
+            normalize_keys((key,))
+        except BadInputError as exc:
+            raise BadInputError("keys", f"key {i}: {exc.reason}") from None
+    raise AssertionError("key_column: a bad key was not found")  # pragma: no cover
+
+
+def queue_id_column(queue_ids: object, count: int, queue_count: int) -> int | list[int]:
+    """One queue id for all messages (an int) or one per message (a list), each checked as
+    `validate_queue_id` checks it."""
+    if isinstance(queue_ids, int) and not isinstance(queue_ids, bool):
+        return validate_queue_id(queue_ids, queue_count)
+    try:
+        items = list(queue_ids)
+    except TypeError:
+        raise BadInputError("queue_ids", "must be an int or a sequence of int, not "
+                            f"{type(queue_ids).__name__}") from None
+    if len(items) != count:
+        raise BadInputError("queue_ids", f"{len(items)} queue ids for {count} messages")
+    if not set(map(type, items)) <= {int}:
+        items = [validate_queue_id(q if type(q) is int else _plain_int(q), queue_count) for q in items]
+    if items and not (min(items) >= 0 and max(items) < queue_count):
+        for queue_id in items:
+            validate_queue_id(queue_id, queue_count)
+    return items
+
+
+def _plain_int(value: object) -> object:
+    """A numpy integer as int; anything else unchanged (validate_queue_id then refuses it)."""
+    return int(value) if isinstance(value, np.integer) else value
+
+
+def tags_text(tags: object) -> bytes | None:
+    """TAGS as UTF-8 by build_properties' rules (None: no tags)."""
+    if tags is None:
+        return None
+    _require_text("tags", tags)
+    if not tags:
+        raise BadInputError("tags", "must not be empty (pass None for no tags)")
+    return tags.encode("utf-8")
+
+
+_KEY_JOIN = "\x01"  # a key may not hold it, so the joined keys split back exactly
+_KEY_JOIN_BYTES = _KEY_JOIN.encode("ascii")
+
+
+class UniqKeyBlock(NamedTuple):
+    """`count` UNIQ_KEYs: key i is prefix + the six uppercase hex digits of
+    (first_counter + i) mod 2**24, record.new_uniq_key's layout."""
+
+    prefix: str  # 26 hex digits: pid (4 bytes), salt (3), time ms (6)
+    first_counter: int
+    count: int
+
+    def texts(self) -> list[str]:
+        """The UNIQ_KEYs as str, one per message (the message-by-message path, tests)."""
+        return [f"{self.prefix}{(self.first_counter + i) & UNIQ_COUNTER_MASK:06X}"
+                for i in range(self.count)]
+
+
+UNIQ_COUNTER_MASK = 0xFFFFFF
+_uniq_lock = threading.Lock()
+_uniq_next = 0
+_uniq_salt = 0
+
+
+def _seed_uniq_salt() -> None:
+    """A salt other than record.new_uniq_key's (read from a key it makes), so the keys of the two
+    generators never meet in one process; reseeded after a fork, after record's own reseed."""
+    global _uniq_salt
+    _uniq_salt = int(new_uniq_key()[8:14], 16) ^ 0x800000
+
+
+_seed_uniq_salt()
+os.register_at_fork(after_in_child=_seed_uniq_salt)
+
+
+def new_uniq_key_block(count: int) -> UniqKeyBlock:
+    """`count` fresh UNIQ_KEYs (one clock read, consecutive counters reserved atomically)."""
+    global _uniq_next
+    if not 0 <= count <= UNIQ_COUNTER_MASK + 1:
+        raise BadInputError("count", f"{count} UNIQ_KEYs do not fit one block of 2**24 counters")
+    now_ms = time.time_ns() // 1_000_000
+    with _uniq_lock:
+        first = _uniq_next
+        _uniq_next = (first + count) & UNIQ_COUNTER_MASK
+    prefix = f"{os.getpid() & 0xFFFFFFFF:08X}{_uniq_salt:06X}{now_ms & 0xFFFFFFFFFFFF:012X}"
+    return UniqKeyBlock(prefix, first, count)

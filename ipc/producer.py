@@ -5,6 +5,8 @@
         assert result.ok, result
         results = producer.send_batch([Message("orders", body) for body in bodies])
         future = producer.send_async("orders", b"...")
+        batch = producer.send_columns("orders", bodies, keys=order_ids)  # a BatchResult
+        assert batch.ok, batch.status_counts()
 
 The producer validates and encodes every record itself (engine.message's rules, the properties
 through encode_message_properties, the records many at a time with
@@ -14,10 +16,18 @@ round trip, and the supervisor only checks, stamps and copies. Records travel as
 producer's mailbox slot; results come back in the slot's numpy results array. Nothing is
 pickled.
 
-Threads and batching: every send goes through one bounded local queue drained by a single
-sender thread, which coalesces whatever is queued into one mailbox request (up to the slot's
-record and byte limits, never mixing wait and no-wait messages), sends it and waits for its
-answer while the next batch accumulates. Many threads calling send() therefore cost one
+`send_columns` is the batch call for many messages of one topic given as columns (bodies, one
+key each, one tags): no Message and no PutResult per message. It checks the columns as a whole
+(BadInputError for the call, nothing sent), encodes with engine.formats.record_columns
+(byte-identical records) and answers with an ipc.batch_result.BatchResult, numpy columns that
+build PutResults only when asked. `send_batch` takes that path when its messages fit it (one
+topic and tags, at most one key each, no user properties, WAIT) and the message-by-message path
+otherwise, which gives each bad message its own status.
+
+Threads and batching (ipc.slot_sender): every send goes through one bounded local queue drained
+by a single sender thread, which coalesces whatever is queued into one mailbox request (up to
+the slot's record and byte limits, never mixing wait and no-wait messages), sends it and waits
+for its answer while the next batch accumulates. Many threads calling send() therefore cost one
 request per group, not one per message. The queue is bounded in bytes: when the store is
 behind, send_async blocks up to `enqueue_timeout_s` and then answers OS_PAGE_CACHE_BUSY (not
 stored) -- memory never grows without bound.
@@ -30,9 +40,8 @@ mid-request leaves nothing: a request becomes visible only when complete.
 
 from __future__ import annotations
 
-import collections
 import itertools
-import logging
+import operator
 import os
 import threading
 import time
@@ -47,7 +56,6 @@ from engine.errors import (
     ReadOnlyStoreError,
     ServiceNotAvailableError,
     StoreClosedError,
-    StoreError,
     StorePermissionError,
 )
 from engine.formats.record import (
@@ -55,24 +63,34 @@ from engine.formats.record import (
     MAX_PROPERTIES_BYTES,
     RECORD_FIXED_SIZE,
     make_msg_id,
-    new_uniq_keys,
 )
 from engine.formats.record_batch import EncodedRecords, encode_records
-from engine.message import Message, encode_message_properties, validate_body, validate_queue_id
+from engine.formats.record_columns import encode_columns
+from engine.message import (
+    Message,
+    body_column,
+    encode_message_properties,
+    key_column,
+    new_uniq_key_block,
+    queue_id_column,
+    tags_text,
+    validate_body,
+    validate_queue_id,
+)
 from engine.naming import validate_topic
 from engine.status import PutResult, PutStatus
 from engine.store_dir import StoreKind, inspect_store_dir, read_meta
+from ipc.batch_result import BatchResult, BatchResultBuilder
 from ipc.control_block import ControlBlock
-from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
-from ipc.run_info import RunInfo, read_run_info, run_dir
+from ipc.mailbox import Mailbox
+from ipc.run_info import RunInfo, read_run_info
+from ipc.slot_sender import Pending, SlotSender
 
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
 RESPONSE_MARGIN_S = 5.0
 BORN_IP = "127.0.0.1"
-_STATUSES = {int(status): status for status in PutStatus}
 MAX_TOPIC_CACHE = 4096
 
-log = logging.getLogger(__name__)
 
 
 def attach_running_store(store_dir: str | os.PathLike) -> tuple[ControlBlock, RunInfo]:
@@ -115,53 +133,37 @@ def attach_running_store(store_dir: str | os.PathLike) -> tuple[ControlBlock, Ru
     return ctl, info
 
 
-class _Pending:
-    """Encoded records of one send call waiting in the local queue, and where results go.
-
-    Records lie end to end in `blob` (record_batch.encode_records); `deliver(indexes, results)`
-    receives the results of a run of them at once."""
-
-    __slots__ = ("blob", "cursor", "deliver", "ends", "indexes", "nbytes", "starts", "wait")
-
-    def __init__(self, encoded: EncodedRecords, indexes: list[int], wait: bool,
-                 deliver: Callable[[list[int], list[PutResult]], None]):
-        self.blob = encoded.buf
-        self.starts = encoded.starts
-        self.ends = encoded.starts + encoded.sizes
-        self.indexes = indexes
-        self.wait = wait
-        self.deliver = deliver
-        self.cursor = 0
-        self.nbytes = len(encoded.buf)
-
-    @property
-    def count(self) -> int:
-        return len(self.starts)
+_TOPIC, _BODY, _TAGS, _KEYS = (operator.attrgetter(name) for name in ("topic", "body", "tags", "keys"))
+_QUEUE_ID, _PROPERTIES, _WAIT = (operator.attrgetter(name) for name in ("queue_id", "properties", "wait"))
+_FIRST = operator.itemgetter(0)
 
 
-class _BatchCollector:
-    """Collects one result per message of a batch and resolves a Future with the list."""
+def _as_columns(messages: Sequence[Message]) -> tuple | None:
+    """send_batch's messages as send_columns' (topic, bodies, keys, tags, queue_ids) when they
+    fit: Messages of one topic and one tags, each with one key or each with none, no user
+    properties, WAIT, queue ids all given or all None. None when they do not."""
+    try:
+        if not messages or set(map(type, messages)) != {Message} or len(set(map(_TOPIC, messages))) != 1 \
+                or len(set(map(_TAGS, messages))) != 1 or any(map(_PROPERTIES, messages)) \
+                or not all(map(_WAIT, messages)):
+            return None
+        keys = list(map(_KEYS, messages))
+        key_counts = set(map(len, keys))
+    except TypeError:  # an unhashable topic or tags, keys without a length
+        return None
+    if key_counts not in ({0}, {1}):
+        return None
+    queue_ids = list(map(_QUEUE_ID, messages))
+    nones = queue_ids.count(None)
+    if 0 < nones < len(queue_ids):
+        return None
+    return (messages[0].topic, list(map(_BODY, messages)),
+            list(map(_FIRST, keys)) if key_counts == {1} else None, messages[0].tags,
+            None if nones else queue_ids)
 
-    def __init__(self, results: list[PutResult | None], future: Future):
-        self.results = results
-        self.future = future
-        self.missing = sum(1 for r in results if r is None)
-        self._lock = threading.Lock()
-        if not self.missing:
-            future.set_result(results)
 
-    def deliver(self, indexes: list[int], results: list[PutResult]) -> None:
-        with self._lock:
-            for index, result in zip(indexes, results, strict=True):
-                self.results[index] = result
-            self.missing -= len(indexes)
-            done = self.missing == 0
-        if done:
-            self.future.set_result(self.results)
-
-
-def _single(future: Future) -> Callable[[list[int], list[PutResult]], None]:
-    return lambda _indexes, results: future.set_result(results[0])
+def _resolve(future: Future, convert: Callable[[BatchResult], object]) -> Callable[[BatchResult], None]:
+    return lambda result: future.set_result(convert(result))
 
 
 class Producer:
@@ -172,35 +174,28 @@ class Producer:
                  enqueue_timeout_s: float | None = None):
         self.root = Path(store_dir)
         self._ctl, self.info = attach_running_store(self.root)
+        response_timeout_s = self.info.sync_flush_timeout_ms / 1000.0 + RESPONSE_MARGIN_S
         try:
             self._mailbox = Mailbox.attach(self.root)
             try:
-                self._slot = ProducerSlot.claim(self._mailbox, run_dir(self.root),
-                                                alive=self._ctl.supervisor_alive)
+                self._sender = SlotSender(self.root, self._ctl, self._mailbox,
+                                          response_timeout_s=response_timeout_s,
+                                          max_pending_bytes=max_pending_bytes,
+                                          enqueue_timeout_s=(response_timeout_s if enqueue_timeout_s is None
+                                                             else enqueue_timeout_s))
             except BaseException:
                 self._mailbox.close()
                 raise
         except BaseException:
             self._ctl.close()
             raise
-        self._response_timeout_s = self.info.sync_flush_timeout_ms / 1000.0 + RESPONSE_MARGIN_S
-        self._enqueue_timeout_s = (self._response_timeout_s if enqueue_timeout_s is None
-                                   else enqueue_timeout_s)
-        self._max_pending_bytes = max_pending_bytes
+        self._closed = False
         self._store_host = self.info.store_ip_port
         self._msg_id_prefix = make_msg_id(self._store_host, 0)[:-16]
         self._born_host = (BORN_IP, os.getpid() & 0x7FFFFFFF)
-        self._round_robin: dict[str, itertools.count] = {}
+        self._round_robin: dict[str, int] = {}  # next queue id per topic
+        self._round_robin_lock = threading.Lock()
         self._topics: dict[str, bytes] = {}  # validated topics, UTF-8
-        self._queue: collections.deque[_Pending] = collections.deque()
-        self._pending_bytes = 0
-        self._cond = threading.Condition()
-        self._closing = False
-        self._closed = False
-        self._broken: str | None = None
-        self._sender = threading.Thread(target=self._send_loop, name="mqstore-producer",
-                                        daemon=True)
-        self._sender.start()
 
     # ------------------------------------------------------------------------------ public API
     def send(self, topic: str, body: bytes, *, tags: str | None = None, keys: Iterable[str] | str = (),
@@ -218,13 +213,7 @@ class Producer:
         message = Message(topic, body, tags=tags, keys=keys, queue_id=queue_id,
                           properties=dict(properties or {}), wait=wait)
         future: Future = Future()
-        results: list[PutResult | None] = [None]
-        runs = self._encode_runs([message], results)
-        if results[0] is not None:
-            future.set_result(results[0])
-            return future
-        for encoded, indexes, run_wait in runs:
-            self._enqueue(_Pending(encoded, indexes, run_wait, _single(future)))
+        self._send_messages([message], _resolve(future, operator.itemgetter(0)))
         return future
 
     def send_batch(self, messages: Sequence[Message]) -> list[PutResult]:
@@ -232,25 +221,46 @@ class Producer:
         return self.send_batch_async(messages).result()
 
     def send_batch_async(self, messages: Sequence[Message]) -> Future:
-        """Like send_batch, returning a Future of the result list."""
-        results: list[PutResult | None] = [None] * len(messages)
-        runs = self._encode_runs(messages, results)
+        """Like send_batch, returning a Future of the result list. By send_columns when the
+        messages fit it, else message by message."""
         future: Future = Future()
-        collector = _BatchCollector(results, future)
-        for encoded, indexes, wait in runs:
-            self._enqueue(_Pending(encoded, indexes, wait, collector.deliver))
+        done = _resolve(future, list)
+        columns = _as_columns(messages)
+        if columns is not None:
+            try:
+                self._send_columns(*columns, done)
+                return future
+            except BadInputError:
+                pass  # the message-by-message path gives each bad message its status
+        self._send_messages(messages, done)
+        return future
+
+    def send_columns(self, topic: str, bodies: Sequence[bytes], *, keys: Sequence[str] | None = None,
+                     tags: str | None = None, queue_ids: Sequence[int] | int | None = None
+                     ) -> BatchResult:
+        """Put len(bodies) messages to `topic`: message i has body bodies[i], the one key
+        keys[i] (keys=None: no keys), the TAGS `tags` (None: none) and goes to queue
+        queue_ids[i] (one int: all to that queue; None: round robin). Blocks until every
+        message is answered; the BatchResult holds one result per message, in order.
+
+        Bad input (a body that is not bytes or too large, a bad key, columns of different
+        lengths, ...) raises BadInputError naming it, and nothing of the call is sent."""
+        return self.send_columns_async(topic, bodies, keys=keys, tags=tags, queue_ids=queue_ids).result()
+
+    def send_columns_async(self, topic: str, bodies: Sequence[bytes], *,
+                           keys: Sequence[str] | None = None, tags: str | None = None,
+                           queue_ids: Sequence[int] | int | None = None) -> Future:
+        """Like send_columns, returning a Future of the BatchResult (BadInputError at once)."""
+        future: Future = Future()
+        self._send_columns(topic, bodies, keys, tags, queue_ids, future.set_result)
         return future
 
     def close(self) -> None:
         """Send what is queued, then give the mailbox slot back. Idempotent."""
         if self._closed:
             return
-        with self._cond:
-            self._closing = True
-            self._cond.notify_all()
-        self._sender.join()
+        self._sender.close()
         self._closed = True
-        self._slot.release()
         self._mailbox.close()
         self._ctl.close()
 
@@ -260,19 +270,79 @@ class Producer:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    # ------------------------------------------------------------------------------ encoding
-    def _next_queue_id(self, topic: str) -> int:
-        counter = self._round_robin.get(topic)
-        if counter is None:
-            counter = self._round_robin.setdefault(topic, itertools.count())
-        return next(counter) % self.info.queue_count
+    # ------------------------------------------------------------------------------ columns
+    def _send_columns(self, topic: str, bodies: Sequence[bytes], keys: Sequence[str] | None,
+                      tags: str | None, queue_ids: Sequence[int] | int | None,
+                      done: Callable[[BatchResult], None]) -> None:
+        """Check and encode the columns (BadInputError: nothing is sent), then queue them."""
+        if self._sender.closing or self._closed:
+            raise StoreClosedError("the producer is closed", path=str(self.root))
+        encoded = self._encode_columns(topic, bodies, keys, tags, queue_ids)
+        builder = BatchResultBuilder(len(encoded.starts), self._msg_id_prefix, done)
+        if not len(encoded.starts):
+            builder.finish_if_complete()
+            return
+        self._sender.enqueue([Pending(encoded, builder.put, True)])
 
-    def _encode_runs(self, messages: Sequence[Message], results: list[PutResult | None]
+    def _encode_columns(self, topic: str, bodies: Sequence[bytes], keys: Sequence[str] | None,
+                        tags: str | None, queue_ids: Sequence[int] | int | None) -> EncodedRecords:
+        topic_raw = self._topic_raw(topic)
+        bodies = body_column(bodies)
+        n = len(bodies)
+        keys_raw = key_column(keys, n) if keys is not None else None
+        tags_raw = tags_text(tags)
+        if queue_ids is not None:
+            queue_ids = queue_id_column(queue_ids, n, self.info.queue_count)
+        if n and max(map(len, bodies)) > self.info.max_body_bytes:
+            big = next(i for i, body in enumerate(bodies) if len(body) > self.info.max_body_bytes)
+            raise BadInputError("bodies", f"body {big}: {len(bodies[big])} bytes exceeds the maximum "
+                                f"of {self.info.max_body_bytes}")
+        if queue_ids is None:
+            queue_ids = self._round_robin_ids(topic, n)
+        block = new_uniq_key_block(n)
+        encoded = encode_columns(topic_raw, bodies, queue_ids, keys_raw=keys_raw, tags_raw=tags_raw,
+                                 uniq_prefix=block.prefix, first_counter=block.first_counter,
+                                 born_ts_ms=time.time_ns() // 1_000_000, born_host=self._born_host,
+                                 store_host=self._store_host)
+        if n and int(encoded.sizes.max()) > self._mailbox.data_bytes:
+            raise BadInputError("bodies", f"a record of {int(encoded.sizes.max())} bytes is larger "
+                                f"than a mailbox slot ({self._mailbox.data_bytes} bytes)")
+        return encoded
+
+    def _round_robin_ids(self, topic: str, count: int) -> list[int]:
+        """The next `count` queue ids of `topic`'s round robin."""
+        queue_count = self.info.queue_count
+        with self._round_robin_lock:
+            first = self._round_robin.get(topic, 0)
+            self._round_robin[topic] = (first + count) % queue_count
+        return list(itertools.islice(itertools.cycle(range(queue_count)), first, first + count))
+
+    def _topic_raw(self, topic: str) -> bytes:
+        """The UTF-8 of a valid topic (BadInputError otherwise); valid topics are cached."""
+        topic_raw = self._topics.get(topic) if type(topic) is str else None
+        if topic_raw is None:
+            topic_raw = validate_topic(topic).encode("utf-8")
+            if len(self._topics) < MAX_TOPIC_CACHE:
+                self._topics[topic] = topic_raw
+        return topic_raw
+
+    # ------------------------------------------------------------------------------ messages
+    def _send_messages(self, messages: Sequence[Message], done: Callable[[BatchResult], None]) -> None:
+        """Validate and encode message by message (a bad one gets its status), queue the rest."""
+        builder = BatchResultBuilder(len(messages), self._msg_id_prefix, done)
+        runs = self._encode_runs(messages, builder)
+        if not runs:
+            builder.finish_if_complete()
+            return
+        self._sender.enqueue([Pending(encoded, builder.put, wait, np.array(indexes, dtype=np.int64))
+                              for encoded, indexes, wait in runs])
+
+    def _encode_runs(self, messages: Sequence[Message], builder: BatchResultBuilder
                      ) -> list[tuple[EncodedRecords, list[int], bool]]:
-        """Validate each message (a bad one gets its status in `results`) and encode the rest,
-        many at once, in runs of equal `wait` (which never share a request)."""
+        """Validate each message (a bad one gets its status from `builder.fail`) and encode the
+        rest, many at once, in runs of equal `wait` (which never share a request)."""
         runs: list[tuple[bool, list[int], list[tuple[bytes, bytes, bytes, int]]]] = []
-        for i, (message, uniq_key) in enumerate(zip(messages, new_uniq_keys(len(messages)),
+        for i, (message, uniq_key) in enumerate(zip(messages, new_uniq_key_block(len(messages)).texts(),
                                                     strict=True)):
             try:
                 parts = self._message_parts(message, uniq_key)
@@ -280,7 +350,7 @@ class Producer:
                 status = (PutStatus.PROPERTIES_SIZE_EXCEEDED
                           if exc.field == "properties" and "exceed" in exc.reason
                           else PutStatus.MESSAGE_ILLEGAL)
-                results[i] = PutResult(status, reason=str(exc))
+                builder.fail(i, status, str(exc))
                 continue
             if not runs or runs[-1][0] != message.wait:
                 runs.append((message.wait, [], []))
@@ -299,12 +369,7 @@ class Producer:
         """(topic, body, properties without the CRC32C tail, queue id) of a valid message."""
         if not isinstance(message, Message):
             raise BadInputError("message", f"not a Message: {type(message).__name__}")
-        topic = message.topic
-        topic_raw = self._topics.get(topic) if type(topic) is str else None
-        if topic_raw is None:
-            topic_raw = validate_topic(topic).encode("utf-8")
-            if len(self._topics) < MAX_TOPIC_CACHE:
-                self._topics[topic] = topic_raw
+        topic_raw = self._topic_raw(message.topic)
         body = validate_body(message.body)
         if len(body) > self.info.max_body_bytes:
             raise BadInputError("body", f"{len(body)} bytes exceeds the maximum of "
@@ -319,128 +384,5 @@ class Producer:
                                 f"({self._mailbox.data_bytes} bytes)")
         queue_id = message.queue_id
         if queue_id is None:
-            queue_id = self._next_queue_id(topic)
+            queue_id = self._round_robin_ids(message.topic, 1)[0]
         return topic_raw, body, props_raw, validate_queue_id(queue_id, self.info.queue_count)
-
-    # ------------------------------------------------------------------------------ local queue
-    def _enqueue(self, pending: _Pending) -> None:
-        if self._closing or self._closed:
-            raise StoreClosedError("the producer is closed", path=str(self.root))
-        if self._broken is not None:
-            self._fail_pending(pending, PutStatus.SERVICE_NOT_AVAILABLE, self._broken)
-            return
-        deadline = time.monotonic() + self._enqueue_timeout_s
-        with self._cond:
-            while (self._pending_bytes and
-                   self._pending_bytes + pending.nbytes > self._max_pending_bytes):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    reason = (f"the store is behind: {self._pending_bytes} bytes have been queued "
-                              f"in this producer for over {self._enqueue_timeout_s:g} s")
-                    break
-                self._cond.wait(remaining)
-            else:
-                reason = None
-                self._queue.append(pending)
-                self._pending_bytes += pending.nbytes
-                self._cond.notify_all()
-        if reason is not None:
-            self._fail_pending(pending, PutStatus.OS_PAGE_CACHE_BUSY, reason)
-
-    @staticmethod
-    def _fail_pending(pending: _Pending, status: PutStatus, reason: str) -> None:
-        indexes = pending.indexes[pending.cursor:]
-        pending.deliver(indexes, [PutResult(status, reason=reason)] * len(indexes))
-
-    def _take_batch(self) -> tuple[list[memoryview], int, list[tuple[_Pending, int, int]], bool] | None:
-        """Block for queued records; take up to one request's worth with the same wait flag.
-
-        Returns byte runs to send back to back, their record count, and where they came
-        from: (pending, first, end) record cursors."""
-        mb = self._mailbox
-        with self._cond:
-            while not self._queue and not self._closing:
-                self._cond.wait()
-            if not self._queue:
-                return None
-            wait = self._queue[0].wait
-            pieces: list[memoryview] = []
-            runs: list[tuple[_Pending, int, int]] = []
-            count = nbytes = 0
-            while self._queue and self._queue[0].wait == wait and count < mb.max_batch:
-                pending = self._queue[0]
-                first = pending.cursor
-                last = min(pending.count, first + mb.max_batch - count)
-                base = int(pending.starts[first])
-                room = mb.data_bytes - nbytes
-                end = first + int(np.searchsorted(pending.ends[first:last] - base, room, side="right"))
-                if end == first:
-                    break  # the next record does not fit this request
-                stop = int(pending.ends[end - 1])
-                pieces.append(memoryview(pending.blob)[base:stop])
-                runs.append((pending, first, end))
-                count += end - first
-                nbytes += stop - base
-                pending.cursor = end
-                if end < pending.count:
-                    break
-                self._queue.popleft()
-            self._pending_bytes -= nbytes
-            self._cond.notify_all()
-        return pieces, count, runs, wait
-
-    # ------------------------------------------------------------------------------ sender
-    def _send_loop(self) -> None:
-        while True:
-            batch = self._take_batch()
-            if batch is None:
-                return
-            pieces, count, runs, wait = batch
-            try:
-                results = self._request(pieces, count, wait)
-            except Exception as exc:  # never leave a caller's Future unresolved
-                log.exception("producer request failed")
-                results = [PutResult(PutStatus.UNKNOWN_ERROR, reason=str(exc))] * count
-            at = 0
-            for pending, first, end in runs:
-                pending.deliver(pending.indexes[first:end], results[at:at + end - first])
-                at += end - first
-
-    def _request(self, pieces: list[memoryview], count: int, wait: bool) -> list[PutResult]:
-        if self._broken is not None:
-            return [PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=self._broken)] * count
-        flags = RequestFlag.WAIT_FOR_FLUSH if wait else RequestFlag.NONE
-        alive = self._ctl.supervisor_alive
-        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        try:
-            seq = self._slot.write_request(data, count=count, flags=flags)
-            answer = self._slot.wait_response(seq, self._response_timeout_s, alive)
-        except ServiceNotAvailableError as exc:
-            if alive():
-                self._replace_slot()
-                reason = (f"no answer within {self._response_timeout_s:g} s; the messages may "
-                          f"still be stored ({exc})")
-                return [PutResult(PutStatus.UNKNOWN_ERROR, reason=reason)] * count
-            self._broken = f"the supervisor is gone: {exc}"
-            return [PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=self._broken)] * count
-        except StoreError as exc:  # the supervisor refused the request as a whole
-            return [PutResult(PutStatus.MESSAGE_ILLEGAL, reason=str(exc))] * count
-        return [self._to_result(row) for row in answer.tolist()]
-
-    def _to_result(self, row: tuple) -> PutResult:
-        status, queue_id, commit_pos, queue_offset, store_ts_ms = row
-        status = _STATUSES[status]
-        if not status.is_stored:
-            reason = {PutStatus.MESSAGE_ILLEGAL: "the supervisor refused the record",
-                      PutStatus.SERVICE_NOT_AVAILABLE: "the store is stopping",
-                      PutStatus.DISK_FULL: "the disk is full"}.get(status)
-            return PutResult(status, reason=reason)
-        return PutResult(status, commit_pos=commit_pos, queue_id=queue_id, queue_offset=queue_offset,
-                         msg_id=f"{self._msg_id_prefix}{commit_pos:016X}", store_ts_ms=store_ts_ms)
-
-    def _replace_slot(self) -> None:
-        """After a timeout the old request is still in flight: take a fresh slot."""
-        self._slot.release()
-        self._slot = ProducerSlot.claim(self._mailbox, run_dir(self.root),
-                                        alive=self._ctl.supervisor_alive,
-                                        timeout_s=self._response_timeout_s)

@@ -12,6 +12,7 @@ from tools.bench.histogram import LatencyHistogram, merged
 from tools.bench.loadgen import (
     BODY_HEADER,
     BODY_MAGIC,
+    BatchBuilder,
     IntervalRecorder,
     Pending,
     WorkerSpec,
@@ -136,6 +137,21 @@ def test_bodies_carry_the_intended_time_and_keys_are_unique():
     assert len(set(batch.keys)) == 5
     stamps = intended_times([*batch.bodies, b"not a bench body at all........"])
     assert stamps.tolist() == [123_456_789] * 5
+
+
+def test_batch_builder_reuses_its_template_without_touching_earlier_batches():
+    spec = WorkerSpec(role="producer", backend="mqstore", worker_id=1, target="-",
+                      streams=(("a", 0), ("a", 1)), size_bytes=40, batch=3)
+    tail = bytes(range(40 - BODY_HEADER.size))
+    builder = BatchBuilder(spec, tail)
+    first = builder.build(0, 111)
+    second = builder.build(3, 222)
+    for batch, seq, intended in ((first, 0, 111), (second, 3, 222)):
+        assert batch.bodies == [BODY_HEADER.pack(BODY_MAGIC, 1, intended, seq + i) + tail for i in range(3)]
+        assert batch.keys == [None] * 3 and batch.key_column is None
+    assert first.streams == [("a", 1), ("a", 0), ("a", 1)]
+    assert second.streams == [("a", 0), ("a", 1), ("a", 0)]
+    assert first.first_stream == 1 and second.first_stream == 0
 
 
 def test_spec_round_trips_through_json():

@@ -116,8 +116,8 @@ def test_sixteen_producer_processes_at_once(store, tmp_path):
 
 def test_send_async_from_many_threads_coalesces_requests(store):
     with Producer(store.root) as producer:
-        slot = producer._slot.index
-        mailbox = producer._mailbox
+        slot = producer._sender.slot.index
+        mailbox = producer._sender.mailbox
         seq_before = int(mailbox.req_seq[slot])
         futures = []
 
@@ -237,7 +237,7 @@ def test_bounded_queue_answers_busy_when_the_supervisor_is_behind(store):
         os.kill(store.proc.pid, signal.SIGSTOP)
         try:
             first = producer.send_async("BUSY", body)  # taken by the sender, in flight
-            wait_for(lambda: not producer._queue, "the sender to take the first message")
+            wait_for(lambda: not producer._sender.queue, "the sender to take the first message")
             second = producer.send_async("BUSY", body)  # waits in the local queue
             started = time.monotonic()
             third = producer.send_async("BUSY", body)  # no room: waits 0.2 s, then a status

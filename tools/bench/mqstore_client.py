@@ -1,8 +1,9 @@
 """The mqstore side of a bench worker: the real ipc Producer and Consumer.
 
-MqstoreSender sends each batch with Producer.send_async (batch 1) or send_batch_async and
-stamps the completion time in the future's callback (the producer's sender thread), so the
-latency does not include the time the worker's main loop took to notice. MqstoreReceiver pulls
+MqstoreSender sends each batch with Producer.send_columns_async, one call per topic of the
+batch (no Message or PutResult per message: the answer is counted from its numpy status
+column), and stamps the completion time in the future's callback (the producer's sender
+thread), so the latency does not include the time the worker's main loop took to notice. MqstoreReceiver pulls
 its (topic, queue) streams with Consumer.pull and, when a sweep finds nothing, long-polls on the
 dispatcher's published position across all of them.
 """
@@ -10,9 +11,11 @@ dispatcher's published position across all of them.
 from __future__ import annotations
 
 import collections
+import threading
+from concurrent.futures import Future
 
-from engine.message import Message
 from engine.status import GetStatus, PutStatus
+from ipc.batch_result import BatchResult
 from ipc.consumer import Consumer
 from ipc.control_block import ControlBlock
 from ipc.producer import Producer
@@ -24,37 +27,86 @@ MOVES = (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.
 
 
 class MqstoreSender:
-    """Sends through ipc.producer.Producer: send_async for batch 1, else send_batch_async."""
+    """Sends through ipc.producer.Producer.send_columns_async, one call per topic of a batch."""
 
     def __init__(self, spec: WorkerSpec):
         self.producer = Producer(spec.target)
+        self._plans = _topic_plans(spec.streams, spec.batch)
 
     def submit(self, batch: SendBatch) -> Pending:
-        if len(batch.bodies) == 1:
-            (topic, qid), key = batch.streams[0], batch.keys[0]
-            future = self.producer.send_async(topic, batch.bodies[0], queue_id=qid,
-                                              keys=(key,) if key else ())
-        else:
-            future = self.producer.send_batch_async([
-                Message(topic, body, keys=(key,) if key else (), queue_id=qid)
-                for (topic, qid), body, key in zip(batch.streams, batch.bodies, batch.keys,
-                                                    strict=True)])
+        futures = [self.producer.send_columns_async(topic, bodies, keys=keys, queue_ids=queue_ids)
+                   for topic, bodies, keys, queue_ids in self._split(batch)]
+        future = futures[0] if len(futures) == 1 else _all_of(futures)
         pending = Pending(len(batch.bodies), future)
         future.add_done_callback(pending.stamp)
         return pending
+
+    def _split(self, batch: SendBatch) -> list[tuple[str, list[bytes], list[str] | None, list[int]]]:
+        """(topic, bodies, keys, queue ids) of each topic the batch goes to."""
+        parts = []
+        for topic, rows, queue_ids in self._plans[batch.first_stream]:
+            bodies, keys = batch.bodies, batch.key_column
+            if rows is not None:
+                bodies = [bodies[i] for i in rows]
+                keys = [keys[i] for i in rows] if keys is not None else None
+            parts.append((topic, bodies, keys, queue_ids))
+        return parts
 
     def result(self, pending: Pending) -> dict[str, int]:
         results = pending.future.result()
         if not pending.done_ns:  # Future wakes result() before it runs the stamping callback
             pending.stamp()
-        if not isinstance(results, list):
-            results = [results]
-        ok = PutStatus.PUT_OK
-        counts = collections.Counter("OK" if r.status is ok else r.status.name for r in results)
-        return dict(counts)
+        return _counts(results if isinstance(results, list) else [results])
 
     def close(self) -> None:
         self.producer.close()
+
+
+def _counts(results: list[BatchResult]) -> dict[str, int]:
+    """Messages per status name ("OK" for PUT_OK), from the results' status columns."""
+    counts: collections.Counter = collections.Counter()
+    for result in results:
+        for status, count in result.status_counts().items():
+            counts["OK" if status is PutStatus.PUT_OK else status.name] += count
+    return dict(counts)
+
+
+def _topic_plans(streams: tuple[tuple[str, int], ...], batch: int
+                 ) -> list[list[tuple[str, list[int] | None, list[int]]]]:
+    """For a batch whose first message goes to streams[s], plans[s] lists per topic: the rows of
+    the batch that go to it (None: all) and their queue ids (messages cycle over the streams)."""
+    plans = []
+    for first in range(len(streams)):
+        by_topic: dict[str, tuple[list[int], list[int]]] = {}
+        for row in range(batch):
+            topic, queue_id = streams[(first + row) % len(streams)]
+            rows, queue_ids = by_topic.setdefault(topic, ([], []))
+            rows.append(row)
+            queue_ids.append(queue_id)
+        plans.append([(topic, rows if len(by_topic) > 1 else None, queue_ids)
+                      for topic, (rows, queue_ids) in by_topic.items()])
+    return plans
+
+
+def _all_of(futures: list[Future]) -> Future:
+    """A Future of the list of the futures' results, resolved when the last one is."""
+    combined: Future = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_future: Future) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            try:
+                combined.set_result([f.result() for f in futures])
+            except Exception as exc:
+                combined.set_exception(exc)
+
+    for future in futures:
+        future.add_done_callback(one_done)
+    return combined
 
 
 class MqstoreReceiver:

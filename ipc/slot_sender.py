@@ -1,0 +1,243 @@
+"""How a producer's encoded records reach the supervisor: one mailbox slot, a bounded local
+queue and one sender thread.
+
+Every send becomes `Pending` records (end to end in one buffer, with a callback for their
+answer rows). `enqueue` puts them on the local queue, which the sender thread drains: it
+coalesces whatever is queued into one mailbox request (up to the slot's record and byte
+limits, never mixing wait and no-wait records), sends it and waits for its answer while the
+next batch accumulates. Many threads calling send() therefore cost one request per group, not
+one per message. The queue is bounded in bytes: when the store is behind, enqueueing blocks up
+to `enqueue_timeout_s` and then answers OS_PAGE_CACHE_BUSY (not stored).
+
+Failure statuses: SERVICE_NOT_AVAILABLE when the supervisor is gone (never a hang); UNKNOWN_ERROR
+when no answer came within the response timeout (the records may still be stored; the slot is
+replaced); MESSAGE_ILLEGAL when the supervisor refused the request as a whole.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from engine.errors import ServiceNotAvailableError, StoreClosedError, StoreError
+from engine.formats.record_batch import EncodedRecords
+from engine.status import PutStatus
+from ipc.batch_result import failed_rows
+from ipc.control_block import ControlBlock
+from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
+from ipc.run_info import run_dir
+
+log = logging.getLogger(__name__)
+
+
+class Pending:
+    """Encoded records of one send call waiting in the local queue, and where results go.
+
+    Records lie end to end in `blob` from its start (record_batch.encode_records,
+    record_columns.encode_columns); `deliver(where, rows, reason)` receives the answer rows of a
+    run of them at once, `where` being their places in the caller's batch: slice(first, end),
+    or `indexes[first:end]` when some messages of the batch were refused before encoding."""
+
+    __slots__ = ("blob", "count", "cursor", "deliver", "indexes", "nbytes", "sizes", "starts", "wait")
+
+    def __init__(self, encoded: EncodedRecords, deliver: Callable[[object, np.ndarray, str | None], None],
+                 wait: bool, indexes: np.ndarray | None = None):
+        self.blob = encoded.buf
+        self.starts = encoded.starts
+        self.sizes = encoded.sizes
+        self.count = len(encoded.starts)
+        self.indexes = indexes
+        self.wait = wait
+        self.deliver = deliver
+        self.cursor = 0
+        self.nbytes = len(encoded.buf)
+
+    def start_of(self, index: int) -> int:
+        """Where record `index` starts in `blob` (its end when index == count)."""
+        return 0 if index == 0 else self.nbytes if index == self.count else int(self.starts[index])
+
+    def places(self, first: int, end: int) -> slice | np.ndarray:
+        """Where records first..end-1 belong in the caller's batch."""
+        return slice(first, end) if self.indexes is None else self.indexes[first:end]
+
+
+class _Request(NamedTuple):
+    """One mailbox request: byte runs to send back to back, their record count, the wait flag,
+    and where the records came from: (pending, first, end) record cursors."""
+
+    pieces: list[memoryview]
+    count: int
+    wait: bool
+    runs: list[tuple[Pending, int, int]]
+    nbytes: int
+
+
+def _cut_request(queue: collections.deque[Pending], mailbox: Mailbox) -> _Request:
+    """Up to one slot's worth (records and bytes) of the queued records with the first one's
+    wait flag; moves the cursors and pops the pendings taken whole."""
+    wait = queue[0].wait
+    pieces: list[memoryview] = []
+    runs: list[tuple[Pending, int, int]] = []
+    count = nbytes = 0
+    while queue and queue[0].wait == wait and count < mailbox.max_batch:
+        pending = queue[0]
+        first = pending.cursor
+        base = pending.start_of(first)
+        room = mailbox.data_bytes - nbytes
+        end = pending.count
+        if end - first > mailbox.max_batch - count or pending.nbytes - base > room:
+            end = _fitting_end(pending, first, mailbox.max_batch - count, room)
+            if end == first:
+                break  # the next record does not fit this request
+        stop = pending.start_of(end)
+        pieces.append(memoryview(pending.blob)[base:stop])
+        runs.append((pending, first, end))
+        count += end - first
+        nbytes += stop - base
+        pending.cursor = end
+        if end < pending.count:
+            break
+        queue.popleft()
+    return _Request(pieces, count, wait, runs, nbytes)
+
+
+def _fitting_end(pending: Pending, first: int, max_records: int, room_bytes: int) -> int:
+    """The end of the longest run of records from `first` within both limits."""
+    last = min(pending.count, first + max_records)
+    ends = pending.starts[first:last] + pending.sizes[first:last]
+    return first + int(np.searchsorted(ends - pending.start_of(first), room_bytes, side="right"))
+
+
+class SlotSender:
+    """Sends Pending records through one claimed mailbox slot; see the module docstring."""
+
+    def __init__(self, root: Path, ctl: ControlBlock, mailbox: Mailbox, *, response_timeout_s: float,
+                 max_pending_bytes: int, enqueue_timeout_s: float):
+        self.root = root
+        self._ctl = ctl
+        self.mailbox = mailbox
+        self.slot = ProducerSlot.claim(mailbox, run_dir(root), alive=ctl.supervisor_alive)
+        self._response_timeout_s = response_timeout_s
+        self._enqueue_timeout_s = enqueue_timeout_s
+        self._max_pending_bytes = max_pending_bytes
+        self.queue: collections.deque[Pending] = collections.deque()
+        self._pending_bytes = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._broken: str | None = None
+        self._thread = threading.Thread(target=self._send_loop, name="mqstore-producer", daemon=True)
+        self._thread.start()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """Send what is queued, stop the sender thread, give the slot back."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        self.slot.release()
+
+    def enqueue(self, pendings: list[Pending]) -> None:
+        """Queue the records for the sender thread."""
+        for pending in pendings:
+            self._enqueue_one(pending)
+
+    def _enqueue_one(self, pending: Pending) -> None:
+        if self._closing:
+            raise StoreClosedError("the producer is closed", path=str(self.root))
+        if self._broken is not None:
+            self._fail_pending(pending, PutStatus.SERVICE_NOT_AVAILABLE, self._broken)
+            return
+        deadline = time.monotonic() + self._enqueue_timeout_s
+        with self._cond:
+            while (self._pending_bytes and
+                   self._pending_bytes + pending.nbytes > self._max_pending_bytes):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    reason = (f"the store is behind: {self._pending_bytes} bytes have been queued "
+                              f"in this producer for over {self._enqueue_timeout_s:g} s")
+                    break
+                self._cond.wait(remaining)
+            else:
+                reason = None
+                self.queue.append(pending)
+                self._pending_bytes += pending.nbytes
+                self._cond.notify_all()
+        if reason is not None:
+            self._fail_pending(pending, PutStatus.OS_PAGE_CACHE_BUSY, reason)
+
+    @staticmethod
+    def _fail_pending(pending: Pending, status: PutStatus, reason: str) -> None:
+        first, end = pending.cursor, pending.count
+        pending.deliver(pending.places(first, end), failed_rows(end - first, status), reason)
+
+    def _take_request(self) -> _Request | None:
+        """Block for queued records; take up to one request's worth (None once closing with
+        nothing queued)."""
+        with self._cond:
+            while not self.queue:
+                if self._closing:
+                    return None
+                self._cond.wait()
+            request = _cut_request(self.queue, self.mailbox)
+            self._pending_bytes -= request.nbytes
+            self._cond.notify_all()
+        return request
+
+    def _send_loop(self) -> None:
+        while True:
+            request = self._take_request()
+            if request is None:
+                return
+            self._perform(request)
+
+    def _perform(self, request: _Request) -> None:
+        """Send one request, wait for its answer and deliver the rows to their senders."""
+        try:
+            rows, reason = self._request(request.pieces, request.count, request.wait)
+        except Exception as exc:  # never leave a caller's Future unresolved
+            log.exception("producer request failed")
+            rows, reason = failed_rows(request.count, PutStatus.UNKNOWN_ERROR), str(exc)
+        at = 0
+        for pending, first, end in request.runs:
+            pending.deliver(pending.places(first, end), rows[at:at + end - first], reason)
+            at += end - first
+
+    def _request(self, pieces: list[memoryview], count: int, wait: bool) -> tuple[np.ndarray, str | None]:
+        """The answer rows of one request (mailbox.RESULT_DTYPE), and the reason when they were
+        made here rather than by the supervisor."""
+        if self._broken is not None:
+            return failed_rows(count, PutStatus.SERVICE_NOT_AVAILABLE), self._broken
+        flags = RequestFlag.WAIT_FOR_FLUSH if wait else RequestFlag.NONE
+        alive = self._ctl.supervisor_alive
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        try:
+            seq = self.slot.write_request(data, count=count, flags=flags)
+            return self.slot.wait_response(seq, self._response_timeout_s, alive), None
+        except ServiceNotAvailableError as exc:
+            if alive():
+                self._replace_slot()
+                reason = (f"no answer within {self._response_timeout_s:g} s; the messages may "
+                          f"still be stored ({exc})")
+                return failed_rows(count, PutStatus.UNKNOWN_ERROR), reason
+            self._broken = f"the supervisor is gone: {exc}"
+            return failed_rows(count, PutStatus.SERVICE_NOT_AVAILABLE), self._broken
+        except StoreError as exc:  # the supervisor refused the request as a whole
+            return failed_rows(count, PutStatus.MESSAGE_ILLEGAL), str(exc)
+
+    def _replace_slot(self) -> None:
+        """After a timeout the old request is still in flight: take a fresh slot."""
+        self.slot.release()
+        self.slot = ProducerSlot.claim(self.mailbox, run_dir(self.root),
+                                       alive=self._ctl.supervisor_alive,
+                                       timeout_s=self._response_timeout_s)

@@ -1,0 +1,58 @@
+"""tools.bench.mqstore_client against a real store: batches cycling over several topics and
+queues, sent with the blocking and the async columns call, arrive as the load generator made them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
+from store_harness import RunningStore, assert_check_clean
+
+from ipc.consumer import Consumer
+from tools.bench.loadgen import BODY_HEADER, BODY_MAGIC, BatchBuilder, WorkerSpec
+from tools.bench.mqstore_client import MqstoreSender, _topic_plans
+
+STREAMS = (("bench-0", 0), ("bench-0", 1), ("bench-1", 0), ("bench-1", 1), ("bench-1", 2))
+
+
+def test_topic_plans_split_a_cycling_batch_by_topic():
+    plans = _topic_plans(STREAMS, 7)
+    assert len(plans) == len(STREAMS)
+    # a batch starting at stream 3: rows go to streams 3 4 0 1 2 3 4
+    assert plans[3] == [("bench-1", [0, 1, 4, 5, 6], [1, 2, 0, 1, 2]), ("bench-0", [2, 3], [0, 1])]
+    single = _topic_plans((("t", 0), ("t", 1)), 3)
+    assert single == [[("t", None, [0, 1, 0])], [("t", None, [1, 0, 1])]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("inflight", [1, 3])
+def test_batches_arrive_on_their_streams_with_their_keys(tmp_path, inflight):
+    running = RunningStore.start(tmp_path / "store")
+    try:
+        spec = WorkerSpec(role="producer", backend="mqstore", worker_id=2, target=str(running.root),
+                          streams=STREAMS, size_bytes=40, batch=7, keys=True, inflight=inflight)
+        builder = BatchBuilder(spec, b"t" * (40 - BODY_HEADER.size))
+        sender = MqstoreSender(spec)
+        try:
+            batches = [builder.build(j * 7, 1000 + j) for j in range(4)]
+            expected = {body: (stream, key) for batch in batches
+                        for body, stream, key in zip(batch.bodies, batch.streams, batch.keys, strict=True)}
+            pendings = [sender.submit(batch) for batch in batches]
+            assert [sender.result(p) for p in pendings] == [{"OK": 7}] * 4
+            assert all(p.done_ns > 0 for p in pendings)
+        finally:
+            sender.close()
+        running.wait_caught_up()
+        got = {}
+        with Consumer(running.root, "bench-test") as consumer:
+            for topic, queue_id in STREAMS:
+                for record in consumer.pull(topic, queue_id, 0, 100).messages:
+                    got[record.body] = ((record.topic, record.queue_id), record.keys[0])
+        assert got == expected
+        assert {BODY_HEADER.unpack_from(b)[0] for b in got} == {BODY_MAGIC}
+    finally:
+        assert running.stop() == 0
+    assert_check_clean(running.root)
