@@ -20,7 +20,6 @@ and one zlib.crc32, both C calls driven by `map`; no Python runs per record.
 from __future__ import annotations
 
 import re
-import socket
 import struct
 import zlib
 from collections.abc import Sequence
@@ -43,7 +42,7 @@ from engine.formats.record import (
     V4_HEADER_FMT,
     V4_HEADER_SIZE,
 )
-from engine.formats.record_batch import EncodedRecords
+from engine.formats.record_batch import EncodedRecords, _ipv4
 
 # V4_HEADER_FMT split where the per-record fields end: TOTALSIZE MAGIC BODYCRC QUEUEID | the
 # fields from FLAG to PREPAREDTXOFFSET (same in every record of a batch) | BODYLENGTH.
@@ -155,14 +154,6 @@ def _after_template(topic_raw: bytes, tags_raw: bytes | None, with_key: bool, un
     literal += (PROP_UNIQ_KEY.encode() + kv + uniq_prefix.encode("ascii")).replace(b"%", b"%%")
     return literal + b"%0" + str(_UNIQ_COUNTER_DIGITS).encode() + b"X" + end \
         + CRC32C_RESERVED.replace(b"%", b"%%")
-
-
-def _ipv4(host: tuple[str, int]) -> tuple[bytes, int]:
-    ip, port = host
-    try:
-        return socket.inet_pton(socket.AF_INET, ip), port
-    except (OSError, TypeError):
-        raise BadInputError("host", f"{host!r} is not an (IPv4 address, port) pair") from None
 
 
 __all__ = ["encode_columns"]
