@@ -151,8 +151,8 @@ class CommitLog:
 
     def append_stampable(self, records: StampableRecords, queue_offsets, store_ts_ms: int) -> np.ndarray:
         """append_encoded of records already checked. Each run that fits the current segment is
-        stamped in `records.buf` (record_batch.stamp_checked_records) and copied in with one slice
-        assignment; a DiskFullError undoes the runs already copied."""
+        stamped in `records.buf` (record_batch.stamp_checked_records) and written with one pwrite
+        (MappedFile.write); a DiskFullError undoes the runs already written."""
         blob, starts, sizes = records
         count = len(starts)
         positions = np.empty(count, dtype=np.int64)
@@ -180,7 +180,7 @@ class CommitLog:
                     positions[i:j] = starts[i:j] + (self.written_pos - lo)
                     stamp_checked_records(blob, starts[i:j], sizes[i:j], offsets[i:j],
                                           positions[i:j], store_ts_ms)
-                    segment.buf[file_pos:file_pos + run_bytes] = view[lo:lo + run_bytes]
+                    segment.write(file_pos, view[lo:lo + run_bytes])
                     self.written_pos += run_bytes
                     i = j
         except DiskFullError:
@@ -207,7 +207,7 @@ class CommitLog:
         space_left = self.segment_bytes - file_pos
         if size + FILLER_SIZE > space_left:
             segment.reserve(file_pos + FILLER_SIZE)
-            segment.buf[file_pos:file_pos + FILLER_SIZE] = encode_filler(space_left)
+            segment.write(file_pos, encode_filler(space_left))
             self.written_pos += space_left
             segment, file_pos = self._active_segment()
             self.segments.preallocate_next()

@@ -10,6 +10,7 @@ import errno
 import mmap
 import os
 import shutil
+from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 
@@ -113,8 +114,21 @@ class MappedFile:
         self._reserved_until = target
 
     def write(self, file_pos: int, data) -> None:
-        """Copy `data` into the mapping at `file_pos` (no syscall)."""
-        self.buf[file_pos:file_pos + len(data)] = data
+        """Write `data` at `file_pos` with pwrite (the mapping sees it: one page cache).
+
+        Not a copy into the mapping: a store into a mapped page can block for tens of ms in
+        the page fault (ext4 waits there for the journal or for writeback of that page), and
+        pwrite does not (docs/BENCHMARKS.md, "mmap stalls"). Blocks must be reserved first."""
+        with memoryview(data) as view:
+            view = view.cast("B")
+            done, total = 0, len(view)
+            try:
+                while done < total:
+                    done += os.pwrite(self._fd, view[done:], file_pos + done)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise DiskFullError("no space left writing store file", path=str(self.path)) from exc
+                raise StoreError(f"cannot write store file: {exc}", path=str(self.path)) from exc
 
     def read(self, file_pos: int, length: int) -> memoryview:
         """A zero-copy view of `length` bytes at `file_pos` (clamped to the file)."""
@@ -224,7 +238,7 @@ def write_file_atomically(path: Path, data: bytes, *, backup_suffix: str | None 
     """Replace `path` with `data`: write temp, fsync, (copy old to backup), rename, fsync dir."""
     path = Path(path)
     tmp = path.with_name(path.name + TEMP_SUFFIX)
-    _write_synced(tmp, data)
+    _write_synced(tmp, (data,))
     if backup_suffix is not None and path.exists():
         backup = path.with_name(path.name + backup_suffix)
         backup_tmp = backup.with_name(backup.name + TEMP_SUFFIX)
@@ -236,20 +250,25 @@ def write_file_atomically(path: Path, data: bytes, *, backup_suffix: str | None 
     fsync_dir(path.parent)
 
 
-def write_new_file(path: Path, data) -> None:
-    """Write a new side file (e.g. a quarantined tail) durably."""
+def write_new_file(path: Path, chunks: Iterable) -> None:
+    """Write a new side file (e.g. a quarantined tail) durably from `chunks` (bytes-like, in
+    order: a large file is never whole in memory), under a temporary name that is renamed once
+    synced, so a crash leaves the whole file or none."""
     path = Path(path)
-    _write_synced(path, data)
+    tmp = path.with_name(path.name + TEMP_SUFFIX)
+    _write_synced(tmp, chunks)
+    os.replace(tmp, path)
     fsync_dir(path.parent)
 
 
-def _write_synced(path: Path, data) -> None:
-    """Write `data` as the whole content of `path` (owner-only) and fsync it."""
+def _write_synced(path: Path, chunks: Iterable) -> None:
+    """Write `chunks` in order as the whole content of `path` (owner-only) and fsync it."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -246,6 +246,10 @@ class MailboxServer:
                                           RequestFlag(flags), owner_pid))
         return pending
 
+    def is_answered(self, slot_index: int, seq: int) -> bool:
+        """True once request `seq` of a slot has its response."""
+        return int(self.mailbox.resp_seq[slot_index]) >= seq
+
     def complete(self, slot_index: int, seq: int, results: np.ndarray | Sequence[tuple]) -> None:
         """Answer request `seq` of a slot with one result per record, then wake its producer."""
         mb = self.mailbox

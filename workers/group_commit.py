@@ -182,4 +182,8 @@ class GroupCommit:
         if self._thread.is_alive():
             self._thread.join()
         if self.error is None and self.published_flushed < self.published_written:
-            self.flush_now()
+            try:
+                self.flush_now()
+            except (OSError, StoreError) as exc:  # the stop goes on; the store is left unclean
+                log.error("the last flush failed: %s", exc)
+                self.error = exc

@@ -18,7 +18,8 @@ more than the range a block names:
   refused, or when the dispatcher made no progress for RING_PATIENCE_S (dead or stuck) while
   there was work.
 
-Otherwise the builder waits for the dispatcher, which posts it after each step.
+Otherwise the builder waits for the dispatcher, which posts it after its steps (at most every
+BUILDER_POST_INTERVAL_S, and before it goes idle).
 
 Every `cq_flush_interval_ms` the builder msyncs its files and publishes its durable position.
 Restart: ShardIndex.load, trim_from(durable_pos) (entries past it go, slot heads repaired),

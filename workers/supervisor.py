@@ -252,10 +252,12 @@ class Supervisor:
                 timeout = max(0.0, min(timeout, deadline - time.monotonic()))
             server.wait_for_requests(timeout)
             if appender.sweep() and self.config.flush is FlushPolicy.ASYNC:
-                self._wake_children()
+                self._wake_dispatcher()
             self._handle_signals()
             if self._group_commit.error is not None:
                 self._fail(f"flushing the commitlog failed: {self._group_commit.error}")
+            if appender.write_error is not None:
+                self._fail(f"writing the commitlog failed: {appender.write_error}")
             if self._metadata.error is not None:
                 self._fail(f"flushing {self._metadata.failed_file} failed: {self._metadata.error}")
             now = time.monotonic()
@@ -265,10 +267,21 @@ class Supervisor:
                 next_supervise = now + SUPERVISE_INTERVAL_S
 
     def _on_flushed(self) -> None:
-        """Called by the flush thread after each flush: wake the appender and the children."""
-        self._shared.server.wakeup.post()
+        """Called by the flush thread after each flush (or its failure): answer the producers
+        the flush made durable, wake the dispatcher (it wakes the index builders after each of
+        its blocks). The loop is woken only when it must act: a failed flush, or a stop
+        waiting for the last answers."""
+        if self._group_commit.error is not None or not self._appender.admitting:
+            self._shared.server.wakeup.post()
+        else:
+            self._appender.answer_flushed()
         if self.config.flush is FlushPolicy.SYNC:
-            self._wake_children()
+            self._wake_dispatcher()
+
+    def _wake_dispatcher(self) -> None:
+        for child in self.children:
+            if child.role is Role.DISPATCHER:
+                child.wakeup.post()
 
     def _wake_children(self) -> None:
         for child in self.children:
