@@ -4,17 +4,13 @@ Shared by the in-process store and the co-located Producer so both refuse the sa
 with the same error before anything reaches the log. The column checks (`body_column`,
 `key_column`, `tags_text`) apply the same rules to a batch given as columns
 (Producer.send_columns), with one C-level pass per column instead of a call per message;
-`new_uniq_key_block` reserves the UNIQ_KEYs of such a batch as one prefix and a counter range.
+its UNIQ_KEYs are one block (engine.formats.uniq_key.new_uniq_key_block, re-exported here).
 """
 
 from __future__ import annotations
 
-import os
-import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
@@ -27,7 +23,10 @@ from engine.formats.properties import (
     PROP_WAIT,
     encode_properties,
 )
-from engine.formats.record import new_uniq_key
+from engine.formats.uniq_key import UNIQ_COUNTER_MASK as UNIQ_COUNTER_MASK  # re-exported (Producer, tests)
+from engine.formats.uniq_key import UniqKeyBlock as UniqKeyBlock
+from engine.formats.uniq_key import new_uniq_key
+from engine.formats.uniq_key import new_uniq_key_block as new_uniq_key_block
 from engine.naming import validate_topic
 
 RESERVED_PROPERTIES = frozenset({PROP_CRC32C, PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})
@@ -213,47 +212,3 @@ def tags_text(tags: object) -> bytes | None:
 
 _KEY_JOIN = "\x01"  # a key may not hold it, so the joined keys split back exactly
 _KEY_JOIN_BYTES = _KEY_JOIN.encode("ascii")
-
-
-class UniqKeyBlock(NamedTuple):
-    """`count` UNIQ_KEYs: key i is prefix + the six uppercase hex digits of
-    (first_counter + i) mod 2**24, record.new_uniq_key's layout."""
-
-    prefix: str  # 26 hex digits: pid (4 bytes), salt (3), time ms (6)
-    first_counter: int
-    count: int
-
-    def texts(self) -> list[str]:
-        """The UNIQ_KEYs as str, one per message (the message-by-message path, tests)."""
-        return [f"{self.prefix}{(self.first_counter + i) & UNIQ_COUNTER_MASK:06X}"
-                for i in range(self.count)]
-
-
-UNIQ_COUNTER_MASK = 0xFFFFFF
-_uniq_lock = threading.Lock()
-_uniq_next = 0
-_uniq_salt = 0
-
-
-def _seed_uniq_salt() -> None:
-    """A salt other than record.new_uniq_key's (read from a key it makes), so the keys of the two
-    generators never meet in one process; reseeded after a fork, after record's own reseed."""
-    global _uniq_salt
-    _uniq_salt = int(new_uniq_key()[8:14], 16) ^ 0x800000
-
-
-_seed_uniq_salt()
-os.register_at_fork(after_in_child=_seed_uniq_salt)
-
-
-def new_uniq_key_block(count: int) -> UniqKeyBlock:
-    """`count` fresh UNIQ_KEYs (one clock read, consecutive counters reserved atomically)."""
-    global _uniq_next
-    if not 0 <= count <= UNIQ_COUNTER_MASK + 1:
-        raise BadInputError("count", f"{count} UNIQ_KEYs do not fit one block of 2**24 counters")
-    now_ms = time.time_ns() // 1_000_000
-    with _uniq_lock:
-        first = _uniq_next
-        _uniq_next = (first + count) & UNIQ_COUNTER_MASK
-    prefix = f"{os.getpid() & 0xFFFFFFFF:08X}{_uniq_salt:06X}{now_ms & 0xFFFFFFFFFFFF:012X}"
-    return UniqKeyBlock(prefix, first, count)

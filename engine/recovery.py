@@ -15,7 +15,7 @@ Step order (each step leaves a state the next run of recovery can finish):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -43,6 +43,7 @@ from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import ABORT_FILE, QUARANTINE_DIR, quarantine_name
 
 Progress = Callable[[int, int], None]
+QUARANTINE_CHUNK_BYTES = 8 << 20  # the cut-off tail is copied to its quarantine file this much at a time
 
 
 class ShutdownState(Enum):
@@ -224,9 +225,9 @@ def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
             if progress is not None:
                 progress(pos - start_pos, end_hint)
     except CorruptRecordError as exc:
-        if first and exc.pos == start_pos and start_pos != commitlog.min_pos \
+        if first and exc.pos == start_pos and start_pos != _segment_base(commitlog, start_pos) \
                 and not _is_unwritten(commitlog, exc.pos):
-            raise
+            raise  # not known to be a record boundary: the caller rescans from the segment base
         pos = exc.pos
         if broken:
             _rebuild_queues(parts, broken, pos, report)
@@ -280,14 +281,13 @@ def _cut(parts: StoreParts, cut_pos: int, report: RecoveryReport, now_ms: int) -
     """Quarantine whatever lies past cut_pos, then truncate every structure there."""
     commitlog = parts.commitlog
     if not _is_unwritten(commitlog, cut_pos):
-        tail = _tail_bytes(commitlog, cut_pos)
+        tail_end = _tail_end(commitlog, cut_pos)
         directory = ensure_dir(parts.root / QUARANTINE_DIR)
         path = directory / quarantine_name(cut_pos, now_ms)
-        write_new_file(path, tail)
+        write_new_file(path, _tail_chunks(commitlog, cut_pos, tail_end))
         report.quarantine_path = str(path)
-        report.quarantined_bytes = len(tail)
-        report.quarantined_records = valid_records_between(commitlog, cut_pos, cut_pos + len(tail),
-                                                           Verify.MQSTORE).count
+        report.quarantined_bytes = tail_end - cut_pos
+        report.quarantined_records = valid_records_between(commitlog, cut_pos, tail_end, Verify.MQSTORE).count
     seg = commitlog.segments
     cut_base = _segment_base(commitlog, cut_pos)
     report.segments_removed = [s.path.name for s in seg.segments
@@ -308,20 +308,43 @@ def _segment_base(commitlog: CommitLog, pos: int) -> int:
     return pos - (pos - seg.min_pos) % seg.segment_bytes if seg.segments else 0
 
 
-def _tail_bytes(commitlog: CommitLog, cut_pos: int) -> bytes:
-    """Bytes from cut_pos to the last non-zero byte of the log (what the cut removes)."""
-    out = bytearray()
+def _tail_end(commitlog: CommitLog, cut_pos: int) -> int:
+    """The position after the last non-zero byte at or past cut_pos (cut_pos if there is none):
+    the end of what the cut removes. Read backwards a chunk at a time, holes skipped."""
     seg = commitlog.segments
-    for segment in seg.segments:
+    for segment in reversed(seg.segments):
         base = seg.base_of(segment)
         if base + segment.size_bytes <= cut_pos:
+            break
+        for lo, hi in reversed(segment.data_ranges(max(cut_pos - base, 0))):
+            for stop in range(hi, lo, -QUARANTINE_CHUNK_BYTES):
+                start = max(stop - QUARANTINE_CHUNK_BYTES, lo)
+                chunk = np.frombuffer(segment.read(start, stop - start), dtype=np.uint8)
+                if chunk.any():
+                    return base + stop - int(np.argmax(chunk[::-1] != 0))
+    return cut_pos
+
+
+def _tail_chunks(commitlog: CommitLog, cut_pos: int, end_pos: int) -> Iterator[memoryview | bytes]:
+    """The log's bytes [cut_pos, end_pos) in order, at most QUARANTINE_CHUNK_BYTES at a time
+    (views of the segments; a hole of a sparse segment, or a missing segment, reads as zeros)."""
+    seg = commitlog.segments
+    pos = cut_pos
+    for segment in seg.segments:
+        base = seg.base_of(segment)
+        if base + segment.size_bytes <= pos or base >= end_pos:
             continue
-        start = max(cut_pos - base, 0)
-        for lo, hi in segment.data_ranges(start):
-            out += bytes(base + lo - cut_pos - len(out))  # a hole reads as zeros
-            out += segment.read(lo, hi - lo)
-    nonzero = np.flatnonzero(np.frombuffer(out, dtype=np.uint8))
-    return bytes(out[: int(nonzero[-1]) + 1]) if nonzero.size else b""
+        for lo, hi in segment.data_ranges(max(pos - base, 0), end_pos - base):
+            yield from _zero_chunks(base + lo - pos)
+            for start in range(lo, hi, QUARANTINE_CHUNK_BYTES):
+                yield segment.read(start, min(QUARANTINE_CHUNK_BYTES, hi - start))
+            pos = base + hi
+    yield from _zero_chunks(end_pos - pos)
+
+
+def _zero_chunks(length_bytes: int) -> Iterator[bytes]:
+    for start in range(0, length_bytes, QUARANTINE_CHUNK_BYTES):
+        yield bytes(min(QUARANTINE_CHUNK_BYTES, length_bytes - start))
 
 
 def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int) -> None:

@@ -33,11 +33,8 @@ the segment, MAGICCODE 0xCBD43194, 8 bytes written.
 
 from __future__ import annotations
 
-import itertools
-import os
 import socket
 import struct
-import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,7 +43,6 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import crc32c
-import numpy as np
 
 from engine.errors import BadInputError, CorruptRecordError
 from engine.formats.java_hash import tags_code as _tags_code
@@ -59,6 +55,8 @@ from engine.formats.properties import (
     encode_properties,
     split_keys,
 )
+from engine.formats.uniq_key import new_uniq_key as new_uniq_key  # re-exported: its old home
+from engine.formats.uniq_key import new_uniq_keys as new_uniq_keys
 
 MAGIC_V1 = 0xDAA320A7
 MAGIC_V2 = 0xDAA320AB
@@ -534,43 +532,3 @@ def parse_msg_id(msg_id: str) -> tuple[tuple[str, int], int]:
     if commit_pos < 0:
         raise BadInputError("msg_id", f"{msg_id!r} holds a negative commit position")
     return _host(raw[:ip_size], port), commit_pos
-
-
-_uniq_counter = itertools.count()
-_uniq_salt = int.from_bytes(os.urandom(3), "big")
-
-
-def _reseed_uniq_salt() -> None:
-    global _uniq_salt
-    _uniq_salt = int.from_bytes(os.urandom(3), "big")
-
-
-os.register_at_fork(after_in_child=_reseed_uniq_salt)
-
-
-def new_uniq_key() -> str:
-    """A fresh UNIQ_KEY: 32 uppercase hex of pid (4 B), random salt (3), time ms (6), counter (3)."""
-    now_ms = time.time_ns() // 1_000_000
-    value = ((os.getpid() & 0xFFFFFFFF) << 96 | _uniq_salt << 72 | (now_ms & 0xFFFFFFFFFFFF) << 24
-             | next(_uniq_counter) & 0xFFFFFF)
-    return f"{value:032X}"
-
-
-def new_uniq_keys(count: int) -> list[str]:
-    """`count` fresh UNIQ_KEYs at once: new_uniq_key's layout, one clock read, consecutive counters
-    (the hex digits of the counters are made with numpy: one str per key is all that is left)."""
-    now_ms = time.time_ns() // 1_000_000
-    prefix = f"{os.getpid() & 0xFFFFFFFF:08X}{_uniq_salt:06X}{now_ms & 0xFFFFFFFFFFFF:012X}"
-    first = next(_uniq_counter)
-    for _ in range(count - 1):
-        next(_uniq_counter)
-    counters = (first + np.arange(count, dtype=np.int64)) & 0xFFFFFF
-    chars = np.empty((count, len(prefix) + _COUNTER_DIGITS), dtype=np.uint32)
-    chars[:, :len(prefix)] = np.frombuffer(prefix.encode("ascii"), dtype=np.uint8)
-    chars[:, len(prefix):] = _HEX_DIGITS[counters[:, None] >> _COUNTER_SHIFTS & 0xF]
-    return chars.view(f"U{chars.shape[1]}").ravel().tolist()
-
-
-_COUNTER_DIGITS = 6
-_COUNTER_SHIFTS = np.arange(4 * (_COUNTER_DIGITS - 1), -1, -4, dtype=np.int64)
-_HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8).astype(np.uint32)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from engine import recovery as recovery_module
 from engine.check import FindingKind, check
 from engine.checkpoint import CheckpointSource, write_checkpoint
 from engine.formats.checkpoint import MQSTORE_PART_POS, Checkpoint
@@ -45,6 +46,7 @@ from tests.helpers import (
     SEGMENT_BYTES,
     SMALL_CONFIG,
     TOPIC,
+    copy_store,
     cq_entry_of,
     die,
     log_bytes,
@@ -207,6 +209,30 @@ def test_torn_or_corrupt_record_after_crash_cuts_everything_from_it(tmp_path, na
     assert check(tmp_path) == []
 
 
+@pytest.mark.parametrize("chunk_bytes", [97, SEGMENT_BYTES + 7])
+def test_quarantine_is_streamed_in_chunks_byte_identical_with_the_same_count(tmp_path, monkeypatch,
+                                                                             chunk_bytes):
+    """A tail of several segments copied in chunks smaller (and larger, not aligned) than a
+    segment: the quarantine file and the report equal those of the default 8 MiB chunk."""
+    victim, count = 3, 120
+    results = build(tmp_path / "a", count, crash=True)
+    pos = results[victim].commit_pos
+    patch(*segment_of(tmp_path / "a", pos + BODY_OFFSET), _flip(tmp_path / "a", pos + BODY_OFFSET))
+    removed = tail_after(tmp_path / "a", pos)
+    assert len(removed) > 3 * max(chunk_bytes, SEGMENT_BYTES)  # several chunks and segments
+    copy_store(tmp_path / "a", tmp_path / "b")  # a plain copy: no holes in its last segment
+    with reopen(tmp_path / "b") as store:
+        default = store.recovery_report
+    monkeypatch.setattr(recovery_module, "QUARANTINE_CHUNK_BYTES", chunk_bytes)
+    with reopen(tmp_path / "a") as store:
+        chunked = store.recovery_report
+    assert quarantined(tmp_path / "a") == quarantined(tmp_path / "b") == [removed]
+    assert chunked.quarantined_bytes == default.quarantined_bytes == len(removed)
+    assert chunked.quarantined_records == default.quarantined_records == count - 1 - victim
+    assert not list((tmp_path / "a" / "quarantine").glob("*.tmp"))  # written under a temporary name
+    assert check(tmp_path / "a") == [] and check(tmp_path / "b") == []
+
+
 # ------------------------------------------------------------------------------ fillers
 
 
@@ -261,6 +287,23 @@ def test_first_record_of_a_segment_damaged_cut_at_the_segment_base(tmp_path):
     assert store.put(TOPIC, b"next", queue_id=k % 2).commit_pos == SEGMENT_BYTES
     store.close()
     assert check(tmp_path) == []
+
+
+def test_damaged_last_record_at_a_segment_base_after_a_clean_stop_is_cut(tmp_path):
+    """The re-verified last record (see phase 2) is the first of its segment: a segment base is a
+    record boundary, so the damage is cut there, not taken for an untrustworthy scan start."""
+    k = _first_roll(build(tmp_path / "probe", 30, crash=False))
+    results = build(tmp_path / "store", k + 1, crash=False)
+    pos = results[k].commit_pos
+    assert pos == SEGMENT_BYTES
+    patch(*segment_of(tmp_path / "store", pos + BODY_OFFSET), _flip(tmp_path / "store", pos + BODY_OFFSET))
+    removed = tail_after(tmp_path / "store", pos)
+    store = reopen(tmp_path / "store")
+    assert (store.recovery_report.cut_pos, store.commitlog.written_pos) == (pos, pos)
+    assert store.recovery_report.cut_reason and quarantined(tmp_path / "store") == [removed]
+    assert_holds_exactly(store, k)
+    store.close()
+    assert check(tmp_path / "store") == []
 
 
 # ------------------------------------------------------------------------------ consume queues
