@@ -14,9 +14,10 @@ would dominate). A larger request is checked as a whole against its first record
 pass `check`: the fixed header fields of all records by one masked unsigned comparison, then
 TOPICLENGTH + topic equal to the first record's, PROPERTIESLENGTH what TOTALSIZE leaves, the
 __CRC32C slot as encoders reserve it, ASCII properties and the BODYCRC (one zlib.crc32 per body,
-the only per-record call). A record that differs in any of these (another topic, non-ASCII
-properties, a mistake) is given to `check`, which accepts it or says why not: the batch path
-only ever accepts records that `check` accepts, and refuses none that it accepts.
+on a view of it: the only per-record call, and the bodies are not copied). A record that
+differs in any of these (another topic, non-ASCII properties, a mistake) is given to `check`,
+which accepts it or says why not: the batch path only ever accepts records that `check`
+accepts, and refuses none that it accepts.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from engine.formats.record import (
     V4_HEADER_SIZE,
     SysFlag,
 )
-from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS, StampableRecords, int_view
+from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS, StampableRecords, crc32_each, int_view
 from engine.naming import validate_topic
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
@@ -87,7 +88,7 @@ class CheckedRequest(NamedTuple):
     queue_ids: np.ndarray  # int64, -1 where not ok
     reasons: dict[int, str]  # why each rejected record was rejected
 
-    def good_records(self, data: bytearray) -> StampableRecords:
+    def good_records(self, data: bytearray | memoryview) -> StampableRecords:
         """The records that passed, ready for CommitLog.append_stampable (this check demands more
         than record_batch.check_stampable): `data` itself when all passed, else a new buffer
         holding only them, end to end."""
@@ -163,7 +164,7 @@ class RecordChecker:
             raise BadInputError("properties", "are not valid UTF-8") from None
         return self._topic(bytes(view[topic_len_pos + TOPIC_LENGTH_SIZE_V1:props_len_pos])), queue_id
 
-    def check_request(self, data: bytearray, count: int) -> CheckedRequest:
+    def check_request(self, data: bytearray | memoryview, count: int) -> CheckedRequest:
         """Check the `count` records laid end to end in `data` (BadInputError if the framing
         itself is broken: then no record can be trusted)."""
         starts, sizes = _frame(data, count)
@@ -192,7 +193,7 @@ class RecordChecker:
                               np.array([t is not None for t in topics], dtype=bool), topics,
                               np.array(queue_ids, dtype=np.int64), reasons)
 
-    def _check_batch(self, data: bytearray, view: memoryview, starts: list[int], sizes: list[int]
+    def _check_batch(self, data: bytearray | memoryview, view: memoryview, starts: list[int], sizes: list[int]
                      ) -> CheckedRequest:
         """check_request with whole-array operations, against the first record (which must pass
         `check`: BadInputError if not). Records that do not match it go to `check`."""
@@ -226,10 +227,7 @@ class RecordChecker:
         bounds[0::2] = props_pos
         bounds[1::2] = np.where(ok, crc_pos, props_pos)
         ok &= np.maximum.reduceat(u8, bounds)[0::2] < 0x80  # ASCII properties are UTF-8
-        raw = bytes(data)  # slicing bytes costs less than a memoryview slice each
-        body_crcs = np.fromiter(map(zlib.crc32, map(raw.__getitem__, map(
-            slice, body_pos.tolist(), topic_len_pos.tolist()))), dtype=np.int64, count=n)
-        ok &= (body_crcs & BODY_CRC_MASK) == fields[:, _BODY_CRC_FIELD]
+        ok &= (crc32_each(data, body_pos, topic_len_pos) & BODY_CRC_MASK) == fields[:, _BODY_CRC_FIELD]
         topics: list[str | None] = [topic] * len(starts)
         queue_ids = fields[:, _QUEUE_ID_FIELD].astype(np.int64)
         reasons: dict[int, str] = {}
@@ -264,7 +262,7 @@ class RecordChecker:
         return topic
 
 
-def _frame(data: bytearray, count: int) -> tuple[list[int], list[int]]:
+def _frame(data: bytearray | memoryview, count: int) -> tuple[list[int], list[int]]:
     """Start and size of each of the `count` records by the TOTALSIZE chain, which must cover
     `data` exactly (BadInputError otherwise)."""
     unpack = _I32.unpack_from

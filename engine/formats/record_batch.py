@@ -273,11 +273,7 @@ def stamp_checked_records(buf, starts: np.ndarray, sizes: np.ndarray, queue_offs
         ts_at += np.where(born_v6 != 0, STORE_TS_OFFSET_BORN_V6 - STORE_TS_OFFSET, 0)
     longs[ts_at] = store_ts_ms
     crc_pos = starts + (sizes - CRC32C_PROP_SIZE)
-    lo = int(starts.min())
-    with memoryview(buf) as view:  # slicing one bytes copy costs less than a memoryview slice each
-        raw = bytes(view[lo:int(crc_pos.max())])
-    crcs = list(map(crc32c.crc32c, map(raw.__getitem__, map(slice, (starts - lo).tolist(),
-                                                             (crc_pos - lo).tolist()))))
+    crcs = crc32c_each(buf, starts, crc_pos).tolist()
     digits = (_CRC_DIGITS_FORMAT * n % tuple(crcs)).encode("ascii")
     int_view(u8, f"V{CRC32C_DIGITS}")[crc_pos + _CRC_DIGITS_OFFSET] = np.frombuffer(
         digits, dtype=f"V{CRC32C_DIGITS}")
@@ -300,15 +296,22 @@ def _stamp_each(buf, starts: list[int], sizes: list[int], queue_offsets: list[in
 
 
 def crc32c_each(buf, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """CRC32C of buf[starts[i]:ends[i]] for each i (one C call per range, on copies of the
-    ranges: slicing one bytes copy of the run costs less than a memoryview slice each)."""
-    if not len(starts):
-        return np.zeros(0, dtype=np.int64)
-    lo = int(starts[0])
-    run = bytes(buf[lo:int(ends.max())])
-    ranges = map(slice, (starts - lo).tolist(), (ends - lo).tolist())
-    return np.fromiter(map(crc32c.crc32c, map(run.__getitem__, ranges)), dtype=np.int64,
-                       count=len(starts))
+    """CRC32C of buf[starts[i]:ends[i]] for each i (int64)."""
+    return _checksum_each(crc32c.crc32c, buf, starts, ends)
+
+
+def crc32_each(buf, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """zlib CRC32 of buf[starts[i]:ends[i]] for each i (int64; BODYCRC keeps BODY_CRC_MASK of it)."""
+    return _checksum_each(zlib.crc32, buf, starts, ends)
+
+
+def _checksum_each(checksum, buf, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """One C call per range, on a memoryview slice of `buf`: no copy of the bytes (a bytes copy
+    of the run, then of each range, cost more than the checksums themselves at 64 KiB bodies and
+    no less at 128 B)."""
+    with memoryview(buf) as view:
+        ranges = map(view.__getitem__, map(slice, starts.tolist(), ends.tolist()))
+        return np.fromiter(map(checksum, ranges), dtype=np.int64, count=len(starts))
 
 
 def digits_value(digits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -324,5 +327,5 @@ def hosts_v6(sys_flags: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["HEADER_DTYPE", "STRUCT_PATH_MAX_RECORDS", "EncodedRecords", "StampableRecords", "check_stampable",
-           "crc32c_each", "digits_value", "encode_records", "gather", "gather_field", "gather_int",
-           "hosts_v6", "int_view", "scatter_int", "stamp_checked_records", "stamp_records"]
+           "crc32_each", "crc32c_each", "digits_value", "encode_records", "gather", "gather_field",
+           "gather_int", "hosts_v6", "int_view", "scatter_int", "stamp_checked_records", "stamp_records"]

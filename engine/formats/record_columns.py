@@ -14,7 +14,10 @@ message (TAGS, KEYS, UNIQ_KEY, in that order), so every record is
 and the whole batch is one `bytes % args` of a per-record template repeated: header and body
 go in as %b, the key as %b, the counter as %06X, PROPERTIESLENGTH as %b only when the keys
 differ in length (else it is part of the template). Per record that leaves one struct pack
-and one zlib.crc32, both C calls driven by `map`; no Python runs per record.
+and one zlib.crc32, both C calls driven by `map`; no Python runs per record. From
+_JOIN_MIN_BODY_BYTES per body on average, the template without its header and body is applied
+per record and the pieces are joined once instead (one `%` over megabytes of bodies copies
+them several times as its output grows).
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ _PROPS_LENGTH = struct.Struct(">h")
 _UNIQ_KEY_CHARS = 32  # record.new_uniq_key: 32 uppercase hex digits, the last 6 a counter
 _UNIQ_COUNTER_DIGITS = 6
 _UNIQ_COUNTER_MASK = (1 << (4 * _UNIQ_COUNTER_DIGITS)) - 1
+# From this many body bytes per record on average, records are joined piece by piece instead
+# of by one `%` of the whole batch (see _join_records; the two cost the same near here).
+_JOIN_MIN_BODY_BYTES = 2048
 
 
 def encode_columns(topic_raw: bytes, bodies: Sequence[bytes], queue_ids: Sequence[int] | int, *,
@@ -95,14 +101,27 @@ def encode_columns(topic_raw: bytes, bodies: Sequence[bytes], queue_ids: Sequenc
     counters = range(first_counter, first_counter + n)
     columns.append(counters if counters.stop <= _UNIQ_COUNTER_MASK + 1
                    else [c & _UNIQ_COUNTER_MASK for c in counters])
-    args: list = [None] * (len(columns) * n)
-    for i, column in enumerate(columns):
-        args[i::len(columns)] = column
-    template = b"%b%b" + _after_template(topic_raw, tags_raw, keys_raw is not None, uniq_prefix,
-                                         props_len)
-    buf = template * n % tuple(args)
+    after = _after_template(topic_raw, tags_raw, keys_raw is not None, uniq_prefix, props_len)
+    if sum(body_lens) >= _JOIN_MIN_BODY_BYTES * n:
+        buf = _join_records(columns, after, n)
+    else:
+        args: list = [None] * (len(columns) * n)
+        for i, column in enumerate(columns):
+            args[i::len(columns)] = column
+        buf = (b"%b%b" + after) * n % tuple(args)
     assert len(buf) == int(starts[-1] + sizes[-1]), "record sizes disagree with the template"
     return EncodedRecords(buf, starts, sizes)
+
+
+def _join_records(columns: list, after: bytes, n: int) -> bytes:
+    """The batch as header, body and `after % (its arguments)` of each record, joined once: for
+    large bodies, where one `%` over everything costs several times the copy (its output buffer
+    grows and is copied as it goes; join sizes it once)."""
+    pieces: list = [None] * (3 * n)
+    pieces[0::3] = columns[0]
+    pieces[1::3] = columns[1]
+    pieces[2::3] = map(after.__mod__, zip(*columns[2:], strict=True))
+    return b"".join(pieces)
 
 
 def _check_columns(topic_raw: bytes, n: int, queue_ids: Sequence[int] | int,
