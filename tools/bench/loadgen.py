@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -305,6 +306,17 @@ def _complete(spec: WorkerSpec, sender, pending: Pending, recorder: IntervalReco
 
 
 # ---------------------------------------------------------------------------------- consuming
+class Received(NamedTuple):
+    """What one receiver poll got: how many messages, and the intended send times of those that
+    are bench bodies (the receiver's part; redis gives bodies, mqstore numpy columns)."""
+
+    count: int
+    intended_ns: np.ndarray  # int64
+
+
+NOTHING_RECEIVED = Received(0, np.zeros(0, dtype=np.int64))
+
+
 def intended_times(bodies: list[bytes]) -> np.ndarray:
     """The intended send times stamped in bench bodies (others are skipped)."""
     unpack = BODY_HEADER.unpack_from
@@ -313,25 +325,32 @@ def intended_times(bodies: list[bytes]) -> np.ndarray:
     return np.asarray(stamps, dtype=np.int64)
 
 
+def intended_times_of_heads(heads: np.ndarray) -> np.ndarray:
+    """intended_times of bodies given as their first BODY_HEADER.size bytes, an (n, size) uint8
+    array (one row per body at least that long): whole-array, bodies without BODY_MAGIC skipped."""
+    fields = np.ascontiguousarray(heads).view(BODY_HEADER_DTYPE).reshape(len(heads))
+    return fields["intended_ns"][fields["magic"] == BODY_MAGIC].astype(np.int64)
+
+
 def run_consumer(spec: WorkerSpec, receiver, recorder: IntervalRecorder, *,
                  drain: threading.Event, stop: threading.Event) -> None:
-    """Receive until stopped, or drained: a poll that began after `drain` found nothing."""
+    """Receive until stopped, or drained: a poll that began after `drain` found nothing.
+    `receiver.poll(timeout_s)` returns a Received."""
     while not stop.is_set():
         draining = drain.is_set()
         try:
-            bodies = receiver.poll(0.0 if draining else POLL_TIMEOUT_S)
+            received = receiver.poll(0.0 if draining else POLL_TIMEOUT_S)
         except Exception as exc:  # counted and reported; the harness sees received < sent
             recorder.add_error(type(exc).__name__)
             if stop.wait(POLL_TIMEOUT_S):
                 break
             continue
         now = time.monotonic_ns()
-        if bodies and spec.consume_from == "start":
-            recorder.add_backlog_read(now, intended_times(bodies), len(bodies), spec.size_bytes)
-        elif bodies:
-            stamps = intended_times(bodies)
-            recorder.add_received(now, stamps, spec.size_bytes)
-            recorder.total_msgs += len(bodies) - len(stamps)
+        if received.count and spec.consume_from == "start":
+            recorder.add_backlog_read(now, received.intended_ns, received.count, spec.size_bytes)
+        elif received.count:
+            recorder.add_received(now, received.intended_ns, spec.size_bytes)
+            recorder.total_msgs += received.count - len(received.intended_ns)
         elif draining:
             break
         recorder.maybe_emit(now)

@@ -3,9 +3,9 @@
 MqstoreSender sends each batch with Producer.send_columns_async, one call per topic of the
 batch (no Message or PutResult per message: the answer is counted from its numpy status
 column), and stamps the completion time in the future's callback (the producer's sender
-thread), so the latency does not include the time the worker's main loop took to notice. MqstoreReceiver pulls
-its (topic, queue) streams with Consumer.pull and, when a sweep finds nothing, long-polls on the
-dispatcher's published position across all of them.
+thread), so the latency does not include the time the worker's main loop took to notice.
+MqstoreReceiver pulls its (topic, queue) streams with Consumer.pull_columns (numpy columns) and,
+when a sweep finds nothing, long-polls with Consumer.wait_for_more across all of them.
 """
 
 from __future__ import annotations
@@ -14,14 +14,21 @@ import collections
 import threading
 from concurrent.futures import Future
 
+import numpy as np
+
 from engine.status import GetStatus, PutStatus
 from ipc.batch_result import BatchResult
 from ipc.consumer import Consumer
-from ipc.control_block import ControlBlock
 from ipc.producer import Producer
-from ipc.run_info import run_dir
-from ipc.wakeup import ConsumerWaiter, WaiterTable
-from tools.bench.loadgen import Pending, SendBatch, WorkerSpec
+from tools.bench.loadgen import (
+    BODY_HEADER,
+    NOTHING_RECEIVED,
+    Pending,
+    Received,
+    SendBatch,
+    WorkerSpec,
+    intended_times_of_heads,
+)
 
 MOVES = (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.NO_MATCHED_MESSAGE)
 
@@ -110,50 +117,41 @@ def _all_of(futures: list[Future]) -> Future:
 
 
 class MqstoreReceiver:
-    """Pulls its (topic, queue) streams with ipc.consumer.Consumer; long-polls across all of
-    them on the dispatcher's published position (the same waiter table Consumer.pull uses)."""
+    """Pulls its (topic, queue) streams with Consumer.pull_columns (numpy columns, no Record
+    per message); the intended send times come from one gather of the body heads per pull.
+    When a sweep finds nothing, Consumer.wait_for_more sleeps until the dispatcher moves on."""
 
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.consumer = Consumer(spec.target, f"bench-{spec.worker_id}")
-        self.ctl = ControlBlock.attach(spec.target)
         self.offsets = {s: self._start_offset(*s) for s in spec.streams}
-        self._waiter = None
-        self._table = None
 
     def _start_offset(self, topic: str, queue_id: int) -> int:
         if self.spec.consume_from == "start":
             return 0
-        probe = self.consumer.pull(topic, queue_id, 1 << 62, max_count=1)
+        probe = self.consumer.pull_columns(topic, queue_id, 1 << 62, max_count=1)
         return probe.next_offset if probe.next_offset != 1 << 62 else probe.max_offset
 
-    def poll(self, timeout_s: float) -> list[bytes]:
-        """Bodies from one sweep over the streams; if none, wait up to `timeout_s` for more."""
-        bound = self.ctl.dispatched_pos
-        bodies: list[bytes] = []
+    def poll(self, timeout_s: float) -> Received:
+        """What one sweep over the streams read; if nothing, wait up to `timeout_s` for more."""
+        bound = self.consumer.dispatched_pos
+        count = 0
+        stamps: list[np.ndarray] = []
         for stream, offset in self.offsets.items():
-            result = self.consumer.pull(stream[0], stream[1], offset,
-                                        max_count=self.spec.pull_count)
+            result = self.consumer.pull_columns(stream[0], stream[1], offset,
+                                                max_count=self.spec.pull_count)
             if result.status is GetStatus.FOUND:
-                bodies.extend(record.body for record in result.messages)
+                for view in result.views:
+                    count += view.count
+                    stamps.append(intended_times_of_heads(view.body_prefix(BODY_HEADER.size)[1]))
                 self.offsets[stream] = result.next_offset
             elif result.status in MOVES:
                 self.offsets[stream] = result.next_offset
-        if not bodies and timeout_s > 0:
-            self._wait_past(bound, timeout_s)
-        return bodies
-
-    def _wait_past(self, bound: int, timeout_s: float) -> None:
-        if self._waiter is None:
-            self._table = WaiterTable.attach(self.spec.target)
-            self._waiter = ConsumerWaiter.register(self._table, run_dir(self.spec.target))
-        ctl = self.ctl
-        self._waiter.wait(lambda: ctl.dispatched_pos > bound or not ctl.supervisor_alive(),
-                          timeout_s)
+        if not count:
+            if timeout_s > 0:
+                self.consumer.wait_for_more(bound, int(timeout_s * 1000))
+            return NOTHING_RECEIVED
+        return Received(count, stamps[0] if len(stamps) == 1 else np.concatenate(stamps))
 
     def close(self) -> None:
-        if self._waiter is not None:
-            self._waiter.close()
-            self._table.close()
-        self.ctl.close()
         self.consumer.close()

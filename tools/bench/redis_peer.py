@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from engine.errors import StoreError
-from tools.bench.loadgen import Pending, SendBatch, WorkerSpec
+from tools.bench.loadgen import Pending, Received, SendBatch, WorkerSpec, intended_times
 
 SERVER_HINT = "install it with `apt-get install redis-server` (Debian/Ubuntu)"
 CLIENT_HINT = "install the client with `pip install 'mqstore[redis]'` (redis>=5)"
@@ -179,7 +179,7 @@ class RedisReceiver:
                 if last:
                     self.ids[key] = last[0][0]
 
-    def poll(self, timeout_s: float) -> list[bytes]:
+    def poll(self, timeout_s: float) -> Received:
         block_ms = max(int(timeout_s * 1000), 1) if timeout_s > 0 else None
         reply = self.client.xread(self.ids, count=XREAD_COUNT, block=block_ms)
         bodies: list[bytes] = []
@@ -188,7 +188,7 @@ class RedisReceiver:
             if entries:
                 self.ids[name] = entries[-1][0]
                 bodies.extend(fields[b"d"] for _, fields in entries)
-        return bodies
+        return Received(len(bodies), intended_times(bodies))
 
     def close(self) -> None:
         self.client.close()

@@ -1,0 +1,67 @@
+"""The consumer side of the bench: intended send times read from body heads (whole-array) equal
+the per-body reading, and MqstoreReceiver (Consumer.pull_columns) returns what was stored."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
+from store_harness import RunningStore, assert_check_clean
+
+from engine.status import PutStatus
+from ipc.producer import Producer
+from tools.bench.loadgen import BODY_HEADER, WorkerSpec, build_batch, intended_times, intended_times_of_heads
+from tools.bench.mqstore_client import MqstoreReceiver
+
+STREAMS = (("bench-r", 0), ("bench-r", 1))
+
+
+def heads_of(bodies: list[bytes]) -> np.ndarray:
+    long_enough = [b[:BODY_HEADER.size] for b in bodies if len(b) >= BODY_HEADER.size]
+    return np.frombuffer(b"".join(long_enough), dtype=np.uint8).reshape(len(long_enough), BODY_HEADER.size)
+
+
+def test_intended_times_of_heads_equal_intended_times():
+    spec = WorkerSpec(role="producer", backend="mqstore", worker_id=4, target="-", streams=STREAMS,
+                      size_bytes=40, batch=6)
+    bodies = [*build_batch(spec, 0, 777, bytes(16)).bodies, b"x" * 40, b"short",
+              *build_batch(spec, 6, 888, bytes(16)).bodies]
+    got = intended_times_of_heads(heads_of(bodies))
+    assert got.dtype == np.int64 and got.tolist() == intended_times(bodies).tolist() == [777] * 6 + [888] * 6
+    assert intended_times_of_heads(np.zeros((0, BODY_HEADER.size), dtype=np.uint8)).tolist() == []
+
+
+@pytest.mark.slow
+def test_mqstore_receiver_counts_every_message_and_stamps_bench_bodies(tmp_path):
+    running = RunningStore.start(tmp_path / "store")
+    try:
+        spec = WorkerSpec(role="producer", backend="mqstore", worker_id=1, target=str(running.root),
+                          streams=STREAMS, size_bytes=40, batch=50)
+        with Producer(running.root) as producer:
+            for j in range(4):
+                batch = build_batch(spec, j * 50, 1000 + j, bytes(16))
+                queue_ids = [q for _, q in batch.streams]
+                result = producer.send_columns("bench-r", batch.bodies, queue_ids=queue_ids)
+                assert result.status_counts() == {PutStatus.PUT_OK: 50}
+            assert producer.send("bench-r", b"not a bench body", queue_id=0).ok
+        running.wait_caught_up()
+        receiver = MqstoreReceiver(WorkerSpec(role="consumer", backend="mqstore", worker_id=9,
+                                              target=str(running.root), streams=STREAMS, pull_count=64,
+                                              consume_from="start"))
+        try:
+            count, stamps = 0, []
+            while (got := receiver.poll(0.0)).count:
+                count += got.count
+                stamps += got.intended_ns.tolist()
+            assert count == 201
+            assert sorted(stamps) == sorted([1000 + j for j in range(4) for _ in range(50)])
+            assert receiver.poll(0.2).count == 0  # waited, nothing came
+        finally:
+            receiver.close()
+    finally:
+        assert running.stop() == 0
+    assert_check_clean(running.root)
