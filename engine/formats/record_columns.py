@@ -46,6 +46,7 @@ from engine.formats.record import (
     V4_HEADER_SIZE,
 )
 from engine.formats.record_batch import EncodedRecords, _ipv4
+from engine.formats.uniq_key import UNIQ_COUNTER_DIGITS, UNIQ_COUNTER_MASK, UNIQ_KEY_CHARS
 
 # V4_HEADER_FMT split where the per-record fields end: TOTALSIZE MAGIC BODYCRC QUEUEID | the
 # fields from FLAG to PREPAREDTXOFFSET (same in every record of a batch) | BODYLENGTH.
@@ -57,9 +58,6 @@ _HEADER = struct.Struct(">" + "".join(_CODES[:4]) + f"{_SAME_SIZE}s" + _CODES[-1
 assert _HEADER.size == V4_HEADER_SIZE and struct.calcsize(">" + "".join(_CODES[:4])) == FLAG_OFFSET
 assert FLAG_OFFSET + _SAME_SIZE == BODY_LENGTH_OFFSET
 _PROPS_LENGTH = struct.Struct(">h")
-_UNIQ_KEY_CHARS = 32  # record.new_uniq_key: 32 uppercase hex digits, the last 6 a counter
-_UNIQ_COUNTER_DIGITS = 6
-_UNIQ_COUNTER_MASK = (1 << (4 * _UNIQ_COUNTER_DIGITS)) - 1
 # From this many body bytes per record on average, records are joined piece by piece instead
 # of by one `%` of the whole batch (see _join_records; the two cost the same near here).
 _JOIN_MIN_BODY_BYTES = 2048
@@ -99,8 +97,8 @@ def encode_columns(topic_raw: bytes, bodies: Sequence[bytes], queue_ids: Sequenc
             columns.append(map(packed.__getitem__, key_lens))
         columns.append(keys_raw)
     counters = range(first_counter, first_counter + n)
-    columns.append(counters if counters.stop <= _UNIQ_COUNTER_MASK + 1
-                   else [c & _UNIQ_COUNTER_MASK for c in counters])
+    columns.append(counters if counters.stop <= UNIQ_COUNTER_MASK + 1
+                   else [c & UNIQ_COUNTER_MASK for c in counters])
     after = _after_template(topic_raw, tags_raw, keys_raw is not None, uniq_prefix, props_len)
     if sum(body_lens) >= _JOIN_MIN_BODY_BYTES * n:
         buf = _join_records(columns, after, n)
@@ -132,16 +130,16 @@ def _check_columns(topic_raw: bytes, n: int, queue_ids: Sequence[int] | int,
         raise BadInputError("queue_ids", f"{len(queue_ids)} queue ids for {n} bodies")
     if not 1 <= len(topic_raw) <= MAX_TOPIC_BYTES:
         raise BadInputError("topic", f"must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8")
-    if len(uniq_prefix) != _UNIQ_KEY_CHARS - _UNIQ_COUNTER_DIGITS or not uniq_prefix.isascii():
+    if len(uniq_prefix) != UNIQ_KEY_CHARS - UNIQ_COUNTER_DIGITS or not uniq_prefix.isascii():
         raise BadInputError("uniq_prefix", f"{uniq_prefix!r} is not "
-                            f"{_UNIQ_KEY_CHARS - _UNIQ_COUNTER_DIGITS} hex digits")
+                            f"{UNIQ_KEY_CHARS - UNIQ_COUNTER_DIGITS} hex digits")
 
 
 def _props_base_bytes(tags_raw: bytes | None, with_key: bool) -> int:
     """PROPERTIESLENGTH of a record less its key's length (the CRC32C property included)."""
     tags = len(PROP_TAGS) + len(tags_raw) + 2 if tags_raw is not None else 0
     keys = len(PROP_KEYS) + 2 if with_key else 0
-    return tags + keys + len(PROP_UNIQ_KEY) + 2 + _UNIQ_KEY_CHARS + CRC32C_PROP_SIZE
+    return tags + keys + len(PROP_UNIQ_KEY) + 2 + UNIQ_KEY_CHARS + CRC32C_PROP_SIZE
 
 
 def _sizes_and_starts(fixed: int, body_lens: list[int], key_lens: list[int], n: int
@@ -171,7 +169,7 @@ def _after_template(topic_raw: bytes, tags_raw: bytes | None, with_key: bool, un
     if with_key:
         literal += PROP_KEYS.encode() + kv + b"%b" + end
     literal += (PROP_UNIQ_KEY.encode() + kv + uniq_prefix.encode("ascii")).replace(b"%", b"%%")
-    return literal + b"%0" + str(_UNIQ_COUNTER_DIGITS).encode() + b"X" + end \
+    return literal + b"%0" + str(UNIQ_COUNTER_DIGITS).encode() + b"X" + end \
         + CRC32C_RESERVED.replace(b"%", b"%%")
 
 
