@@ -116,6 +116,8 @@ def test_child_that_crashes_by_itself_in_a_loop_stops_the_store(tmp_path):
     try:
         storm.start()
         storm.wait_acks(10)
+        # the builder makes its directory with its first keys, which may come after 10 acks
+        wait_until(lambda: any(shard_dir.glob("*")), "index builder 0's first index file", 60)
         locked = subprocess.run(["chattr", "+i", str(shard_dir)], capture_output=True, text=True)
         if locked.returncode != 0:
             pytest.skip(f"chattr +i unsupported here: {locked.stderr.strip()}")
