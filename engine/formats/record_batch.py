@@ -111,8 +111,12 @@ class StampableRecords(NamedTuple):
 
 
 def gather(u8: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
-    """The `width` bytes at each position, as an (n, width) uint8 array (a copy)."""
-    return u8[positions[:, None] + np.arange(width)]
+    """The `width` bytes at each position, as an (n, width) uint8 array (a copy): one fancy
+    index over an overlapping view of `width`-byte items, one item per position (indexing every
+    byte costs several times more)."""
+    if width <= 0:
+        return np.zeros((len(positions), 0), dtype=np.uint8)
+    return int_view(u8, f"V{width}")[positions].view(np.uint8).reshape(len(positions), width)
 
 
 def int_view(u8: np.ndarray, be_dtype) -> np.ndarray:

@@ -46,7 +46,7 @@ from engine.formats.record import (
     Verify,
     decode_record,
 )
-from engine.formats.record_batch import HEADER_DTYPE, int_view
+from engine.formats.record_batch import HEADER_DTYPE, gather, gather_int
 
 # Where the host-dependent fields lie, from record.py's IPv4 offsets: STORETIMESTAMP follows the
 # born host, the store host follows STORETIMESTAMP, RECONSUMETIMES..BODYLENGTH follow the store host.
@@ -121,7 +121,7 @@ class RecordView:
         """(rows, heads): the first `width_bytes` of every body at least that long, as an
         (len(rows), width_bytes) uint8 array (one gather), and which records those are."""
         rows = np.flatnonzero(self.body_len >= width_bytes)
-        return rows, _rows(np.frombuffer(self.buf, dtype=np.uint8), self.body_pos[rows], width_bytes)
+        return rows, gather(np.frombuffer(self.buf, dtype=np.uint8), self.body_pos[rows], width_bytes)
 
     def to_records(self, verify: Verify = Verify.STRUCTURE) -> list[Record]:
         """Record objects by the reference decoder (record.decode_record at `verify`)."""
@@ -151,7 +151,7 @@ def gather_records(buf, positions: np.ndarray, base_pos: int) -> RecordView:
     pos = np.asarray(positions, dtype=np.int64)
     inside = (pos >= 0) & (pos + V4_HEADER_SIZE <= size)  # an IPv4 header: the shortest
     head = np.where(inside, pos, 0)
-    header = _rows(u8, head, V4_HEADER_SIZE).view(HEADER_DTYPE).reshape(len(pos))
+    header = gather(u8, head, V4_HEADER_SIZE).view(HEADER_DTYPE).reshape(len(pos))
     total, magic, sys_flag, body_len, store_ts_ms = (
         header[name].astype(np.int64) for name in ("total_size", "magic", "sys_flag", "body_length",
                                                    "store_ts_ms"))
@@ -169,13 +169,13 @@ def gather_records(buf, positions: np.ndarray, base_pos: int) -> RecordView:
     topic_len_pos = body_pos + body_len
     framed &= topic_len_pos + TOPIC_LENGTH_SIZE_V2 <= size  # a v1 record has >= 3 bytes after it
     topic_len_pos = _clip(topic_len_pos, framed)
-    topic_len = _int_at(u8, topic_len_pos, ">i2")  # v2: TOPICLENGTH; v1: its first byte is
+    topic_len = gather_int(u8, topic_len_pos, ">i2")  # v2: TOPICLENGTH; v1: its first byte is
     topic_len = np.where(v1, topic_len >> 8, topic_len)  # the signed byte TOPICLENGTH
     topic_pos = topic_len_pos + length_size
     framed &= (topic_len >= 0) & (topic_pos + topic_len + PROPERTIES_LENGTH_SIZE <= end)
     props_len_pos = _clip(topic_pos + topic_len, framed)
     props_pos = props_len_pos + PROPERTIES_LENGTH_SIZE
-    framed &= props_pos + _int_at(u8, props_len_pos, ">i2") == end
+    framed &= props_pos + gather_int(u8, props_len_pos, ">i2") == end
     return RecordView(view, base_pos, base_pos + pos, total, header["queue_id"].astype(np.int64),
                       header["queue_offset"].astype(np.int64), store_ts_ms,
                       header["born_ts_ms"].astype(np.int64), body_pos, body_len,
@@ -191,8 +191,8 @@ def _v6_fields(u8: np.ndarray, head: np.ndarray, sys_flag: np.ndarray) -> tuple[
     body_len_pos = store_ts_pos + _STORE_TS_SIZE + store_host + _BODY_LENGTH_AFTER_STORE_HOST
     body_pos = body_len_pos + _BODY_AFTER_BODY_LENGTH
     inside = body_pos <= len(u8)  # the whole header, IPv6 hosts included
-    body_len = _int_at(u8, _clip(body_len_pos, inside), ">i4")
-    return inside, body_pos, body_len, _int_at(u8, _clip(store_ts_pos, inside), ">i8")
+    body_len = gather_int(u8, _clip(body_len_pos, inside), ">i4")
+    return inside, body_pos, body_len, gather_int(u8, _clip(store_ts_pos, inside), ">i8")
 
 
 def entry_mismatches(records: RecordView, sizes: np.ndarray, topic_raw: bytes, queue_id: int,
@@ -203,20 +203,8 @@ def entry_mismatches(records: RecordView, sizes: np.ndarray, topic_raw: bytes, q
           & (records.queue_offset == queue_offsets) & (records.topic_len == len(topic_raw)))
     u8 = np.frombuffer(records.buf, dtype=np.uint8)
     topic_pos = _clip(records.topic_pos, ok)  # a framed record's topic lies inside the buffer
-    ok &= (_rows(u8, topic_pos, len(topic_raw)) == np.frombuffer(topic_raw, dtype=np.uint8)).all(axis=1)
+    ok &= (gather(u8, topic_pos, len(topic_raw)) == np.frombuffer(topic_raw, dtype=np.uint8)).all(axis=1)
     return np.flatnonzero(~ok)
-
-
-def _rows(u8: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
-    """The `width` bytes at each position as an (n, width) uint8 array (a copy): one fancy index
-    over an overlapping view of `width`-byte items, one item per position (record_batch.gather
-    indexes every byte, several times slower)."""
-    items = np.ndarray(shape=(max(len(u8) - width + 1, 0),), dtype=f"V{width}", buffer=u8, strides=(1,))
-    return items[positions].view(np.uint8).reshape(len(positions), width)
-
-
-def _int_at(u8: np.ndarray, positions: np.ndarray, be_dtype) -> np.ndarray:
-    return int_view(u8, be_dtype)[positions].astype(np.int64)
 
 
 def _clip(positions: np.ndarray, valid: np.ndarray) -> np.ndarray:
