@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engine.errors import BadInputError, CorruptRecordError, DiskFullError
+from engine.errors import BadInputError, CorruptRecordError, DiskFullError, StoreError
 from engine.formats.record import (
     FILLER_SIZE,
     Filler,
@@ -55,6 +55,16 @@ from engine.formats.record_scan import (
 from engine.mapped_file import Access, MappedFile, remove_file
 from engine.naming import commitlog_dir, is_segment_name, name_to_offset
 from engine.segment_queue import SegmentQueue
+
+
+class _Run(NamedTuple):
+    """Records blob[start:end] written at commit_pos in one pwrite; first_size: its first record's."""
+
+    first_size: int
+    start: int
+    end: int
+    commit_pos: int
+
 
 # Every record and every filler starts with its 4-byte big-endian TOTALSIZE (reference §1.1).
 _TOTAL_SIZE = struct.Struct(">i")
@@ -149,45 +159,70 @@ class CommitLog:
         their commit positions."""
         return self.append_stampable(check_stampable(blob, starts, sizes), queue_offsets, store_ts_ms)
 
-    def append_stampable(self, records: StampableRecords, queue_offsets, store_ts_ms: int) -> np.ndarray:
-        """append_encoded of records already checked. Each run that fits the current segment is
-        stamped in `records.buf` (record_batch.stamp_checked_records) and written with one pwrite
-        (MappedFile.write); a DiskFullError undoes the runs already written."""
+    def append_stampable(self, records: StampableRecords, queue_offsets, store_ts_ms: int, *,
+                         before_write: Callable[[np.ndarray], None] | None = None) -> np.ndarray:
+        """append_encoded of records already checked: plan the runs (a run fits the rest of one
+        segment), stamp every record in `records.buf` (record_batch.stamp_checked_records), call
+        `before_write(positions)` once the positions are final, then write each run with one
+        pwrite (MappedFile.write). The appender registers its waiting request in before_write, so
+        a write that hangs on the disk cannot keep the request from its deadline. A DiskFullError
+        undoes the runs already written."""
         blob, starts, sizes = records
         count = len(starts)
-        positions = np.empty(count, dtype=np.int64)
         if not count:
-            return positions
+            return np.empty(0, dtype=np.int64)
         largest = int(sizes.max())
         if largest + FILLER_SIZE > self.segment_bytes:
             raise BadInputError("body", f"record of {largest} bytes does not fit a segment "
                                 f"of {self.segment_bytes} bytes (minus {FILLER_SIZE} for a filler)")
-        offsets = np.asarray(queue_offsets, dtype=np.int64)
-        ends = starts + sizes
-        last_end = int(ends[-1])
-        i = 0
+        positions, runs = self._plan_runs(starts, sizes)
+        stamp_checked_records(blob, starts, sizes, np.asarray(queue_offsets, dtype=np.int64),
+                              positions, store_ts_ms)
+        if before_write is not None:
+            before_write(positions)
         batch_start_pos = self.written_pos
         try:
             with memoryview(blob) as view:
-                while i < count:
-                    segment, file_pos = self._room_for(int(sizes[i]))
-                    room = self.segment_bytes - file_pos - FILLER_SIZE
-                    lo = int(starts[i])
-                    j = count if last_end - lo <= room else \
-                        i + int(np.searchsorted(ends[i:] - lo, room, side="right"))
-                    run_bytes = int(ends[j - 1]) - lo
-                    segment.reserve(file_pos + run_bytes)
-                    positions[i:j] = starts[i:j] + (self.written_pos - lo)
-                    stamp_checked_records(blob, starts[i:j], sizes[i:j], offsets[i:j],
-                                          positions[i:j], store_ts_ms)
-                    segment.write(file_pos, view[lo:lo + run_bytes])
-                    self.written_pos += run_bytes
-                    i = j
+                for run in runs:
+                    segment, file_pos = self._room_for(run.first_size)
+                    if self.written_pos != run.commit_pos:
+                        raise StoreError(f"append planned commit_pos {run.commit_pos}, the log is at "
+                                         f"{self.written_pos}", path=str(self.segments.directory))
+                    segment.reserve(file_pos + run.end - run.start)
+                    segment.write(file_pos, view[run.start:run.end])
+                    self.written_pos += run.end - run.start
         except DiskFullError:
             if self.written_pos != batch_start_pos:  # all or nothing: undo the runs already copied
                 self.truncate_to(batch_start_pos)
             raise
         return positions
+
+    def _plan_runs(self, starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, list[_Run]]:
+        """Each record's commit_pos, and the runs that write them, as _room_for will lay them out
+        (a record that does not fit the rest of its segment starts the next one)."""
+        count = len(starts)
+        ends = starts + sizes
+        last_end = int(ends[-1])
+        positions = np.empty(count, dtype=np.int64)
+        runs: list[_Run] = []
+        pos = self.written_pos
+        segment = self.segments.find(pos)
+        base = self.segments.base_of(segment) if segment is not None else pos - pos % self.segment_bytes
+        i = 0
+        while i < count:
+            first_size = int(sizes[i])
+            if first_size + FILLER_SIZE > self.segment_bytes - (pos - base):
+                base += self.segment_bytes
+                pos = base
+            room = self.segment_bytes - (pos - base) - FILLER_SIZE
+            lo = int(starts[i])
+            j = count if last_end - lo <= room else \
+                i + int(np.searchsorted(ends[i:] - lo, room, side="right"))
+            positions[i:j] = starts[i:j] + (pos - lo)
+            runs.append(_Run(first_size, lo, int(ends[j - 1]), pos))
+            pos += int(ends[j - 1]) - lo
+            i = j
+        return positions, runs
 
     def _check_sizes(self, records) -> list[int]:
         """Each record's length, which must match its TOTALSIZE field and fit a segment."""

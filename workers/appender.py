@@ -44,6 +44,7 @@ from workers.group_commit import GroupCommit
 from workers.request_check import CheckedRequest, RecordChecker
 
 DISK_CHECK_INTERVAL_S = 1.0
+DEADLINE_POLL_S = 0.05  # how soon the deadline thread sees a request registered while it was idle
 
 log = logging.getLogger(__name__)
 
@@ -129,16 +130,14 @@ class Appender:
             return 0
         data = self._private_copy(request.data)
         checked = self._check(request, data, results)
+        waits = self.sync and bool(request.flags & RequestFlag.WAIT_FOR_FLUSH)
         stored = 0
         if checked is not None:
-            stored = self._append(data, checked, results)
-        if stored and self.sync and request.flags & RequestFlag.WAIT_FOR_FLUSH:
-            last = int(np.flatnonzero(checked.ok)[-1])
-            end_pos = int(results["commit_pos"][last] + checked.sizes[last])
-            with self._lock:
-                self._waiting[request.slot_index] = _Waiting(
-                    request.seq, end_pos, time.monotonic() + self._timeout_s, results)
-        else:
+            stored = self._append(request, data, checked, results, waits)
+        if stored and waits:  # answered by the flush thread, or at its deadline
+            return stored
+        # a deadline may have answered a waiting request while its write failed
+        if not self.server.is_answered(request.slot_index, request.seq):
             self.server.complete(request.slot_index, request.seq, results)
         return stored
 
@@ -170,8 +169,12 @@ class Appender:
             self.illegal_msgs += len(checked.reasons)
         return checked
 
-    def _append(self, data: memoryview, checked: CheckedRequest, results: np.ndarray) -> int:
-        """Assign queue offsets and append the request's good records; returns how many."""
+    def _append(self, request: PendingRequest, data: memoryview, checked: CheckedRequest,
+                results: np.ndarray, waits: bool) -> int:
+        """Assign queue offsets and append the request's good records; returns how many. A
+        request that waits for the flush is registered in `_waiting` with its rows filled in
+        before the write (CommitLog.append_stampable's before_write), so the deadline thread can
+        answer it even while the write hangs on a stalled disk."""
         good = np.flatnonzero(checked.ok)
         if not len(good):
             return 0
@@ -184,23 +187,40 @@ class Appender:
         offsets = [next(counters[key]) for key in keys]
         taken = {key: next(counter) for key, counter in counters.items()}  # the next free offset
         store_ts_ms = time.time_ns() // 1_000_000
+
+        def fill_rows(positions: np.ndarray) -> None:
+            results["status"][good] = PutStatus.PUT_OK
+            results["queue_id"][good] = queue_ids
+            results["commit_pos"][good] = positions
+            results["queue_offset"][good] = offsets
+            results["store_ts_ms"][good] = store_ts_ms
+            if waits:
+                end_pos = int(positions[-1] + checked.sizes[good[-1]])
+                with self._lock:
+                    self._waiting[request.slot_index] = _Waiting(
+                        request.seq, end_pos, time.monotonic() + self._timeout_s, results)
+
         try:
-            positions = self.commitlog.append_stampable(records, offsets, store_ts_ms)
+            self.commitlog.append_stampable(records, offsets, store_ts_ms, before_write=fill_rows)
         except DiskFullError as exc:  # nothing was written (append_stampable is all or nothing)
             log.warning("disk full while appending: %s", exc)
-            results["status"][good] = PutStatus.DISK_FULL
-            return 0
+            return self._unstored(request, results, good, PutStatus.DISK_FULL)
         except StoreError as exc:  # the disk refused a write (EIO, EROFS): the loop stops the store
             self.write_error = exc
-            results["status"][good] = PutStatus.UNKNOWN_ERROR
-            return 0
+            return self._unstored(request, results, good, PutStatus.UNKNOWN_ERROR)
         self.next_offsets.update(taken)  # only once the records are in: no offset is skipped
-        results["status"][good] = PutStatus.PUT_OK
-        results["queue_id"][good] = queue_ids
-        results["commit_pos"][good] = positions
-        results["queue_offset"][good] = offsets
-        results["store_ts_ms"][good] = store_ts_ms
         return len(good)
+
+    def _unstored(self, request: PendingRequest, results: np.ndarray, good: np.ndarray,
+                  status: PutStatus) -> int:
+        """The append failed: take the request back from `_waiting` (unless its deadline answered
+        it already) and mark its good records `status`; 0 records stored."""
+        with self._lock:
+            waiting = self._waiting.get(request.slot_index)
+            if waiting is not None and waiting.seq == request.seq:
+                del self._waiting[request.slot_index]
+        results["status"][good] = status
+        return 0
 
     def answer_flushed(self) -> None:
         """Answer waiting requests the flushed position passed, or whose deadline passed (either
@@ -239,3 +259,32 @@ class Appender:
                             "has room again: accepting puts")
             self._disk_full = full
         return self._disk_full
+
+
+class DeadlineWatch:
+    """A thread that answers waiting requests at their deadline (FLUSH_DISK_TIMEOUT). The
+    supervisor loop does so too, but on a stalled disk (fsfreeze) the loop hangs in its write
+    and the flush thread in its sync; this thread touches no file, so the answer still comes."""
+
+    def __init__(self, appender: Appender):
+        self._appender = appender
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flush-deadlines", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            deadline = self._appender.next_deadline()
+            wait_s = DEADLINE_POLL_S if deadline is None else \
+                min(DEADLINE_POLL_S, max(0.0, deadline - time.monotonic()))
+            if self._stop.wait(wait_s):
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                self._appender.answer_flushed()

@@ -57,7 +57,7 @@ from ipc.control_block import ProcState, Role, StoreState
 from ipc.key_ring import REGION_KIND as KEY_RING_KIND
 from ipc.run_info import RunInfo, remove_run_info, write_run_info
 from ipc.shm import region_name, unlink_stale
-from workers.appender import Appender
+from workers.appender import Appender, DeadlineWatch
 from workers.child_handle import ChildHandle
 from workers.exit_codes import CliExit, ExitCode, describe_exit
 from workers.group_commit import GroupCommit, fault_fsync_delay_s, fault_fsync_stall_path
@@ -106,6 +106,7 @@ class Supervisor:
         self._shared: SharedState | None = None
         self._group_commit: GroupCommit | None = None
         self._appender: Appender | None = None
+        self._deadlines: DeadlineWatch | None = None
         self._metadata: MetadataWriter | None = None
         self._commitlog = None
         self._started_at = time.time()
@@ -154,6 +155,8 @@ class Supervisor:
         self._appender = Appender(self._commitlog, self._shared.server, self._group_commit,
                                   self.config, self._next_offsets, root=self.root)
         self._group_commit.start()
+        self._deadlines = DeadlineWatch(self._appender)
+        self._deadlines.start()
         self._start_children()
         self.run_info = RunInfo(
             supervisor_pid=os.getpid(), generation=generation, store_host=meta.store_host,
@@ -231,6 +234,8 @@ class Supervisor:
             child.stop(self.settings.child_stop_timeout_s)
         if self._metadata is not None:
             self._metadata.stop()
+        if self._deadlines is not None:
+            self._deadlines.stop()
         if self._group_commit is not None:
             self._group_commit.stop()
         self._destroy_shared()
@@ -374,6 +379,7 @@ class Supervisor:
         appender.admitting = False
         self._finish_accepted()
         self._group_commit.stop()
+        self._deadlines.stop()
         appender.sweep()
         flushed = self._group_commit.published_flushed
         caught_up = self._wait_for_children(flushed)

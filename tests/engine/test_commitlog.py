@@ -21,7 +21,7 @@ from engine.formats.record import (
     decode_record,
     encode_record,
 )
-from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS
+from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS, check_stampable
 from engine.mapped_file import Access
 from engine.naming import offset_to_name
 from tests.conftest import ROCKETMQ_SAMPLES
@@ -175,6 +175,31 @@ def test_commitlog_append_encoded_spanning_rolls_equals_single_appends(tmp_path,
     for seg_a, seg_b in zip(a.segments.segments, b.segments.segments, strict=True):
         assert bytes(seg_a.buf) == bytes(seg_b.buf)
     assert [r.commit_pos for r in b.scan(0, b.written_pos)][1:] == singles
+
+
+def test_commitlog_append_stampable_gives_final_positions_before_writing(tmp_path):
+    """before_write sees every record's commit_pos, fillers and rolls included, while nothing of
+    the batch is on disk yet: the appender registers a waiting request there (a write that hangs
+    on a stalled disk must not hide it from its deadline)."""
+    log = open_log(tmp_path)
+    log.append(record(2500), queue_offset=0, store_ts_ms=5)
+    sizes = [BASE_SIZE + (i * 97) % 700 for i in range(30)]  # rolls into two more segments
+    blob = bytearray(b"".join(record(s, fill=0x41 + i % 26) for i, s in enumerate(sizes)))
+    starts = np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+    seen = []
+
+    def before_write(positions):
+        seen.append((positions.copy(), log.written_pos, len(log.segments.segments),
+                     bytes(log.segments.find(0).buf)))
+
+    records = check_stampable(blob, starts, np.array(sizes, dtype=np.int64))
+    positions = log.append_stampable(records, range(1, 31), 5, before_write=before_write)
+    [(planned, written_then, segments_then, first_segment_then)] = seen
+    assert planned.tolist() == positions.tolist()
+    assert written_then == 2500 and segments_then == 1
+    assert first_segment_then[2500:] == bytes(SEG - 2500)  # nothing of the batch written yet
+    assert len(log.segments.segments) >= 3
+    assert [r.commit_pos for r in log.scan(0, log.written_pos)][1:] == positions.tolist()
 
 
 @pytest.mark.parametrize("count", [2, STRUCT_PATH_MAX_RECORDS + 4])

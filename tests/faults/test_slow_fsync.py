@@ -127,13 +127,6 @@ def test_store_recovers_its_pace_after_a_disk_stall(tmp_path, freezable_disk):
     assert verify_store(store.root, [], VerifyState()).findings == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "under fsfreeze the append's write (MappedFile.write: pwrite, which releases the GIL) waits "
-    "for the thaw on the supervisor loop, and the flush thread waits in msync; nothing answers "
-    "the request at its deadline because it is registered as waiting only after its write. "
-    "Needs the request registered once its positions are final and before the write (a hook in "
-    "CommitLog.append_stampable) and a thread that answers overdue requests while the loop is "
-    "stuck; test_stall_file_... covers a stall of the flush and the checkpoint"))
 def test_disk_stall_gives_flush_disk_timeout_at_the_deadline(tmp_path, freezable_disk):
     store = start_store(tmp_path, freezable_disk / "store", sync_flush_timeout_ms=TIMEOUT_MS)
     try:
