@@ -1,0 +1,173 @@
+"""MappedFile's flush and prefetch: sync lets other threads run, leaves nothing dirty, raises
+StoreError on EIO; reserve brings the pages ahead of the writer into the page cache; close
+unmaps."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from engine.errors import StoreError
+from engine.mapped_file import PAGE_BYTES, RESERVE_STEP_BYTES, MappedFile
+from tools.torture.filesystems import FilesystemUnavailable, MiB, ThinDisk
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long)
+_LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_LIBC.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def resident_pages(path: Path, start_pos: int, end_pos: int) -> int:
+    """How many pages of [start_pos, end_pos) are in the page cache (mincore on a fresh mapping)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        length = end_pos - start_pos
+        addr = _LIBC.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, start_pos)
+        assert addr != MAP_FAILED, os.strerror(ctypes.get_errno())
+        try:
+            vec = ctypes.create_string_buffer(length // PAGE_BYTES)
+            assert _LIBC.mincore(addr, length, vec) == 0, os.strerror(ctypes.get_errno())
+            return sum(byte & 1 for byte in vec.raw)
+        finally:
+            _LIBC.munmap(addr, length)
+    finally:
+        os.close(fd)
+
+
+def write_dirty(mapped: MappedFile, length: int) -> None:
+    mapped.reserve(length)
+    mapped.write(0, os.urandom(length))
+
+
+def is_mapped_here(path: Path) -> bool:
+    return str(path) in Path("/proc/self/maps").read_text()
+
+
+# ------------------------------------------------------------------------------ sync
+
+
+def test_sync_lets_another_thread_run_while_it_waits_for_the_disk(tmp_path):
+    """With a switch interval far longer than the test, a thread waiting for the GIL gets it only
+    when the holder releases it; so the helper runs before sync() returns only if sync released
+    the GIL (CPython 3.11's mmap.flush does not: it would stop the appender for the whole msync)."""
+    mapped = MappedFile.create(tmp_path / "f", 64 * MiB)
+    interval = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(1000.0)
+        ran_during_sync = False
+        for _attempt in range(5):  # the helper may not yet wait for the GIL when a flush is short
+            go, ran = threading.Event(), threading.Event()
+            helper = threading.Thread(target=lambda go=go, ran=ran: (go.wait(), ran.set()))
+            helper.start()
+            write_dirty(mapped, 16 * MiB)
+            go.set()  # the helper wakes and waits for the GIL, which this thread holds
+            mapped.sync(0, 16 * MiB)
+            ran_during_sync = ran.is_set()  # no GIL release between sync() and here
+            helper.join()
+            if ran_during_sync:
+                break
+        assert ran_during_sync, "another thread never ran while sync() flushed 16 MiB"
+    finally:
+        sys.setswitchinterval(interval)
+        mapped.close()
+
+
+def test_sync_leaves_no_dirty_page_in_the_range(tmp_path):
+    """After sync the range's pages are clean: POSIX_FADV_DONTNEED drops clean pages (a dirty one
+    stays until writeback finishes), so none of them is left in the page cache."""
+    mapped = MappedFile.create(tmp_path / "f", 64 * MiB)
+    try:
+        write_dirty(mapped, 8 * MiB)
+        assert resident_pages(mapped.path, 0, 8 * MiB) == 8 * MiB // PAGE_BYTES
+        mapped.sync(0, 8 * MiB)
+        fd = os.open(mapped.path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 8 * MiB, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        assert resident_pages(mapped.path, 0, 8 * MiB) == 0
+        with open(mapped.path, "rb") as fh:  # and what is on disk is what was written
+            assert fh.read(4096) == bytes(mapped.read(0, 4096))
+    finally:
+        mapped.close()
+
+
+@pytest.fixture
+def thin_disk(tmp_path):
+    disk = ThinDisk(tmp_path / "thin", backing_bytes=6 * MiB, image_bytes=64 * MiB)
+    try:
+        (tmp_path / "thin").mkdir()
+        disk.create()
+    except FilesystemUnavailable as exc:
+        disk.destroy()
+        pytest.skip(f"no thin loop device: {exc}")
+    yield disk
+    disk.destroy()
+
+
+def test_sync_raises_store_error_when_writeback_fails(thin_disk):
+    """The bytes do not fit the thin disk's backing store: writeback fails and sync raises the
+    StoreError naming the file (the supervisor stops on it), never returns as if durable."""
+    path = thin_disk.mount_point / "f"
+    mapped = MappedFile.create(path, 32 * MiB)
+    try:
+        write_dirty(mapped, 16 * MiB)
+        with pytest.raises(StoreError, match="failed") as info:
+            mapped.sync(0, 16 * MiB)
+        assert info.value.path == str(path)
+    finally:
+        mapped.close()
+
+
+# --------------------------------------------------------------------------- prefetch
+
+
+def test_reserve_brings_the_reserved_pages_into_the_page_cache(tmp_path):
+    """Before the writer reaches them, so its pwrite does not allocate them one by one."""
+    mapped = MappedFile.create(tmp_path / "f", 64 * MiB)
+    try:
+        mapped.reserve(1)
+        assert resident_pages(mapped.path, 0, RESERVE_STEP_BYTES) == RESERVE_STEP_BYTES // PAGE_BYTES
+        mapped.reserve(RESERVE_STEP_BYTES + 1)
+        assert resident_pages(mapped.path, 0, 2 * RESERVE_STEP_BYTES) == \
+            2 * RESERVE_STEP_BYTES // PAGE_BYTES
+        assert resident_pages(mapped.path, 32 * MiB, 64 * MiB) == 0  # not the whole file
+        assert mapped.is_zero()  # the prefetched pages are zeros
+    finally:
+        mapped.close()
+
+
+def test_a_failing_prefetch_changes_nothing(tmp_path):
+    """Advice the kernel refuses (EINVAL) is ignored; the file reserves, writes, syncs as before."""
+    mapped = MappedFile.create(tmp_path / "f", 16 * MiB)
+    try:
+        mapped._prefetch(PAGE_BYTES, 0)  # a negative length
+        assert mapped.is_zero() and resident_pages(mapped.path, 0, 16 * MiB) == 0
+        mapped.reserve(4)
+        mapped.write(0, b"kept")
+        mapped.sync(0, PAGE_BYTES)
+        assert bytes(mapped.read(0, 4)) == b"kept"
+    finally:
+        mapped.close()
+
+
+# ------------------------------------------------------------------------------ close
+
+
+def test_close_unmaps_after_reserve_write_and_sync(tmp_path):
+    """No buffer export outlives the calls (close() would then leave the file mapped)."""
+    mapped = MappedFile.create(tmp_path / "f", 16 * MiB)
+    write_dirty(mapped, 1 * MiB)
+    mapped.sync(0, 1 * MiB)
+    assert is_mapped_here(mapped.path)
+    mapped.close()
+    assert not is_mapped_here(mapped.path)
