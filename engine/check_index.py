@@ -25,9 +25,9 @@ from engine.formats.index_file import (
     time_diff_s,
 )
 from engine.formats.record import Record
-from engine.hash_index import ShardIndex
 from engine.mapped_file import Access, MappedFile
 from engine.naming import INDEX_DIR
+from engine.shard_index import ShardIndex
 
 _INDEX_NAME_DIGITS = 17
 _FILE_KINDS = (FindingKind.INDEX_FILE_CORRUPT, FindingKind.INDEX_ENTRY_UNRESOLVED,

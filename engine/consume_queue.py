@@ -1,4 +1,4 @@
-"""Consume queues: per (topic, queue id) the 20-byte entries that point into the commitlog.
+"""A consume queue: one (topic, queue id)'s 20-byte entries that point into the commitlog.
 
 One queue lives in <root>/consumequeue/<topic>/<queueId>/ as files of `entries_per_file`
 entries, each named by its logical byte offset (entry index x 20). Entry n (its queue
@@ -14,7 +14,7 @@ the first invalid entry (zeros: never written) ends the queue. Rules mqstore add
 - `recover(durable_pos)` trusts the entries below the durable position only: those past it may
   be torn by a power loss (a 20-byte entry can straddle two disk sectors), so re-dispatch
   compares them whole and rewrites one that differs, and `drop_unconfirmed` (run by
-  `truncate_all_from`, after re-dispatch) drops those re-dispatch did not reach;
+  `ConsumeQueueTable.truncate_all_from`, after re-dispatch) drops those re-dispatch did not reach;
 - recovery and truncation zero the stale bytes behind the last valid entry (DESIGN §5.4);
 - every "last entry" read is guarded against empty files (RocketMQ #9728);
 - a write that touches a page not yet allocated reserves blocks first (`MappedFile.reserve`), so
@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import bisect
 import errno
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import NoReturn
@@ -38,17 +39,19 @@ import numpy as np
 from engine.errors import BadInputError, CorruptConsumeQueueError, DiskFullError
 from engine.formats.cq_entry import (
     CQ_DTYPE,
+    CQ_ENTRY,
     CQ_ENTRY_SIZE,
     FILLER_ENTRY,
     CqEntry,
     decode_cq_entry,
     encode_cq_entry,
 )
-from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile, remove_tree
-from engine.naming import CONSUMEQUEUE_DIR, consume_queue_dir, validate_topic
+from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile
+from engine.naming import consume_queue_dir, offset_to_name, validate_topic
 from engine.segment_queue import SegmentQueue
 
 _FILLER_BYTES = encode_cq_entry(*FILLER_ENTRY)
+_entry_unpack = CQ_ENTRY.unpack_from
 _SCAN_CHUNK_ENTRIES = 4096
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _RECOVER_FILES = 3  # RocketMQ recovers from the third-to-last file
@@ -86,7 +89,7 @@ class ConsumeQueue:
              access: Access) -> ConsumeQueue:
         """Map the queue's files (none yet is fine) and find its last valid entry."""
         validate_topic(topic)
-        _check_queue_id(queue_id)
+        check_queue_id(queue_id)
         segments = SegmentQueue.load(consume_queue_dir(root, topic, queue_id),
                                      entries_per_file * CQ_ENTRY_SIZE, access)
         queue = cls(topic, queue_id, segments, entries_per_file)
@@ -465,14 +468,32 @@ class ConsumeQueue:
     def refresh(self) -> None:
         """Read-only views: adopt the writer's new or deleted files and entries written since.
 
-        An entry being written at that moment may be seen torn: bound reads by the
-        dispatcher's published position, not by this max_offset alone."""
-        self.segments.refresh()
-        if self.segments.segments:
-            self._min_offset = max(self._min_offset, self.segments.min_pos // CQ_ENTRY_SIZE)
-            self._max_offset = self._flushed_offset = self._scan_forward(
-                max(self._max_offset, self._min_offset))
+        Cheap when nothing changed (one stat, no directory listing): the directory is listed
+        only when the first known file is gone (retention removes files from the front), or
+        when the entries run to the end of the last known file and the next file exists. An
+        entry being written at that moment may be seen torn: bound reads by the dispatcher's
+        published position, not by this max_offset alone."""
+        segments = self.segments
+        listed = not segments.segments or not os.path.exists(segments.segments[0].path)
+        if listed:
+            segments.refresh()
+            if not segments.segments:
+                return
+            self._min_offset = max(self._min_offset, segments.min_pos // CQ_ENTRY_SIZE)
+        end = self._scan_forward(max(self._max_offset, self._min_offset))
+        while end * CQ_ENTRY_SIZE == segments.end_pos and self._next_file_exists():
+            segments.refresh()
+            listed = True
+            if end * CQ_ENTRY_SIZE == segments.end_pos:
+                break  # still being created: a later refresh adopts it
+            end = self._scan_forward(end)
+        if listed or end != self._max_offset:
+            self._max_offset = self._flushed_offset = end
             self._update_commit_end()
+
+    def _next_file_exists(self) -> bool:
+        """Whether the file after the last mapped one is on disk (the writer rolled to it)."""
+        return os.path.exists(self.segments.directory / offset_to_name(self.segments.end_pos))
 
     def _recover_from(self) -> int:
         segments = self.segments.segments
@@ -484,6 +505,9 @@ class ConsumeQueue:
         lpos = queue_offset * CQ_ENTRY_SIZE
         while (segment := self.segments.find(lpos)) is not None:
             file_pos = lpos - self.segments.base_of(segment)
+            commit_pos, size, _ = _entry_unpack(segment.buf, file_pos)
+            if commit_pos < 0 or size <= 0:  # nothing new: the common case of a caught-up reader
+                return lpos // CQ_ENTRY_SIZE
             n = min(self.file_bytes - file_pos, _SCAN_CHUNK_ENTRIES * CQ_ENTRY_SIZE)
             chunk = np.frombuffer(segment.read(file_pos, n), dtype=CQ_DTYPE)
             valid = (chunk["commit_pos"] >= 0) & (chunk["size"] > 0)
@@ -513,7 +537,8 @@ def _filler_prefix(segment: MappedFile) -> int:
     return len(filler) if filler.all() else int(np.argmin(filler))
 
 
-def _check_queue_id(queue_id: object) -> None:
+def check_queue_id(queue_id: object) -> None:
+    """BadInputError unless `queue_id` is a plain int >= 0 (it names a directory)."""
     if not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
         raise BadInputError("queue_id", f"{queue_id!r} must be an int >= 0")
 
@@ -522,104 +547,3 @@ def _check_entry(queue_offset: int, commit_pos: int, size: int) -> None:
     if queue_offset < 0 or commit_pos < 0 or size <= 0:
         raise BadInputError("entry", f"queue_offset {queue_offset}, commit_pos {commit_pos}, "
                             f"size {size}: offsets must be >= 0 and size > 0")
-
-
-class ConsumeQueueTable:
-    """Every consume queue of a store, by (topic, queue_id)."""
-
-    def __init__(self, root: Path, entries_per_file: int, access: Access):
-        self.root = Path(root)
-        self.entries_per_file = entries_per_file
-        self.access = access
-        self.foreign: list[Path] = []  # what load skipped: not a topic or not a queue id
-        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
-
-    @classmethod
-    def load(cls, root: Path, entries_per_file: int, access: Access) -> ConsumeQueueTable:
-        """Load every queue under <root>/consumequeue; foreign entries are listed in `foreign`."""
-        table = cls(root, entries_per_file, access)
-        base = table.root / CONSUMEQUEUE_DIR
-        if not base.is_dir():
-            return table
-        for topic_dir in sorted(base.iterdir()):
-            if not (topic_dir.is_dir() and _is_topic(topic_dir.name)):
-                table.foreign.append(topic_dir)
-                continue
-            for queue_dir in sorted(topic_dir.iterdir()):
-                name = queue_dir.name
-                if not (queue_dir.is_dir() and name.isdigit() and str(int(name)) == name):
-                    table.foreign.append(queue_dir)  # RocketMQ skips non-numeric queue dirs
-                    continue
-                table._load(topic_dir.name, int(name))
-        return table
-
-    def _load(self, topic: str, queue_id: int) -> ConsumeQueue:
-        queue = ConsumeQueue.load(self.root, topic, queue_id, self.entries_per_file, self.access)
-        self._queues[(topic, queue_id)] = queue
-        return queue
-
-    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        """The queue, loading it if its directory appeared since; None if it does not exist."""
-        queue = self._queues.get((topic, queue_id))
-        if queue is None:
-            validate_topic(topic)
-            _check_queue_id(queue_id)
-            if consume_queue_dir(self.root, topic, queue_id).is_dir():
-                queue = self._load(topic, queue_id)
-        return queue
-
-    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
-        """The queue, created empty (its first file comes with the first put) if missing."""
-        return self.get(topic, queue_id) or self._load(topic, queue_id)
-
-    def drop(self, topic: str, queue_id: int) -> None:
-        """Forget a queue and delete its files (recovery then rebuilds it from the commitlog)."""
-        validate_topic(topic)
-        _check_queue_id(queue_id)
-        queue = self._queues.pop((topic, queue_id), None)
-        if queue is not None:
-            queue.close()
-        remove_tree(consume_queue_dir(self.root, topic, queue_id))
-
-    def __iter__(self) -> Iterator[ConsumeQueue]:
-        return iter(list(self._queues.values()))
-
-    def __len__(self) -> int:
-        return len(self._queues)
-
-    def max_commit_end(self) -> int:
-        """Where dispatch has got to: the largest end of a last entry over all queues."""
-        return max((q.max_commit_end for q in self._queues.values()), default=0)
-
-    def truncate_all_from(self, cut_pos: int) -> int:
-        """Recovery's cut, after re-dispatch: drop the unconfirmed entries re-dispatch did not
-        reach (ConsumeQueue.drop_unconfirmed), then the entries of every queue that point at or
-        past `cut_pos`; returns how many."""
-        dropped = sum(q.drop_unconfirmed() for q in self._queues.values())
-        return dropped + sum(q.truncate_from_commit_pos(cut_pos) for q in self._queues.values()
-                             if q.max_commit_end > cut_pos)
-
-    def flush_all(self) -> None:
-        for queue in self._queues.values():
-            queue.flush()
-
-    def recover_all(self, durable_pos: int | None = None) -> int:
-        """Recover every queue (ConsumeQueue.recover; `durable_pos`: the consume queues' durable
-        commit position, None to trust every valid entry); returns max_commit_end() afterwards."""
-        for queue in self._queues.values():
-            queue.recover(durable_pos)
-        return self.max_commit_end()
-
-    def close(self) -> None:
-        for queue in self._queues.values():
-            queue.close()
-        self._queues.clear()
-
-
-def _is_topic(name: str) -> bool:
-    try:
-        validate_topic(name)
-    except BadInputError:
-        return False
-    return True
-

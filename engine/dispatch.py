@@ -12,12 +12,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engine.consume_queue import ConsumeQueueTable
+from engine.consume_queue_table import ConsumeQueueTable
 from engine.formats.index_file import index_key, shard_of
 from engine.formats.key_batch import index_key_values
 from engine.formats.record import TX_TYPE_MASK, RecordHeader, TxType
 from engine.formats.record_scan import DispatchColumns
-from engine.hash_index import ShardIndex
+from engine.shard_index import ShardIndex
 
 _NOT_CONSUMABLE = (TxType.PREPARED, TxType.ROLLBACK)
 _PREPARED, _ROLLBACK = int(TxType.PREPARED), int(TxType.ROLLBACK)  # plain ints for numpy: an

@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.checkpoint import load_checkpoint, write_checkpoint
 from engine.commitlog import CommitLog
-from engine.consume_queue import ConsumeQueueTable
+from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import (
     consumable_rows,
     dispatch_columns_to_consume_queues,
@@ -37,10 +37,10 @@ from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
 from engine.formats.record_scan import DispatchColumns
-from engine.hash_index import ShardIndex
 from engine.log_walk import valid_records_between
 from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import ABORT_FILE, QUARANTINE_DIR, quarantine_name
+from engine.shard_index import ShardIndex
 
 Progress = Callable[[int, int], None]
 QUARANTINE_CHUNK_BYTES = 8 << 20  # the cut-off tail is copied to its quarantine file this much at a time

@@ -17,7 +17,8 @@ from engine import retention
 from engine.checkpoint import write_checkpoint
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
-from engine.consume_queue import Boundary, ConsumeQueueTable
+from engine.consume_queue import Boundary
+from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns
 from engine.errors import (
     BadInputError,
@@ -27,20 +28,19 @@ from engine.errors import (
     StoreClosedError,
 )
 from engine.formats.checkpoint import Checkpoint
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.index_file import shard_of
+from engine.formats.msg_id import make_msg_id
 from engine.formats.record import (
-    CRC32C_PROP_SIZE,
     FILLER_SIZE,
     MAX_PROPERTIES_BYTES,
     RECORD_FIXED_SIZE,
     Record,
     Verify,
-    make_msg_id,
     new_uniq_keys,
     store_ts_at,
 )
 from engine.formats.record_batch import EncodedRecords, encode_records
-from engine.hash_index import ShardIndex
 from engine.mapped_file import Access, disk_usage_ratio, ensure_dir, fsync_dir
 from engine.message import (
     Message,
@@ -51,6 +51,7 @@ from engine.message import (
 )
 from engine.naming import QUARANTINE_DIR, index_shard_dir, validate_topic
 from engine.recovery import RecoveryMode, RecoveryReport, StoreParts, detect_shutdown, recover
+from engine.shard_index import ShardIndex
 from engine.status import GetResult, GetStatus, PutResult, PutStatus
 from engine.store_dir import (
     StoreKind,

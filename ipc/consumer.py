@@ -46,7 +46,8 @@ from typing import NamedTuple
 import numpy as np
 
 from engine.commitlog import CommitLog
-from engine.consume_queue import ConsumeQueue, ConsumeQueueTable
+from engine.consume_queue import ConsumeQueue
+from engine.consume_queue_table import ConsumeQueueTable
 from engine.errors import BadInputError, CorruptConsumeQueueError, ServiceNotAvailableError
 from engine.formats.record import Record, Verify
 from engine.formats.record_view import RecordView, entry_mismatches, gather_records

@@ -58,12 +58,9 @@ from engine.errors import (
     StoreClosedError,
     StorePermissionError,
 )
-from engine.formats.record import (
-    CRC32C_PROP_SIZE,
-    MAX_PROPERTIES_BYTES,
-    RECORD_FIXED_SIZE,
-    make_msg_id,
-)
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE
+from engine.formats.msg_id import make_msg_id
+from engine.formats.record import MAX_PROPERTIES_BYTES, RECORD_FIXED_SIZE
 from engine.formats.record_batch import EncodedRecords, encode_records
 from engine.formats.record_columns import encode_columns
 from engine.message import (

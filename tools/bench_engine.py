@@ -39,15 +39,15 @@ import numpy as np
 from engine.checkpoint import write_checkpoint
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, GiB, MiB, StoreConfig
-from engine.consume_queue import ConsumeQueueTable
+from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns, dispatch_to_consume_queue, dispatch_to_shard, keys_by_shard
 from engine.errors import CorruptRecordError
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.record import Verify, encode_record, new_uniq_keys
 from engine.formats.record_batch import encode_records
-from engine.hash_index import ShardIndex
 from engine.mapped_file import Access
 from engine.message import Message
+from engine.shard_index import ShardIndex
 from engine.store import MessageStore, close_parts, open_parts
 
 TOPIC = "BenchTopic"

@@ -16,7 +16,8 @@ from datetime import datetime
 from pathlib import Path
 
 from engine.errors import BadInputError, CorruptRecordError, ServiceNotAvailableError, StoreError
-from engine.formats.record import Record, Verify, parse_msg_id
+from engine.formats.msg_id import parse_msg_id
+from engine.formats.record import Record, Verify
 from engine.status import PutStatus
 from workers.exit_codes import CliExit
 
@@ -285,9 +286,9 @@ class _ReadView:
 
     def by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[Record]:
         from engine.formats.index_file import shard_of
-        from engine.hash_index import ShardIndex
         from engine.mapped_file import Access
         from engine.naming import validate_topic
+        from engine.shard_index import ShardIndex
 
         validate_topic(topic)
         if max_count < 1:

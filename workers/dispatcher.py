@@ -35,7 +35,7 @@ import numpy as np
 
 from engine.commitlog import BatchScanner, CommitLog
 from engine.config import FlushPolicy
-from engine.consume_queue import ConsumeQueueTable
+from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns_to_consume_queues, shard_key_columns
 from engine.errors import StoreError
 from engine.formats.record import Verify

@@ -36,8 +36,8 @@ from engine.config import FlushPolicy
 from engine.dispatch import KeyColumns, dispatch_columns_to_shard, key_hashes_and_shards, put_key_columns
 from engine.errors import DiskFullError, StoreError
 from engine.formats.record import Verify
-from engine.hash_index import ShardIndex
 from engine.mapped_file import Access
+from engine.shard_index import ShardIndex
 from ipc.control_block import GROUP_SIZE, SHARD_GROUP, SHARD_GROUPS_OFFSET, Role
 from ipc.key_ring import KeyBlock, KeyRing, RingReader
 from workers.child import MAX_STEP_BYTES, ChildProcess, child_main, read_own_group

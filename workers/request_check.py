@@ -29,14 +29,12 @@ from typing import NamedTuple
 import numpy as np
 
 from engine.errors import BadInputError
+from engine.formats.crc32c_property import CRC32C_PREFIX, CRC32C_PROP_SIZE, CRC32C_RESERVED
 from engine.formats.record import (
     BODY_CRC_MASK,
     BODY_CRC_OFFSET,
     BODY_LENGTH_OFFSET,
     BODY_OFFSET,
-    CRC32C_PREFIX,
-    CRC32C_PROP_SIZE,
-    CRC32C_RESERVED,
     FILLER_SIZE,
     MAGIC_OFFSET,
     MAGIC_V1,

@@ -24,6 +24,7 @@ from engine.formats.cq_entry import (
     is_unwritten_entry,
     is_valid_entry,
 )
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.index_file import (
     INDEX_ENTRY,
     INDEX_ENTRY_DTYPE,
@@ -50,6 +51,7 @@ from engine.formats.index_file import (
     time_diff_s,
 )
 from engine.formats.java_hash import index_key_hash, java_string_hash, tags_code
+from engine.formats.msg_id import make_msg_id, parse_msg_id
 from engine.formats.properties import (
     PROP_CRC32C,
     PROP_KEYS,
@@ -64,7 +66,6 @@ from engine.formats.properties import (
 )
 from engine.formats.record import (
     BLANK_MAGIC,
-    CRC32C_PROP_SIZE,
     FILLER_SIZE,
     MAGIC_V1,
     MAGIC_V2,
@@ -79,9 +80,7 @@ from engine.formats.record import (
     decode_record,
     encode_filler,
     encode_record,
-    make_msg_id,
     new_uniq_key,
-    parse_msg_id,
     stamp_record,
     store_ts_at,
     tx_type,

@@ -28,7 +28,8 @@ All numbers big-endian. Offsets are from the record start with IPv4 born and sto
                                    CRC32C of record bytes [0, TOTALSIZE-20)
 
 TOTALSIZE = 91 + B + T + P (v1, IPv4/IPv4). End-of-file filler: TOTALSIZE = space left in
-the segment, MAGICCODE 0xCBD43194, 8 bytes written.
+the segment, MAGICCODE 0xCBD43194, 8 bytes written. The __CRC32C tail is defined in
+`crc32c_property`, the msgId a record is known by (store host + commit_pos) in `msg_id`.
 """
 
 from __future__ import annotations
@@ -39,13 +40,20 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum, IntEnum, IntFlag
-from functools import lru_cache
 from typing import NamedTuple
 
 import crc32c
 
 from engine.errors import BadInputError, CorruptRecordError
+from engine.formats.crc32c_property import (
+    CRC32C_PREFIX,
+    CRC32C_PROP_SIZE,
+    CRC32C_RESERVED,
+    read_crc32c_tail,
+    seal_crc32c,
+)
 from engine.formats.java_hash import tags_code as _tags_code
+from engine.formats.msg_id import decode_host, make_msg_id
 from engine.formats.properties import (
     PROP_CRC32C,
     PROP_KEYS,
@@ -102,12 +110,6 @@ BODY_OFFSET = V4_HEADER_SIZE
 assert (QUEUE_OFFSET_OFFSET, PHYSICAL_OFFSET_OFFSET, SYS_FLAG_OFFSET) == (20, 28, 36)
 assert (STORE_TS_OFFSET, STORE_TS_OFFSET_BORN_V6, BODY_LENGTH_OFFSET, BODY_OFFSET) == (56, 68, 84, 88)
 
-CRC32C_PREFIX = PROP_CRC32C.encode() + b"\x01"
-CRC32C_DIGITS = 10
-CRC32C_PROP_SIZE = len(CRC32C_PREFIX) + CRC32C_DIGITS + 1
-CRC32C_RESERVED = CRC32C_PREFIX + b"0" * CRC32C_DIGITS + b"\x02"
-assert CRC32C_PROP_SIZE == len(CRC32C_RESERVED) == 20
-
 MAX_TOPIC_BYTES = 127  # v1 TOPICLENGTH is a signed byte
 MAX_PROPERTIES_BYTES = 32767  # PROPERTIESLENGTH is a signed short
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -121,7 +123,6 @@ _MID = struct.Struct(RECORD_MID_FMT)
 _FILLER = struct.Struct(FILLER_FMT)
 _STAMP = struct.Struct(">qq")  # QUEUEOFFSET PHYSICALOFFSET, adjacent
 _I8, _I16, _I32, _U32, _I64 = (struct.Struct(f) for f in (">b", ">h", ">i", ">I", ">q"))
-_MSG_ID_TAIL = struct.Struct(">iq")  # port, commit_pos
 
 
 class SysFlag(IntFlag):
@@ -312,10 +313,7 @@ def stamp_record(buf: bytearray | memoryview, pos: int, *, queue_offset: int, co
     born_v6 = _I32.unpack_from(buf, pos + SYS_FLAG_OFFSET)[0] & _BORNHOST_V6
     _STAMP.pack_into(buf, pos + QUEUE_OFFSET_OFFSET, queue_offset, commit_pos)
     _I64.pack_into(buf, pos + (STORE_TS_OFFSET_BORN_V6 if born_v6 else STORE_TS_OFFSET), store_ts_ms)
-    with memoryview(buf) as view:
-        crc = crc32c.crc32c(view[pos:crc_pos])
-    digits_pos = crc_pos + len(CRC32C_PREFIX)
-    buf[digits_pos : digits_pos + CRC32C_DIGITS] = b"%010d" % crc
+    seal_crc32c(buf, pos, crc_pos)
 
 
 def encode_filler(space_left: int) -> bytes:
@@ -373,7 +371,7 @@ def decode_record(buf, pos: int = 0, *, verify: Verify = Verify.MQSTORE,
     if isinstance(layout, Filler):
         return layout
     f = layout.fields
-    crc_tail = _read_crc_tail(buf, layout.end, layout.props_pos)
+    crc_tail = read_crc32c_tail(buf, layout.end, layout.props_pos)
     with memoryview(buf) as view:
         body = view[layout.body_pos : layout.body_end]
         if verify is not Verify.STRUCTURE:
@@ -387,8 +385,8 @@ def decode_record(buf, pos: int = 0, *, verify: Verify = Verify.MQSTORE,
         props.pop(PROP_CRC32C, None)
     elif verify is Verify.MQSTORE or (verify is Verify.ROCKETMQ and PROP_CRC32C in props):
         raise CorruptRecordError("missing or malformed __CRC32C property", pos=commit_pos, size=f[0])
-    return Record(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], _host(f[9], f[10]), f[11],
-                  _host(f[12], f[13]), f[14], f[15], body, topic, props, crc_tail)
+    return Record(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], decode_host(f[9], f[10]), f[11],
+                  decode_host(f[12], f[13]), f[14], f[15], body, topic, props, crc_tail)
 
 
 def decode_header(buf, pos: int = 0, *, base_pos: int = 0) -> RecordHeader | Filler:
@@ -485,50 +483,3 @@ def _decode_text(buf, layout: _Layout, commit_pos: int) -> tuple[str, dict[str, 
         raise CorruptRecordError(f"topic or properties are not UTF-8 ({exc.reason})",
                                  pos=commit_pos, size=layout.end - layout.props_pos) from None
     return topic, props
-
-
-def _read_crc_tail(buf, end: int, props_pos: int) -> int | None:
-    """The CRC32C value of a well-formed 20-byte __CRC32C tail ending at `end`, else None."""
-    if end - props_pos < CRC32C_PROP_SIZE:
-        return None
-    tail = bytes(buf[end - CRC32C_PROP_SIZE : end])
-    digits = tail[len(CRC32C_PREFIX) : -1]
-    if not tail.startswith(CRC32C_PREFIX) or tail[-1] != 0x02 or not digits.isdigit():
-        return None
-    return int(digits)
-
-
-@lru_cache(maxsize=1024)
-def _host(ip: bytes, port: int) -> tuple[str, int]:
-    return socket.inet_ntop(socket.AF_INET if len(ip) == 4 else socket.AF_INET6, ip), port
-
-
-# ---------------------------------------------------------------- ids
-
-
-def make_msg_id(store_host: tuple[str, int], commit_pos: int) -> str:
-    """RocketMQ's offset msgId: uppercase hex of store IP, port (4) and commit position (8)."""
-    ip, port = store_host
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    try:
-        packed = socket.inet_pton(family, ip) + _MSG_ID_TAIL.pack(port, commit_pos)
-    except (OSError, struct.error, TypeError):
-        raise BadInputError("store_host", f"{store_host!r} / {commit_pos!r} cannot form a msgId") from None
-    return packed.hex().upper()
-
-
-def parse_msg_id(msg_id: str) -> tuple[tuple[str, int], int]:
-    """Inverse of make_msg_id: ((store ip, port), commit_pos); BadInputError if malformed."""
-    if not isinstance(msg_id, str) or len(msg_id) not in (32, 56):
-        raise BadInputError("msg_id", f"{msg_id!r} is not 32 or 56 hex characters")
-    try:
-        raw = bytes.fromhex(msg_id)
-    except ValueError:
-        raise BadInputError("msg_id", f"{msg_id!r} is not hexadecimal") from None
-    if len(raw) * 2 != len(msg_id):
-        raise BadInputError("msg_id", f"{msg_id!r} is not hexadecimal")
-    ip_size = len(raw) - _MSG_ID_TAIL.size
-    port, commit_pos = _MSG_ID_TAIL.unpack_from(raw, ip_size)
-    if commit_pos < 0:
-        raise BadInputError("msg_id", f"{msg_id!r} holds a negative commit position")
-    return _host(raw[:ip_size], port), commit_pos

@@ -26,13 +26,10 @@ import crc32c
 import numpy as np
 
 from engine.errors import BadInputError
+from engine.formats.crc32c_property import CRC32C_DIGITS, CRC32C_PREFIX, CRC32C_PROP_SIZE, CRC32C_RESERVED
 from engine.formats.record import (
     BODY_CRC_MASK,
     BODY_OFFSET,
-    CRC32C_DIGITS,
-    CRC32C_PREFIX,
-    CRC32C_PROP_SIZE,
-    CRC32C_RESERVED,
     MAGIC_OFFSET,
     MAGIC_V1,
     MAX_PROPERTIES_BYTES,

@@ -31,12 +31,11 @@ from itertools import repeat
 import numpy as np
 
 from engine.errors import BadInputError
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE, CRC32C_RESERVED
 from engine.formats.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, SEP_KV, SEP_PROP
 from engine.formats.record import (
     BODY_CRC_MASK,
     BODY_LENGTH_OFFSET,
-    CRC32C_PROP_SIZE,
-    CRC32C_RESERVED,
     FLAG_OFFSET,
     MAGIC_V1,
     MAX_PROPERTIES_BYTES,

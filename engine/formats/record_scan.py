@@ -25,13 +25,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from engine.formats.crc32c_property import CRC32C_PREFIX, CRC32C_PROP_SIZE
 from engine.formats.java_hash import tags_code
 from engine.formats.properties import KEYS_SEPARATOR, PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, SEP_KV, SEP_PROP
 from engine.formats.record import (
     BODY_CRC_MASK,
     BODY_OFFSET,
-    CRC32C_PREFIX,
-    CRC32C_PROP_SIZE,
     FILLER_SIZE,
     MAGIC_OFFSET,
     MAGIC_V1,

@@ -1,15 +1,17 @@
-"""ConsumeQueue and ConsumeQueueTable: a port of RocketMQ's ConsumeQueueTest plus mqstore's rules."""
+"""ConsumeQueue: a port of RocketMQ's ConsumeQueueTest plus mqstore's rules."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.consume_queue import Boundary, ConsumeQueue, ConsumeQueueTable
+from engine.consume_queue import Boundary, ConsumeQueue
+from engine.consume_queue_table import ConsumeQueueTable
 from engine.errors import BadInputError, CorruptConsumeQueueError
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, FILLER_ENTRY, CqEntry, encode_cq_entry
 from engine.mapped_file import Access
@@ -375,57 +377,6 @@ def test_consume_queue_truncate_keeps_start_of_queue_past_zero(tmp_path):
     put_range(queue, 13, 14)
 
 
-# ----------------------------------------------------------------------------- table
-
-
-def test_consume_queue_table_loads_queues_and_reports_foreign(tmp_path):
-    table = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
-    put_range(table.get_or_create("A", 0), 0, 3)
-    put_range(table.get_or_create("A", 1), 0, 12)
-    put_range(table.get_or_create("B", 0), 5, 6)
-    table.close()
-    cq_root = tmp_path / "consumequeue"
-    (cq_root / "A" / "abc").mkdir()
-    (cq_root / "A" / "01").mkdir()
-    (cq_root / "bad.topic").mkdir()
-    (cq_root / "stray.txt").write_text("x")
-    table = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
-    assert sorted((q.topic, q.queue_id, q.max_offset) for q in table) == \
-        [("A", 0, 3), ("A", 1, 12), ("B", 0, 6)]
-    assert sorted(p.name for p in table.foreign) == ["01", "abc", "bad.topic", "stray.txt"]
-    assert table.get("A", 7) is None and len(table) == 3
-    assert table.max_commit_end() == 1200
-    with pytest.raises(BadInputError):
-        table.get("../x", 0)
-
-
-def test_consume_queue_table_truncate_recover_flush_drop(tmp_path):
-    table = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
-    put_range(table.get_or_create("A", 0), 0, 20)
-    put_range(table.get_or_create("B", 0), 0, 5)
-    assert table.truncate_all_from(1000) == 10
-    assert table.max_commit_end() == 1000
-    assert table.recover_all() == 1000
-    table.flush_all()
-    assert all(q.flushed_offset == q.max_offset for q in table)
-    table.drop("A", 0)
-    assert table.get("A", 0) is None and not qdir(tmp_path, "A").exists()
-    assert table.get_or_create("A", 0).max_offset == 0
-    table.close()
-
-
-def test_consume_queue_table_get_loads_queue_created_later(tmp_path):
-    reader = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_ONLY)
-    writer = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
-    queue = writer.get_or_create("A", 2)
-    put_range(queue, 0, 4)
-    seen = reader.get("A", 2)
-    assert seen is not None and seen.max_offset == 4
-    put_range(queue, 4, 13)
-    seen.refresh()
-    assert seen.max_offset == 13 and seen.entry(12) == queue.entry(12)
-
-
 # ------------------------------------------------------- recovery past the durable position
 
 
@@ -501,3 +452,75 @@ def test_re_dispatch_past_the_unconfirmed_entries_keeps_them_all(tmp_path):
     assert table.truncate_all_from(32 * MSG) == 0
     assert as_tuples(queue.entries(0, 100)) == expected(0, 32)
     table.close()
+
+
+# ------------------------------------------------------------- read-only view: refresh
+
+_LISTED_DIRS: list[str] = []
+
+
+def _record_listings(event: str, args: tuple) -> None:
+    if event in ("os.listdir", "os.scandir") and args and isinstance(args[0], (str, os.PathLike)):
+        _LISTED_DIRS.append(os.fspath(args[0]))
+
+
+sys.addaudithook(_record_listings)  # observes real directory listings; cannot be removed, so cheap
+
+
+def listings_of(directory) -> int:
+    return _LISTED_DIRS.count(os.fspath(directory))
+
+
+def test_refresh_adopts_the_files_the_writer_rolls_to(tmp_path):
+    writer = load(tmp_path)
+    put_range(writer, 0, EPF)  # exactly one full file: the reader sits at its end
+    reader = load(tmp_path, access=Access.READ_ONLY)
+    assert reader.max_offset == EPF and len(reader.segments.segments) == 1
+    reader.refresh()
+    assert reader.max_offset == EPF
+    put_range(writer, EPF, 3 * EPF + 4)  # the writer rolls to three more files
+    reader.refresh()
+    assert reader.max_offset == 3 * EPF + 4 and len(reader.segments.segments) == 4
+    assert as_tuples(reader.entries(0, 100)) == expected(0, 3 * EPF + 4)
+    assert reader.max_commit_end == (3 * EPF + 4) * MSG
+    put_range(writer, 3 * EPF + 4, 3 * EPF + 6)  # more entries in the last known file
+    reader.refresh()
+    assert reader.max_offset == 3 * EPF + 6 and reader.entry(3 * EPF + 5) == writer.entry(3 * EPF + 5)
+    reader.close()
+    writer.close()
+
+
+def test_refresh_forgets_the_files_retention_deleted(tmp_path):
+    writer = load(tmp_path)
+    put_range(writer, 0, 3 * EPF + 5)
+    reader = load(tmp_path, access=Access.READ_ONLY)
+    assert writer.delete_expired_files(2 * EPF * MSG) == 2
+    assert file_names(tmp_path) == [offset_to_name(2 * FILE_BYTES), offset_to_name(3 * FILE_BYTES)]
+    reader.refresh()
+    assert [reader.segments.base_of(s) for s in reader.segments.segments] == [2 * FILE_BYTES, 3 * FILE_BYTES]
+    assert (reader.min_offset, reader.max_offset) == (2 * EPF, 3 * EPF + 5)
+    assert reader.entry(2 * EPF - 1) is None and reader.entry(2 * EPF) == writer.entry(2 * EPF)
+    put_range(writer, 3 * EPF + 5, 4 * EPF + 1)  # and it still follows the writer afterwards
+    reader.refresh()
+    assert reader.max_offset == 4 * EPF + 1 and len(reader.segments.segments) == 3
+    reader.close()
+    writer.close()
+
+
+def test_refresh_lists_the_directory_only_when_files_change(tmp_path):
+    writer = load(tmp_path)
+    put_range(writer, 0, EPF + 3)
+    reader = load(tmp_path, access=Access.READ_ONLY)
+    before = listings_of(qdir(tmp_path))
+    for stop in range(EPF + 4, 2 * EPF + 1):  # new entries in known files, up to the end of one
+        put_range(writer, stop - 1, stop)
+        reader.refresh()
+        assert reader.max_offset == stop
+    for _ in range(5):
+        reader.refresh()  # at the end of a full file, no next file yet
+    assert listings_of(qdir(tmp_path)) == before
+    put_range(writer, 2 * EPF, 2 * EPF + 1)  # a roll: now the directory is looked at
+    reader.refresh()
+    assert reader.max_offset == 2 * EPF + 1 and listings_of(qdir(tmp_path)) > before
+    reader.close()
+    writer.close()

@@ -19,9 +19,10 @@ from engine.errors import DiskFullError
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, FILLER_ENTRY, encode_cq_entry
 from engine.formats.index_file import entry_pos, index_file_size
 from engine.formats.java_hash import index_key_hash
-from engine.hash_index import IndexFile, ShardIndex
+from engine.index_file import IndexFile
 from engine.mapped_file import RESERVE_STEP_BYTES, Access
 from engine.naming import consume_queue_dir, index_shard_dir
+from engine.shard_index import ShardIndex
 from tools.torture.filesystems import (
     FilesystemUnavailable,
     MiB,

@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
-from engine.consume_queue import ConsumeQueueTable
+from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns, dispatch_to_consume_queue, dispatch_to_shard, keys_by_shard
 from engine.errors import BadInputError, CorruptRecordError
 from engine.formats.index_file import index_key
 from engine.formats.key_batch import index_key_hashes
 from engine.formats.properties import encode_properties
 from engine.formats.record import TxType, Verify, encode_record, stamp_record
-from engine.hash_index import ShardIndex
 from engine.mapped_file import Access
 from engine.message import Message, build_properties, encode_message_properties
+from engine.shard_index import ShardIndex
 from engine.store import MessageStore
 
 SEG = 16 * 1024

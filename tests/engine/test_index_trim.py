@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from engine.formats.index_file import INDEX_ENTRY, INDEX_ENTRY_SIZE, entry_pos
 from engine.formats.java_hash import index_key_hash
-from engine.hash_index import IndexFile
+from engine.index_file import IndexFile
 from engine.index_trim import SECTOR_BYTES
 from engine.mapped_file import Access
 

@@ -18,16 +18,16 @@ from engine.config import FlushPolicy
 from engine.consume_queue import Boundary
 from engine.errors import BadInputError, CorruptRecordError, StoreLockedError
 from engine.formats.checkpoint import MIN_TIMESTAMP_MARGIN_MS, Checkpoint
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.index_file import index_key_hash_of
+from engine.formats.msg_id import parse_msg_id
 from engine.formats.properties import PROP_UNIQ_KEY, encode_properties
 from engine.formats.record import (
-    CRC32C_PROP_SIZE,
     MAX_PROPERTIES_BYTES,
     PROPERTIES_LENGTH_SIZE,
     Verify,
     decode_record,
     new_uniq_key,
-    parse_msg_id,
 )
 from engine.message import Message
 from engine.naming import (

@@ -1,4 +1,4 @@
-"""Commitlog record codec: byte layout, stamping, verification levels, fillers, ids."""
+"""Commitlog record codec: byte layout, stamping, verification levels, fillers, uniq keys."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import pytest
 
 from engine.errors import BadInputError, CorruptRecordError
 from engine.formats import record as rec
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.java_hash import java_string_hash
+from engine.formats.msg_id import make_msg_id
 from engine.formats.record import (
     BLANK_MAGIC,
-    CRC32C_PROP_SIZE,
     FILLER_SIZE,
     MAGIC_V1,
     MAGIC_V2,
@@ -30,9 +31,7 @@ from engine.formats.record import (
     decode_record,
     encode_filler,
     encode_record,
-    make_msg_id,
     new_uniq_key,
-    parse_msg_id,
     stamp_record,
     store_ts_at,
     tx_type,
@@ -435,32 +434,7 @@ def test_encode_accepts_limits_exactly():
     assert (len(got.topic), len(got.properties["k"])) == (127, 32767 - 23)
 
 
-# ---------------------------------------------------------------- ids
-
-
-def test_msg_id_is_32_uppercase_hex_and_round_trips():
-    msg_id = make_msg_id(("192.168.71.1", 8123), 172)
-    assert msg_id == "C0A84701" + "00001FBB" + "00000000000000AC"
-    assert parse_msg_id(msg_id) == (("192.168.71.1", 8123), 172)
-    assert parse_msg_id(msg_id.lower()) == (("192.168.71.1", 8123), 172)
-
-
-def test_msg_id_ipv6_is_56_hex():
-    msg_id = make_msg_id(("2001:db8::1", 10911), 1 << 40)
-    assert len(msg_id) == 56
-    assert parse_msg_id(msg_id) == (("2001:db8::1", 10911), 1 << 40)
-
-
-@pytest.mark.parametrize("msg_id", ["", "ABC", "G" * 32, "C0A84701 0001FBB00000000000000AC", "0" * 33,
-                                    "FFFFFFFF" + "00001FBB" + "F" * 16, None])
-def test_parse_msg_id_rejects_malformed(msg_id):
-    with pytest.raises(BadInputError):
-        parse_msg_id(msg_id)
-
-
-def test_make_msg_id_rejects_bad_host():
-    with pytest.raises(BadInputError):
-        make_msg_id(("not-an-ip", 1), 0)
+# ---------------------------------------------------------------- uniq key
 
 
 def test_new_uniq_key_format_and_uniqueness():

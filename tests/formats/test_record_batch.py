@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import BadInputError, CorruptRecordError
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.java_hash import index_key_hash
 from engine.formats.key_batch import index_key_hashes, index_key_shards
 from engine.formats.properties import encode_properties
 from engine.formats.record import (
-    CRC32C_PROP_SIZE,
     MAGIC_OFFSET,
     SYS_FLAG_OFFSET,
     SysFlag,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.formats.record import make_msg_id
+from engine.formats.msg_id import make_msg_id
 from engine.status import PutResult, PutStatus
 from ipc.batch_result import BatchResult, BatchResultBuilder, failed_rows
 from ipc.mailbox import RESULT_DTYPE

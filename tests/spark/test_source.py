@@ -9,7 +9,8 @@ import zlib
 
 import pytest
 
-from engine.formats.record import BODY_OFFSET, MAGIC_V2, SysFlag, make_msg_id
+from engine.formats.msg_id import make_msg_id
+from engine.formats.record import BODY_OFFSET, MAGIC_V2, SysFlag
 from tests.conftest import ROCKETMQ_SAMPLES as SAMPLES_DIR
 from tools.spark.scan import host_text
 from tools.spark.source import MqstoreReader, parse_options, register

@@ -8,11 +8,11 @@ import pytest
 from store_harness import RunningStore, assert_check_clean
 
 from engine.errors import BadInputError
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.record import (
     BODY_CRC_OFFSET,
     BODY_LENGTH_OFFSET,
     BODY_OFFSET,
-    CRC32C_PROP_SIZE,
     MAGIC_OFFSET,
     QUEUE_ID_OFFSET,
     SYS_FLAG_OFFSET,

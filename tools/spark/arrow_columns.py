@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from engine.formats.crc32c_property import CRC32C_PREFIX, CRC32C_PROP_SIZE
 from engine.formats.properties import (
     KEYS_SEPARATOR,
     PROP_CRC32C,
@@ -27,13 +28,7 @@ from engine.formats.properties import (
     SEP_KV,
     SEP_PROP,
 )
-from engine.formats.record import (
-    CRC32C_PREFIX,
-    CRC32C_PROP_SIZE,
-    PROPERTIES_LENGTH_SIZE,
-    TX_TYPE_MASK,
-    TxType,
-)
+from engine.formats.record import PROPERTIES_LENGTH_SIZE, TX_TYPE_MASK, TxType
 from engine.formats.record_batch import HEADER_DTYPE, gather, gather_field, gather_int, int_view
 from engine.formats.record_scan import RecordSpans, decode_dispatch
 

@@ -40,9 +40,9 @@ from engine.dispatch import consumable_rows, key_hashes_and_shards, queue_groups
 from engine.errors import BadInputError, ReadOnlyStoreError, StoreLockedError
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.record_scan import DispatchColumns
-from engine.hash_index import ShardIndex
 from engine.mapped_file import Access, ensure_dir, fsync_dir, remove_tree
 from engine.naming import ABORT_FILE, CONSUMEQUEUE_DIR, INDEX_DIR
+from engine.shard_index import ShardIndex
 from engine.store_dir import holder_pid
 from tools.spark.layout import StoreFormat, StoreLayout, read_layout
 from tools.spark.partitions import ScanRange

@@ -51,7 +51,7 @@ from engine.formats.index_file import (
     decode_index_header,
     entry_pos,
 )
-from engine.hash_index import IndexFile
+from engine.index_file import IndexFile
 from engine.mapped_file import PAGE_BYTES, Access
 from engine.naming import (
     BACKUP_SUFFIX,

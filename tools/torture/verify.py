@@ -31,12 +31,12 @@ import numpy as np
 from engine.check import check
 from engine.commitlog import CommitLog
 from engine.config import StoreConfig
-from engine.consume_queue import ConsumeQueueTable
+from engine.consume_queue_table import ConsumeQueueTable
 from engine.errors import CorruptRecordError
 from engine.formats.index_file import shard_of
 from engine.formats.record import Verify
-from engine.hash_index import ShardIndex
 from engine.mapped_file import Access
+from engine.shard_index import ShardIndex
 from engine.store_dir import config_for_store, read_meta
 from tools.torture.ledger import IDENTITY_PROPERTY, LedgerEntry, body_digest
 

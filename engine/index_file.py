@@ -1,34 +1,25 @@
-"""Hash index: RocketMQ IndexFiles (one file) and the ordered files of one index shard.
+"""One RocketMQ index file, mapped whole: put, select, trim, sync (RocketMQ IndexFile).
 
-An index file is header (40 bytes), `slot_count` 4-byte slots, `entry_count` 20-byte entries
-(layouts in `engine.formats.index_file`). A slot holds the newest entry of its chain (0 = empty);
-each entry holds the previous entry of the same slot. Entry 0 is never used and `index_count`
-starts at 1, so a file holds `entry_count - 1` keys. Header fields are written straight into the
-mapping, so a read-only mapping in another process sees them as they change.
+The byte layout (header 40 bytes, `slot_count` 4-byte slots, `entry_count` 20-byte entries) and
+its codecs are defined once in `engine.formats.index_file`; this module is the file operations on
+a mapping of it. A slot holds the newest entry of its chain (0 = empty); each entry holds the
+previous entry of the same slot. Entry 0 is never used and `index_count` starts at 1, so a file
+holds `entry_count - 1` keys. Header fields are written straight into the mapping, so a read-only
+mapping in another process sees them as they change.
 
-The index is derived: it can always be rebuilt from the commitlog. Recovery instead trims a shard
-back to its durable position (`trim_from`, DESIGN §5.4; what survives is decided by
-`engine.index_trim`) and re-dispatches from there; trimming then re-putting the same keys gives
-the same bytes as never having trimmed, which is what makes re-dispatch idempotent.
+Trimming then re-putting the same keys gives the same bytes as never having trimmed (what
+survives a trim is decided by `engine.index_trim`), which makes recovery's re-dispatch
+idempotent. Writes reserve disk blocks before they touch a page not yet allocated
+(`MappedFile.reserve`: the header and slot table when a file is created, the entries ahead in
+steps), so a full disk gives DiskFullError with nothing written, never SIGBUS.
 
-Writes reserve disk blocks before they touch a page not yet allocated (`MappedFile.reserve`: the
-header and slot table when a file is created, the entries ahead in steps), so a full disk gives
-DiskFullError with nothing written, never SIGBUS; a shard takes back the keys a batch already
-put when a later part of it meets a full disk, so the batch can simply be retried.
-
-Hashes collide (the key hash is Java's `String.hashCode`, and `slot = hash % slot_count`), so a
-query returns candidate commit positions; the caller reads each record back and keeps exact
-topic and key matches. Times are stored as whole seconds since the file's begin, so a query may
-also return positions up to `TIME_SLACK_MS` before `begin_ms` (RocketMQ #5174); a caller that
-needs exact bounds compares the record's store time.
+Hashes collide (the key hash is Java's `String.hashCode`, and `slot = hash % slot_count`), so
+`select` returns candidate commit positions; times are whole seconds since the file's begin.
 """
 
 from __future__ import annotations
 
 import errno
-import re
-from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import NoReturn
 
@@ -45,34 +36,23 @@ from engine.errors import (
 from engine.formats.index_file import (
     FIRST_INDEX,
     INDEX_ENTRY,
+    INDEX_ENTRY_DTYPE,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
     INDEX_HEADER_SIZE,
+    INT32_MAX,
     SLOT,
-    SLOT_SIZE,
+    SLOT_DTYPE,
     IndexHeader,
     decode_index_header,
     entry_pos,
     index_file_size,
-    index_key,
     slot_pos,
     time_diff_s,
 )
 from engine.formats.java_hash import index_key_hash
 from engine.index_trim import heads_after_trim, kept_count
-from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile, ensure_dir, remove_file
-from engine.naming import index_file_name, index_shard_dir
-
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
-TIME_SLACK_MS = 1000  # time_diff is whole seconds: a stored time is up to 999 ms below the true one
-DEFAULT_MAX_COUNT = 64  # RocketMQ maxMsgsNumBatch
-
-_FILE_NAME_RE = re.compile(r"^\d{17}$")
-_SLOT_DTYPE = np.dtype(">i4")
-_ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("commit_pos", ">i8"), ("time_diff_s", ">i4"),
-                         ("prev_index", ">i4")])
-assert _SLOT_DTYPE.itemsize == SLOT_SIZE and _ENTRY_DTYPE.itemsize == INDEX_ENTRY_SIZE
+from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile
 
 _header_unpack, _header_pack = INDEX_HEADER.unpack_from, INDEX_HEADER.pack_into
 _slot_unpack, _slot_pack = SLOT.unpack_from, SLOT.pack_into
@@ -104,12 +84,12 @@ class IndexFile:
 
         The header is synced at once, so a file on disk never lacks one after this returns.
         """
-        _check_geometry(slot_count, entry_count)
+        check_geometry(slot_count, entry_count)
         path = Path(path)
         try:
             mapped = MappedFile.create(path, index_file_size(slot_count, entry_count))
         except OSError as exc:
-            _raise_if_disk_full(exc, "create an index file", path)
+            raise_if_disk_full(exc, "create an index file", path)
             raise
         reserved_end = _reserve_target(entry_pos(slot_count, FIRST_INDEX), mapped.size_bytes)
         try:
@@ -126,7 +106,7 @@ class IndexFile:
     @classmethod
     def open(cls, path: Path, slot_count: int, entry_count: int, access: Access) -> IndexFile:
         """Map an existing file; a wrong size or an impossible header is a CorruptIndexError."""
-        _check_geometry(slot_count, entry_count)
+        check_geometry(slot_count, entry_count)
         try:
             mapped = MappedFile.open(Path(path), access, index_file_size(slot_count, entry_count))
         except SegmentLayoutError as exc:
@@ -233,7 +213,7 @@ class IndexFile:
             begin_ts, begin_pos = int(times[0]), int(positions[0])
             diff_begin[1:] = begin_ts
         diffs = np.where(diff_begin <= 0, 0, np.clip((times - diff_begin) // 1000, 0, INT32_MAX))
-        entries = np.empty(m, dtype=_ENTRY_DTYPE)
+        entries = np.empty(m, dtype=INDEX_ENTRY_DTYPE)
         entries["key_hash"], entries["commit_pos"] = hashes, positions
         entries["time_diff_s"], entries["prev_index"] = diffs, prev
         buf[start:end] = entries.tobytes()
@@ -328,11 +308,11 @@ class IndexFile:
 
     def _entry_array(self) -> np.ndarray:
         """Every entry of the file (row n is entry number n), a view of the mapping."""
-        return np.frombuffer(self._buf, dtype=_ENTRY_DTYPE, count=self.entry_count,
+        return np.frombuffer(self._buf, dtype=INDEX_ENTRY_DTYPE, count=self.entry_count,
                              offset=entry_pos(self.slot_count, 0))
 
     def _slot_table(self) -> np.ndarray:
-        return np.frombuffer(self._buf, dtype=_SLOT_DTYPE, count=self.slot_count, offset=slot_pos(0))
+        return np.frombuffer(self._buf, dtype=SLOT_DTYPE, count=self.slot_count, offset=slot_pos(0))
 
     def _repair_slot_heads(self, entries: np.ndarray, count: int) -> bool:
         """Point every slot head outside [0, count) at its slot's newest entry below count."""
@@ -433,13 +413,14 @@ def _reserve_target(end_pos: int, size_bytes: int) -> int:
     return min(size_bytes, -(-end_pos // RESERVE_STEP_BYTES) * RESERVE_STEP_BYTES)
 
 
-def _raise_if_disk_full(exc: OSError, what: str, path: Path) -> None:
+def raise_if_disk_full(exc: OSError, what: str, path: Path) -> None:
     """ENOSPC/EDQUOT from creating a file or directory is DiskFullError; anything else is not."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         raise DiskFullError(f"no space left to {what}", path=str(path)) from exc
 
 
-def _check_geometry(slot_count: int, entry_count: int) -> None:
+def check_geometry(slot_count: int, entry_count: int) -> None:
+    """ValueError for a slot or entry count no index file can have (config is checked earlier)."""
     if slot_count < 1 or entry_count < 2 or entry_count > INT32_MAX:
         raise ValueError(f"bad index geometry: {slot_count} slots, {entry_count} entries")
 
@@ -454,7 +435,7 @@ def _header_problem(h: IndexHeader, slot_count: int, entry_count: int) -> str | 
     return None
 
 
-def _is_blank(path: Path, slot_count: int, entry_count: int) -> bool:
+def is_blank(path: Path, slot_count: int, entry_count: int) -> bool:
     """True for an empty file, or one of the right size with no header and no slots: what a crash
     inside create() leaves (before the ftruncate, or before the header reached the disk)."""
     if path.stat().st_size == 0:
@@ -469,241 +450,3 @@ def _is_blank(path: Path, slot_count: int, entry_count: int) -> bool:
                                                  count=slot_pos(slot_count)).any()
     finally:
         mapped.close()
-
-
-def _name_after(name: str) -> str:
-    """The index file name 1 ms after `name` (naive calendar arithmetic, so always sorts after)."""
-    stamp = datetime.strptime(name[:14], "%Y%m%d%H%M%S") + timedelta(milliseconds=int(name[14:]) + 1)
-    return stamp.strftime("%Y%m%d%H%M%S") + f"{stamp.microsecond // 1000:03d}"
-
-
-class ShardIndex:
-    """The index files of one shard, `<root>/index/<shard>/<yyyyMMddHHmmssSSS>`, oldest first.
-
-    `processed_pos` is the commit position up to which records are indexed in this shard; the
-    caller advances it with `mark_processed` after putting a record's keys. `load` knows no
-    position (it starts at 0): recovery calls `trim_from(durable_pos)` then `mark_processed`.
-    """
-
-    def __init__(self, directory: Path, shard: int, slot_count: int, entry_count: int,
-                 access: Access, clock_ms: Callable[[], int] | None = None):
-        _check_geometry(slot_count, entry_count)
-        self.directory = Path(directory)
-        self.shard = shard
-        self.slot_count = slot_count
-        self.entry_count = entry_count
-        self.access = access
-        self._clock_ms = clock_ms
-        self._files: list[IndexFile] = []
-        self._processed_pos = 0
-        self._closed = False
-
-    @classmethod
-    def load(cls, root: Path, shard: int, slot_count: int, entry_count: int, access: Access, *,
-             clock_ms: Callable[[], int] | None = None) -> ShardIndex:
-        """Open the shard's files in name order. A last file left blank by a crash inside
-        create() is removed (read-write) or ignored (read-only); any other bad file raises."""
-        index = cls(index_shard_dir(root, shard), shard, slot_count, entry_count, access, clock_ms)
-        if not index.directory.is_dir():
-            return index
-        names = sorted(p.name for p in index.directory.iterdir())
-        for name in names:
-            if not _FILE_NAME_RE.match(name):
-                raise SegmentLayoutError(f"foreign file {name!r} among index files",
-                                         path=str(index.directory / name))
-        if names and _is_blank(index.directory / names[-1], slot_count, entry_count):
-            if access is Access.READ_WRITE:
-                remove_file(index.directory / names[-1])
-            names.pop()
-        try:
-            for name in names:
-                index._files.append(IndexFile.open(index.directory / name, slot_count, entry_count, access))
-        except BaseException:
-            index.close()
-            raise
-        return index
-
-    @property
-    def files(self) -> list[IndexFile]:
-        return list(self._files)
-
-    @property
-    def processed_pos(self) -> int:
-        return self._processed_pos
-
-    def mark_processed(self, end_pos: int) -> None:
-        """Every record ending at or before `end_pos` has its keys (of this shard) put."""
-        if end_pos < self._processed_pos:
-            raise ValueError(f"processed position may not go back: {end_pos} < {self._processed_pos}")
-        self._processed_pos = end_pos
-
-    # -- write ----------------------------------------------------------------------------------
-
-    def put(self, topic: str, key: str, commit_pos: int, store_ts_ms: int) -> None:
-        """Index `topic#key` at `commit_pos`, rolling to a new file when the last one is full."""
-        full_key = index_key(topic, key)
-        if self._files:
-            try:
-                self._files[-1].put_key(full_key, commit_pos, store_ts_ms)
-                return
-            except IndexFileFullError:
-                pass
-        self._roll().put_key(full_key, commit_pos, store_ts_ms)
-
-    def put_record_keys(self, topic: str, keys: Iterable[str], commit_pos: int, store_ts_ms: int) -> int:
-        """Put each of a record's keys; returns how many. All or nothing on a full disk."""
-        keys = list(keys)
-        filled = self._header_if_overflowing(len(keys))
-        count = 0
-        try:
-            for key in keys:
-                self.put(topic, key, commit_pos, store_ts_ms)
-                count += 1
-        except DiskFullError:
-            if count:
-                self._take_back(commit_pos, filled)
-            raise
-        return count
-
-    def put_hashes(self, key_hashes: np.ndarray, commit_positions: np.ndarray,
-                   store_ts_ms: np.ndarray) -> None:
-        """`put` for many keys whose index_key_hash is known, in order, rolling files as they fill.
-
-        All or nothing: DiskFullError with none of the keys left in (a retry puts them again)."""
-        done, total = 0, len(key_hashes)
-        filled = None
-        try:
-            while done < total:
-                target = self._files[-1] if self._files else None
-                room = target.room if target is not None else 0
-                if room == 0:
-                    target = self._roll()
-                elif filled is None and total - done > room:
-                    filled = (target, target.header)  # this batch fills it: a roll follows
-                done += target.put_hashes(key_hashes[done:], commit_positions[done:], store_ts_ms[done:])
-        except DiskFullError:
-            if done:
-                self._take_back(int(commit_positions[0]), filled)
-            raise
-
-    def _header_if_overflowing(self, key_count: int) -> tuple[IndexFile, IndexHeader] | None:
-        """The last file and its header when `key_count` more keys will not all fit in it."""
-        last = self._files[-1] if self._files else None
-        return (last, last.header) if last is not None and 0 < last.room < key_count else None
-
-    def _take_back(self, first_commit_pos: int, filled: tuple[IndexFile, IndexHeader] | None) -> None:
-        """Remove the keys of a batch that failed part way: they start at `first_commit_pos` and
-        nothing indexed before the batch is at or past it. `filled`: the file the batch filled
-        before its roll failed, with its header from before the batch, put back exactly."""
-        processed = self._processed_pos
-        self.trim_from(first_commit_pos)
-        self._processed_pos = processed
-        if filled is not None and self._files and self._files[-1] is filled[0] \
-                and filled[0].index_count == filled[1].index_count:
-            filled[0].restore_header(filled[1])
-
-    def _roll(self) -> IndexFile:
-        """Sync the full last file and start a new one seeded with its end (RocketMQ)."""
-        self._require_writable()
-        seed_pos = seed_ts = 0
-        if self._files:
-            prev = self._files[-1]
-            prev.sync()
-            seed_pos, seed_ts = prev.end_commit_pos, prev.end_ts_ms
-        try:
-            ensure_dir(self.directory)
-        except OSError as exc:
-            _raise_if_disk_full(exc, "create an index shard directory", self.directory)
-            raise
-        new = IndexFile.create(self.directory / self._new_file_name(), self.slot_count,
-                               self.entry_count, seed_pos, seed_ts)
-        self._files.append(new)
-        return new
-
-    def _new_file_name(self) -> str:
-        """Named by the clock; bumped by a millisecond until unique and after the last file."""
-        now_ms = self._clock_ms() if self._clock_ms is not None else None
-        name = index_file_name(now_ms)
-        if self._files and name <= self._files[-1].path.name:
-            name = _name_after(self._files[-1].path.name)
-        while (self.directory / name).exists():
-            name = _name_after(name)
-        return name
-
-    # -- read -----------------------------------------------------------------------------------
-
-    def query(self, topic: str, key: str, begin_ms: int = 0, end_ms: int | None = None,
-              max_count: int = DEFAULT_MAX_COUNT) -> list[int]:
-        """Candidate commit positions for `topic#key`, newest file first, at most `max_count`.
-
-        Candidates include hash collisions and entries stored up to TIME_SLACK_MS before
-        `begin_ms`; the caller reads each record back to keep exact matches.
-        """
-        self._require_open()
-        end_ms = INT64_MAX if end_ms is None else end_ms
-        low_ms = begin_ms - TIME_SLACK_MS
-        key_hash = index_key_hash(index_key(topic, key))
-        found: list[int] = []
-        for index_file in reversed(self._files):
-            if len(found) >= max_count:
-                break
-            h = index_file.header
-            if (h.index_count <= 1 or h.end_ts_ms + TIME_SLACK_MS < begin_ms
-                    or h.begin_ts_ms - TIME_SLACK_MS > end_ms):
-                continue
-            found += index_file.select_hash(key_hash, low_ms, end_ms, max_count - len(found))
-        return found
-
-    # -- durability, recovery, retention --------------------------------------------------------
-
-    def sync(self) -> int:
-        """msync whatever changed; return processed_pos, now durable."""
-        self._require_open()
-        durable_pos = self._processed_pos
-        for index_file in self._files:
-            index_file.sync()
-        return durable_pos
-
-    def trim_from(self, cut_pos: int) -> int:
-        """Drop every entry with commit_pos >= cut_pos; returns the number of entries removed.
-
-        Newest first: a file whose begin_commit_pos >= cut_pos is deleted (all of its entries go),
-        unless it is the only one, which is trimmed empty; then the last remaining file is trimmed.
-        processed_pos drops to cut_pos if it was past it.
-        """
-        self._require_writable()
-        removed = 0
-        while len(self._files) > 1 and self._files[-1].begin_commit_pos >= cut_pos:
-            doomed = self._files.pop()
-            removed += doomed.index_count - 1
-            doomed.delete()
-        if self._files:
-            removed += self._files[-1].trim_from(cut_pos)
-        self._processed_pos = min(self._processed_pos, cut_pos)
-        return removed
-
-    def delete_expired(self, min_commit_pos: int) -> int:
-        """Delete the oldest files whose end_commit_pos < min_commit_pos (never the last one)."""
-        self._require_writable()
-        deleted = 0
-        while len(self._files) > 1 and self._files[0].end_commit_pos < min_commit_pos:
-            self._files.pop(0).delete()
-            deleted += 1
-        return deleted
-
-    def close(self) -> None:
-        for index_file in self._files:
-            index_file.close()
-        self._closed = True
-
-    def _require_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError("index shard is closed", path=str(self.directory))
-
-    def _require_writable(self) -> None:
-        self._require_open()
-        if self.access is not Access.READ_WRITE:
-            raise ReadOnlyStoreError("index shard is open read-only", path=str(self.directory))
-
-    def __repr__(self) -> str:
-        return f"ShardIndex({self.directory}, {len(self._files)} files, processed {self._processed_pos})"

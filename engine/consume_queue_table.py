@@ -1,0 +1,117 @@
+"""The consume-queue table: every consume queue of a store, by (topic, queue id).
+
+Queues live under <root>/consumequeue/<topic>/<queueId>/; each is an
+`engine.consume_queue.ConsumeQueue`. The table loads them all, loads a queue whose directory
+appeared since (a reader sees the dispatcher's new queues), and runs recovery's and flush's
+per-queue steps over all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from engine.consume_queue import ConsumeQueue, check_queue_id
+from engine.errors import BadInputError
+from engine.mapped_file import Access, remove_tree
+from engine.naming import CONSUMEQUEUE_DIR, consume_queue_dir, validate_topic
+
+
+class ConsumeQueueTable:
+    """Every consume queue of a store, by (topic, queue_id)."""
+
+    def __init__(self, root: Path, entries_per_file: int, access: Access):
+        self.root = Path(root)
+        self.entries_per_file = entries_per_file
+        self.access = access
+        self.foreign: list[Path] = []  # what load skipped: not a topic or not a queue id
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+
+    @classmethod
+    def load(cls, root: Path, entries_per_file: int, access: Access) -> ConsumeQueueTable:
+        """Load every queue under <root>/consumequeue; foreign entries are listed in `foreign`."""
+        table = cls(root, entries_per_file, access)
+        base = table.root / CONSUMEQUEUE_DIR
+        if not base.is_dir():
+            return table
+        for topic_dir in sorted(base.iterdir()):
+            if not (topic_dir.is_dir() and _is_topic(topic_dir.name)):
+                table.foreign.append(topic_dir)
+                continue
+            for queue_dir in sorted(topic_dir.iterdir()):
+                name = queue_dir.name
+                if not (queue_dir.is_dir() and name.isdigit() and str(int(name)) == name):
+                    table.foreign.append(queue_dir)  # RocketMQ skips non-numeric queue dirs
+                    continue
+                table._load(topic_dir.name, int(name))
+        return table
+
+    def _load(self, topic: str, queue_id: int) -> ConsumeQueue:
+        queue = ConsumeQueue.load(self.root, topic, queue_id, self.entries_per_file, self.access)
+        self._queues[(topic, queue_id)] = queue
+        return queue
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The queue, loading it if its directory appeared since; None if it does not exist."""
+        queue = self._queues.get((topic, queue_id))
+        if queue is None:
+            validate_topic(topic)
+            check_queue_id(queue_id)
+            if consume_queue_dir(self.root, topic, queue_id).is_dir():
+                queue = self._load(topic, queue_id)
+        return queue
+
+    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The queue, created empty (its first file comes with the first put) if missing."""
+        return self.get(topic, queue_id) or self._load(topic, queue_id)
+
+    def drop(self, topic: str, queue_id: int) -> None:
+        """Forget a queue and delete its files (recovery then rebuilds it from the commitlog)."""
+        validate_topic(topic)
+        check_queue_id(queue_id)
+        queue = self._queues.pop((topic, queue_id), None)
+        if queue is not None:
+            queue.close()
+        remove_tree(consume_queue_dir(self.root, topic, queue_id))
+
+    def __iter__(self) -> Iterator[ConsumeQueue]:
+        return iter(list(self._queues.values()))
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+    def max_commit_end(self) -> int:
+        """Where dispatch has got to: the largest end of a last entry over all queues."""
+        return max((q.max_commit_end for q in self._queues.values()), default=0)
+
+    def truncate_all_from(self, cut_pos: int) -> int:
+        """Recovery's cut, after re-dispatch: drop the unconfirmed entries re-dispatch did not
+        reach (ConsumeQueue.drop_unconfirmed), then the entries of every queue that point at or
+        past `cut_pos`; returns how many."""
+        dropped = sum(q.drop_unconfirmed() for q in self._queues.values())
+        return dropped + sum(q.truncate_from_commit_pos(cut_pos) for q in self._queues.values()
+                             if q.max_commit_end > cut_pos)
+
+    def flush_all(self) -> None:
+        for queue in self._queues.values():
+            queue.flush()
+
+    def recover_all(self, durable_pos: int | None = None) -> int:
+        """Recover every queue (ConsumeQueue.recover; `durable_pos`: the consume queues' durable
+        commit position, None to trust every valid entry); returns max_commit_end() afterwards."""
+        for queue in self._queues.values():
+            queue.recover(durable_pos)
+        return self.max_commit_end()
+
+    def close(self) -> None:
+        for queue in self._queues.values():
+            queue.close()
+        self._queues.clear()
+
+
+def _is_topic(name: str) -> bool:
+    try:
+        validate_topic(name)
+    except BadInputError:
+        return False
+    return True

@@ -1,0 +1,188 @@
+"""engine.index_file: one RocketMQ IndexFile: put, select, header, trim, open checks."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import CorruptIndexError
+from engine.formats.index_file import (
+    INDEX_ENTRY,
+    INDEX_HEADER_SIZE,
+    SLOT_SIZE,
+    decode_index_header,
+    encode_index_header,
+    entry_pos,
+    slot_pos,
+)
+from engine.formats.java_hash import index_key_hash
+from engine.index_file import IndexFile, IndexFileFullError
+from engine.mapped_file import Access
+
+TS0 = 1_700_000_000_000
+
+
+def make_file(directory: Path, slots: int = 100, entries: int = 400, **seed) -> IndexFile:
+    directory.mkdir(parents=True, exist_ok=True)
+    return IndexFile.create(directory / "f", slots, entries, **seed)
+
+
+def patch_file(path: Path, pos: int, data: bytes) -> None:
+    """Write through the file, not the mapping (what a torn write-back leaves on disk)."""
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        fh.write(data)
+
+
+def nonzero_slots(index_file: IndexFile) -> int:
+    data = index_file.path.read_bytes()[slot_pos(0):slot_pos(index_file.slot_count)]
+    return int(np.count_nonzero(np.frombuffer(data, dtype=">i4")))
+
+
+# -- IndexFile (RocketMQ IndexFileTest) -------------------------------------------------------------
+
+
+def test_index_file_put_key_400_entries_takes_399_keys_then_full(tmp_path):
+    f = make_file(tmp_path)
+    for i in range(398):
+        f.put_key(str(i), i, TS0)
+    assert not f.is_full
+    f.put_key("398", 398, TS0)
+    assert f.is_full and f.header.index_count == 400
+    with pytest.raises(IndexFileFullError):
+        f.put_key("400", 400, TS0)
+    assert f.header.index_count == 400
+
+
+def test_index_file_select_phy_offset_key_60_returns_exactly_its_offset(tmp_path):
+    f = make_file(tmp_path)
+    for i in range(399):
+        f.put_key(str(i), i, TS0 + i)
+    assert f.select("60", 0, 2**63 - 1, 10) == [60]
+    assert f.select("not-there", 0, 2**63 - 1, 10) == []
+
+
+def test_index_file_put_key_header_follows_rocketmq(tmp_path):
+    f = make_file(tmp_path, slots=1, entries=10)
+    assert f.header == decode_index_header(encode_index_header(f.header))
+    assert (f.header.index_count, f.header.hash_slot_count, f.header.begin_ts_ms) == (1, 0, 0)
+    f.put_key("a", 500, TS0)
+    f.put_key("b", 600, TS0 + 2500)
+    h = f.header
+    assert (h.begin_commit_pos, h.end_commit_pos, h.begin_ts_ms, h.end_ts_ms) == (500, 600, TS0, TS0 + 2500)
+    assert (h.hash_slot_count, h.index_count) == (1, 3)  # one slot, filled once
+    buf = f.path.read_bytes()
+    first = INDEX_ENTRY.unpack_from(buf, entry_pos(1, 1))
+    second = INDEX_ENTRY.unpack_from(buf, entry_pos(1, 2))
+    assert first == (index_key_hash("a"), 500, 0, 0)  # begin was 0: time_diff 0
+    assert second == (index_key_hash("b"), 600, 2, 1)  # whole seconds since begin; chained to entry 1
+    assert buf[slot_pos(0):slot_pos(0) + SLOT_SIZE] == (2).to_bytes(4, "big")
+
+
+def test_index_file_select_forced_collisions_filters_by_hash_newest_first(tmp_path):
+    f = make_file(tmp_path, slots=1, entries=200)
+    for i in range(150):
+        f.put_key(f"key{i % 5}", i * 10, TS0 + i * 1000)
+    assert f.header.hash_slot_count == 1
+    for k in range(5):
+        assert f.select(f"key{k}", 0, 2**63 - 1, 1000) == [i * 10 for i in reversed(range(k, 150, 5))]
+    assert f.select("key3", 0, 2**63 - 1, 4) == [1480, 1430, 1380, 1330]
+    assert f.select("key3", TS0 + 20_000, TS0 + 40_000, 100) == [380, 330, 280, 230]
+    assert f.select("key3", 0, 2**63 - 1, 0) == []
+
+
+def test_index_file_select_same_java_hash_returns_both_for_caller_to_filter(tmp_path):
+    f = make_file(tmp_path)
+    assert index_key_hash("T#Aa") == index_key_hash("T#BB")  # Java hashCode collision
+    f.put_key("T#Aa", 100, TS0)
+    f.put_key("T#BB", 200, TS0)
+    assert f.select("T#Aa", 0, 2**63 - 1, 10) == [200, 100]
+
+
+def test_index_file_time_diff_clamped_and_zero_before_begin(tmp_path):
+    f = make_file(tmp_path, slots=1, entries=10, seed_ts_ms=TS0, seed_commit_pos=0)
+    f.put_key("a", 1, TS0 - 5000)  # before the seed: clamped to 0
+    f.put_key("b", 2, TS0 + 2**42)  # far future: clamped to INT_MAX seconds
+    buf = f.path.read_bytes()
+    assert INDEX_ENTRY.unpack_from(buf, entry_pos(1, 1))[2] == 0
+    assert INDEX_ENTRY.unpack_from(buf, entry_pos(1, 2))[2] == 2**31 - 1
+
+
+# -- trim ------------------------------------------------------------------------------------------
+
+
+def test_index_file_trim_restores_slot_heads_to_older_entries(tmp_path):
+    f = make_file(tmp_path, slots=3, entries=50)
+    for i in range(40):
+        f.put_key(f"key{i % 4}", i, TS0 + i * 1000)
+    assert f.trim_from(25) == 15
+    assert f.index_count == 26
+    for k in range(4):
+        assert f.select(f"key{k}", 0, 2**63 - 1, 100) == list(reversed(range(k, 25, 4)))
+    slots_used = len({index_key_hash(f"key{k}") % 3 for k in range(4)})
+    assert f.header.hash_slot_count == nonzero_slots(f) == slots_used
+    assert (f.header.end_commit_pos, f.header.end_ts_ms) == (24, TS0 + 24_000)
+
+
+def test_index_file_trim_after_power_loss_drops_unflushed_and_torn_entries(tmp_path):
+    """Entries past the last sync may be zero pages or torn; trimming to the durable position
+    gives the bytes of a file that only ever held the durable entries."""
+    f = make_file(tmp_path / "a", slots=4, entries=60)
+    ref = make_file(tmp_path / "b", slots=4, entries=60)
+    durable = [(f"key{i % 6}", i * 10, TS0 + i * 1000) for i in range(20)]
+    for key, pos, ts in durable:
+        f.put_key(key, pos, ts)
+        ref.put_key(key, pos, ts)
+    for i in range(20, 40):
+        f.put_key(f"key{i % 6}", i * 10, TS0 + i * 1000)
+    # entries 25..34 never reached the disk, entry 36 is torn (only its hash landed)
+    patch_file(f.path, entry_pos(4, 25), bytes(entry_pos(4, 35) - entry_pos(4, 25)))
+    patch_file(f.path, entry_pos(4, 36) + 4, bytes(16))
+    f.trim_from(200)
+    assert f.path.read_bytes() == ref.path.read_bytes()
+
+
+def test_index_file_trim_repairs_slot_heads_past_a_stale_index_count(tmp_path):
+    f = make_file(tmp_path / "a", slots=4, entries=60)
+    ref = make_file(tmp_path / "b", slots=4, entries=60)
+    for i in range(10):
+        f.put_key(f"key{i}", i, TS0)
+        ref.put_key(f"key{i}", i, TS0)
+    durable_header = f.path.read_bytes()[:INDEX_HEADER_SIZE]
+    for i in range(10, 13):
+        f.put_key(f"key{i}", i, TS0)
+    patch_file(f.path, 0, durable_header)  # the header page was written back before the new puts
+    patch_file(f.path, entry_pos(4, 11), bytes(3 * (entry_pos(4, 1) - entry_pos(4, 0))))  # entries never
+    assert f.trim_from(10) == 0
+    assert f.path.read_bytes() == ref.path.read_bytes()
+    for i in range(10):
+        assert i in f.select(f"key{i}", 0, 2**63 - 1, 100)
+
+
+# -- open checks -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("index_count", [0, -1, 401])
+def test_index_file_open_bad_index_count_raises_corrupt(tmp_path, index_count):
+    f = make_file(tmp_path)
+    f.put_key("a", 1, TS0)
+    header = decode_index_header(f.path.read_bytes())
+    f.close()
+    patch_file(f.path, 0, encode_index_header(dataclasses.replace(header, index_count=index_count)))
+    with pytest.raises(CorruptIndexError, match="index_count"):
+        IndexFile.open(f.path, 100, 400, Access.READ_WRITE)
+
+
+def test_index_file_open_bad_hash_slot_count_or_size_raises_corrupt(tmp_path):
+    f = make_file(tmp_path)
+    f.put_key("a", 1, TS0)
+    h = f.header
+    f.close()
+    patch_file(f.path, 0, encode_index_header(dataclasses.replace(h, hash_slot_count=5)))
+    with pytest.raises(CorruptIndexError, match="hash_slot_count"):
+        IndexFile.open(f.path, 100, 400, Access.READ_ONLY)
+    with pytest.raises(CorruptIndexError):
+        IndexFile.open(f.path, 100, 401, Access.READ_ONLY)
