@@ -128,7 +128,7 @@ class CommitLog:
         """Copy one encoded record in at `written_pos`, stamp it, return its commit_pos."""
         (size,) = self._check_sizes((record,))
         segment, file_pos = self._room_for(size)
-        segment.reserve(file_pos + size)
+        segment.reserve_zeroed(file_pos, file_pos + size)
         commit_pos = self.written_pos
         segment.buf[file_pos:file_pos + size] = record
         stamp_record(segment.buf, file_pos, queue_offset=queue_offset, commit_pos=commit_pos,
@@ -188,7 +188,7 @@ class CommitLog:
                     if self.written_pos != run.commit_pos:
                         raise StoreError(f"append planned commit_pos {run.commit_pos}, the log is at "
                                          f"{self.written_pos}", path=str(self.segments.directory))
-                    segment.reserve(file_pos + run.end - run.start)
+                    segment.reserve_zeroed(file_pos, file_pos + run.end - run.start)
                     segment.write(file_pos, view[run.start:run.end])
                     self.written_pos += run.end - run.start
         except DiskFullError:
@@ -241,7 +241,7 @@ class CommitLog:
         segment, file_pos = self._active_segment()
         space_left = self.segment_bytes - file_pos
         if size + FILLER_SIZE > space_left:
-            segment.reserve(file_pos + FILLER_SIZE)
+            segment.reserve_zeroed(file_pos, file_pos + FILLER_SIZE)
             segment.write(file_pos, encode_filler(space_left))
             self.written_pos += space_left
             segment, file_pos = self._active_segment()

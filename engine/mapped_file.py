@@ -6,6 +6,8 @@ until written. Readers map read-only and see the writer's bytes through the page
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import mmap
 import os
@@ -25,6 +27,8 @@ RESERVE_STEP_BYTES = 4 << 20
 # at most the device's readahead size (8 MiB here), counted from the start of the range.
 PREFETCH_MAX_BYTES = 8 << 20
 ZERO_CHUNK_BYTES = 1 << 20  # blocks are allocated ahead of the writer in steps of this size
+_ZEROS = bytes(ZERO_CHUNK_BYTES)
+SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 
 
 class Access(Enum):
@@ -107,15 +111,34 @@ class MappedFile:
         """
         if end_file_pos <= self._reserved_until:
             return
-        target = min(self.size_bytes, -(-end_file_pos // RESERVE_STEP_BYTES) * RESERVE_STEP_BYTES)
-        try:
+        target = self._reserve_target(end_file_pos)
+        with _disk_full_as_error(self.path, "allocate file blocks"):
             os.posix_fallocate(self._fd, self._reserved_until, target - self._reserved_until)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskFullError("no space left to extend store file", path=str(self.path)) from exc
-            raise StoreError(f"cannot allocate file blocks: {exc}", path=str(self.path)) from exc
         self._prefetch(max(self._reserved_until, target - PREFETCH_MAX_BYTES), target)
         self._reserved_until = target
+
+    def reserve_zeroed(self, write_file_pos: int, end_file_pos: int) -> None:
+        """Reserve blocks for a write of [write_file_pos, end_file_pos) by writing zeros from there
+        to a step beyond, and start their writeback; bytes before write_file_pos are kept.
+
+        Unlike reserve() (posix_fallocate: unwritten extents), the fdatasync that later makes
+        records here durable finds allocated, written blocks and does not have to convert extents
+        in a journal commit: 1.8x faster syncs on ext4 here (docs/BENCHMARKS.md, fourth pass).
+        The price is that these blocks are written twice. PostgreSQL zero-fills its WAL segments
+        for the same reason. DiskFullError when the disk has no room (the pwrite of zeros fails).
+        """
+        if end_file_pos <= self._reserved_until:
+            return
+        start = max(self._reserved_until, write_file_pos)
+        target = self._reserve_target(end_file_pos + RESERVE_STEP_BYTES)
+        with _disk_full_as_error(self.path, "write zeros ahead"):
+            for pos in range(start, target, ZERO_CHUNK_BYTES):
+                self._pwrite_all(_ZEROS[:min(ZERO_CHUNK_BYTES, target - pos)], pos)
+        _start_writeback(self._fd, start, target - start)
+        self._reserved_until = target
+
+    def _reserve_target(self, end_file_pos: int) -> int:
+        return min(self.size_bytes, -(-end_file_pos // RESERVE_STEP_BYTES) * RESERVE_STEP_BYTES)
 
     def _prefetch(self, start_pos: int, end_pos: int) -> None:
         """Bring [start_pos, end_pos) into the page cache before it is written.
@@ -135,16 +158,15 @@ class MappedFile:
         Not a copy into the mapping: a store into a mapped page can block for tens of ms in
         the page fault (ext4 waits there for the journal or for writeback of that page), and
         pwrite does not (docs/BENCHMARKS.md, "mmap stalls"). Blocks must be reserved first."""
+        with _disk_full_as_error(self.path, "write store file"):
+            self._pwrite_all(data, file_pos)
+
+    def _pwrite_all(self, data, file_pos: int) -> None:
         with memoryview(data) as view:
             view = view.cast("B")
             done, total = 0, len(view)
-            try:
-                while done < total:
-                    done += os.pwrite(self._fd, view[done:], file_pos + done)
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise DiskFullError("no space left writing store file", path=str(self.path)) from exc
-                raise StoreError(f"cannot write store file: {exc}", path=str(self.path)) from exc
+            while done < total:
+                done += os.pwrite(self._fd, view[done:], file_pos + done)
 
     def read(self, file_pos: int, length: int) -> memoryview:
         """A zero-copy view of `length` bytes at `file_pos` (clamped to the file)."""
@@ -235,6 +257,37 @@ class MappedFile:
         self.close()
         self.path.unlink(missing_ok=True)
         fsync_dir(self.path.parent)
+
+
+@contextlib.contextmanager
+def _disk_full_as_error(path: Path, doing: str):
+    """OSError from a write or allocation as DiskFullError (no space) or StoreError (the rest)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"no space left to {doing}", path=str(path)) from exc
+        raise StoreError(f"cannot {doing}: {exc}", path=str(path)) from exc
+
+
+def _libc_sync_file_range():
+    try:
+        func = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # not Linux, or no such symbol: writeback starts later
+        return None
+    func.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    func.restype = ctypes.c_int
+    return func
+
+
+_SYNC_FILE_RANGE = _libc_sync_file_range()
+
+
+def _start_writeback(fd: int, start_pos: int, length: int) -> None:
+    """Start writing [start_pos, start_pos + length) back without waiting for it. Advice only:
+    it makes nothing durable (fdatasync does), and a failure changes nothing."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, start_pos, length, SYNC_FILE_RANGE_WRITE)
 
 
 def fsync_dir(directory: Path) -> None:

@@ -11,11 +11,12 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from engine.errors import StoreError
-from engine.mapped_file import PAGE_BYTES, RESERVE_STEP_BYTES, MappedFile
-from tools.torture.filesystems import FilesystemUnavailable, MiB, ThinDisk
+from engine.errors import DiskFullError, StoreError
+from engine.mapped_file import PAGE_BYTES, RESERVE_STEP_BYTES, Access, MappedFile
+from tools.torture.filesystems import FilesystemUnavailable, MiB, ThinDisk, small_tmpfs, unmount
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
@@ -171,3 +172,71 @@ def test_close_unmaps_after_reserve_write_and_sync(tmp_path):
     assert is_mapped_here(mapped.path)
     mapped.close()
     assert not is_mapped_here(mapped.path)
+
+
+# ----------------------------------------------------------------------- reserve_zeroed
+
+
+def fill_with(mapped: MappedFile, byte: int, length: int) -> None:
+    mapped.write(0, bytes([byte]) * length)
+
+
+def test_reserve_zeroed_keeps_what_lies_before_the_write_and_zeroes_a_step_beyond(tmp_path):
+    """A reopened segment knows nothing reserved yet: the zeros start at the write, never at 0."""
+    path = tmp_path / "f"
+    mapped = MappedFile.create(path, 64 * MiB)
+    fill_with(mapped, 0xAB, 3 * RESERVE_STEP_BYTES)
+    mapped.close()
+    mapped = MappedFile.open(path, Access.READ_WRITE)
+    try:
+        mapped.reserve_zeroed(1000, 1010)
+        view = np.frombuffer(mapped.read(0, 3 * RESERVE_STEP_BYTES), dtype=np.uint8)
+        assert (view[:1000] == 0xAB).all()  # the records before the write are kept
+        assert not view[1000:2 * RESERVE_STEP_BYTES].any()  # through a whole step past the write
+        assert (view[2 * RESERVE_STEP_BYTES:] == 0xAB).all()  # and no further
+    finally:
+        mapped.close()
+
+
+def test_reserve_zeroed_writes_nothing_inside_what_it_reserved_before(tmp_path):
+    mapped = MappedFile.create(tmp_path / "f", 64 * MiB)
+    try:
+        mapped.reserve_zeroed(0, 10)
+        mapped.write(0, b"record")
+        mapped.reserve_zeroed(6, RESERVE_STEP_BYTES + 6)  # still inside the zeroed range
+        assert bytes(mapped.read(0, 6)) == b"record"
+        mapped.reserve_zeroed(2 * RESERVE_STEP_BYTES - 1, 2 * RESERVE_STEP_BYTES + 1)  # past it
+        assert bytes(mapped.read(0, 6)) == b"record"
+        assert not np.frombuffer(mapped.read(6, 3 * RESERVE_STEP_BYTES - 6), dtype=np.uint8).any()
+    finally:
+        mapped.close()
+
+
+def test_reserve_zeroed_blocks_are_allocated_data_not_holes(tmp_path):
+    """The point of zero-filling: the blocks hold written data, so a later fdatasync converts no
+    unwritten extents (SEEK_DATA finds them; the rest of the sparse file stays a hole)."""
+    mapped = MappedFile.create(tmp_path / "f", 64 * MiB)
+    try:
+        mapped.reserve_zeroed(0, 1)
+        mapped.sync(0, RESERVE_STEP_BYTES)
+        assert mapped.data_ranges() == [(0, 2 * RESERVE_STEP_BYTES)]
+        assert os.stat(mapped.path).st_blocks * 512 >= 2 * RESERVE_STEP_BYTES
+    finally:
+        mapped.close()
+
+
+def test_reserve_zeroed_on_a_full_filesystem_is_disk_full_and_keeps_the_records(tmp_path):
+    mount_point = small_tmpfs(tmp_path / "mnt", 2 * MiB)
+    try:
+        mapped = MappedFile.create(mount_point / "f", 16 * MiB)
+        try:
+            mapped.write(0, b"record")
+            for _ in range(2):  # nothing was counted as reserved: the second ask fails the same way
+                with pytest.raises(DiskFullError) as info:
+                    mapped.reserve_zeroed(6, 7)  # wants 8 MiB of zeros on a 2 MiB filesystem
+                assert info.value.path == str(mount_point / "f")
+                assert bytes(mapped.read(0, 6)) == b"record"
+        finally:
+            mapped.close()
+    finally:
+        unmount(mount_point)
