@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 
 from engine.errors import DiskFullError, StoreError
-from engine.mapped_file import PAGE_BYTES, RESERVE_STEP_BYTES, Access, MappedFile
+from engine.mapped_file import (
+    PAGE_BYTES,
+    RESERVE_STEP_BYTES,
+    ZERO_AHEAD_BYTES,
+    ZERO_STEP_BYTES,
+    Access,
+    MappedFile,
+)
 from tools.torture.filesystems import FilesystemUnavailable, MiB, ThinDisk, small_tmpfs, unmount
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -181,19 +188,20 @@ def fill_with(mapped: MappedFile, byte: int, length: int) -> None:
     mapped.write(0, bytes([byte]) * length)
 
 
-def test_reserve_zeroed_keeps_what_lies_before_the_write_and_zeroes_a_step_beyond(tmp_path):
+def test_reserve_zeroed_keeps_what_lies_before_the_write_and_zeroes_ahead_of_it(tmp_path):
     """A reopened segment knows nothing reserved yet: the zeros start at the write, never at 0."""
     path = tmp_path / "f"
     mapped = MappedFile.create(path, 64 * MiB)
-    fill_with(mapped, 0xAB, 3 * RESERVE_STEP_BYTES)
+    fill_with(mapped, 0xAB, 2 * ZERO_AHEAD_BYTES + 2 * ZERO_STEP_BYTES)
     mapped.close()
     mapped = MappedFile.open(path, Access.READ_WRITE)
     try:
         mapped.reserve_zeroed(1000, 1010)
-        view = np.frombuffer(mapped.read(0, 3 * RESERVE_STEP_BYTES), dtype=np.uint8)
+        target = -(-(1010 + ZERO_AHEAD_BYTES) // ZERO_STEP_BYTES) * ZERO_STEP_BYTES
+        view = np.frombuffer(mapped.read(0, target + ZERO_STEP_BYTES), dtype=np.uint8)
         assert (view[:1000] == 0xAB).all()  # the records before the write are kept
-        assert not view[1000:2 * RESERVE_STEP_BYTES].any()  # through a whole step past the write
-        assert (view[2 * RESERVE_STEP_BYTES:] == 0xAB).all()  # and no further
+        assert not view[1000:target].any()  # zeros through ZERO_AHEAD_BYTES past the write
+        assert (view[target:] == 0xAB).all()  # and no further
     finally:
         mapped.close()
 
@@ -203,11 +211,13 @@ def test_reserve_zeroed_writes_nothing_inside_what_it_reserved_before(tmp_path):
     try:
         mapped.reserve_zeroed(0, 10)
         mapped.write(0, b"record")
-        mapped.reserve_zeroed(6, RESERVE_STEP_BYTES + 6)  # still inside the zeroed range
+        mapped.reserve_zeroed(6, ZERO_AHEAD_BYTES)  # still inside the zeroed range
         assert bytes(mapped.read(0, 6)) == b"record"
-        mapped.reserve_zeroed(2 * RESERVE_STEP_BYTES - 1, 2 * RESERVE_STEP_BYTES + 1)  # past it
+        mapped.write(ZERO_AHEAD_BYTES, b"next")
+        mapped.reserve_zeroed(ZERO_AHEAD_BYTES + 4, ZERO_AHEAD_BYTES + ZERO_STEP_BYTES + 1)  # past it
         assert bytes(mapped.read(0, 6)) == b"record"
-        assert not np.frombuffer(mapped.read(6, 3 * RESERVE_STEP_BYTES - 6), dtype=np.uint8).any()
+        assert bytes(mapped.read(ZERO_AHEAD_BYTES, 4)) == b"next"
+        assert not np.frombuffer(mapped.read(6, ZERO_AHEAD_BYTES - 6), dtype=np.uint8).any()
     finally:
         mapped.close()
 
@@ -218,9 +228,10 @@ def test_reserve_zeroed_blocks_are_allocated_data_not_holes(tmp_path):
     mapped = MappedFile.create(tmp_path / "f", 64 * MiB)
     try:
         mapped.reserve_zeroed(0, 1)
-        mapped.sync(0, RESERVE_STEP_BYTES)
-        assert mapped.data_ranges() == [(0, 2 * RESERVE_STEP_BYTES)]
-        assert os.stat(mapped.path).st_blocks * 512 >= 2 * RESERVE_STEP_BYTES
+        mapped.sync(0, PAGE_BYTES)
+        target = -(-(1 + ZERO_AHEAD_BYTES) // ZERO_STEP_BYTES) * ZERO_STEP_BYTES
+        assert mapped.data_ranges() == [(0, target)]
+        assert os.stat(mapped.path).st_blocks * 512 >= target
     finally:
         mapped.close()
 
@@ -233,7 +244,7 @@ def test_reserve_zeroed_on_a_full_filesystem_is_disk_full_and_keeps_the_records(
             mapped.write(0, b"record")
             for _ in range(2):  # nothing was counted as reserved: the second ask fails the same way
                 with pytest.raises(DiskFullError) as info:
-                    mapped.reserve_zeroed(6, 7)  # wants 8 MiB of zeros on a 2 MiB filesystem
+                    mapped.reserve_zeroed(6, 2 * MiB)  # wants 3 MiB of zeros on a 2 MiB filesystem
                 assert info.value.path == str(mount_point / "f")
                 assert bytes(mapped.read(0, 6)) == b"record"
         finally:
