@@ -13,11 +13,12 @@ Index keys are handed on (DESIGN §4): for each run the dispatcher computes ever
 and shard once (engine.dispatch.shard_key_columns) and publishes each shard's columns as one
 block of the key ring (ipc/key_ring.py) tagged with the commitlog range of the run, then posts
 the index builders (the supervisor posts only the dispatcher after a flush): at most every
-BUILDER_POST_INTERVAL_S while it is busy, and always before it goes idle, so a builder wakes
-for a few blocks at a time instead of once per flush. It never waits for a builder: a full
-ring is overwritten, and a builder scans the commitlog for whatever the ring does not give it
-(workers/index_builder.py). Without a ring (the region could not be made) the builders scan
-everything, as before.
+BUILDER_POST_INTERVAL_S, busy or idle (`PostPacer`: an idle dispatcher sleeps only until an
+owed post is due), so a builder wakes for several flushes' blocks at a time instead of once
+per flush; one message at a time that was ~850 wake-ups a second per builder. It never waits
+for a builder: a full ring is overwritten, and a builder scans the commitlog for whatever the
+ring does not give it (workers/index_builder.py). Without a ring (the region could not be
+made) the builders scan everything, as before.
 
 Restart: ConsumeQueueTable.load + recover_all keeps every valid entry (a killed dispatcher's
 page-cache writes survive it), then dispatch resumes from the published cq_durable_pos;
@@ -58,6 +59,32 @@ def scan_window(commitlog: CommitLog, start_pos: int, limit_pos: int) -> BatchSc
                                   Verify.STRUCTURE)
 
 
+class PostPacer:
+    """When to post the index builders: progress makes a post owed; an owed post is due once
+    `interval_s` has passed since the last one (busy or idle), so they wake at most that often."""
+
+    def __init__(self, interval_s: float):
+        self.interval_s = interval_s
+        self.posted_at = float("-inf")
+        self.owed = False
+
+    def progress(self) -> None:
+        self.owed = True
+
+    def due(self, now: float) -> bool:
+        return self.owed and now - self.posted_at >= self.interval_s
+
+    def posted(self, now: float) -> None:
+        self.posted_at = now
+        self.owed = False
+
+    def wait_s(self, now: float, idle_wait_s: float) -> float:
+        """How long an idle dispatcher may sleep: idle_wait_s, or until an owed post is due."""
+        if not self.owed:
+            return idle_wait_s
+        return min(idle_wait_s, max(self.posted_at + self.interval_s - now, 0.0))
+
+
 class Dispatcher(ChildProcess):
     role = Role.DISPATCHER
 
@@ -78,8 +105,7 @@ class Dispatcher(ChildProcess):
         self.shard_count = self.ctl.shard_count
         self.ring, self.ring_writers = self._open_ring()
         self.builder_wakeups = self._open_builder_wakeups()
-        self._builders_posted_at = 0.0
-        self._builders_owed = False  # progress the builders were not posted for yet
+        self.builder_posts = PostPacer(BUILDER_POST_INTERVAL_S)
         self.blocks_dropped = 0  # blocks too big for the ring (their builders scan instead)
         log.info("dispatcher resumes at commit_pos %d (%d consume queues, key ring %s)", self.pos,
                  len(self.queues), "on" if self.ring is not None else "off")
@@ -110,8 +136,7 @@ class Dispatcher(ChildProcess):
     def step(self) -> bool:
         limit = self._limit()
         if limit <= self.pos:
-            if self._builders_owed:
-                self._post_builders(time.monotonic())
+            self._post_builders_if_due()
             return False
         scanner = scan_window(self.commitlog, self.pos, limit)
         count = self._dispatch(scanner)
@@ -124,18 +149,22 @@ class Dispatcher(ChildProcess):
                 self.ctl.publish_dispatched(self.pos, msg_count=count)
                 self.published_pos = self.pos
                 self.waiters.notify_waiters()
-            now = time.monotonic()  # posted after dispatched_pos: see index_builder's gap rule
-            if now - self._builders_posted_at >= BUILDER_POST_INTERVAL_S:
-                self._post_builders(now)
-            else:
-                self._builders_owed = True
+            self.builder_posts.progress()  # posted after dispatched_pos: see index_builder's gap rule
+            self._post_builders_if_due()
         return True
+
+    def _post_builders_if_due(self) -> None:
+        now = time.monotonic()
+        if self.builder_posts.due(now):
+            self._post_builders(now)
 
     def _post_builders(self, now: float) -> None:
         for wakeup in self.builder_wakeups:
             wakeup.post()
-        self._builders_posted_at = now
-        self._builders_owed = False
+        self.builder_posts.posted(now)
+
+    def _idle_wait_s(self, now: float) -> float:
+        return self.builder_posts.wait_s(now, super()._idle_wait_s(now))
 
     def _dispatch(self, scanner: BatchScanner) -> int:
         """Consume-queue entries for every record of the scan (one put_batch per queue and run)
@@ -171,6 +200,8 @@ class Dispatcher(ChildProcess):
     def close(self) -> None:
         if self.blocks_dropped:
             log.info("dispatcher: %d key blocks were too big for the ring", self.blocks_dropped)
+        if self.builder_posts.owed:  # the builders' last blocks, without their poll interval
+            self._post_builders(time.monotonic())
         for wakeup in self.builder_wakeups:
             wakeup.close()
         if self.ring is not None:

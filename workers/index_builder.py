@@ -19,7 +19,7 @@ more than the range a block names:
   there was work.
 
 Otherwise the builder waits for the dispatcher, which posts it after its steps (at most every
-BUILDER_POST_INTERVAL_S, and before it goes idle).
+BUILDER_POST_INTERVAL_S, an owed post also when the dispatcher is idle).
 
 Every `cq_flush_interval_ms` the builder msyncs its files and publishes its durable position.
 Restart: ShardIndex.load, trim_from(durable_pos) (entries past it go, slot heads repaired),
@@ -45,6 +45,8 @@ from workers.dispatcher import scan_window
 
 RING_PATIENCE_S = 0.5  # no dispatcher progress for this long while there is work: scan
 RING_ATTACH_RETRY_S = 0.5
+RING_ATTACH_FIRST_RETRY_S = 0.02  # doubling up to RING_ATTACH_RETRY_S: a builder that boots before
+# the dispatcher has made the ring attaches within ms, not after scanning for half a second
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class IndexBuilder(ChildProcess):
         self.ring: KeyRing | None = None
         self.reader: RingReader | None = None
         self._attach_at = 0.0
+        self._attach_retry_s = RING_ATTACH_FIRST_RETRY_S
         self._pending: KeyBlock | None = None  # read from the ring, not applicable yet
         self._waiting_since: float | None = None
         self._dispatched_seen = -1
@@ -135,11 +138,13 @@ class IndexBuilder(ChildProcess):
         return self.reader.read(pos)
 
     def _attach_ring(self) -> None:
-        """(Re)attach the dispatcher's ring, at most every RING_ATTACH_RETRY_S."""
+        """(Re)attach the dispatcher's ring; failed tries are retried after RING_ATTACH_FIRST_RETRY_S,
+        doubling up to RING_ATTACH_RETRY_S."""
         now = time.monotonic()
         if now < self._attach_at:
             return
-        self._attach_at = now + RING_ATTACH_RETRY_S
+        self._attach_at = now + self._attach_retry_s
+        self._attach_retry_s = min(2 * self._attach_retry_s, RING_ATTACH_RETRY_S)
         if self.ring is not None:
             self.ring.close()
             self.ring = self.reader = None
@@ -152,6 +157,7 @@ class IndexBuilder(ChildProcess):
             self.ring = None
             return
         self.reader = self.ring.reader(self.shard)
+        self._attach_retry_s = RING_ATTACH_FIRST_RETRY_S
 
     def _gap_end(self, pos: int, limit: int, dispatched: int) -> int:
         """Where to scan the commitlog to from `pos` (pos itself: wait for the dispatcher)."""

@@ -1,0 +1,57 @@
+"""The dispatcher posts the index builders at most once per interval, busy or idle, and never
+leaves progress unposted: PostPacer's rules, on given times (binary fractions, so the
+arithmetic is exact)."""
+
+from __future__ import annotations
+
+from workers.child import HEARTBEAT_INTERVAL_S
+from workers.dispatcher import PostPacer
+
+INTERVAL_S = 2.0 ** -8  # ~3.9 ms
+TICK_S = 2.0 ** -10  # ~1 ms: a dispatcher step per flush, one message at a time
+
+
+def test_nothing_is_due_without_progress():
+    pacer = PostPacer(INTERVAL_S)
+    assert not pacer.due(100.0)
+    assert pacer.wait_s(100.0, HEARTBEAT_INTERVAL_S) == HEARTBEAT_INTERVAL_S
+
+
+def test_the_first_progress_is_posted_at_once():
+    pacer = PostPacer(INTERVAL_S)
+    pacer.progress()
+    assert pacer.due(100.0)
+
+
+def test_progress_within_the_interval_is_posted_when_it_ends_and_the_idle_wait_ends_then():
+    pacer = PostPacer(INTERVAL_S)
+    pacer.progress()
+    pacer.posted(100.0)
+    pacer.progress()  # the next step, one tick later
+    assert not pacer.due(100.0 + TICK_S)
+    assert pacer.wait_s(100.0 + TICK_S, HEARTBEAT_INTERVAL_S) == INTERVAL_S - TICK_S
+    assert pacer.due(100.0 + INTERVAL_S)
+    pacer.posted(100.0 + INTERVAL_S)
+    assert not pacer.owed
+    assert pacer.wait_s(100.0 + INTERVAL_S + TICK_S, HEARTBEAT_INTERVAL_S) == HEARTBEAT_INTERVAL_S
+
+
+def test_an_overdue_post_does_not_sleep():
+    pacer = PostPacer(INTERVAL_S)
+    pacer.posted(100.0)
+    pacer.progress()
+    assert pacer.wait_s(100.5, HEARTBEAT_INTERVAL_S) == 0.0
+
+
+def test_steady_progress_is_posted_once_per_interval_not_once_per_step():
+    pacer = PostPacer(INTERVAL_S)
+    posts = 0
+    steps = 1024  # one second of a step per tick
+    for step in range(steps):
+        now = 100.0 + step * TICK_S
+        pacer.progress()
+        if pacer.due(now):
+            pacer.posted(now)
+            posts += 1
+    assert posts == steps * TICK_S / INTERVAL_S  # 256, not 1024
+    assert pacer.owed and pacer.due(100.0 + steps * TICK_S)  # the last steps are posted next
