@@ -1,11 +1,11 @@
-"""The dispatcher posts the index builders at most once per interval, busy or idle, and never
+"""The dispatcher's pacing: it posts the index builders at most once per interval, busy or idle, never
 leaves progress unposted: PostPacer's rules, on given times (binary fractions, so the
 arithmetic is exact)."""
 
 from __future__ import annotations
 
 from workers.child import HEARTBEAT_INTERVAL_S
-from workers.dispatcher import PostPacer
+from workers.dispatcher import COALESCE_BELOW_BYTES, COALESCE_S, PostPacer, coalesce_wait_s
 
 INTERVAL_S = 2.0 ** -8  # ~3.9 ms
 TICK_S = 2.0 ** -10  # ~1 ms: a dispatcher step per flush, one message at a time
@@ -55,3 +55,21 @@ def test_steady_progress_is_posted_once_per_interval_not_once_per_step():
             posts += 1
     assert posts == steps * TICK_S / INTERVAL_S  # 256, not 1024
     assert pacer.owed and pacer.due(100.0 + steps * TICK_S)  # the last steps are posted next
+
+
+# ------------------------------------------------------------------ dispatch coalescing
+
+
+def test_a_large_backlog_is_dispatched_at_once():
+    assert coalesce_wait_s(COALESCE_BELOW_BYTES, 0.0) == 0.0
+    assert coalesce_wait_s(16 << 20, 0.0) == 0.0
+
+
+def test_a_small_backlog_right_after_a_step_waits_for_the_rest_of_the_coalesce_time():
+    assert coalesce_wait_s(900, 0.0) == COALESCE_S
+    assert coalesce_wait_s(900, COALESCE_S / 4) == COALESCE_S * 3 / 4
+
+
+def test_a_small_backlog_long_after_the_last_step_is_dispatched_at_once():
+    assert coalesce_wait_s(900, COALESCE_S) == 0.0
+    assert coalesce_wait_s(1, 60.0) == 0.0
