@@ -27,7 +27,7 @@ RESERVE_STEP_BYTES = 4 << 20
 # at most the device's readahead size (8 MiB here), counted from the start of the range.
 PREFETCH_MAX_BYTES = 8 << 20
 ZERO_CHUNK_BYTES = 1 << 20  # blocks are allocated ahead of the writer in steps of this size
-_ZEROS = bytes(ZERO_CHUNK_BYTES)
+_ZEROS_VIEW = memoryview(bytes(ZERO_CHUNK_BYTES))
 ZERO_AHEAD_BYTES = 1 << 20  # reserve_zeroed keeps this much written zeros ahead of the writer
 ZERO_STEP_BYTES = 256 << 10  # in steps this small: a concurrent fdatasync waits on little of it
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
@@ -140,7 +140,7 @@ class MappedFile:
                      -(-(end_file_pos + ZERO_AHEAD_BYTES) // ZERO_STEP_BYTES) * ZERO_STEP_BYTES)
         with _disk_full_as_error(self.path, "write zeros ahead"):
             for pos in range(start, target, ZERO_CHUNK_BYTES):
-                self._pwrite_all(_ZEROS[:min(ZERO_CHUNK_BYTES, target - pos)], pos)
+                self._pwrite_all(_ZEROS_VIEW[:min(ZERO_CHUNK_BYTES, target - pos)], pos)
         _start_writeback(self._fd, start, target - start)
         self._reserved_until = target
 
