@@ -131,18 +131,29 @@ class MappedFile:
         for the same reason. Small steps: the group commit's fdatasync (of the whole file) runs
         beside this and waits for whatever zeros are in flight; 4 MiB at a time stalled it for
         25 ms (bar 3's p99 doubled), 256 KiB does not show. DiskFullError when the disk has no
-        room (the pwrite of zeros fails).
+        room for [write_file_pos, end_file_pos); the zeros beyond are best effort.
         """
         if end_file_pos <= self._reserved_until:
             return
         start = max(self._reserved_until, write_file_pos)
+        end_file_pos = min(end_file_pos, self.size_bytes)
         target = min(self.size_bytes,
                      -(-(end_file_pos + ZERO_AHEAD_BYTES) // ZERO_STEP_BYTES) * ZERO_STEP_BYTES)
         with _disk_full_as_error(self.path, "write zeros ahead"):
-            for pos in range(start, target, ZERO_CHUNK_BYTES):
-                self._pwrite_all(_ZEROS_VIEW[:min(ZERO_CHUNK_BYTES, target - pos)], pos)
-        _start_writeback(self._fd, start, target - start)
-        self._reserved_until = target
+            self._write_zeros(start, end_file_pos)  # what the write needs: DiskFullError if no room
+        reached = target
+        try:
+            self._write_zeros(end_file_pos, target)
+        except OSError as exc:  # ahead is best effort: a record that fits is not refused for it
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreError(f"cannot write zeros ahead: {exc}", path=str(self.path)) from exc
+            reached = end_file_pos
+        _start_writeback(self._fd, start, reached - start)
+        self._reserved_until = reached
+
+    def _write_zeros(self, start_pos: int, end_pos: int) -> None:
+        for pos in range(start_pos, end_pos, ZERO_CHUNK_BYTES):
+            self._pwrite_all(_ZEROS_VIEW[:min(ZERO_CHUNK_BYTES, end_pos - pos)], pos)
 
     def _reserve_target(self, end_file_pos: int) -> int:
         return min(self.size_bytes, -(-end_file_pos // RESERVE_STEP_BYTES) * RESERVE_STEP_BYTES)

@@ -188,8 +188,12 @@ class Dispatcher(ChildProcess):
         self.builder_posts.posted(now)
 
     def _idle_wait_s(self, now: float) -> float:
+        """The child's idle wait, shortened to when an owed builder post or a coalesced backlog
+        is due. An owed post that is due is made here: while a full disk is waited out no step
+        runs to make it, and a wait of 0 would spin."""
+        self._post_builders_if_due()
         wait_s = self.builder_posts.wait_s(now, super()._idle_wait_s(now))
-        if self._coalesce_until is not None:
+        if self._coalesce_until is not None and self._disk_full_since is None:
             wait_s = min(wait_s, max(self._coalesce_until - now, 0.0))
         return wait_s
 

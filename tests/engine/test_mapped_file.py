@@ -244,9 +244,27 @@ def test_reserve_zeroed_on_a_full_filesystem_is_disk_full_and_keeps_the_records(
             mapped.write(0, b"record")
             for _ in range(2):  # nothing was counted as reserved: the second ask fails the same way
                 with pytest.raises(DiskFullError) as info:
-                    mapped.reserve_zeroed(6, 2 * MiB)  # wants 3 MiB of zeros on a 2 MiB filesystem
+                    mapped.reserve_zeroed(6, 3 * MiB)  # the write itself needs 3 MiB on a 2 MiB filesystem
                 assert info.value.path == str(mount_point / "f")
                 assert bytes(mapped.read(0, 6)) == b"record"
+        finally:
+            mapped.close()
+    finally:
+        unmount(mount_point)
+
+
+def test_reserve_zeroed_does_not_refuse_a_write_that_fits_when_the_zeros_ahead_do_not(tmp_path):
+    """The zeros beyond the write are best effort: near a full disk a record that fits is written."""
+    mount_point = small_tmpfs(tmp_path / "mnt", 2 * MiB)
+    try:
+        mapped = MappedFile.create(mount_point / "f", 16 * MiB)
+        try:
+            end = 3 * MiB // 2  # fits; end + ZERO_AHEAD_BYTES does not
+            mapped.reserve_zeroed(0, end)
+            mapped.write(0, b"\x07" * end)
+            mapped.sync(0, end)
+            assert bytes(mapped.read(end - 1, 1)) == b"\x07"
+            assert mapped._reserved_until == end  # the next write asks for its own room again
         finally:
             mapped.close()
     finally:

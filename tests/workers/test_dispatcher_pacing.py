@@ -4,8 +4,11 @@ arithmetic is exact)."""
 
 from __future__ import annotations
 
+import os
+
+from ipc.wakeup import Wakeup
 from workers.child import HEARTBEAT_INTERVAL_S
-from workers.dispatcher import COALESCE_BELOW_BYTES, COALESCE_S, PostPacer, coalesce_wait_s
+from workers.dispatcher import COALESCE_BELOW_BYTES, COALESCE_S, Dispatcher, PostPacer, coalesce_wait_s
 
 INTERVAL_S = 2.0 ** -8  # ~3.9 ms
 TICK_S = 2.0 ** -10  # ~1 ms: a dispatcher step per flush, one message at a time
@@ -73,3 +76,29 @@ def test_a_small_backlog_right_after_a_step_waits_for_the_rest_of_the_coalesce_t
 def test_a_small_backlog_long_after_the_last_step_is_dispatched_at_once():
     assert coalesce_wait_s(900, COALESCE_S) == 0.0
     assert coalesce_wait_s(1, 60.0) == 0.0
+
+
+# ------------------------------------------------------- the dispatcher's idle wait itself
+
+
+def test_while_a_full_disk_is_waited_out_an_owed_post_is_made_not_spun_on(tmp_path):
+    """No step runs during a disk-full wait, so the idle wait must post owed progress itself and
+    then sleep: a wait of 0 there would spin at 100 % CPU until space returns."""
+    name = f"/mqstore-test-{os.getpid()}-pacing"
+    builder = Wakeup.create(name)
+    try:
+        dispatcher = Dispatcher.__new__(Dispatcher)  # only the state _idle_wait_s reads
+        dispatcher.builder_wakeups = [builder]
+        dispatcher.builder_posts = PostPacer(INTERVAL_S)
+        dispatcher._coalesce_until = None
+        dispatcher._disk_full_since, dispatcher._retry_at = 100.0, 100.5  # retry in 0.5 s
+        dispatcher.builder_posts.posted(100.0)
+        dispatcher.builder_posts.progress()  # the step before the disk filled
+        wait_s = dispatcher._idle_wait_s(100.0 + INTERVAL_S)
+        assert builder.pending_posts == 1 and not dispatcher.builder_posts.owed
+        assert wait_s == HEARTBEAT_INTERVAL_S  # min(heartbeat, time to the retry): sleeps
+        dispatcher._coalesce_until = 99.0  # a stale coalesce deadline does not make it spin either
+        assert dispatcher._idle_wait_s(100.0 + INTERVAL_S) == HEARTBEAT_INTERVAL_S
+    finally:
+        builder.close()
+        builder.unlink()
