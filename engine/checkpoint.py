@@ -8,17 +8,14 @@ previous checkpoint in place (and no temp file behind).
 
 from __future__ import annotations
 
-import errno
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
 from engine.errors import CheckpointError, DiskFullError
 from engine.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from engine.mapped_file import remove_file, write_file_atomically
+from engine.mapped_file import DISK_FULL_ERRNOS, remove_file, write_file_atomically
 from engine.naming import BACKUP_SUFFIX, CHECKPOINT_FILE, TEMP_SUFFIX
-
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class CheckpointSource(Enum):

@@ -27,7 +27,6 @@ the first invalid entry (zeros: never written) ends the queue. Rules mqstore add
 from __future__ import annotations
 
 import bisect
-import errno
 import os
 from collections.abc import Callable
 from enum import Enum
@@ -46,14 +45,13 @@ from engine.formats.cq_entry import (
     decode_cq_entry,
     encode_cq_entry,
 )
-from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile
+from engine.mapped_file import DISK_FULL_ERRNOS, RESERVE_STEP_BYTES, Access, MappedFile
 from engine.naming import consume_queue_dir, offset_to_name, validate_topic
 from engine.segment_queue import SegmentQueue
 
 _FILLER_BYTES = encode_cq_entry(*FILLER_ENTRY)
 _entry_unpack = CQ_ENTRY.unpack_from
 _SCAN_CHUNK_ENTRIES = 4096
-_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _RECOVER_FILES = 3  # RocketMQ recovers from the third-to-last file
 
 
@@ -274,7 +272,7 @@ class ConsumeQueue:
         try:
             return self.segments.create(base_pos)
         except OSError as exc:
-            if exc.errno in _DISK_FULL_ERRNOS:
+            if exc.errno in DISK_FULL_ERRNOS:
                 raise DiskFullError("no space left to create a consume-queue file",
                                     path=str(self.segments.directory)) from exc
             raise

@@ -19,7 +19,6 @@ Hashes collide (the key hash is Java's `String.hashCode`, and `slot = hash % slo
 
 from __future__ import annotations
 
-import errno
 from pathlib import Path
 from typing import NoReturn
 
@@ -52,7 +51,7 @@ from engine.formats.index_file import (
 )
 from engine.formats.java_hash import index_key_hash
 from engine.index_trim import heads_after_trim, kept_count
-from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile
+from engine.mapped_file import DISK_FULL_ERRNOS, RESERVE_STEP_BYTES, Access, MappedFile
 
 _header_unpack, _header_pack = INDEX_HEADER.unpack_from, INDEX_HEADER.pack_into
 _slot_unpack, _slot_pack = SLOT.unpack_from, SLOT.pack_into
@@ -415,7 +414,7 @@ def _reserve_target(end_pos: int, size_bytes: int) -> int:
 
 def raise_if_disk_full(exc: OSError, what: str, path: Path) -> None:
     """ENOSPC/EDQUOT from creating a file or directory is DiskFullError; anything else is not."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if exc.errno in DISK_FULL_ERRNOS:
         raise DiskFullError(f"no space left to {what}", path=str(path)) from exc
 
 

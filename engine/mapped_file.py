@@ -30,6 +30,7 @@ ZERO_CHUNK_BYTES = 1 << 20  # blocks are allocated ahead of the writer in steps 
 _ZEROS_VIEW = memoryview(bytes(ZERO_CHUNK_BYTES))
 ZERO_AHEAD_BYTES = 1 << 20  # reserve_zeroed keeps this much written zeros ahead of the writer
 ZERO_STEP_BYTES = 256 << 10  # in steps this small: a concurrent fdatasync waits on little of it
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # what a write or allocation raises on a full disk
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 
 
@@ -145,7 +146,7 @@ class MappedFile:
         try:
             self._write_zeros(end_file_pos, target)
         except OSError as exc:  # ahead is best effort: a record that fits is not refused for it
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno not in DISK_FULL_ERRNOS:
                 raise StoreError(f"cannot write zeros ahead: {exc}", path=str(self.path)) from exc
             reached = end_file_pos
         _start_writeback(self._fd, start, reached - start)
@@ -283,7 +284,7 @@ def _disk_full_as_error(path: Path, doing: str):
     try:
         yield
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in DISK_FULL_ERRNOS:
             raise DiskFullError(f"no space left to {doing}", path=str(path)) from exc
         raise StoreError(f"cannot {doing}: {exc}", path=str(path)) from exc
 

@@ -18,14 +18,13 @@ full disk raises DiskFullError and leaves the previous file in place.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import DiskFullError, ServiceNotAvailableError
-from engine.mapped_file import ensure_dir, remove_file, write_file_atomically
+from engine.mapped_file import DISK_FULL_ERRNOS, ensure_dir, remove_file, write_file_atomically
 
 RUN_DIR = "run"
 RUN_INFO_FILE = "supervisor.json"
@@ -69,7 +68,7 @@ def write_run_info(store_dir: str | os.PathLike, info: RunInfo) -> None:
     try:
         write_file_atomically(path, data.encode())
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno not in DISK_FULL_ERRNOS:
             raise
         raise DiskFullError(f"no space left to write {path.name}: {exc.strerror}",
                             path=str(path)) from exc
