@@ -15,10 +15,10 @@ import numpy as np
 
 from engine.check_commitlog import LogScan
 from engine.check_findings import FindingKind, FindingList
-from engine.errors import SegmentLayoutError, StoreError
+from engine.errors import SegmentLayoutError
 from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE, FILLER_SIZE_MARK
 from engine.mapped_file import Access, MappedFile
-from engine.naming import CONSUMEQUEUE_DIR, is_segment_name, name_to_offset, validate_topic
+from engine.naming import CONSUMEQUEUE_DIR, is_segment_name, is_topic_name, name_to_offset
 
 _QUEUE_KINDS = (FindingKind.CQ_ENTRY_MISMATCH, FindingKind.CQ_GAP, FindingKind.CQ_MISSING_ENTRY,
                 FindingKind.CQ_DUPLICATE, FindingKind.CQ_PAST_END)
@@ -44,7 +44,7 @@ def _queue_dirs(base: Path, out: FindingList) -> dict[tuple[str, int], Path]:
     if not base.is_dir():
         return found
     for topic_dir in sorted(base.iterdir()):
-        if not topic_dir.is_dir() or not _is_topic(topic_dir.name):
+        if not topic_dir.is_dir() or not is_topic_name(topic_dir.name):
             out.add(FindingKind.LAYOUT, topic_dir, "not a topic directory")
             continue
         for queue_dir in sorted(topic_dir.iterdir()):
@@ -55,13 +55,6 @@ def _queue_dirs(base: Path, out: FindingList) -> dict[tuple[str, int], Path]:
             found[(topic_dir.name, int(name))] = queue_dir
     return found
 
-
-def _is_topic(name: str) -> bool:
-    try:
-        validate_topic(name)
-    except StoreError:
-        return False
-    return True
 
 
 def _read_queue(directory: Path, entries_per_file: int, out: FindingList) -> tuple[np.ndarray, int]:

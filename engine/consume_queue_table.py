@@ -12,9 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from engine.consume_queue import ConsumeQueue, check_queue_id
-from engine.errors import BadInputError
 from engine.mapped_file import Access, remove_tree
-from engine.naming import CONSUMEQUEUE_DIR, consume_queue_dir, validate_topic
+from engine.naming import CONSUMEQUEUE_DIR, consume_queue_dir, is_topic_name, validate_topic
 
 
 class ConsumeQueueTable:
@@ -35,7 +34,7 @@ class ConsumeQueueTable:
         if not base.is_dir():
             return table
         for topic_dir in sorted(base.iterdir()):
-            if not (topic_dir.is_dir() and _is_topic(topic_dir.name)):
+            if not (topic_dir.is_dir() and is_topic_name(topic_dir.name)):
                 table.foreign.append(topic_dir)
                 continue
             for queue_dir in sorted(topic_dir.iterdir()):
@@ -108,10 +107,3 @@ class ConsumeQueueTable:
             queue.close()
         self._queues.clear()
 
-
-def _is_topic(name: str) -> bool:
-    try:
-        validate_topic(name)
-    except BadInputError:
-        return False
-    return True

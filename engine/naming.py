@@ -61,6 +61,15 @@ def validate_topic(topic: object) -> str:
     return topic
 
 
+def is_topic_name(name: str) -> bool:
+    """Whether `name` (e.g. a directory's) is a valid topic."""
+    try:
+        validate_topic(name)
+    except BadInputError:
+        return False
+    return True
+
+
 def commitlog_dir(root: Path) -> Path:
     return Path(root) / COMMITLOG_DIR
 
