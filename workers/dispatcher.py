@@ -151,14 +151,12 @@ class Dispatcher(ChildProcess):
 
     def step(self) -> bool:
         limit = self._limit()
-        if limit <= self.pos:
-            self._post_builders_if_due()
+        if limit <= self.pos:  # an owed builder post is made by the idle wait (_idle_wait_s)
             return False
         now = time.monotonic()
         wait_s = 0.0 if self._stopping else coalesce_wait_s(limit - self.pos, now - self._stepped_at)
         if wait_s > 0:
             self._coalesce_until = now + wait_s
-            self._post_builders_if_due()
             return False
         self._coalesce_until = None
         self._stepped_at = now
