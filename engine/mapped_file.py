@@ -114,7 +114,7 @@ class MappedFile:
         """
         if end_file_pos <= self._reserved_until:
             return
-        target = self._reserve_target(end_file_pos)
+        target = self._step_end(end_file_pos, RESERVE_STEP_BYTES)
         with _disk_full_as_error(self.path, "allocate file blocks"):
             os.posix_fallocate(self._fd, self._reserved_until, target - self._reserved_until)
         self._prefetch(max(self._reserved_until, target - PREFETCH_MAX_BYTES), target)
@@ -138,8 +138,7 @@ class MappedFile:
             return
         start = max(self._reserved_until, write_file_pos)
         end_file_pos = min(end_file_pos, self.size_bytes)
-        target = min(self.size_bytes,
-                     -(-(end_file_pos + ZERO_AHEAD_BYTES) // ZERO_STEP_BYTES) * ZERO_STEP_BYTES)
+        target = self._step_end(end_file_pos + ZERO_AHEAD_BYTES, ZERO_STEP_BYTES)
         with _disk_full_as_error(self.path, "write zeros ahead"):
             self._write_zeros(start, end_file_pos)  # what the write needs: DiskFullError if no room
         reached = target
@@ -156,8 +155,9 @@ class MappedFile:
         for pos in range(start_pos, end_pos, ZERO_CHUNK_BYTES):
             self._pwrite_all(_ZEROS_VIEW[:min(ZERO_CHUNK_BYTES, end_pos - pos)], pos)
 
-    def _reserve_target(self, end_file_pos: int) -> int:
-        return min(self.size_bytes, -(-end_file_pos // RESERVE_STEP_BYTES) * RESERVE_STEP_BYTES)
+    def _step_end(self, file_pos: int, step_bytes: int) -> int:
+        """file_pos rounded up to a multiple of step_bytes, within the file."""
+        return min(self.size_bytes, -(-file_pos // step_bytes) * step_bytes)
 
     def _prefetch(self, start_pos: int, end_pos: int) -> None:
         """Bring [start_pos, end_pos) into the page cache before it is written.
