@@ -85,11 +85,7 @@ class IndexFile:
         """
         check_geometry(slot_count, entry_count)
         path = Path(path)
-        try:
-            mapped = MappedFile.create(path, index_file_size(slot_count, entry_count))
-        except OSError as exc:
-            raise_if_disk_full(exc, "create an index file", path)
-            raise
+        mapped = MappedFile.create(path, index_file_size(slot_count, entry_count))
         reserved_end = _reserve_target(entry_pos(slot_count, FIRST_INDEX), mapped.size_bytes)
         try:
             mapped.reserve(reserved_end)  # the header and every slot: slots are written anywhere

@@ -69,21 +69,24 @@ class MappedFile:
         """Create a new sparse file of `size_bytes` (owner-only) and map it read-write.
 
         It is sized under a temporary name and renamed, so a crash never leaves a short file
-        under a segment name (only a `.tmp` file, which loading removes).
+        under a segment name (only a `.tmp` file, which loading removes). A failure is
+        DiskFullError or StoreError (EIO, EROFS), never a bare OSError: the writer stops cleanly.
         """
         path = Path(path)
         if path.exists():
             raise FileExistsError(path)
         tmp = path.with_name(path.name + TEMP_SUFFIX)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.ftruncate(fd, size_bytes)
-            os.rename(tmp, path)
-        except OSError:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_dir(path.parent)
+        with _disk_full_as_error(path, "create the file"):
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.ftruncate(fd, size_bytes)
+                os.rename(tmp, path)
+                fsync_dir(path.parent)
+            except OSError:
+                os.close(fd)
+                with contextlib.suppress(OSError):  # a failed disk may refuse this too
+                    tmp.unlink(missing_ok=True)
+                raise
         return cls(path, size_bytes, fd, Access.READ_WRITE)
 
     @classmethod

@@ -84,7 +84,7 @@ class Appender:
         self.appended_msgs = 0
         self.illegal_msgs = 0
         self.timeouts = 0
-        self.write_error: StoreError | None = None  # a failed commitlog write stops the store
+        self.write_error: OSError | StoreError | None = None  # a failed commitlog write stops the store
 
     @property
     def waiting_count(self) -> int:
@@ -205,8 +205,8 @@ class Appender:
         except DiskFullError as exc:  # nothing was written (append_stampable is all or nothing)
             log.warning("disk full while appending: %s", exc)
             return self._unstored(request, results, good, PutStatus.DISK_FULL)
-        except StoreError as exc:  # the disk refused a write (EIO, EROFS): the loop stops the store
-            self.write_error = exc
+        except (OSError, StoreError) as exc:  # the disk refused a write or a roll (EIO, EROFS):
+            self.write_error = exc                # the loop stops the store
             return self._unstored(request, results, good, PutStatus.UNKNOWN_ERROR)
         self.next_offsets.update(taken)  # only once the records are in: no offset is skipped
         return len(good)

@@ -269,3 +269,27 @@ def test_reserve_zeroed_does_not_refuse_a_write_that_fits_when_the_zeros_ahead_d
             mapped.close()
     finally:
         unmount(mount_point)
+
+
+def test_create_on_a_failed_disk_raises_store_error_and_leaves_no_temp_file(thin_disk):
+    """An EIO or EROFS while creating a file (the commitlog preallocating its next segment) is a
+    StoreError the writer stops on, never a bare OSError that escapes the supervisor."""
+    mapped = MappedFile.create(thin_disk.mount_point / "f", 32 * MiB)
+    try:
+        write_dirty(mapped, 16 * MiB)
+        with pytest.raises(StoreError):
+            mapped.sync(0, 16 * MiB)
+    finally:
+        mapped.close()
+    path = thin_disk.mount_point / "g"
+    with pytest.raises(StoreError, match="cannot create the file") as info:
+        MappedFile.create(path, 32 * MiB)
+    assert info.value.path == str(path)
+    assert not path.with_name("g.tmp").exists()
+
+
+def test_create_in_a_missing_directory_raises_store_error(tmp_path):
+    path = tmp_path / "gone" / "f"
+    with pytest.raises(StoreError, match="cannot create the file") as info:
+        MappedFile.create(path, 1 * MiB)
+    assert info.value.path == str(path) and not path.parent.exists()
