@@ -3,13 +3,15 @@
 One sweep (called from the supervisor loop after sem-sup is posted or a timer runs out):
 
 1. take every published, not yet appended request (MailboxServer.pending_slots);
-2. copy its bytes out of shared memory (so the producer cannot change a record between its
-   check and its append), cut them into records and check each record's structure
-   (request_check, whole-array operations) -- a bad record gets MESSAGE_ILLEGAL and never
-   reaches the log, the good ones of the request go on;
-3. assign queue offsets from the topic-queue table and append the request's good records with
-   one CommitLog.append_encoded (stamp queue offsets, commit positions, store time and CRC32Cs
-   in the private copy with numpy, then one slice copy per segment run);
+2. copy their bytes out of shared memory, back to back in one private buffer (so a producer
+   cannot change a record between its check and its append), cut each request into records
+   and check each record's structure (request_check, whole-array operations) -- a bad record
+   gets MESSAGE_ILLEGAL and never reaches the log, a request whose framing is broken gets it
+   for all its records; the good ones go on;
+3. assign queue offsets from the topic-queue table and append the good records of all the
+   sweep's requests with one CommitLog.append_stampable (stamp queue offsets, commit
+   positions, store time and CRC32Cs in the private copy with numpy, then one pwrite per
+   segment run): a burst of requests pays the append's fixed cost once;
 4. publish the written position once for the sweep;
 5. answer: under async flush, or for a request without WAIT_FOR_FLUSH, at once; under sync
    flush the request waits for the group commit and is answered PUT_OK when the published
@@ -41,7 +43,7 @@ from engine.retention import is_disk_full
 from engine.status import PutStatus
 from ipc.mailbox import RESULT_DTYPE, MailboxServer, PendingRequest, RequestFlag
 from workers.group_commit import GroupCommit
-from workers.request_check import CheckedRequest, RecordChecker
+from workers.request_check import CheckedRequest, RecordChecker, merge_checked
 
 DISK_CHECK_INTERVAL_S = 1.0
 DEADLINE_POLL_S = 0.05  # how soon the deadline thread sees a request registered while it was idle
@@ -57,6 +59,26 @@ class _Waiting:
     end_pos: int
     deadline: float
     results: np.ndarray
+
+
+@dataclass
+class _Served:
+    """A request of the sweep: its checked records (None when its framing is broken), where its
+    bytes start in the sweep's private copy, its answer rows and how many of its records are in."""
+
+    request: PendingRequest
+    results: np.ndarray
+    checked: CheckedRequest | None
+    base: int
+    waits: bool
+    stored: int = 0
+
+    @property
+    def good(self) -> np.ndarray | slice:
+        """The rows of its records that passed the check."""
+        if self.checked is None:
+            return np.empty(0, np.int64)
+        return np.flatnonzero(self.checked.ok) if self.checked.reasons else slice(None)
 
 
 class Appender:
@@ -96,11 +118,18 @@ class Appender:
 
     def sweep(self) -> int:
         """Append every new request, publish, answer what can be answered; messages appended."""
-        appended = 0
+        admitted = []
         for request in self.server.pending_slots():
             if self._already_taken(request):
                 continue
-            appended += self._serve(request)
+            status = self._refusal()
+            if status is None:
+                admitted.append(request)
+            else:
+                results = np.zeros(request.count, dtype=RESULT_DTYPE)
+                results["status"] = status
+                self.server.complete(request.slot_index, request.seq, results)
+        appended = self._serve(admitted) if admitted else 0
         if appended:
             self.appended_msgs += appended
         written = self.group_commit.publish_written(appended)
@@ -118,37 +147,49 @@ class Appender:
                 return True
             return self.server.is_answered(request.slot_index, request.seq)
 
-    def _serve(self, request: PendingRequest) -> int:
-        results = np.zeros(request.count, dtype=RESULT_DTYPE)
+    def _refusal(self) -> PutStatus | None:
+        """Why no request is taken now (the store stops, the disk is full), or None."""
         if not self.admitting:
-            results["status"] = PutStatus.SERVICE_NOT_AVAILABLE
-            self.server.complete(request.slot_index, request.seq, results)
-            return 0
+            return PutStatus.SERVICE_NOT_AVAILABLE
         if self._is_disk_full():
-            results["status"] = PutStatus.DISK_FULL
-            self.server.complete(request.slot_index, request.seq, results)
-            return 0
-        data = self._private_copy(request.data)
-        checked = self._check(request, data, results)
-        waits = self.sync and bool(request.flags & RequestFlag.WAIT_FOR_FLUSH)
-        stored = 0
-        if checked is not None:
-            stored = self._append(request, data, checked, results, waits)
-        if stored and waits:  # answered by the flush thread, or at its deadline
-            return stored
-        # a deadline may have answered a waiting request while its write failed
-        if not self.server.is_answered(request.slot_index, request.seq):
-            self.server.complete(request.slot_index, request.seq, results)
+            return PutStatus.DISK_FULL
+        return None
+
+    def _serve(self, requests: list[PendingRequest]) -> int:
+        """Check each request, append the good records of all of them at once, answer those that
+        do not wait for the flush; messages appended."""
+        data = self._private_copy([request.data for request in requests])
+        batch: list[_Served] = []
+        base = 0
+        for request in requests:
+            results = np.zeros(request.count, dtype=RESULT_DTYPE)
+            end = base + len(request.data)
+            checked = self._check(request, data[base:end], results)
+            waits = self.sync and bool(request.flags & RequestFlag.WAIT_FOR_FLUSH)
+            batch.append(_Served(request, results, checked, base, waits))
+            base = end
+        stored = self._append(data, [served for served in batch if served.checked is not None])
+        for served in batch:
+            request = served.request
+            if served.stored and served.waits:  # answered by the flush thread, or at its deadline
+                continue
+            # a deadline may have answered a waiting request while its write failed
+            if not self.server.is_answered(request.slot_index, request.seq):
+                self.server.complete(request.slot_index, request.seq, served.results)
         return stored
 
-    def _private_copy(self, data: memoryview) -> memoryview:
-        """The request's records copied out of the slot, so the producer cannot change one between
-        its check and its append. The buffer is kept across requests: a new one per request
-        (4 MiB at 64 KiB bodies) cost more in page faults than the copy itself."""
-        if len(self._copy_buf) < len(data):
-            self._copy_buf = bytearray(len(data))
-        copy = memoryview(self._copy_buf)[:len(data)]
-        copy[:] = data
+    def _private_copy(self, pieces: list[memoryview]) -> memoryview:
+        """The requests' records copied out of their slots, back to back, so a producer cannot
+        change a record between its check and its append. The buffer is kept across sweeps: a
+        new one each time (4 MiB at 64 KiB bodies) cost more in page faults than the copy."""
+        total = sum(len(piece) for piece in pieces)
+        if len(self._copy_buf) < total:
+            self._copy_buf = bytearray(total)
+        copy = memoryview(self._copy_buf)[:total]
+        at = 0
+        for piece in pieces:
+            copy[at:at + len(piece)] = piece
+            at += len(piece)
         return copy
 
     def _check(self, request: PendingRequest, data: memoryview,
@@ -169,57 +210,62 @@ class Appender:
             self.illegal_msgs += len(checked.reasons)
         return checked
 
-    def _append(self, request: PendingRequest, data: memoryview, checked: CheckedRequest,
-                results: np.ndarray, waits: bool) -> int:
-        """Assign queue offsets and append the request's good records; returns how many. A
-        request that waits for the flush is registered in `_waiting` with its rows filled in
-        before the write (CommitLog.append_stampable's before_write), so the deadline thread can
-        answer it even while the write hangs on a stalled disk."""
-        good = np.flatnonzero(checked.ok)
-        if not len(good):
+    def _append(self, data: memoryview, batch: list[_Served]) -> int:
+        """Assign queue offsets and append the good records of every checked request of the
+        sweep with one CommitLog.append_stampable; returns how many. A request that waits for the
+        flush is registered in `_waiting` with its rows filled in before the write (before_write),
+        so the deadline thread can answer it even while the write hangs on a stalled disk."""
+        if not batch:
             return 0
-        records = checked.good_records(data)  # already checked: append_stampable skips re-checking
-        queue_ids = checked.queue_ids[good].tolist()
-        topics = checked.topics if len(good) == len(checked.topics) else \
-            [checked.topics[i] for i in good.tolist()]
-        keys = list(zip(topics, queue_ids, strict=True))
+        merged = merge_checked(data, [(served.base, served.checked) for served in batch])
+        if not merged.count:
+            return 0
+        keys = list(zip(merged.topics, merged.queue_ids, strict=True))
         counters = {key: itertools.count(self.next_offsets.get(key, 0)) for key in set(keys)}
-        offsets = [next(counters[key]) for key in keys]
+        offsets = np.array([next(counters[key]) for key in keys], dtype=np.int64)
         taken = {key: next(counter) for key, counter in counters.items()}  # the next free offset
         store_ts_ms = time.time_ns() // 1_000_000
 
         def fill_rows(positions: np.ndarray) -> None:
-            results["status"][good] = PutStatus.PUT_OK
-            results["queue_id"][good] = queue_ids
-            results["commit_pos"][good] = positions
-            results["queue_offset"][good] = offsets
-            results["store_ts_ms"][good] = store_ts_ms
-            if waits:
-                end_pos = int(positions[-1] + checked.sizes[good[-1]])
-                with self._lock:
-                    self._waiting[request.slot_index] = _Waiting(
-                        request.seq, end_pos, time.monotonic() + self._timeout_s, results)
+            ends = positions + merged.records.sizes
+            now = time.monotonic()
+            for served, (first, end) in zip(batch, merged.spans, strict=True):
+                if first == end:
+                    continue
+                rows, results = served.good, served.results
+                results["status"][rows] = PutStatus.PUT_OK
+                results["queue_id"][rows] = merged.queue_ids[first:end]
+                results["commit_pos"][rows] = positions[first:end]
+                results["queue_offset"][rows] = offsets[first:end]
+                results["store_ts_ms"][rows] = store_ts_ms
+                served.stored = end - first
+                if served.waits:
+                    with self._lock:
+                        self._waiting[served.request.slot_index] = _Waiting(
+                            served.request.seq, int(ends[end - 1]), now + self._timeout_s, results)
 
         try:
-            self.commitlog.append_stampable(records, offsets, store_ts_ms, before_write=fill_rows)
+            self.commitlog.append_stampable(merged.records, offsets, store_ts_ms, before_write=fill_rows)
         except DiskFullError as exc:  # nothing was written (append_stampable is all or nothing)
             log.warning("disk full while appending: %s", exc)
-            return self._unstored(request, results, good, PutStatus.DISK_FULL)
+            return self._unstored(batch, PutStatus.DISK_FULL)
         except (OSError, StoreError) as exc:  # the disk refused a write or a roll (EIO, EROFS):
             self.write_error = exc                # the loop stops the store
-            return self._unstored(request, results, good, PutStatus.UNKNOWN_ERROR)
+            return self._unstored(batch, PutStatus.UNKNOWN_ERROR)
         self.next_offsets.update(taken)  # only once the records are in: no offset is skipped
-        return len(good)
+        return merged.count
 
-    def _unstored(self, request: PendingRequest, results: np.ndarray, good: np.ndarray,
-                  status: PutStatus) -> int:
-        """The append failed: take the request back from `_waiting` (unless its deadline answered
-        it already) and mark its good records `status`; 0 records stored."""
+    def _unstored(self, batch: list[_Served], status: PutStatus) -> int:
+        """The append failed: take the requests back from `_waiting` (unless a deadline answered
+        one already) and mark their good records `status`; 0 records stored."""
         with self._lock:
-            waiting = self._waiting.get(request.slot_index)
-            if waiting is not None and waiting.seq == request.seq:
-                del self._waiting[request.slot_index]
-        results["status"][good] = status
+            for served in batch:
+                waiting = self._waiting.get(served.request.slot_index)
+                if waiting is not None and waiting.seq == served.request.seq:
+                    del self._waiting[served.request.slot_index]
+        for served in batch:
+            served.results["status"][served.good] = status
+            served.stored = 0
         return 0
 
     def answer_flushed(self) -> None:

@@ -102,6 +102,49 @@ class CheckedRequest(NamedTuple):
         return StampableRecords(blob, starts, sizes)
 
 
+class MergedRecords(NamedTuple):
+    """The good records of several checked requests as one append: the records, their routing,
+    and each request's span [first, end) of them, in request order."""
+
+    records: StampableRecords
+    topics: list[str]
+    queue_ids: np.ndarray  # int64
+    spans: list[tuple[int, int]]
+
+    @property
+    def count(self) -> int:
+        return len(self.queue_ids)
+
+
+def merge_checked(data: memoryview, parts: list[tuple[int, CheckedRequest]]) -> MergedRecords:
+    """The good records of requests checked in place in `data` (request i's records start at
+    byte parts[i][0]), in order: `data` itself when the requests cover it end to end and every
+    record passed, else a new buffer holding only the good ones."""
+    spans: list[tuple[int, int]] = []
+    starts, sizes, queue_ids, topics = [], [], [], []
+    for base, checked in parts:
+        if checked.reasons:
+            good = np.flatnonzero(checked.ok)
+            starts.append(base + checked.starts[good])
+            sizes.append(checked.sizes[good])
+            queue_ids.append(checked.queue_ids[good])
+            topics.extend(topic for topic in checked.topics if topic is not None)
+        else:
+            starts.append(base + checked.starts)
+            sizes.append(checked.sizes)
+            queue_ids.append(checked.queue_ids)
+            topics.extend(checked.topics)
+        spans.append((spans[-1][1] if spans else 0, len(topics)))
+    at, size_of, queue_of = np.concatenate(starts), np.concatenate(sizes), np.concatenate(queue_ids)
+    if int(size_of.sum()) == len(data):  # all passed and nothing lies between: append in place
+        return MergedRecords(StampableRecords(data, at, size_of), topics, queue_of, spans)
+    with memoryview(data) as view:
+        blob = bytearray().join([view[s:s + n] for s, n in zip(at.tolist(), size_of.tolist(), strict=True)])
+    at = np.zeros(len(size_of), dtype=np.int64)
+    np.cumsum(size_of[:-1], out=at[1:])
+    return MergedRecords(StampableRecords(blob, at, size_of), topics, queue_of, spans)
+
+
 class RecordChecker:
     """Checks request records against one store's limits; caches validated topics."""
 

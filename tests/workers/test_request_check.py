@@ -23,7 +23,7 @@ from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS, check_stampable
 from engine.status import PutStatus
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.run_info import run_dir
-from workers.request_check import RecordChecker
+from workers.request_check import RecordChecker, merge_checked
 
 CHECKER = RecordChecker(max_body_bytes=1024, queue_count=4, segment_bytes=65536)
 
@@ -296,3 +296,23 @@ def test_check_request_of_large_bodies_agrees_with_check_on_a_view():
         else:
             with pytest.raises(BadInputError, match="BODYCRC"):
                 checker.check(view)
+
+
+def test_merge_checked_appends_in_place_only_when_every_byte_is_a_good_record():
+    first, second = [record(body=b"x" * i, queue_id=i % 4) for i in range(3)], [record(topic="T2")]
+    clean = bytearray(b"".join(first + second))
+    size_a = sum(len(r) for r in first)
+    parts = [(0, CHECKER.check_request(memoryview(clean)[:size_a], 3)),
+             (size_a, CHECKER.check_request(memoryview(clean)[size_a:], 1))]
+    merged = merge_checked(memoryview(clean), parts)
+    assert merged.records.buf.obj is clean and merged.spans == [(0, 3), (3, 4)]
+    assert merged.topics == ["T1", "T1", "T1", "T2"] and merged.queue_ids.tolist() == [0, 1, 2, 1]
+    # a bad record, and the bytes of a request left out (malformed): only the good ones, copied
+    damaged = bytearray(b"garbage!" + b"".join(first + second))
+    damaged[8 + len(first[0]) + BODY_OFFSET] ^= 0x01  # record 1's body: BODYCRC
+    parts = [(8, CHECKER.check_request(memoryview(damaged)[8:8 + size_a], 3)),
+             (8 + size_a, CHECKER.check_request(memoryview(damaged)[8 + size_a:], 1))]
+    merged = merge_checked(memoryview(damaged), parts)
+    assert merged.spans == [(0, 2), (2, 3)] and merged.topics == ["T1", "T1", "T2"]
+    assert bytes(merged.records.buf) == first[0] + first[2] + second[0]
+    assert merged.records.starts.tolist() == [0, len(first[0]), len(first[0]) + len(first[2])]
