@@ -269,20 +269,26 @@ class Consumer:
             self._table = WaiterTable.attach(self.root)
             self._waiter = ConsumerWaiter.register(self._table, run_dir(self.root))
         ctl = self._ctl
-        self._waiter.wait(lambda: ctl.dispatched_pos > bound or not ctl.supervisor_alive(),
+        self._waiter.wait(lambda: ctl.dispatched_pos > bound or self._supervisor_gone(),
                           min(timeout_s, 1.0))
 
     def _require_supervisor(self) -> None:
-        """ServiceNotAvailableError if the supervisor is gone, looked at once per
-        SUPERVISOR_CHECK_INTERVAL_S at most (the look reads /proc: ~60 us, a pull of 1024 costs
-        about as much); a wait re-checks at every wake-up."""
-        now = time.monotonic()
-        if now - self._supervisor_seen_s < SUPERVISOR_CHECK_INTERVAL_S:
-            return
-        if not self._ctl.supervisor_alive():
+        """ServiceNotAvailableError if the supervisor is gone (see _supervisor_gone)."""
+        if self._supervisor_gone():
             raise ServiceNotAvailableError("the store's supervisor is gone", path=str(self.root),
                                            hint="start it with `mqstore start`")
+
+    def _supervisor_gone(self) -> bool:
+        """True if the supervisor's process is gone, looked at once per
+        SUPERVISOR_CHECK_INTERVAL_S at most (the look reads /proc), by pulls and waits alike: a
+        consumer woken for every dispatch step would otherwise look each time."""
+        now = time.monotonic()
+        if now - self._supervisor_seen_s < SUPERVISOR_CHECK_INTERVAL_S:
+            return False
+        if not self._ctl.supervisor_alive():
+            return True
         self._supervisor_seen_s = now
+        return False
 
     # ------------------------------------------------------------------------------ iterate
     def iterate(self, topic: str, *, follow: bool = False, poll_timeout_ms: int = 1000,

@@ -36,8 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
-import psutil
-
 from engine.config import FlushPolicy
 from engine.errors import FormatVersionError, ServiceNotAvailableError, StoreError
 from ipc import seqlock
@@ -113,10 +111,14 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+    try:  # a zombie still takes signals: its state in /proc/PID/stat (after "comm)") says Z
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            stat = stat_file.read()
+    except FileNotFoundError:
         return False
+    except OSError:  # no /proc to read: the signal said it exists
+        return True
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] not in (b"Z", b"X")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
 from store_harness import RunningStore, assert_check_clean
 
-from engine.errors import BadInputError, CorruptConsumeQueueError
+from engine.errors import BadInputError, CorruptConsumeQueueError, ServiceNotAvailableError
 from engine.formats.cq_entry import CQ_ENTRY, CQ_ENTRY_SIZE
 from engine.naming import consume_queue_dir
 from engine.status import GetStatus, PutStatus
@@ -176,4 +176,21 @@ def test_an_entry_that_does_not_match_its_record_is_corrupt(tmp_path):
         path.write_bytes(original)
     finally:
         assert running.stop() == 0
+    assert_check_clean(running.root)
+
+
+def test_wait_for_more_gives_up_when_the_supervisor_dies_unreaped(tmp_path):
+    """SIGKILLed and not yet reaped by its parent (a zombie, which still takes signals): a
+    consumer sleeping in wait_for_more says SERVICE_NOT_AVAILABLE instead of sleeping on."""
+    running = RunningStore.start(tmp_path / "store")
+    with Consumer(running.root, "gone") as consumer:
+        running.wait_caught_up()
+        bound = consumer.dispatched_pos
+        assert consumer.wait_for_more(bound, 50) is False  # registered as a waiter
+        running.proc.kill()  # not waited for: the supervisor stays a zombie meanwhile
+        with pytest.raises(ServiceNotAvailableError, match="supervisor is gone"):
+            consumer.wait_for_more(bound, 60_000)
+    running.proc.wait()
+    restarted = RunningStore.start(running.root)
+    assert restarted.stop() == 0
     assert_check_clean(running.root)

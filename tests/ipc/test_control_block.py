@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import struct
+import subprocess
 import time
 
 import pytest
@@ -22,6 +23,7 @@ from ipc.control_block import (
     Role,
     StoreState,
     flush_code_for,
+    pid_alive,
     process_slot_index,
     remove_stale,
 )
@@ -286,3 +288,26 @@ def test_control_block_left_by_dead_supervisor_is_not_ready_and_removable(store_
     assert remove_stale(store_dir) is None
     with pytest.raises(ServiceNotAvailableError):
         ControlBlock.attach(store_dir)
+
+
+def test_pid_alive_is_false_for_a_zombie_and_a_reaped_process():
+    """A dead child its parent has not reaped still takes signals; pid_alive must say dead."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert pid_alive(child.pid) and pid_alive(os.getpid())
+        child.kill()
+        deadline = time.monotonic() + 10
+        while _proc_state(child.pid) != "Z":  # the kernel makes it a zombie: we have not waited
+            assert time.monotonic() < deadline, "the killed child never became a zombie"
+            time.sleep(0.005)
+        assert not pid_alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert not pid_alive(child.pid) and not pid_alive(0) and not pid_alive(-1)
+
+
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat_file:
+        stat = stat_file.read()
+    return stat[stat.rfind(")") + 2]
