@@ -28,7 +28,9 @@ Threads and batching (ipc.slot_sender): every send goes through one bounded loca
 by a single sender thread, which coalesces whatever is queued into one mailbox request (up to
 the slot's record and byte limits, never mixing wait and no-wait messages), sends it and waits
 for its answer while the next batch accumulates. Many threads calling send() therefore cost one
-request per group, not one per message. The queue is bounded in bytes: when the store is
+request per group, not one per message. A blocking call (send, send_batch, send_columns) that
+finds nothing queued or in flight sends from its own thread instead, saving the hand-off to the
+sender thread and back. The queue is bounded in bytes: when the store is
 behind, send_async blocks up to `enqueue_timeout_s` and then answers OS_PAGE_CACHE_BUSY (not
 stored) -- memory never grows without bound.
 
@@ -159,6 +161,13 @@ def _as_columns(messages: Sequence[Message]) -> tuple | None:
             None if nones else queue_ids)
 
 
+def _message(topic: str, body: bytes, tags: str | None, keys: Iterable[str] | str, queue_id: int | None,
+             properties: Mapping[str, str] | None, wait: bool) -> Message:
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    return Message(topic, body, tags=tags, keys=keys, queue_id=queue_id, properties=dict(properties or {}),
+                   wait=wait)
+
+
 def _resolve(future: Future, convert: Callable[[BatchResult], object]) -> Callable[[BatchResult], None]:
     return lambda result: future.set_result(convert(result))
 
@@ -199,37 +208,40 @@ class Producer:
              queue_id: int | None = None, properties: Mapping[str, str] | None = None,
              wait: bool = True) -> PutResult:
         """Put one message; blocks until the store answers (PUT_OK after the flush under sync)."""
-        return self.send_async(topic, body, tags=tags, keys=keys, queue_id=queue_id,
-                               properties=properties, wait=wait).result()
+        message = _message(topic, body, tags, keys, queue_id, properties, wait)
+        future: Future = Future()
+        self._send_messages([message], _resolve(future, operator.itemgetter(0)), self._sender.send_or_enqueue)
+        return future.result()
 
     def send_async(self, topic: str, body: bytes, *, tags: str | None = None,
                    keys: Iterable[str] | str = (), queue_id: int | None = None,
                    properties: Mapping[str, str] | None = None, wait: bool = True) -> Future:
         """Like send, returning a Future that resolves to the PutResult."""
-        keys = (keys,) if isinstance(keys, str) else tuple(keys)
-        message = Message(topic, body, tags=tags, keys=keys, queue_id=queue_id,
-                          properties=dict(properties or {}), wait=wait)
+        message = _message(topic, body, tags, keys, queue_id, properties, wait)
         future: Future = Future()
-        self._send_messages([message], _resolve(future, operator.itemgetter(0)))
+        self._send_messages([message], _resolve(future, operator.itemgetter(0)), self._sender.enqueue)
         return future
 
     def send_batch(self, messages: Sequence[Message]) -> list[PutResult]:
         """Put many messages (one request per slot-full); one result each, in order."""
-        return self.send_batch_async(messages).result()
+        return self._send_batch(messages, self._sender.send_or_enqueue).result()
 
     def send_batch_async(self, messages: Sequence[Message]) -> Future:
-        """Like send_batch, returning a Future of the result list. By send_columns when the
-        messages fit it, else message by message."""
+        """Like send_batch, returning a Future of the result list."""
+        return self._send_batch(messages, self._sender.enqueue)
+
+    def _send_batch(self, messages: Sequence[Message], submit: Callable[[list[Pending]], None]) -> Future:
+        """By send_columns when the messages fit it, else message by message."""
         future: Future = Future()
         done = _resolve(future, list)
         columns = _as_columns(messages)
         if columns is not None:
             try:
-                self._send_columns(*columns, done)
+                self._send_columns(*columns, done, submit)
                 return future
             except BadInputError:
                 pass  # the message-by-message path gives each bad message its status
-        self._send_messages(messages, done)
+        self._send_messages(messages, done, submit)
         return future
 
     def send_columns(self, topic: str, bodies: Sequence[bytes], *, keys: Sequence[str] | None = None,
@@ -242,14 +254,17 @@ class Producer:
 
         Bad input (a body that is not bytes or too large, a bad key, columns of different
         lengths, ...) raises BadInputError naming it, and nothing of the call is sent."""
-        return self.send_columns_async(topic, bodies, keys=keys, tags=tags, queue_ids=queue_ids).result()
+        future: Future = Future()
+        self._send_columns(topic, bodies, keys, tags, queue_ids, future.set_result,
+                           self._sender.send_or_enqueue)
+        return future.result()
 
     def send_columns_async(self, topic: str, bodies: Sequence[bytes], *,
                            keys: Sequence[str] | None = None, tags: str | None = None,
                            queue_ids: Sequence[int] | int | None = None) -> Future:
         """Like send_columns, returning a Future of the BatchResult (BadInputError at once)."""
         future: Future = Future()
-        self._send_columns(topic, bodies, keys, tags, queue_ids, future.set_result)
+        self._send_columns(topic, bodies, keys, tags, queue_ids, future.set_result, self._sender.enqueue)
         return future
 
     def close(self) -> None:
@@ -270,8 +285,9 @@ class Producer:
     # ------------------------------------------------------------------------------ columns
     def _send_columns(self, topic: str, bodies: Sequence[bytes], keys: Sequence[str] | None,
                       tags: str | None, queue_ids: Sequence[int] | int | None,
-                      done: Callable[[BatchResult], None]) -> None:
-        """Check and encode the columns (BadInputError: nothing is sent), then queue them."""
+                      done: Callable[[BatchResult], None], submit: Callable[[list[Pending]], None]) -> None:
+        """Check and encode the columns (BadInputError: nothing is sent), then submit them:
+        SlotSender.enqueue, or send_or_enqueue for a caller that waits for the answer."""
         if self._sender.closing or self._closed:
             raise StoreClosedError("the producer is closed", path=str(self.root))
         encoded = self._encode_columns(topic, bodies, keys, tags, queue_ids)
@@ -279,7 +295,7 @@ class Producer:
         if not len(encoded.starts):
             builder.finish_if_complete()
             return
-        self._sender.enqueue([Pending(encoded, builder.put, True)])
+        submit([Pending(encoded, builder.put, True)])
 
     def _encode_columns(self, topic: str, bodies: Sequence[bytes], keys: Sequence[str] | None,
                         tags: str | None, queue_ids: Sequence[int] | int | None) -> EncodedRecords:
@@ -324,15 +340,16 @@ class Producer:
         return topic_raw
 
     # ------------------------------------------------------------------------------ messages
-    def _send_messages(self, messages: Sequence[Message], done: Callable[[BatchResult], None]) -> None:
-        """Validate and encode message by message (a bad one gets its status), queue the rest."""
+    def _send_messages(self, messages: Sequence[Message], done: Callable[[BatchResult], None],
+                       submit: Callable[[list[Pending]], None]) -> None:
+        """Validate and encode message by message (a bad one gets its status), submit the rest."""
         builder = BatchResultBuilder(len(messages), self._msg_id_prefix, done)
         runs = self._encode_runs(messages, builder)
         if not runs:
             builder.finish_if_complete()
             return
-        self._sender.enqueue([Pending(encoded, builder.put, wait, np.array(indexes, dtype=np.int64))
-                              for encoded, indexes, wait in runs])
+        submit([Pending(encoded, builder.put, wait, np.array(indexes, dtype=np.int64))
+                for encoded, indexes, wait in runs])
 
     def _encode_runs(self, messages: Sequence[Message], builder: BatchResultBuilder
                      ) -> list[tuple[EncodedRecords, list[int], bool]]:

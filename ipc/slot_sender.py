@@ -131,6 +131,7 @@ class SlotSender:
         self._pending_bytes = 0
         self._cond = threading.Condition()
         self._closing = False
+        self._busy = False  # a request is in flight (the sender thread's, or a caller's: send_or_enqueue)
         self._broken: str | None = None
         self._thread = threading.Thread(target=self._send_loop, name="mqstore-producer", daemon=True)
         self._thread.start()
@@ -144,6 +145,8 @@ class SlotSender:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+            while self._busy:  # a caller's request in flight still uses the slot
+                self._cond.wait()
         self._thread.join()
         self.slot.release()
 
@@ -151,6 +154,29 @@ class SlotSender:
         """Queue the records for the sender thread."""
         for pending in pendings:
             self._enqueue_one(pending)
+
+    def send_or_enqueue(self, pendings: list[Pending]) -> None:
+        """For a caller that waits for the answer anyway: when nothing is queued or in flight,
+        send from the calling thread (no hand-off to the sender thread and back, which cost
+        the producer two thread switches per request); otherwise enqueue."""
+        if len(pendings) != 1 or not self._claim_idle_slot():
+            self.enqueue(pendings)
+            return
+        try:
+            queue = collections.deque(pendings)
+            while queue:  # more records than one request holds go in several
+                self._perform(_cut_request(queue, self.mailbox))
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _claim_idle_slot(self) -> bool:
+        with self._cond:
+            if self.queue or self._busy or self._closing or self._broken is not None:
+                return False
+            self._busy = True
+            return True
 
     def _enqueue_one(self, pending: Pending) -> None:
         if self._closing:
@@ -185,10 +211,11 @@ class SlotSender:
         """Block for queued records; take up to one request's worth (None once closing with
         nothing queued)."""
         with self._cond:
-            while not self.queue:
-                if self._closing:
+            while not self.queue or self._busy:
+                if self._closing and not self.queue:
                     return None
                 self._cond.wait()
+            self._busy = True
             request = _cut_request(self.queue, self.mailbox)
             self._pending_bytes -= request.nbytes
             self._cond.notify_all()
@@ -199,7 +226,12 @@ class SlotSender:
             request = self._take_request()
             if request is None:
                 return
-            self._perform(request)
+            try:
+                self._perform(request)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
 
     def _perform(self, request: _Request) -> None:
         """Send one request, wait for its answer and deliver the rows to their senders."""

@@ -3,7 +3,9 @@
 MqstoreSender sends each batch with Producer.send_columns_async, one call per topic of the
 batch (no Message or PutResult per message: the answer is counted from its numpy status
 column), and stamps the completion time in the future's callback (the producer's sender
-thread), so the latency does not include the time the worker's main loop took to notice.
+thread), so the latency does not include the time the worker's main loop took to notice. With
+one send in flight (--inflight 1, the default) a one-topic batch goes through the blocking
+Producer.send_columns instead, as a caller that waits for each acknowledgement would send it.
 MqstoreReceiver pulls its (topic, queue) streams with Consumer.pull_columns (numpy columns) and,
 when a sweep finds nothing, long-polls with Consumer.wait_for_more across all of them.
 """
@@ -39,10 +41,19 @@ class MqstoreSender:
     def __init__(self, spec: WorkerSpec):
         self.producer = Producer(spec.target)
         self._plans = _topic_plans(spec.streams, spec.batch)
+        self._blocking = spec.inflight == 1
 
     def submit(self, batch: SendBatch) -> Pending:
+        parts = self._split(batch)
+        if self._blocking and len(parts) == 1:
+            topic, bodies, keys, queue_ids = parts[0]
+            done: Future = Future()
+            done.set_result(self.producer.send_columns(topic, bodies, keys=keys, queue_ids=queue_ids))
+            pending = Pending(len(batch.bodies), done)
+            pending.stamp()
+            return pending
         futures = [self.producer.send_columns_async(topic, bodies, keys=keys, queue_ids=queue_ids)
-                   for topic, bodies, keys, queue_ids in self._split(batch)]
+                   for topic, bodies, keys, queue_ids in parts]
         future = futures[0] if len(futures) == 1 else _all_of(futures)
         pending = Pending(len(batch.bodies), future)
         future.add_done_callback(pending.stamp)
