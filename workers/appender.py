@@ -17,9 +17,12 @@ One sweep (called from the supervisor loop after sem-sup is posted or a timer ru
    flush the request waits for the group commit and is answered PUT_OK when the published
    flushed position passes its last record, or FLUSH_DISK_TIMEOUT at its deadline
    (sync_flush_timeout_ms after it was appended; the records stay in the log either way).
-   The flush thread answers the requests its flush made durable itself (answer_flushed right
-   after the msync), which saves a wake-up of the supervisor loop per flush; the loop answers
-   timeouts. `_waiting` is shared by the two threads under `_lock`.
+   When no flush runs, the loop flushes the sweep itself (GroupCommit.flush_if_idle) and
+   answers; otherwise the flush thread answers the requests its flush made durable (right after
+   its sync). A flush of the loop's own stuck on the disk for STUCK_FLUSH_S lets the idle flush
+   thread serve new requests (sweep_if_stuck), so they still get FLUSH_DISK_TIMEOUT at their
+   deadline from the deadline thread. `_waiting` is shared by the threads under `_lock`, and
+   `_sweep_lock` keeps sweeps one at a time.
 
 Results go straight into the slot's numpy results array; nothing is pickled. While the store
 stops, `admitting` is False and new requests are answered SERVICE_NOT_AVAILABLE (not stored).
@@ -47,6 +50,7 @@ from workers.request_check import CheckedRequest, RecordChecker, merge_checked
 
 DISK_CHECK_INTERVAL_S = 1.0
 DEADLINE_POLL_S = 0.05  # how soon the deadline thread sees a request registered while it was idle
+STUCK_FLUSH_S = 0.05  # the loop's own flush taking longer: the flush thread serves new requests
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +103,8 @@ class Appender:
         self.admitting = True
         self._waiting: dict[int, _Waiting] = {}
         self._lock = threading.Lock()  # _waiting: the loop adds, either thread answers
+        self._sweep_lock = threading.Lock()  # the loop's sweep, or the flush thread's while it is stuck
+        self._own_flush_since: float | None = None  # when the loop began a flush of its own
         self._timeout_s = config.sync_flush_timeout_ms / 1000.0
         self._disk_checked = 0.0
         self._disk_full = False
@@ -117,7 +123,40 @@ class Appender:
             return min((w.deadline for w in self._waiting.values()), default=None)
 
     def sweep(self) -> int:
-        """Append every new request, publish, answer what can be answered; messages appended."""
+        """Append every new request, publish, flush (or have it flushed), answer what can be
+        answered; messages appended."""
+        with self._sweep_lock:
+            appended, written = self._append_new()
+        # everything written is flushed under sync (WAIT=false too, just not awaited), also what
+        # the flush thread appended while this thread's last flush was stuck (sweep_if_stuck)
+        if self.sync and written > self.group_commit.published_flushed:
+            self._own_flush_since = time.monotonic()
+            try:
+                flushed = self.group_commit.flush_if_idle(written)
+            finally:
+                self._own_flush_since = None
+            if not flushed:
+                self.group_commit.request(written)
+        self.answer_flushed()
+        return appended
+
+    def sweep_if_stuck(self) -> None:
+        """From the idle flush thread: while the loop's own flush has been stuck on the disk for
+        STUCK_FLUSH_S, append new requests here, so they are stored and answered at their
+        deadline rather than after the disk. Their flush is the loop's, once it is back (their
+        posts of sem-sup still wait for it); this thread must not wait for the disk either."""
+        since = self._own_flush_since
+        if since is None or time.monotonic() - since < STUCK_FLUSH_S:
+            return
+        if not self._sweep_lock.acquire(blocking=False):
+            return
+        try:
+            self._append_new()
+        finally:
+            self._sweep_lock.release()
+
+    def _append_new(self) -> tuple[int, int]:
+        """Serve every new request; (messages appended, the written position published)."""
         admitted = []
         for request in self.server.pending_slots():
             if self._already_taken(request):
@@ -132,11 +171,7 @@ class Appender:
         appended = self._serve(admitted) if admitted else 0
         if appended:
             self.appended_msgs += appended
-        written = self.group_commit.publish_written(appended)
-        if self.sync and (appended or self._waiting):  # WAIT=false is flushed too, just not awaited
-            self.group_commit.request(written)
-        self.answer_flushed()
-        return appended
+        return appended, self.group_commit.publish_written(appended)
 
     def _already_taken(self, request: PendingRequest) -> bool:
         """True if the request waits for a flush, or the flush thread answered it since

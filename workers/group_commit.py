@@ -1,11 +1,14 @@
 """The supervisor's flush thread: group commit under sync flush, timed flushes under async.
 
 Sync (RocketMQ GroupCommitService): the appender appends a sweep of requests, publishes the
-written position and calls `request(pos)`. The flush thread wakes, makes everything written so
-far durable with one msync (CommitLog.flush), publishes the flushed position and wakes the
-appender (to answer the waiting producers) and the children (to dispatch what became
-visible). Appends that arrive while a flush runs join the next one, so the batch grows with the
-load and there is one msync per group, not per message.
+written position and flushes it itself when no flush runs (`flush_if_idle`: waking the flush
+thread for it cost more CPU than the flush at small groups), else calls `request(pos)`. The
+flush thread wakes, makes everything written so far durable with one sync (CommitLog.flush),
+publishes the flushed position and answers the producers it made durable and wakes the children
+(`on_flushed`). Appends that arrive while a flush runs join the next one, so the batch grows
+with the load and there is one sync per group, not per message. While idle the flush thread
+calls `on_idle` every IDLE_POLL_S: the appender serves new requests from it while its own flush
+is stuck on the disk (Appender.sweep_if_stuck), so they still get their deadline.
 
 Async (FlushRealTimeService): every `async_flush_interval_ms`, flush when at least
 `async_flush_least_pages` pages are dirty, and everything every `async_flush_thorough_interval_ms`.
@@ -40,7 +43,7 @@ from ipc.control_block import ControlBlock
 
 FAULT_FSYNC_DELAY_ENV = "MQSTORE_FAULT_FSYNC_DELAY_MS"
 FAULT_FSYNC_STALL_ENV = "MQSTORE_FAULT_FSYNC_STALL_FILE"
-IDLE_WAIT_S = 0.5
+IDLE_POLL_S = 0.02  # how often an idle flush thread calls on_idle
 STALL_POLL_S = 0.005
 
 log = logging.getLogger(__name__)
@@ -74,16 +77,19 @@ class GroupCommit:
     """Owns commitlog flushing and the published written/flushed positions."""
 
     def __init__(self, commitlog: CommitLog, ctl: ControlBlock, config: StoreConfig, *,
-                 on_flushed: Callable[[], None], fault_delay_s: float = 0.0,
+                 on_flushed: Callable[[], None], on_idle: Callable[[], None] = lambda: None,
+                 fault_delay_s: float = 0.0,
                  fault_stall_path: Path | None = None):
         self.commitlog = commitlog
         self.ctl = ctl
         self.config = config
         self.sync = config.flush is FlushPolicy.SYNC
         self._on_flushed = on_flushed
+        self.on_idle = on_idle
         self._fault_delay_s = fault_delay_s
         self._fault_stall_path = fault_stall_path
         self.publish_lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one flush at a time: the flush thread's or the appender's
         self._cond = threading.Condition()
         self._requested = 0
         self._stopping = False
@@ -104,6 +110,22 @@ class GroupCommit:
                 self.ctl.publish_written(pos, msg_count=msg_count)
                 self.published_written = pos
         return pos
+
+    def flush_if_idle(self, pos: int) -> bool:
+        """The appender's own flush up to `pos` when no flush runs (True), which saves waking
+        the flush thread; False when one runs (then `request` it)."""
+        if pos <= self.published_flushed:
+            return True
+        if not self._flush_lock.acquire(blocking=False):
+            return False
+        try:
+            self._flush_locked()
+        except (OSError, StoreError) as exc:  # as in the flush thread: the loop stops the store
+            self.error = exc
+            self._on_flushed()
+        finally:
+            self._flush_lock.release()
+        return True
 
     def request(self, pos: int) -> None:
         """Ask for everything below `pos` to be made durable (sync flush)."""
@@ -130,11 +152,15 @@ class GroupCommit:
     def _run_sync(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and self._requested <= self.published_flushed:
-                    self._cond.wait(IDLE_WAIT_S)
-                if self._stopping and self._requested <= self.published_flushed:
+                if not self._stopping and self._requested <= self.published_flushed:
+                    self._cond.wait(IDLE_POLL_S)
+                due = self._requested > self.published_flushed
+                if self._stopping and not due:
                     return
-            self.flush_now()
+            if due:
+                self.flush_now()
+            else:
+                self.on_idle()
 
     def _run_async(self) -> None:
         cfg = self.config
@@ -158,6 +184,10 @@ class GroupCommit:
 
     def flush_now(self) -> int:
         """One flush of everything written; publishes and returns the new flushed position."""
+        with self._flush_lock:
+            return self._flush_locked()
+
+    def _flush_locked(self) -> int:
         if self._fault_delay_s:
             time.sleep(self._fault_delay_s)
         if self._fault_stall_path is not None:

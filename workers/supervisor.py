@@ -154,6 +154,7 @@ class Supervisor:
                                          fault_stall_path=stall_path)
         self._appender = Appender(self._commitlog, self._shared.server, self._group_commit,
                                   self.config, self._next_offsets, root=self.root)
+        self._group_commit.on_idle = self._appender.sweep_if_stuck
         self._group_commit.start()
         self._deadlines = DeadlineWatch(self._appender)
         self._deadlines.start()

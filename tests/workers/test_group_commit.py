@@ -1,0 +1,71 @@
+"""GroupCommit.flush_if_idle: the appender flushes in its own thread when no flush runs, and is
+told to hand off (never made to wait) while another flush holds the disk."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from store_harness import wait_for
+
+from engine.commitlog import CommitLog
+from engine.config import FlushPolicy, StoreConfig
+from engine.formats.record import encode_record
+from engine.mapped_file import Access
+from ipc.control_block import ControlBlock, FlushCode
+from ipc.shm import unlink_stale_regions
+from ipc.wakeup import unlink_all
+from workers.group_commit import GroupCommit
+
+SEG = 1 << 20
+
+
+def fill(log: CommitLog, count: int) -> None:
+    for i in range(count):
+        raw = encode_record("GC", b"x" * 100, queue_id=0, properties={}, born_ts_ms=1,
+                            born_host=("127.0.0.1", 1), store_host=("127.0.0.1", 2), max_body_bytes=1024)
+        log.append(raw, queue_offset=i, store_ts_ms=1)
+
+
+@pytest.fixture
+def rig(tmp_path):
+    log = CommitLog.open(tmp_path, SEG, Access.READ_WRITE)
+    ctl = ControlBlock.create(tmp_path, 1, FlushCode.SYNC)
+    flushed_in: list[str] = []
+    stall = tmp_path / "stall"
+    commit = GroupCommit(log, ctl, StoreConfig(flush=FlushPolicy.SYNC),
+                         on_flushed=lambda: flushed_in.append(threading.current_thread().name),
+                         fault_stall_path=stall)
+    yield log, ctl, commit, flushed_in, stall
+    stall.unlink(missing_ok=True)
+    log.close()
+    ctl.close()
+    unlink_stale_regions(tmp_path)
+    unlink_all(tmp_path)
+
+
+def test_an_idle_group_commit_is_flushed_by_the_caller(rig):
+    log, ctl, commit, flushed_in, _ = rig
+    fill(log, 3)
+    written = commit.publish_written(3)
+    assert commit.flush_if_idle(written) is True
+    assert commit.published_flushed == ctl.flushed_pos == written == log.flushed_pos
+    assert flushed_in == [threading.current_thread().name]
+    assert commit.flush_if_idle(written) is True and len(flushed_in) == 1  # nothing new: no flush
+
+
+def test_while_another_flush_holds_the_disk_the_caller_hands_off_without_waiting(rig):
+    log, ctl, commit, flushed_in, stall = rig
+    fill(log, 2)
+    first = commit.publish_written(2)
+    stall.touch()  # the next flush waits before its sync while this file exists
+    other = threading.Thread(target=commit.flush_now, name="other-flush")
+    other.start()
+    wait_for(lambda: commit._flush_lock.locked(), "the other flush to start")
+    fill(log, 1)
+    second = commit.publish_written(1)
+    assert commit.flush_if_idle(second) is False  # returned while the disk is still held
+    assert commit.published_flushed < first and other.is_alive()
+    stall.unlink()
+    other.join(30)
+    assert commit.published_flushed == ctl.flushed_pos == second and flushed_in == ["other-flush"]
