@@ -114,7 +114,7 @@ def pid_alive(pid: int) -> bool:
     try:  # a zombie still takes signals: its state in /proc/PID/stat (after "comm)") says Z
         with open(f"/proc/{pid}/stat", "rb") as stat_file:
             stat = stat_file.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: reaped between open and read
         return False
     except OSError:  # no /proc to read: the signal said it exists
         return True

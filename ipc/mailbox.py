@@ -399,6 +399,10 @@ class ProducerSlot:
                              f"({count} results for {self._sent_count} records)")
         return results
 
+    def wait_answered(self, seq: int, timeout_s: float, alive: Callable[[], bool]) -> None:
+        """Wait until request `seq` is answered, without taking its results."""
+        self._await_seq(seq, timeout_s, alive)
+
     def _await_seq(self, seq: int, timeout_s: float, alive: Callable[[], bool]) -> None:
         resp_seq, i = self.mailbox.resp_seq, self.index
         deadline = time.monotonic() + timeout_s

@@ -132,6 +132,7 @@ class SlotSender:
         self._cond = threading.Condition()
         self._closing = False
         self._busy = False  # a request is in flight (the sender thread's, or a caller's: send_or_enqueue)
+        self._unanswered_seq: int | None = None  # written, its answer not yet taken
         self._broken: str | None = None
         self._thread = threading.Thread(target=self._send_loop, name="mqstore-producer", daemon=True)
         self._thread.start()
@@ -254,8 +255,13 @@ class SlotSender:
         alive = self._ctl.supervisor_alive
         data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         try:
-            seq = self.slot.write_request(data, count=count, flags=flags)
-            return self.slot.wait_response(seq, self._response_timeout_s, alive), None
+            if self._unanswered_seq is not None:  # a caller was interrupted (Ctrl-C) waiting for it
+                self.slot.wait_answered(self._unanswered_seq, self._response_timeout_s, alive)
+                self._unanswered_seq = None
+            seq = self._unanswered_seq = self.slot.write_request(data, count=count, flags=flags)
+            rows = self.slot.wait_response(seq, self._response_timeout_s, alive)
+            self._unanswered_seq = None
+            return rows, None
         except ServiceNotAvailableError as exc:
             if alive():
                 self._replace_slot()
@@ -265,10 +271,12 @@ class SlotSender:
             self._broken = f"the supervisor is gone: {exc}"
             return failed_rows(count, PutStatus.SERVICE_NOT_AVAILABLE), self._broken
         except StoreError as exc:  # the supervisor refused the request as a whole
+            self._unanswered_seq = None
             return failed_rows(count, PutStatus.MESSAGE_ILLEGAL), str(exc)
 
     def _replace_slot(self) -> None:
         """After a timeout the old request is still in flight: take a fresh slot."""
+        self._unanswered_seq = None
         self.slot.release()
         self.slot = ProducerSlot.claim(self.mailbox, run_dir(self.root),
                                        alive=self._ctl.supervisor_alive,

@@ -102,7 +102,7 @@ class Appender:
         self.next_offsets = next_offsets
         self.admitting = True
         self._waiting: dict[int, _Waiting] = {}
-        self._lock = threading.Lock()  # _waiting: the loop adds, either thread answers
+        self._lock = threading.Lock()  # _waiting: a sweep adds, any thread answers
         self._sweep_lock = threading.Lock()  # the loop's sweep, or the flush thread's while it is stuck
         self._own_flush_since: float | None = None  # when the loop began a flush of its own
         self._timeout_s = config.sync_flush_timeout_ms / 1000.0
@@ -144,7 +144,8 @@ class Appender:
         """From the idle flush thread: while the loop's own flush has been stuck on the disk for
         STUCK_FLUSH_S, append new requests here, so they are stored and answered at their
         deadline rather than after the disk. Their flush is the loop's, once it is back (their
-        posts of sem-sup still wait for it); this thread must not wait for the disk either."""
+        posts of sem-sup still wait for it). A disk that blocks writes too (fsfreeze) holds this
+        sweep in its write; the deadline thread still answers what is registered."""
         since = self._own_flush_since
         if since is None or time.monotonic() - since < STUCK_FLUSH_S:
             return
@@ -345,7 +346,8 @@ class Appender:
 class DeadlineWatch:
     """A thread that answers waiting requests at their deadline (FLUSH_DISK_TIMEOUT). The
     supervisor loop does so too, but on a stalled disk (fsfreeze) the loop hangs in its write
-    and the flush thread in its sync; this thread touches no file, so the answer still comes."""
+    or its sync, and the flush thread in its sync or (sweep_if_stuck) its write; this thread
+    touches no file, so the answer still comes."""
 
     def __init__(self, appender: Appender):
         self._appender = appender

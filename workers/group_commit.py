@@ -152,14 +152,20 @@ class GroupCommit:
     def _run_sync(self) -> None:
         while True:
             with self._cond:
-                if not self._stopping and self._requested <= self.published_flushed:
+                if not self._stopping and (self._requested <= self.published_flushed
+                                           or self._flush_lock.locked()):
                     self._cond.wait(IDLE_POLL_S)
                 due = self._requested > self.published_flushed
                 if self._stopping and not due:
                     return
-            if due:
-                self.flush_now()
-            else:
+            if self.error is not None:  # a failed sync is never retried: the loop stops the store
+                return
+            if due and self._flush_lock.acquire(blocking=False):
+                try:
+                    self._flush_locked()
+                finally:
+                    self._flush_lock.release()
+            else:  # idle, or the appender's own flush holds the disk (it covers this request)
                 self.on_idle()
 
     def _run_async(self) -> None:
@@ -188,6 +194,8 @@ class GroupCommit:
             return self._flush_locked()
 
     def _flush_locked(self) -> int:
+        if self.error is not None:  # after a failed sync nothing more is published as durable:
+            return self.published_flushed  # Linux reports a lost write-back once, not twice
         if self._fault_delay_s:
             time.sleep(self._fault_delay_s)
         if self._fault_stall_path is not None:

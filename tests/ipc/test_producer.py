@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
 import signal
@@ -420,3 +421,22 @@ def test_blocking_sends_from_many_threads_beside_async_ones_are_all_stored_once(
                          (batch.queue_offset.tolist() if q == 1 else [])) for q in (0, 1)}
     for q, got in offsets.items():
         assert got == list(range(got[0], got[0] + len(got))), q  # dense: none lost or doubled
+
+
+def test_a_caller_interrupted_while_waiting_leaves_the_producer_usable(store):
+    """Ctrl-C (KeyboardInterrupt) in a blocking send that waits in the caller's thread: the
+    request stays in flight in the slot; the next send waits for its answer first instead of
+    finding the slot busy."""
+    with Producer(store.root) as producer, store.ctl() as ctl:
+        assert producer.send("INTR", b"warm").status is PutStatus.PUT_OK
+        os.kill(ctl.supervisor_pid, signal.SIGSTOP)
+        try:
+            timer = threading.Timer(0.3, _thread.interrupt_main)
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                producer.send("INTR", b"interrupted")
+            timer.join()
+        finally:
+            os.kill(ctl.supervisor_pid, signal.SIGCONT)
+        result = producer.send("INTR", b"after")
+    assert result.status is PutStatus.PUT_OK, result

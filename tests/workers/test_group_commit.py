@@ -4,6 +4,7 @@ told to hand off (never made to wait) while another flush holds the disk."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from store_harness import wait_for
@@ -69,3 +70,42 @@ def test_while_another_flush_holds_the_disk_the_caller_hands_off_without_waiting
     stall.unlink()
     other.join(30)
     assert commit.published_flushed == ctl.flushed_pos == second and flushed_in == ["other-flush"]
+
+
+def test_after_a_failed_sync_nothing_more_is_published_as_durable(rig):
+    """Linux reports a lost write-back once: a second sync of the same range would succeed and
+    make records whose write-back failed look durable."""
+    log, ctl, commit, flushed_in, _ = rig
+    fill(log, 2)
+    written = commit.publish_written(2)
+    commit.error = OSError(5, "Input/output error")  # as the flush that failed left it
+    assert commit.flush_if_idle(written) is True  # nothing for the caller to hand off
+    assert commit.published_flushed == ctl.flushed_pos == 0 and flushed_in == []
+
+
+def test_the_flush_thread_serves_on_idle_while_the_appenders_flush_holds_the_disk(rig):
+    """A flush requested while the appender's own flush is stuck must not park the flush thread
+    on the flush lock: it keeps calling on_idle (the appender's sweep_if_stuck)."""
+    log, _ctl, commit, flushed_in, stall = rig
+    idle_calls: list[float] = []
+    commit.on_idle = lambda: idle_calls.append(time.monotonic())
+    commit.start()
+    try:
+        fill(log, 1)
+        first = commit.publish_written(1)
+        stall.touch()
+        own = threading.Thread(target=commit.flush_if_idle, args=(first,), name="appender")
+        own.start()
+        wait_for(lambda: commit._flush_lock.locked(), "the appender's flush to start")
+        fill(log, 1)
+        commit.request(commit.publish_written(1))  # due, but the disk is held
+        seen = len(idle_calls)
+        wait_for(lambda: len(idle_calls) >= seen + 3, "the flush thread to keep calling on_idle")
+        assert commit.published_flushed == 0
+        stall.unlink()
+        own.join(30)
+        wait_for(lambda: commit.published_flushed == commit.published_written, "everything flushed")
+    finally:
+        stall.unlink(missing_ok=True)
+        commit.stop()
+    assert flushed_in[0] == "appender"
