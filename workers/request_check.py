@@ -86,21 +86,6 @@ class CheckedRequest(NamedTuple):
     queue_ids: np.ndarray  # int64, -1 where not ok
     reasons: dict[int, str]  # why each rejected record was rejected
 
-    def good_records(self, data: bytearray | memoryview) -> StampableRecords:
-        """The records that passed, ready for CommitLog.append_stampable (this check demands more
-        than record_batch.check_stampable): `data` itself when all passed, else a new buffer
-        holding only them, end to end."""
-        if self.ok.all():
-            return StampableRecords(data, self.starts, self.sizes)
-        good = np.flatnonzero(self.ok)
-        sizes = self.sizes[good]
-        with memoryview(data) as view:
-            blob = bytearray().join([view[s:s + n] for s, n in zip(self.starts[good].tolist(),
-                                                                    sizes.tolist(), strict=True)])
-        starts = np.zeros(len(good), dtype=np.int64)
-        np.cumsum(sizes[:-1], out=starts[1:])
-        return StampableRecords(blob, starts, sizes)
-
 
 class MergedRecords(NamedTuple):
     """The good records of several checked requests as one append: the records, their routing,
@@ -116,10 +101,11 @@ class MergedRecords(NamedTuple):
         return len(self.queue_ids)
 
 
-def merge_checked(data: memoryview, parts: list[tuple[int, CheckedRequest]]) -> MergedRecords:
+def merge_checked(data: bytearray | memoryview, parts: list[tuple[int, CheckedRequest]]) -> MergedRecords:
     """The good records of requests checked in place in `data` (request i's records start at
-    byte parts[i][0]), in order: `data` itself when the requests cover it end to end and every
-    record passed, else a new buffer holding only the good ones."""
+    byte parts[i][0]), in order, ready for CommitLog.append_stampable (this check demands more
+    of each record than record_batch.check_stampable): `data` itself when the requests cover it
+    end to end and every record passed, else a new buffer holding only the good ones."""
     spans: list[tuple[int, int]] = []
     starts, sizes, queue_ids, topics = [], [], [], []
     for base, checked in parts:

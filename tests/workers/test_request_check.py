@@ -217,20 +217,20 @@ def test_check_request_agrees_with_check_under_random_damage(seed):
         assert_agrees(bytearray(b"".join(records)), len(records))
 
 
-def test_good_records_are_the_accepted_records_end_to_end():
+def test_merged_good_records_of_one_request_are_the_accepted_records_end_to_end():
     rnd = random.Random(3)
     records = request(rnd, BIG)
     for i in (2, 9, BIG - 1):
         records[i] = MUTATIONS["BODYCRC"][0](records[i])
     data = bytearray(b"".join(records))
     checked = CHECKER.check_request(data, len(records))
-    good = checked.good_records(data)
+    good = merge_checked(data, [(0, checked)]).records
     assert bytes(good.buf) == b"".join(r for i, r in enumerate(records) if i not in (2, 9, BIG - 1))
     assert good.sizes.tolist() == [len(r) for i, r in enumerate(records) if i not in (2, 9, BIG - 1)]
     assert good.starts.tolist() == [0, *np.cumsum(good.sizes)[:-1].tolist()]
     check_stampable(*good)
     clean = bytearray(b"".join(request(rnd, 3)))
-    assert CHECKER.check_request(clean, 3).good_records(clean).buf is clean
+    assert merge_checked(clean, [(0, CHECKER.check_request(clean, 3))]).records.buf is clean
 
 
 def test_check_request_batch_topics_and_queue_ids_per_record():
