@@ -118,7 +118,8 @@ def pid_alive(pid: int) -> bool:
         return False
     except OSError:  # no /proc to read: the signal said it exists
         return True
-    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] not in (b"Z", b"X")
+    state_at = stat.rfind(b")") + 2
+    return stat[state_at:state_at + 1] not in (b"Z", b"X")
 
 
 @dataclass(frozen=True)

@@ -209,17 +209,18 @@ class Producer:
              wait: bool = True) -> PutResult:
         """Put one message; blocks until the store answers (PUT_OK after the flush under sync)."""
         message = _message(topic, body, tags, keys, queue_id, properties, wait)
-        future: Future = Future()
-        self._send_messages([message], _resolve(future, operator.itemgetter(0)), self._sender.send_or_enqueue)
-        return future.result()
+        return self._send_one(message, self._sender.send_or_enqueue).result()
 
     def send_async(self, topic: str, body: bytes, *, tags: str | None = None,
                    keys: Iterable[str] | str = (), queue_id: int | None = None,
                    properties: Mapping[str, str] | None = None, wait: bool = True) -> Future:
         """Like send, returning a Future that resolves to the PutResult."""
-        message = _message(topic, body, tags, keys, queue_id, properties, wait)
+        return self._send_one(_message(topic, body, tags, keys, queue_id, properties, wait),
+                              self._sender.enqueue)
+
+    def _send_one(self, message: Message, submit: Callable[[list[Pending]], None]) -> Future:
         future: Future = Future()
-        self._send_messages([message], _resolve(future, operator.itemgetter(0)), self._sender.enqueue)
+        self._send_messages([message], _resolve(future, operator.itemgetter(0)), submit)
         return future
 
     def send_batch(self, messages: Sequence[Message]) -> list[PutResult]:
@@ -254,17 +255,20 @@ class Producer:
 
         Bad input (a body that is not bytes or too large, a bad key, columns of different
         lengths, ...) raises BadInputError naming it, and nothing of the call is sent."""
-        future: Future = Future()
-        self._send_columns(topic, bodies, keys, tags, queue_ids, future.set_result,
-                           self._sender.send_or_enqueue)
-        return future.result()
+        submit = self._sender.send_or_enqueue
+        return self._columns_future(topic, bodies, keys, tags, queue_ids, submit).result()
 
     def send_columns_async(self, topic: str, bodies: Sequence[bytes], *,
                            keys: Sequence[str] | None = None, tags: str | None = None,
                            queue_ids: Sequence[int] | int | None = None) -> Future:
         """Like send_columns, returning a Future of the BatchResult (BadInputError at once)."""
+        return self._columns_future(topic, bodies, keys, tags, queue_ids, self._sender.enqueue)
+
+    def _columns_future(self, topic: str, bodies: Sequence[bytes], keys: Sequence[str] | None,
+                        tags: str | None, queue_ids: Sequence[int] | int | None,
+                        submit: Callable[[list[Pending]], None]) -> Future:
         future: Future = Future()
-        self._send_columns(topic, bodies, keys, tags, queue_ids, future.set_result, self._sender.enqueue)
+        self._send_columns(topic, bodies, keys, tags, queue_ids, future.set_result, submit)
         return future
 
     def close(self) -> None:

@@ -77,15 +77,14 @@ class GroupCommit:
     """Owns commitlog flushing and the published written/flushed positions."""
 
     def __init__(self, commitlog: CommitLog, ctl: ControlBlock, config: StoreConfig, *,
-                 on_flushed: Callable[[], None], on_idle: Callable[[], None] = lambda: None,
-                 fault_delay_s: float = 0.0,
+                 on_flushed: Callable[[], None], fault_delay_s: float = 0.0,
                  fault_stall_path: Path | None = None):
         self.commitlog = commitlog
         self.ctl = ctl
         self.config = config
         self.sync = config.flush is FlushPolicy.SYNC
         self._on_flushed = on_flushed
-        self.on_idle = on_idle
+        self.on_idle: Callable[[], None] = lambda: None  # the appender's, set once it exists
         self._fault_delay_s = fault_delay_s
         self._fault_stall_path = fault_stall_path
         self.publish_lock = threading.Lock()
