@@ -24,19 +24,18 @@ the dispatcher) tracks the end of the segments it has mapped; `refresh()` adopts
 from __future__ import annotations
 
 import os
-import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from engine.errors import BadInputError, CorruptRecordError, DiskFullError, StoreError
+from engine.commitlog_scan import TOTAL_SIZE_FIELD, BatchScanner, Scanner
+from engine.errors import BadInputError, DiskFullError, StoreError
 from engine.formats.record import (
     FILLER_SIZE,
     Filler,
     Record,
-    RecordHeader,
     Verify,
     decode_header,
     decode_record,
@@ -44,14 +43,6 @@ from engine.formats.record import (
     stamp_record,
 )
 from engine.formats.record_batch import StampableRecords, check_stampable, stamp_checked_records
-from engine.formats.record_scan import (
-    DispatchColumns,
-    RecordSpans,
-    columns_from_headers,
-    decode_dispatch,
-    find_starts,
-    verify_spans,
-)
 from engine.mapped_file import Access, MappedFile, remove_file
 from engine.naming import commitlog_dir, is_segment_name, name_to_offset
 from engine.segment_queue import SegmentQueue
@@ -66,8 +57,6 @@ class _Run(NamedTuple):
     commit_pos: int
 
 
-# Every record and every filler starts with its 4-byte big-endian TOTALSIZE (reference §1.1).
-_TOTAL_SIZE = struct.Struct(">i")
 _ZERO_CHUNK_BYTES = 1 << 20
 
 
@@ -230,7 +219,7 @@ class CommitLog:
         if sizes and max(sizes) + FILLER_SIZE > self.segment_bytes:
             raise BadInputError("body", f"record of {max(sizes)} bytes does not fit a segment of "
                                 f"{self.segment_bytes} bytes (minus {FILLER_SIZE} for a filler)")
-        unpack = _TOTAL_SIZE.unpack_from
+        unpack = TOTAL_SIZE_FIELD.unpack_from
         if any(size < FILLER_SIZE or unpack(record)[0] != size
                for record, size in zip(records, sizes, strict=True)):
             raise BadInputError("record", "a record's TOTALSIZE field does not match its length")
@@ -373,141 +362,3 @@ class CommitLog:
 
     def close(self) -> None:
         self.segments.close()
-
-
-Decoder = Callable[[memoryview, int, int], Record | RecordHeader | Filler]
-
-
-class Scanner:
-    """Iterator over the records of [start_pos, end_pos), following fillers to the next segment.
-
-    `pos` is always where the next record would start: after a normal end it is where the scan
-    stopped (>= end_pos, or the start of a record that would cross end_pos, or the base of a
-    segment that is not there); after a CorruptRecordError it is the bad record's commit_pos,
-    the cut point for recovery. Unwritten (zero) bytes raise CorruptRecordError too: whether
-    that is a clean end is the caller's decision. `end_pos` defaults to the end of the last
-    segment. `fillers` counts the fillers crossed.
-    """
-
-    def __init__(self, log: CommitLog, start_pos: int, end_pos: int | None, decode: Decoder):
-        if start_pos < log.min_pos:
-            raise BadInputError("start_pos", f"{start_pos} is below the log start {log.min_pos}")
-        self.log = log
-        self.pos = start_pos
-        self.end_pos = log.segments.end_pos if end_pos is None else end_pos
-        self.fillers = 0
-        self._decode = decode
-
-    def __iter__(self) -> Iterator:
-        return self
-
-    def __next__(self):
-        while self.pos < self.end_pos:
-            segment = self._segment()
-            if segment is None:
-                break
-            base_pos = self.log.segments.base_of(segment)
-            file_pos = self.pos - base_pos
-            space_left = segment.size_bytes - file_pos
-            if space_left >= _TOTAL_SIZE.size:
-                size = _TOTAL_SIZE.unpack_from(segment.buf, file_pos)[0]
-                if 0 < size <= space_left and self.pos + size > self.end_pos:
-                    break  # a record past the requested end: stop before it
-            item = self._decode(segment.buf, file_pos, base_pos)
-            if isinstance(item, Filler):
-                if item.size != space_left:
-                    raise CorruptRecordError(f"filler of {item.size} bytes, {space_left} left in "
-                                             "the segment", pos=self.pos, size=item.size)
-                self.fillers += 1
-                self.pos = base_pos + segment.size_bytes
-                continue
-            if item.total_size <= 0:  # defensive: a decoder must never yield this
-                raise CorruptRecordError("non-positive TOTALSIZE", pos=self.pos)
-            self.pos += item.total_size
-            return item
-        raise StopIteration
-
-    def _segment(self) -> MappedFile | None:
-        segment = self.log.segments.find(self.pos)
-        if segment is None and self.log.segments.access is Access.READ_ONLY:
-            self.log.refresh()
-            segment = self.log.segments.find(self.pos)
-        return segment
-
-
-class ScannedRun(NamedTuple):
-    """One step of a BatchScanner: a run of records checked together in one segment (`spans`
-    over `buf`), or one record the reference decoder read (`single`)."""
-
-    buf: memoryview | None
-    base_pos: int
-    spans: RecordSpans | None
-    single: Record | RecordHeader | None
-
-    @property
-    def count(self) -> int:
-        return 1 if self.spans is None else self.spans.count
-
-    @property
-    def byte_count(self) -> int:
-        if self.spans is None:
-            return self.single.total_size
-        return int(self.spans.ends[-1] - self.spans.starts[0])
-
-    def columns(self) -> DispatchColumns:
-        """What dispatch needs from these records."""
-        if self.spans is None:
-            return columns_from_headers([self.single])
-        return decode_dispatch(self.buf, self.spans, self.base_pos)
-
-
-class BatchScanner:
-    """Scanner's rules, many records per step: yields ScannedRuns from `start_pos`.
-
-    Each step walks and checks up to `run_bytes` of one segment with the batch codec
-    (engine.formats.record_scan); the first record the batch path does not accept (a filler,
-    a v2 or IPv6 record, non-ASCII text, damage) is read by a one-step Scanner with the
-    reference decoder, which yields it or raises CorruptRecordError at its position. So `pos`,
-    `fillers` and the errors are those of `CommitLog.scan` (verify given) or `scan_headers`
-    (Verify.STRUCTURE).
-    """
-
-    def __init__(self, log: CommitLog, start_pos: int, end_pos: int | None, verify: Verify,
-                 run_bytes: int = 1 << 20):
-        if start_pos < log.min_pos:
-            raise BadInputError("start_pos", f"{start_pos} is below the log start {log.min_pos}")
-        self.log = log
-        self.pos = start_pos
-        self.end_pos = log.segments.end_pos if end_pos is None else end_pos
-        self.fillers = 0
-        self.verify = verify
-        self.run_bytes = run_bytes
-
-    def __iter__(self) -> Iterator[ScannedRun]:
-        return self
-
-    def __next__(self) -> ScannedRun:
-        if self.pos >= self.end_pos:
-            raise StopIteration
-        probe = Scanner(self.log, self.pos, self.end_pos, self._decode)
-        segment = probe._segment()
-        if segment is None:
-            raise StopIteration
-        base_pos = self.log.segments.base_of(segment)
-        file_pos = self.pos - base_pos
-        limit = min(self.end_pos - base_pos, segment.size_bytes, file_pos + self.run_bytes)
-        starts = find_starts(segment.buf, file_pos, limit, base_pos)
-        if len(starts):
-            spans = verify_spans(segment.buf, starts, base_pos, self.verify)
-            if spans.count:
-                self.pos = base_pos + int(spans.ends[-1])
-                return ScannedRun(segment.buf, base_pos, spans, None)
-        try:
-            return ScannedRun(None, 0, None, next(probe))
-        finally:
-            self.pos, self.fillers = probe.pos, self.fillers + probe.fillers
-
-    def _decode(self, buf, pos: int, base_pos: int) -> Record | RecordHeader | Filler:
-        if self.verify is Verify.STRUCTURE:
-            return decode_header(buf, pos, base_pos=base_pos)
-        return decode_record(buf, pos, verify=self.verify, base_pos=base_pos)

@@ -35,7 +35,8 @@ import time
 
 import numpy as np
 
-from engine.commitlog import BatchScanner, CommitLog
+from engine.commitlog import CommitLog
+from engine.commitlog_scan import BatchScanner
 from engine.config import FlushPolicy
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns_to_consume_queues, shard_key_columns
