@@ -168,9 +168,7 @@ class SlotSender:
             while queue:  # more records than one request holds go in several
                 self._perform(_cut_request(queue, self.mailbox))
         finally:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
+            self._free_slot()
 
     def _claim_idle_slot(self) -> bool:
         with self._cond:
@@ -230,9 +228,16 @@ class SlotSender:
             try:
                 self._perform(request)
             finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
+                self._free_slot()
+
+    def _free_slot(self) -> None:
+        """The request in flight is answered. Only the sender thread with records queued and
+        close() wait for that: waking the idle sender thread after every blocking send (a
+        notify_all with nothing queued) cost the producer a thread switch per request."""
+        with self._cond:
+            self._busy = False
+            if self.queue or self._closing:
+                self._cond.notify_all()
 
     def _perform(self, request: _Request) -> None:
         """Send one request, wait for its answer and deliver the rows to their senders."""

@@ -393,6 +393,33 @@ def test_a_blocking_send_with_nothing_in_flight_goes_from_the_callers_thread(sto
         assert threads == [threading.current_thread().name, "mqstore-producer", "mqstore-producer"]
 
 
+def test_records_queued_behind_a_callers_send_go_when_it_is_answered(store):
+    """The sender thread is woken when a caller's own send frees the slot only if records are
+    queued: those queued meanwhile must still go (the idle sender thread is left asleep)."""
+    with Producer(store.root) as producer:
+        sender = producer._sender
+        gate, taken = threading.Event(), threading.Event()
+        answers: list[str] = []
+
+        def pending(body: bytes, deliver) -> Pending:
+            encoded = producer._encode_columns("BEHIND", [body], None, None, 0)
+            return Pending(encoded, deliver, True)
+
+        def stall(where, rows, reason):  # the caller's thread holds the slot until the gate opens
+            taken.set()
+            gate.wait(30)
+            answers.append("caller")
+
+        caller = threading.Thread(target=lambda: sender.send_or_enqueue([pending(b"own", stall)]))
+        caller.start()
+        assert taken.wait(30)
+        sender.enqueue([pending(b"queued", lambda where, rows, reason: answers.append("queued"))])
+        assert len(sender.queue) == 1  # the slot is busy: it waits for the caller's send
+        gate.set()
+        caller.join(30)
+        wait_for(lambda: answers == ["caller", "queued"], "the queued send to go after the caller's")
+
+
 def test_blocking_sends_from_many_threads_beside_async_ones_are_all_stored_once(store):
     """Blocking sends race the sender thread for the slot: every message is stored exactly
     once, each queue's offsets are dense, and a batch larger than a request goes in several."""
