@@ -3,12 +3,13 @@
 It reads the commitlog through its own read-only mapping, up to the supervisor's published
 flushed position under sync flush (a consumer must never see a message a crash can take back)
 or the written position under async flush. For each run of records (CommitLog.scan_batches: many
-records per step, checked and decoded with whole-array operations) it writes the consume-queue
-entries (engine.dispatch.dispatch_columns_to_consume_queues: one put_batch per queue, the rules
-of dispatch_to_consume_queue), publishes `dispatched_pos` after each batch and wakes
-long-polling consumers. A small backlog right after a step waits up to COALESCE_S for more to
-join it (coalesce_wait_s). Every `cq_flush_interval_ms` it msyncs the queues and publishes
-`cq_durable_pos`, from which the supervisor's checkpoint is written.
+records per step, checked and decoded with whole-array operations; a backlog of at most
+FEW_RECORDS_BYTES record by record with the reference decoder, which costs less there) it
+writes the consume-queue entries (engine.dispatch.dispatch_columns_to_consume_queues: one
+put_batch per queue, the rules of dispatch_to_consume_queue), publishes `dispatched_pos` after
+each batch and wakes long-polling consumers. A small backlog right after a step waits up to
+COALESCE_S for more to join it (coalesce_wait_s). Every `cq_flush_interval_ms` it msyncs the
+queues and publishes `cq_durable_pos`, from which the supervisor's checkpoint is written.
 
 Index keys are handed on (DESIGN §4): for each run the dispatcher computes every key's index hash
 and shard once (engine.dispatch.shard_key_columns) and publishes each shard's columns as one
@@ -42,6 +43,7 @@ from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns_to_consume_queues, shard_key_columns
 from engine.errors import StoreError
 from engine.formats.record import Verify
+from engine.formats.record_scan import columns_from_headers
 from engine.mapped_file import Access
 from ipc.control_block import DISPATCHER_GROUP, DISPATCHER_GROUP_OFFSET, Role, process_slot_index
 from ipc.key_ring import KeyRing, RingWriter
@@ -51,6 +53,10 @@ from workers.child import MAX_STEP_BYTES, ChildProcess, child_main, child_wakeup
 log = logging.getLogger(__name__)
 COALESCE_S = 0.002  # a small backlog within this long of the last step waits for the rest of it
 COALESCE_BELOW_BYTES = 32 << 10  # a backlog at least this big is dispatched at once
+# A backlog this small is decoded record by record: the batch codec's whole-array calls cost
+# ~0.3 ms a step however few records it has, the reference decoder ~0.11 ms for 1 to 4 records
+# and ~0.28 ms for 16; they cross near 32 (256-byte bodies, `python -m tools.bench_dispatch_step`).
+FEW_RECORDS_BYTES = 8 << 10
 BUILDER_POST_INTERVAL_S = 0.005  # index lag may be 50 ms (bar 4); fewer wake-ups, bigger batches
 _EMPTY = np.zeros(0, dtype=np.int64)
 _NO_KEYS = (_EMPTY, _EMPTY, _EMPTY)
@@ -161,13 +167,12 @@ class Dispatcher(ChildProcess):
             return False
         self._coalesce_until = None
         self._stepped_at = now
-        scanner = scan_window(self.commitlog, self.pos, limit)
-        count = self._dispatch(scanner)
-        if scanner.pos == self.pos:  # one record larger than the window
-            scanner = self.commitlog.scan_batches(self.pos, limit, Verify.STRUCTURE)
-            count += self._dispatch(scanner)
-        if scanner.pos > self.pos:
-            self.pos = scanner.pos
+        if limit - self.pos <= FEW_RECORDS_BYTES:
+            end_pos, count = self._dispatch_few(limit)
+        else:
+            end_pos, count = self._dispatch_window(limit)
+        if end_pos > self.pos:
+            self.pos = end_pos
             if self.pos > self.published_pos:
                 self.ctl.publish_dispatched(self.pos, msg_count=count)
                 self.published_pos = self.pos
@@ -195,6 +200,32 @@ class Dispatcher(ChildProcess):
         if self._coalesce_until is not None and self._disk_full_since is None:
             wait_s = min(wait_s, max(self._coalesce_until - now, 0.0))
         return wait_s
+
+    def _dispatch_window(self, limit: int) -> tuple[int, int]:
+        """Dispatch up to MAX_STEP_BYTES of the backlog with the batch codec; returns the
+        position reached and the records dispatched."""
+        scanner = scan_window(self.commitlog, self.pos, limit)
+        count = self._dispatch(scanner)
+        if scanner.pos == self.pos:  # one record larger than the window
+            scanner = self.commitlog.scan_batches(self.pos, limit, Verify.STRUCTURE)
+            count += self._dispatch(scanner)
+        return scanner.pos, count
+
+    def _dispatch_few(self, limit: int) -> tuple[int, int]:
+        """Dispatch a backlog of at most FEW_RECORDS_BYTES as one run of records decoded one
+        by one (record.decode_header, the reference decoder the batch codec agrees with);
+        returns the position reached and the records dispatched."""
+        scanner = self.commitlog.scan_headers(self.pos, limit)
+        headers = list(scanner)
+        per_shard = None
+        if headers:
+            cols = columns_from_headers(headers)
+            dispatch_columns_to_consume_queues(self.queues, cols)
+            if self.ring_writers:
+                per_shard = shard_key_columns(cols, self.shard_count)
+        if self.ring_writers and scanner.pos > self.pos:
+            self._hand_keys(self.pos, scanner.pos, per_shard)
+        return scanner.pos, len(headers)
 
     def _dispatch(self, scanner: BatchScanner) -> int:
         """Consume-queue entries for every record of the scan (one put_batch per queue and run)

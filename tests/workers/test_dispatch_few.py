@@ -1,0 +1,105 @@
+"""A small backlog is dispatched record by record (Dispatcher._dispatch_few): the consume-queue
+entries and the key-ring blocks must be exactly those of the batch codec's path
+(_dispatch_window), across a segment roll (a filler) included."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+
+import numpy as np
+import pytest
+
+from engine.commitlog import CommitLog
+from engine.consume_queue_table import ConsumeQueueTable
+from engine.mapped_file import Access
+from ipc.key_ring import KeyRing
+from tools.bench_check_stamp import QUEUES, append_fused, make_requests, queue_offsets
+from workers.dispatcher import FEW_RECORDS_BYTES, Dispatcher
+from workers.request_check import RecordChecker
+
+SEGMENT_BYTES = 64 << 10  # small, so the log rolls over a filler
+CQ_ENTRIES = 1024
+SHARDS = 2
+
+
+def write_log(root, requests: int) -> list[int]:
+    """Requests of 3 records with a key each; returns the written position after each."""
+    log = CommitLog.open(root, SEGMENT_BYTES, Access.READ_WRITE)
+    checker = RecordChecker(max_body_bytes=4096, queue_count=QUEUES, segment_bytes=SEGMENT_BYTES)
+    next_offsets: dict = {}
+    ends = []
+    for raw, n in make_requests(requests * 3, 3, 300):
+        data = bytearray(raw)
+        checked = checker.check_request(data, n)
+        append_fused(log, data, checked, queue_offsets(checked, next_offsets))
+        ends.append(log.written_pos)
+    log.flush()
+    log.close()
+    return ends
+
+
+def dispatcher_over(root, tag: str) -> Dispatcher:
+    """A Dispatcher with only what dispatching reads: the log, the queues and a real key ring."""
+    dispatcher = Dispatcher.__new__(Dispatcher)
+    dispatcher.commitlog = CommitLog.open(root, SEGMENT_BYTES, Access.READ_ONLY)
+    dispatcher.queues = ConsumeQueueTable.load(root, CQ_ENTRIES, Access.READ_WRITE)
+    dispatcher.shard_count = SHARDS
+    dispatcher.ring = KeyRing.create(root / f"ring-{tag}", SHARDS, generation=1)
+    dispatcher.ring_writers = [dispatcher.ring.writer(shard) for shard in range(SHARDS)]
+    dispatcher.blocks_dropped = 0
+    dispatcher.pos = 0
+    return dispatcher
+
+
+def ring_contents(ring: KeyRing, shard: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+    """The (start, end) ranges of a shard's blocks and all their key hashes and positions."""
+    reader = ring.reader(shard)
+    ranges, hashes, positions = [], [], []
+    while (block := reader.read(ranges[-1][1] if ranges else -1)) is not None:
+        ranges.append((block.start_pos, block.end_pos))
+        hashes.append(block.key_hash)
+        positions.append(block.commit_pos)
+    return ranges, np.concatenate(hashes), np.concatenate(positions)
+
+
+@pytest.fixture
+def two_logs(tmp_path):
+    few_root, window_root = tmp_path / "few", tmp_path / "window"
+    ends = write_log(few_root, 60)
+    shutil.copytree(few_root, window_root)
+    few, window = dispatcher_over(few_root, "few"), dispatcher_over(window_root, "window")
+    yield ends, few, window
+    for dispatcher in (few, window):
+        dispatcher.ring.remove()
+        dispatcher.ring.close()
+        dispatcher.queues.close()
+        dispatcher.commitlog.close()
+
+
+def test_few_records_at_a_time_dispatch_what_the_batch_path_does(two_logs):
+    ends, few, window = two_logs
+    assert ends[-1] > SEGMENT_BYTES  # the log rolled: a filler lies in between
+    dispatched = 0
+    for end in ends:  # one flush per request, as one message at a time gives
+        assert end - few.pos <= FEW_RECORDS_BYTES
+        few.pos, count = few._dispatch_few(end)
+        dispatched += count
+    window.pos, window_count = window._dispatch_window(ends[-1])
+    while window.pos < ends[-1]:  # the window path stops at each segment's end
+        window.pos, more = window._dispatch_window(ends[-1])
+        window_count += more
+    assert few.pos == window.pos == ends[-1]
+    assert dispatched == window_count == 180
+    for queue_id in range(QUEUES):
+        got = few.queues.get("bench-0", queue_id).entries(0, 1000)
+        want = window.queues.get("bench-0", queue_id).entries(0, 1000)
+        assert len(got) == 45 and np.array_equal(got, want)
+    for shard in range(SHARDS):
+        few_ranges, few_hashes, few_positions = ring_contents(few.ring, shard)
+        _, window_hashes, window_positions = ring_contents(window.ring, shard)
+        assert few_ranges[0][0] == 0 and few_ranges[-1][1] == ends[-1]
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(few_ranges))  # no gap
+        assert np.array_equal(few_hashes, window_hashes)
+        assert np.array_equal(few_positions, window_positions)
+    assert few.blocks_dropped == window.blocks_dropped == 0

@@ -1,0 +1,89 @@
+"""The dispatcher's CPU per step, isolated: decoding a run of records into dispatch columns and
+each shard's keys, with the batch codec (CommitLog.scan_batches + ScannedRun.columns) or record
+by record (CommitLog.scan_headers + columns_from_headers), at a given number of records a step.
+
+    .venv/bin/python -m tools.bench_dispatch_step [--records 1,2,4,8,16,32,64] [--body-bytes 256]
+        [--steps 300] [--runs 3]
+
+Records are built as a producer builds them (tools.bench_check_stamp: a key and a UNIQ_KEY per
+message, queue ids round robin) and appended to a commitlog in a temp directory. Each figure is
+CPU microseconds per step (`time.process_time`), median of `--runs`. Where the two cross is
+where workers.dispatcher.FEW_RECORDS_BYTES belongs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from engine.commitlog import CommitLog
+from engine.config import GiB
+from engine.dispatch import shard_key_columns
+from engine.formats.record import Verify
+from engine.formats.record_scan import columns_from_headers
+from engine.mapped_file import Access
+from tools.bench_check_stamp import QUEUES, append_fused, make_requests, queue_offsets
+from workers.request_check import RecordChecker
+
+SHARDS = 2
+
+
+def build_log(root: Path, records: int, body_bytes: int) -> tuple[CommitLog, list[int]]:
+    """A commitlog of `records` one-record requests; the position after each record."""
+    log = CommitLog.open(root, 1 * GiB, Access.READ_WRITE)
+    checker = RecordChecker(max_body_bytes=body_bytes, queue_count=QUEUES, segment_bytes=1 * GiB)
+    next_offsets: dict = {}
+    ends = []
+    for raw, n in make_requests(records, 1, body_bytes):
+        data = bytearray(raw)
+        checked = checker.check_request(data, n)
+        append_fused(log, data, checked, queue_offsets(checked, next_offsets))
+        ends.append(log.written_pos)
+    return log, ends
+
+
+def step_batch(log: CommitLog, start_pos: int, end_pos: int) -> None:
+    for run in log.scan_batches(start_pos, end_pos, Verify.STRUCTURE):
+        shard_key_columns(run.columns(), SHARDS)
+
+
+def step_each(log: CommitLog, start_pos: int, end_pos: int) -> None:
+    shard_key_columns(columns_from_headers(list(log.scan_headers(start_pos, end_pos))), SHARDS)
+
+
+def time_steps(step, log: CommitLog, ends: list[int], per_step: int, steps: int) -> float:
+    """CPU microseconds per step of `per_step` records."""
+    bounds = [0, *ends][::per_step][:steps + 1]
+    start = time.process_time()
+    for lo, hi in itertools.pairwise(bounds):
+        step(log, lo, hi)
+    return (time.process_time() - start) / (len(bounds) - 1) * 1e6
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", default="1,2,4,8,16,32,64", help="records per step, comma-separated")
+    parser.add_argument("--body-bytes", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args(argv)
+    sizes = [int(n) for n in args.records.split(",")]
+    with tempfile.TemporaryDirectory() as work:
+        log, ends = build_log(Path(work), max(sizes) * args.steps, args.body_bytes)
+        record_bytes = ends[0]
+        print(f"{args.body_bytes}-byte bodies ({record_bytes} bytes a record); CPU us per step, "
+              f"median of {args.runs}:")
+        for n in sizes:
+            batch, each = (statistics.median(time_steps(step, log, ends, n, args.steps)
+                                             for _ in range(args.runs)) for step in (step_batch, step_each))
+            print(f"  {n:4d} records ({n * record_bytes:7d} B)   batch codec {batch:7.1f}   "
+                  f"record by record {each:7.1f}")
+        log.close()
+
+
+if __name__ == "__main__":
+    main()
