@@ -420,6 +420,31 @@ def test_records_queued_behind_a_callers_send_go_when_it_is_answered(store):
         wait_for(lambda: answers == ["caller", "queued"], "the queued send to go after the caller's")
 
 
+def test_close_during_a_callers_send_returns_once_that_send_is_answered(store):
+    """close() waits for a send from a caller's thread that holds the slot, and is woken when it
+    is answered (nothing queued: only close waits for it)."""
+    producer = Producer(store.root)
+    sender = producer._sender
+    gate, taken = threading.Event(), threading.Event()
+
+    def stall(where, rows, reason):
+        taken.set()
+        gate.wait(30)
+
+    encoded = producer._encode_columns("CLOSING", [b"own"], None, None, 0)
+    caller = threading.Thread(target=lambda: sender.send_or_enqueue([Pending(encoded, stall, True)]))
+    caller.start()
+    assert taken.wait(30)
+    closer = threading.Thread(target=producer.close)
+    closer.start()
+    wait_for(lambda: sender.closing, "close() to begin")
+    assert closer.is_alive()  # the slot is still busy with the caller's send
+    gate.set()
+    caller.join(30)
+    closer.join(30)
+    assert not closer.is_alive(), "close() was not woken when the caller's send was answered"
+
+
 def test_blocking_sends_from_many_threads_beside_async_ones_are_all_stored_once(store):
     """Blocking sends race the sender thread for the slot: every message is stored exactly
     once, each queue's offsets are dense, and a batch larger than a request goes in several."""
