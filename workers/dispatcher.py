@@ -55,8 +55,10 @@ COALESCE_S = 0.002  # a small backlog within this long of the last step waits fo
 COALESCE_BELOW_BYTES = 32 << 10  # a backlog at least this big is dispatched at once
 # A backlog this small is decoded record by record: the batch codec's whole-array calls cost
 # ~0.3 ms a step however few records it has, the reference decoder ~0.11 ms for 1 to 4 records
-# and ~0.28 ms for 16; they cross near 32 (256-byte bodies, `python -m tools.bench_dispatch_step`).
-FEW_RECORDS_BYTES = 8 << 10
+# and ~0.28 ms for 16; they cross near 32 records (`python -m tools.bench_dispatch_step`). The
+# cost goes by records, the backlog is known in bytes: 4 KiB holds at most ~32 of the smallest
+# records (~128 B: a few-byte body, no keys), 9 of 256-byte bodies with a key.
+FEW_RECORDS_BYTES = 4 << 10
 BUILDER_POST_INTERVAL_S = 0.005  # index lag may be 50 ms (bar 4); fewer wake-ups, bigger batches
 _EMPTY = np.zeros(0, dtype=np.int64)
 _NO_KEYS = (_EMPTY, _EMPTY, _EMPTY)
