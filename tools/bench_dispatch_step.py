@@ -7,8 +7,8 @@ by record (CommitLog.scan_headers + columns_from_headers), at a given number of 
 
 Records are built as a producer builds them (tools.bench_check_stamp: a key and a UNIQ_KEY per
 message, queue ids round robin) and appended to a commitlog in a temp directory. Each figure is
-CPU microseconds per step (`time.process_time`), median of `--runs`. Where the two cross is
-where workers.dispatcher.FEW_RECORDS_BYTES belongs.
+CPU microseconds per step (`time.process_time`), median of `--runs`. The two cross at a number
+of records; workers.dispatcher.FEW_RECORDS_BYTES keeps a backlog of the smallest records below it.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def time_steps(step, log: CommitLog, ends: list[int], per_step: int, steps: int)
     return (time.process_time() - start) / (len(bounds) - 1) * 1e6
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict[int, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", default="1,2,4,8,16,32,64", help="records per step, comma-separated")
     parser.add_argument("--body-bytes", type=int, default=256)
@@ -74,15 +74,24 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(n) for n in args.records.split(",")]
     with tempfile.TemporaryDirectory() as work:
         log, ends = build_log(Path(work), max(sizes) * args.steps, args.body_bytes)
-        record_bytes = ends[0]
-        print(f"{args.body_bytes}-byte bodies ({record_bytes} bytes a record); CPU us per step, "
-              f"median of {args.runs}:")
-        for n in sizes:
-            batch, each = (statistics.median(time_steps(step, log, ends, n, args.steps)
-                                             for _ in range(args.runs)) for step in (step_batch, step_each))
-            print(f"  {n:4d} records ({n * record_bytes:7d} B)   batch codec {batch:7.1f}   "
-                  f"record by record {each:7.1f}")
-        log.close()
+        try:
+            return measure(log, ends, sizes, args.steps, args.runs)
+        finally:
+            log.close()
+
+
+def measure(log: CommitLog, ends: list[int], sizes: list[int], steps: int, runs: int
+            ) -> dict[int, dict[str, float]]:
+    """Both paths at each number of records a step, printed and returned (CPU us per step)."""
+    print(f"{ends[0]} bytes a record; CPU us per step, median of {runs}:")
+    out: dict[int, dict[str, float]] = {}
+    for n in sizes:
+        batch, each = (statistics.median(time_steps(step, log, ends, n, steps) for _ in range(runs))
+                       for step in (step_batch, step_each))
+        print(f"  {n:4d} records ({n * ends[0]:7d} B)   batch codec {batch:7.1f}   "
+              f"record by record {each:7.1f}")
+        out[n] = {"batch_us": batch, "each_us": each}
+    return out
 
 
 if __name__ == "__main__":
