@@ -127,6 +127,20 @@ def test_recorder_puts_warmup_aside_and_late_events_in_the_open_window():
     assert LatencyHistogram.from_sparse(events[2]["lat"]).max_ns == 1_000 * MS
 
 
+def test_received_messages_are_timed_from_their_own_arrival_when_given():
+    events = []
+    recorder = IntervalRecorder(START_NS, 1_000 * MS, 1, events.append)
+    intended = np.array([START_NS - MS, START_NS, START_NS], dtype=np.int64)  # the first: warm-up
+    arrived = np.array([START_NS, START_NS + 2 * MS, START_NS + 7 * MS], dtype=np.int64)
+    recorder.add_received(START_NS + 9 * MS, intended, 100, arrived)
+    recorder.add_received(START_NS + 9 * MS, intended[1:], 100)  # no arrivals: all at done_ns
+    recorder.finish()
+    latency = LatencyHistogram.from_sparse(events[0]["lat"])
+    assert events[0]["msgs"] == 4 and latency.count == 4
+    assert latency.min_ns == 2 * MS and latency.max_ns == 9 * MS
+    assert latency.percentile_ns(50) == pytest.approx(7 * MS, rel=0.01)
+
+
 def test_bodies_carry_the_intended_time_and_keys_are_unique():
     spec = WorkerSpec(role="producer", backend="mqstore", worker_id=3, target="-",
                       streams=(("a", 0), ("a", 1), ("b", 0)), size_bytes=64, batch=5, keys=True)

@@ -4,6 +4,7 @@ the per-body reading, and MqstoreReceiver (Consumer.pull_columns) returns what w
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,9 +55,17 @@ def test_mqstore_receiver_counts_every_message_and_stamps_bench_bodies(tmp_path)
                                               consume_from="start"))
         try:
             count, stamps = 0, []
-            while (got := receiver.poll(0.0)).count:
+            while True:
+                before_ns = time.monotonic_ns()
+                got = receiver.poll(0.0)
+                if not got.count:
+                    break
                 count += got.count
                 stamps += got.intended_ns.tolist()
+                arrived = got.received_ns  # each message when its own pull returned
+                assert len(arrived) == len(got.intended_ns)
+                assert before_ns <= arrived.min() and arrived.max() <= time.monotonic_ns()
+                assert (np.diff(arrived) >= 0).all() and len(set(arrived.tolist())) == len(STREAMS)
             assert count == 201
             assert sorted(stamps) == sorted([1000 + j for j in range(4) for _ in range(50)])
             assert receiver.poll(0.2).count == 0  # waited, nothing came

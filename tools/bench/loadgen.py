@@ -128,16 +128,20 @@ class IntervalRecorder:
         window.latency.record(done_ns - intended_ns, answered_count)
         window.delay.record(sent_ns - intended_ns, answered_count)
 
-    def add_received(self, done_ns: int, intended_ns: np.ndarray, body_bytes: int) -> None:
-        """Bodies a consumer received at `done_ns`, by their intended send times."""
+    def add_received(self, done_ns: int, intended_ns: np.ndarray, body_bytes: int,
+                     received_ns: np.ndarray | None = None) -> None:
+        """Bodies a consumer received, by their intended send times: each at received_ns[i] (its
+        pull's return) if given, else all at `done_ns`; counted in the window of `done_ns`."""
         self.total_msgs += len(intended_ns)
-        measured = intended_ns[intended_ns >= self.measure_start_ns]
+        sent_in_run = intended_ns >= self.measure_start_ns
+        measured = intended_ns[sent_in_run]
         if measured.size == 0:
             return
         window = self._window(done_ns)
         window.msgs += int(measured.size)
         window.msg_bytes += int(measured.size) * body_bytes
-        window.latency.record_many(done_ns - measured)
+        arrived_ns = done_ns if received_ns is None else received_ns[sent_in_run]
+        window.latency.record_many(arrived_ns - measured)
 
     def add_backlog_read(self, done_ns: int, intended_ns: np.ndarray, count: int, body_bytes: int) -> None:
         """Messages read from a backlog (--consume-from start): counted by receive time, since
@@ -308,10 +312,12 @@ def _complete(spec: WorkerSpec, sender, pending: Pending, recorder: IntervalReco
 # ---------------------------------------------------------------------------------- consuming
 class Received(NamedTuple):
     """What one receiver poll got: how many messages, and the intended send times of those that
-    are bench bodies (the receiver's part; redis gives bodies, mqstore numpy columns)."""
+    are bench bodies (the receiver's part; redis gives bodies, mqstore numpy columns), with when
+    each arrived if the poll read them at different times (None: when the poll returned)."""
 
     count: int
     intended_ns: np.ndarray  # int64
+    received_ns: np.ndarray | None = None  # int64, CLOCK_MONOTONIC, one per intended_ns
 
 
 NOTHING_RECEIVED = Received(0, np.zeros(0, dtype=np.int64))
@@ -349,7 +355,7 @@ def run_consumer(spec: WorkerSpec, receiver, recorder: IntervalRecorder, *,
         if received.count and spec.consume_from == "start":
             recorder.add_backlog_read(now, received.intended_ns, received.count, spec.size_bytes)
         elif received.count:
-            recorder.add_received(now, received.intended_ns, spec.size_bytes)
+            recorder.add_received(now, received.intended_ns, spec.size_bytes, received.received_ns)
             recorder.total_msgs += received.count - len(received.intended_ns)
         elif draining:
             break

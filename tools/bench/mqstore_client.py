@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from concurrent.futures import Future
 
 import numpy as np
@@ -129,7 +130,8 @@ def _all_of(futures: list[Future]) -> Future:
 
 class MqstoreReceiver:
     """Pulls its (topic, queue) streams with Consumer.pull_columns (numpy columns, no Record
-    per message); the intended send times come from one gather of the body heads per pull.
+    per message); the intended send times come from one gather of the body heads per pull, and
+    a message counts as received when its own pull returned, not at the end of the sweep.
     When a sweep finds nothing, Consumer.wait_for_more sleeps until the dispatcher moves on."""
 
     def __init__(self, spec: WorkerSpec):
@@ -148,13 +150,16 @@ class MqstoreReceiver:
         bound = self.consumer.dispatched_pos
         count = 0
         stamps: list[np.ndarray] = []
+        arrivals: list[np.ndarray] = []
         for stream, offset in self.offsets.items():
             result = self.consumer.pull_columns(stream[0], stream[1], offset,
                                                 max_count=self.spec.pull_count)
             if result.status is GetStatus.FOUND:
+                pulled_ns = time.monotonic_ns()  # a message is received when its pull returns
                 for view in result.views:
                     count += view.count
                     stamps.append(intended_times_of_heads(view.body_prefix(BODY_HEADER.size)[1]))
+                    arrivals.append(np.full(len(stamps[-1]), pulled_ns, dtype=np.int64))
                 self.offsets[stream] = result.next_offset
             elif result.status in MOVES:
                 self.offsets[stream] = result.next_offset
@@ -162,7 +167,9 @@ class MqstoreReceiver:
             if timeout_s > 0:
                 self.consumer.wait_for_more(bound, int(timeout_s * 1000))
             return NOTHING_RECEIVED
-        return Received(count, stamps[0] if len(stamps) == 1 else np.concatenate(stamps))
+        if len(stamps) == 1:
+            return Received(count, stamps[0], arrivals[0])
+        return Received(count, np.concatenate(stamps), np.concatenate(arrivals))
 
     def close(self) -> None:
         self.consumer.close()
