@@ -30,10 +30,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engine.commitlog_scan import TOTAL_SIZE_FIELD, BatchScanner, Scanner
+from engine.commitlog_scan import BatchScanner, Scanner
 from engine.errors import BadInputError, DiskFullError, StoreError
 from engine.formats.record import (
     FILLER_SIZE,
+    TOTAL_SIZE_FIELD,
     Filler,
     Record,
     Verify,

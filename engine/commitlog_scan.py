@@ -5,12 +5,12 @@ engine.commitlog for the layout they walk."""
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 from engine.errors import BadInputError, CorruptRecordError
 from engine.formats.record import (
+    TOTAL_SIZE_FIELD,
     Filler,
     Record,
     RecordHeader,
@@ -30,10 +30,6 @@ from engine.mapped_file import Access, MappedFile
 
 if TYPE_CHECKING:
     from engine.commitlog import CommitLog
-
-# Every record and every filler starts with its 4-byte big-endian TOTALSIZE (reference §1.1).
-TOTAL_SIZE_FIELD = struct.Struct(">i")
-
 
 Decoder = Callable[[memoryview, int, int], Record | RecordHeader | Filler]
 

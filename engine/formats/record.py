@@ -121,6 +121,8 @@ _HOST_V4 = struct.Struct(HOST_V4_FMT)
 _HOST_V6 = struct.Struct(HOST_V6_FMT)
 _MID = struct.Struct(RECORD_MID_FMT)
 _FILLER = struct.Struct(FILLER_FMT)
+# Every record and every filler starts with its 4-byte big-endian TOTALSIZE: what walkers read.
+TOTAL_SIZE_FIELD = struct.Struct(">i")
 _STAMP = struct.Struct(">qq")  # QUEUEOFFSET PHYSICALOFFSET, adjacent
 _I8, _I16, _I32, _U32, _I64 = (struct.Struct(f) for f in (">b", ">h", ">i", ">I", ">q"))
 

@@ -42,6 +42,7 @@ from engine.formats.record import (
     STORE_TS_OFFSET_BORN_V6,
     SYS_FLAG_OFFSET,
     TOPIC_LENGTH_SIZE_V1,
+    TOTAL_SIZE_FIELD,
     V4_HEADER_FMT,
     V4_HEADER_SIZE,
     SysFlag,
@@ -76,7 +77,6 @@ _CRC_DIGITS_BYTES_FORMAT = _CRC_DIGITS_FORMAT.encode("ascii")
 _CRC32C_PREFIX_VOID = np.void(CRC32C_PREFIX)
 _SYS_FLAG_LOW_BYTE = SYS_FLAG_OFFSET + 3  # SYSFLAG is big-endian; BORNHOST_V6 is in its last byte
 assert _BORNHOST_V6 < 0x100 and 10**CRC32C_DIGITS > 2**32
-_TOTAL_SIZE = struct.Struct(">i")
 _STAMP = struct.Struct(">qq")  # QUEUEOFFSET PHYSICALOFFSET, adjacent
 _I64 = struct.Struct(">q")
 assert QUEUE_OFFSET_OFFSET + _I64.size == PHYSICAL_OFFSET_OFFSET
@@ -230,7 +230,7 @@ def check_stampable(buf, starts: np.ndarray, sizes: np.ndarray) -> StampableReco
 
 def _check_stampable_each(buf, starts: list[int], sizes: list[int]) -> None:
     """check_stampable one record at a time (struct): cheaper than numpy for a few records."""
-    unpack, length, prefix = _TOTAL_SIZE.unpack_from, len(buf), CRC32C_PREFIX
+    unpack, length, prefix = TOTAL_SIZE_FIELD.unpack_from, len(buf), CRC32C_PREFIX
     with memoryview(buf) as view:
         for start, size in zip(starts, sizes, strict=True):
             if start < 0 or start + size > length:

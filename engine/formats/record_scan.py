@@ -38,6 +38,7 @@ from engine.formats.record import (
     PROPERTIES_LENGTH_SIZE,
     RECORD_FIXED_SIZE,
     TOPIC_LENGTH_SIZE_V1,
+    TOTAL_SIZE_FIELD,
     V4_HEADER_SIZE,
     RecordHeader,
     Verify,
@@ -52,7 +53,6 @@ from engine.formats.record_batch import (
     hosts_v6,
 )
 
-_TOTAL_SIZE = struct.Struct(">i")
 _PREFIX_U8 = np.frombuffer(CRC32C_PREFIX, dtype=np.uint8)
 _SEP_KV, _SEP_PROP = SEP_KV[0], SEP_PROP[0]
 _KEYS_B, _TAGS_B, _UNIQ_B = PROP_KEYS.encode(), PROP_TAGS.encode(), PROP_UNIQ_KEY.encode()
@@ -125,7 +125,7 @@ def walk_starts(buf, pos: int, end: int, max_count: int = 1 << 20) -> np.ndarray
 
     Stops at a TOTALSIZE below the filler size or one running past `end`; what the piece there
     is (a filler, a tear, unwritten space) is for the reference decoder to say."""
-    unpack = _TOTAL_SIZE.unpack_from
+    unpack = TOTAL_SIZE_FIELD.unpack_from
     starts: list[int] = []
     append = starts.append
     limit = min(end, len(buf))
@@ -148,7 +148,7 @@ def find_starts(buf, pos: int, end: int, base_pos: int) -> np.ndarray:
     head = walk_starts(buf, pos, end, _WALK_FIRST_RECORDS)
     if len(head) < _WALK_FIRST_RECORDS:  # the walk stopped by itself
         return head
-    next_pos = int(head[-1]) + _TOTAL_SIZE.unpack_from(buf, int(head[-1]))[0]
+    next_pos = int(head[-1]) + TOTAL_SIZE_FIELD.unpack_from(buf, int(head[-1]))[0]
     if next_pos - pos >= _WALK_MIN_AVG_BYTES * len(head):
         return np.concatenate([head, walk_starts(buf, next_pos, end)])
     return np.concatenate([head, _search_starts(buf, next_pos, end, base_pos)])
