@@ -34,7 +34,28 @@ if TYPE_CHECKING:
 Decoder = Callable[[memoryview, int, int], Record | RecordHeader | Filler]
 
 
-class Scanner:
+class _LogWalk:
+    """A walk of the log from `start_pos` to `end_pos` (default: the end of the last segment):
+    `pos` is where the next record starts, `fillers` counts the fillers crossed."""
+
+    def __init__(self, log: CommitLog, start_pos: int, end_pos: int | None):
+        if start_pos < log.min_pos:
+            raise BadInputError("start_pos", f"{start_pos} is below the log start {log.min_pos}")
+        self.log = log
+        self.pos = start_pos
+        self.end_pos = log.segments.end_pos if end_pos is None else end_pos
+        self.fillers = 0
+
+    def _segment(self) -> MappedFile | None:
+        """The segment holding `pos` (a reader adopts segments the writer has made since)."""
+        segment = self.log.segments.find(self.pos)
+        if segment is None and self.log.segments.access is Access.READ_ONLY:
+            self.log.refresh()
+            segment = self.log.segments.find(self.pos)
+        return segment
+
+
+class Scanner(_LogWalk):
     """Iterator over the records of [start_pos, end_pos), following fillers to the next segment.
 
     `pos` is always where the next record would start: after a normal end it is where the scan
@@ -46,12 +67,7 @@ class Scanner:
     """
 
     def __init__(self, log: CommitLog, start_pos: int, end_pos: int | None, decode: Decoder):
-        if start_pos < log.min_pos:
-            raise BadInputError("start_pos", f"{start_pos} is below the log start {log.min_pos}")
-        self.log = log
-        self.pos = start_pos
-        self.end_pos = log.segments.end_pos if end_pos is None else end_pos
-        self.fillers = 0
+        super().__init__(log, start_pos, end_pos)
         self._decode = decode
 
     def __iter__(self) -> Iterator:
@@ -83,13 +99,6 @@ class Scanner:
             return item
         raise StopIteration
 
-    def _segment(self) -> MappedFile | None:
-        segment = self.log.segments.find(self.pos)
-        if segment is None and self.log.segments.access is Access.READ_ONLY:
-            self.log.refresh()
-            segment = self.log.segments.find(self.pos)
-        return segment
-
 
 class ScannedRun(NamedTuple):
     """One step of a BatchScanner: a run of records checked together in one segment (`spans`
@@ -117,7 +126,7 @@ class ScannedRun(NamedTuple):
         return decode_dispatch(self.buf, self.spans, self.base_pos)
 
 
-class BatchScanner:
+class BatchScanner(_LogWalk):
     """Scanner's rules, many records per step: yields ScannedRuns from `start_pos`.
 
     Each step walks and checks up to `run_bytes` of one segment with the batch codec
@@ -130,12 +139,7 @@ class BatchScanner:
 
     def __init__(self, log: CommitLog, start_pos: int, end_pos: int | None, verify: Verify,
                  run_bytes: int = 1 << 20):
-        if start_pos < log.min_pos:
-            raise BadInputError("start_pos", f"{start_pos} is below the log start {log.min_pos}")
-        self.log = log
-        self.pos = start_pos
-        self.end_pos = log.segments.end_pos if end_pos is None else end_pos
-        self.fillers = 0
+        super().__init__(log, start_pos, end_pos)
         self.verify = verify
         self.run_bytes = run_bytes
 
@@ -145,7 +149,7 @@ class BatchScanner:
     def __next__(self) -> ScannedRun:
         if self.pos >= self.end_pos:
             raise StopIteration
-        probe = Scanner(self.log, self.pos, self.end_pos, self._decode)
+        probe = Scanner(self.log, self.pos, self.end_pos, self._decode)  # for what the batch path refuses
         segment = probe._segment()
         if segment is None:
             raise StopIteration
