@@ -84,6 +84,19 @@ def append_fused(log: CommitLog, data: bytearray, checked: CheckedRequest, offse
     log.append_stampable(merge_checked(data, [(0, checked)]).records, offsets, time.time_ns() // 10**6)
 
 
+def append_requests(log: CommitLog, checker: RecordChecker, requests: list[tuple[bytes, int]]) -> list[int]:
+    """Check and append each request as the appender does (fused, untimed): a log to read back;
+    the written position after each request."""
+    next_offsets: dict = {}
+    ends = []
+    for raw, n in requests:
+        data = bytearray(raw)
+        checked = checker.check_request(data, n)
+        append_fused(log, data, checked, queue_offsets(checked, next_offsets))
+        ends.append(log.written_pos)
+    return ends
+
+
 Append = Callable[[CommitLog, bytearray, CheckedRequest, list[int]], None]
 
 

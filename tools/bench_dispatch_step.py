@@ -26,7 +26,7 @@ from engine.dispatch import shard_key_columns
 from engine.formats.record import Verify
 from engine.formats.record_scan import columns_from_headers
 from engine.mapped_file import Access
-from tools.bench_check_stamp import QUEUES, append_fused, make_requests, queue_offsets
+from tools.bench_check_stamp import QUEUES, append_requests, make_requests
 from workers.request_check import RecordChecker
 
 SHARDS = 2
@@ -36,14 +36,7 @@ def build_log(root: Path, records: int, body_bytes: int) -> tuple[CommitLog, lis
     """A commitlog of `records` one-record requests; the position after each record."""
     log = CommitLog.open(root, 1 * GiB, Access.READ_WRITE)
     checker = RecordChecker(max_body_bytes=body_bytes, queue_count=QUEUES, segment_bytes=1 * GiB)
-    next_offsets: dict = {}
-    ends = []
-    for raw, n in make_requests(records, 1, body_bytes):
-        data = bytearray(raw)
-        checked = checker.check_request(data, n)
-        append_fused(log, data, checked, queue_offsets(checked, next_offsets))
-        ends.append(log.written_pos)
-    return log, ends
+    return log, append_requests(log, checker, make_requests(records, 1, body_bytes))
 
 
 def step_batch(log: CommitLog, start_pos: int, end_pos: int) -> None:

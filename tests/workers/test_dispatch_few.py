@@ -14,7 +14,7 @@ from engine.commitlog import CommitLog
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.mapped_file import Access
 from ipc.key_ring import KeyRing
-from tools.bench_check_stamp import QUEUES, append_fused, make_requests, queue_offsets
+from tools.bench_check_stamp import QUEUES, append_requests, make_requests
 from workers.dispatcher import FEW_RECORDS_BYTES, Dispatcher
 from workers.request_check import RecordChecker
 
@@ -27,13 +27,7 @@ def write_log(root, requests: int) -> list[int]:
     """Requests of 3 records with a key each; returns the written position after each."""
     log = CommitLog.open(root, SEGMENT_BYTES, Access.READ_WRITE)
     checker = RecordChecker(max_body_bytes=4096, queue_count=QUEUES, segment_bytes=SEGMENT_BYTES)
-    next_offsets: dict = {}
-    ends = []
-    for raw, n in make_requests(requests * 3, 3, 200):
-        data = bytearray(raw)
-        checked = checker.check_request(data, n)
-        append_fused(log, data, checked, queue_offsets(checked, next_offsets))
-        ends.append(log.written_pos)
+    ends = append_requests(log, checker, make_requests(requests * 3, 3, 200))
     log.flush()
     log.close()
     return ends
