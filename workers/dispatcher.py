@@ -43,7 +43,7 @@ from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns_to_consume_queues, shard_key_columns
 from engine.errors import StoreError
 from engine.formats.record import Verify
-from engine.formats.record_scan import columns_from_headers
+from engine.formats.record_scan import DispatchColumns, columns_from_headers
 from engine.mapped_file import Access
 from ipc.control_block import DISPATCHER_GROUP, DISPATCHER_GROUP_OFFSET, Role, process_slot_index
 from ipc.key_ring import KeyRing, RingWriter
@@ -219,31 +219,33 @@ class Dispatcher(ChildProcess):
         returns the position reached and the records dispatched."""
         scanner = self.commitlog.scan_headers(self.pos, limit)
         headers = list(scanner)
-        per_shard = None
-        if headers:
-            cols = columns_from_headers(headers)
-            dispatch_columns_to_consume_queues(self.queues, cols)
-            if self.ring_writers:
-                per_shard = shard_key_columns(cols, self.shard_count)
-        if self.ring_writers and scanner.pos > self.pos:
-            self._hand_keys(self.pos, scanner.pos, per_shard)
+        if scanner.pos > self.pos:
+            self._dispatch_run(columns_from_headers(headers) if headers else None, self.pos, scanner.pos)
         return scanner.pos, len(headers)
 
     def _dispatch(self, scanner: BatchScanner) -> int:
-        """Consume-queue entries for every record of the scan (one put_batch per queue and run)
-        and one key-ring block per shard and run; returns the records scanned."""
+        """Every run of the scan through _dispatch_run; returns the records scanned."""
         count = 0
         run_start = scanner.pos
         for run in scanner:
-            cols = run.columns()
-            dispatch_columns_to_consume_queues(self.queues, cols)
-            if self.ring_writers:
-                self._hand_keys(run_start, scanner.pos, shard_key_columns(cols, self.shard_count))
+            count += self._dispatch_run(run.columns(), run_start, scanner.pos)
             run_start = scanner.pos
-            count += cols.count
-        if self.ring_writers and scanner.pos > run_start:  # fillers crossed after the last run
-            self._hand_keys(run_start, scanner.pos, None)
+        if scanner.pos > run_start:  # fillers crossed after the last run
+            self._dispatch_run(None, run_start, scanner.pos)
         return count
+
+    def _dispatch_run(self, cols: DispatchColumns | None, start_pos: int, end_pos: int) -> int:
+        """Consume-queue entries for the records of [start_pos, end_pos) (one put_batch per
+        queue) and one key-ring block per shard covering the range (cols None: fillers only);
+        returns the records dispatched."""
+        if cols is None:
+            if self.ring_writers:
+                self._hand_keys(start_pos, end_pos, None)
+            return 0
+        dispatch_columns_to_consume_queues(self.queues, cols)
+        if self.ring_writers:
+            self._hand_keys(start_pos, end_pos, shard_key_columns(cols, self.shard_count))
+        return cols.count
 
     def _hand_keys(self, start_pos: int, end_pos: int, per_shard) -> None:
         """Publish each shard's keys of the records in [start_pos, end_pos) (None: no records)."""
