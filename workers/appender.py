@@ -80,9 +80,7 @@ class _Served:
     @property
     def good(self) -> np.ndarray | slice:
         """The rows of its records that passed the check."""
-        if self.checked is None:
-            return np.empty(0, np.int64)
-        return np.flatnonzero(self.checked.ok) if self.checked.reasons else slice(None)
+        return np.empty(0, np.int64) if self.checked is None else self.checked.good_rows
 
 
 class Appender:

@@ -86,6 +86,11 @@ class CheckedRequest(NamedTuple):
     queue_ids: np.ndarray  # int64, -1 where not ok
     reasons: dict[int, str]  # why each rejected record was rejected
 
+    @property
+    def good_rows(self) -> np.ndarray | slice:
+        """The rows of the records that passed (a slice of all when every one did)."""
+        return np.flatnonzero(self.ok) if self.reasons else slice(None)
+
 
 class MergedRecords(NamedTuple):
     """The good records of several checked requests as one append: the records, their routing,
@@ -109,17 +114,12 @@ def merge_checked(data: bytearray | memoryview, parts: list[tuple[int, CheckedRe
     spans: list[tuple[int, int]] = []
     starts, sizes, queue_ids, topics = [], [], [], []
     for base, checked in parts:
-        if checked.reasons:
-            good = np.flatnonzero(checked.ok)
-            starts.append(base + checked.starts[good])
-            sizes.append(checked.sizes[good])
-            queue_ids.append(checked.queue_ids[good])
-            topics.extend(topic for topic in checked.topics if topic is not None)
-        else:
-            starts.append(base + checked.starts)
-            sizes.append(checked.sizes)
-            queue_ids.append(checked.queue_ids)
-            topics.extend(checked.topics)
+        good = checked.good_rows
+        starts.append(base + checked.starts[good])
+        sizes.append(checked.sizes[good])
+        queue_ids.append(checked.queue_ids[good])
+        topics.extend([topic for topic in checked.topics if topic is not None] if checked.reasons
+                      else checked.topics)
         spans.append((spans[-1][1] if spans else 0, len(topics)))
     at, size_of, queue_of = np.concatenate(starts), np.concatenate(sizes), np.concatenate(queue_ids)
     if int(size_of.sum()) == len(data):  # all passed and nothing lies between: append in place
