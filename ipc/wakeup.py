@@ -233,6 +233,11 @@ class WaiterTable:
         entries = (self.entry(i) for i in range(self.entry_count))
         return [entry for entry in entries if entry.pid]
 
+    def anyone_waiting(self) -> bool:
+        """Whether a consumer sleeps on a position to come (a hint: it may start any moment)."""
+        seqlock.fence()
+        return bool(self.waiting.any())
+
     def notify_waiters(self) -> int:
         """Post every waiting consumer (call after publishing a new position); how many."""
         seqlock.fence()

@@ -8,8 +8,10 @@ FEW_RECORDS_BYTES record by record with the reference decoder, which costs less 
 writes the consume-queue entries (engine.dispatch.dispatch_columns_to_consume_queues: one
 put_batch per queue, the rules of dispatch_to_consume_queue), publishes `dispatched_pos` after
 each batch and wakes long-polling consumers. A small backlog right after a step waits up to
-COALESCE_S for more to join it (coalesce_wait_s). Every `cq_flush_interval_ms` it msyncs the
-queues and publishes `cq_durable_pos`, from which the supervisor's checkpoint is written.
+COALESCE_S for more to join it (coalesce_wait_s); while no consumer keeps up, any backlog waits
+until the dispatcher's share of the time is down to MAX_DUTY (pace_wait_s). Every
+`cq_flush_interval_ms` it msyncs the queues and publishes `cq_durable_pos`, from which the
+supervisor's checkpoint is written.
 
 Index keys are handed on (DESIGN §4): for each run the dispatcher computes every key's index hash
 and shard once (engine.dispatch.shard_key_columns) and publishes each shard's columns as one
@@ -52,7 +54,13 @@ from workers.child import MAX_STEP_BYTES, ChildProcess, child_main, child_wakeup
 
 log = logging.getLogger(__name__)
 COALESCE_S = 0.002  # a small backlog within this long of the last step waits for the rest of it
-COALESCE_BELOW_BYTES = 32 << 10  # a backlog at least this big is dispatched at once
+COALESCE_BELOW_BYTES = 32 << 10  # a backlog at least this big is not held for COALESCE_S
+# While no consumer long-polls, the dispatcher steps at most this share of the time: after a
+# step of d seconds the next waits until d / MAX_DUTY after its start (at most
+# PACE_MAX_WAIT_S), so a busy store gets fewer, bigger steps, each step's fixed cost shared by
+# more records (pace_wait_s). A waiting consumer gets every flush at once instead.
+MAX_DUTY = 0.4
+PACE_MAX_WAIT_S = 0.005
 # A backlog this small is decoded record by record: the batch codec's whole-array calls cost
 # ~0.3 ms a step however few records it has, the reference decoder ~0.11 ms for 1 to 4 records
 # and ~0.28 ms for 16; they cross near 32 records (`python -m tools.bench_dispatch_step`). The
@@ -72,7 +80,7 @@ def scan_window(commitlog: CommitLog, start_pos: int, limit_pos: int) -> BatchSc
 
 
 def coalesce_wait_s(backlog_bytes: int, since_last_step_s: float) -> float:
-    """How long to wait before dispatching `backlog_bytes` (0: now). A step costs ~0.5 ms of
+    """How long to wait before dispatching `backlog_bytes` (0: now). A step costs ~0.4 ms of
     numpy fixed cost however few records it has; one message at a time (~850 flushes a second of
     2 records) a step per flush took half a core. So a small backlog that comes within
     COALESCE_S of the last step waits for the rest of it (and for more flushes to join it), as
@@ -80,6 +88,16 @@ def coalesce_wait_s(backlog_bytes: int, since_last_step_s: float) -> float:
     if backlog_bytes >= COALESCE_BELOW_BYTES:
         return 0.0
     return max(COALESCE_S - since_last_step_s, 0.0)
+
+
+def pace_wait_s(backlog_bytes: int, since_last_step_s: float, last_step_s: float) -> float:
+    """How long a dispatcher no consumer waits for holds `backlog_bytes` (0: not at all),
+    `since_last_step_s` after the start of a step that took `last_step_s`: until its duty since
+    that start is down to MAX_DUTY, at most PACE_MAX_WAIT_S after it. At bar 1 a step per flush
+    took 60 % of a core, ~0.4 ms of it fixed cost per step. A whole step window is never held."""
+    if backlog_bytes >= MAX_STEP_BYTES:
+        return 0.0
+    return max(min(last_step_s / MAX_DUTY, PACE_MAX_WAIT_S) - since_last_step_s, 0.0)
 
 
 class PostPacer:
@@ -129,7 +147,9 @@ class Dispatcher(ChildProcess):
         self.ring, self.ring_writers = self._open_ring()
         self.builder_wakeups = self._open_builder_wakeups()
         self.builder_posts = PostPacer(BUILDER_POST_INTERVAL_S)
-        self._stepped_at = float("-inf")  # when the last step dispatched something
+        self._stepped_at = float("-inf")  # when the last step that dispatched something began
+        self._step_s = 0.0  # how long it took
+        self._consumers_waited = False  # its new position woke a long-polling consumer
         self._coalesce_until: float | None = None  # a small backlog waits until then
         self.blocks_dropped = 0  # blocks too big for the ring (their builders scan instead)
         log.info("dispatcher resumes at commit_pos %d (%d consume queues, key ring %s)", self.pos,
@@ -163,7 +183,7 @@ class Dispatcher(ChildProcess):
         if limit <= self.pos:  # an owed builder post is made by the idle wait (_idle_wait_s)
             return False
         now = time.monotonic()
-        wait_s = 0.0 if self._stopping else coalesce_wait_s(limit - self.pos, now - self._stepped_at)
+        wait_s = 0.0 if self._stopping else self._hold_s(limit - self.pos, now)
         if wait_s > 0:
             self._coalesce_until = now + wait_s
             return False
@@ -178,10 +198,21 @@ class Dispatcher(ChildProcess):
             if self.pos > self.published_pos:
                 self.ctl.publish_dispatched(self.pos, msg_count=count)
                 self.published_pos = self.pos
-                self.waiters.notify_waiters()
+                self._consumers_waited = self.waiters.notify_waiters() > 0
             self.builder_posts.progress()  # posted after dispatched_pos: see index_builder's gap rule
             self._post_builders_if_due()
+        self._step_s = time.monotonic() - now
         return True
+
+    def _hold_s(self, backlog_bytes: int, now: float) -> float:
+        """How long to hold the backlog before a step: coalescing always, pacing unless
+        consumers keep up (one waited for the last step, or one waits now): they are owed each
+        flush as soon as it lands. Consumers that are behind, or none, get bigger steps."""
+        since_s = now - self._stepped_at
+        wait_s = coalesce_wait_s(backlog_bytes, since_s)
+        if not (self._consumers_waited or self.waiters.anyone_waiting()):
+            wait_s = max(wait_s, pace_wait_s(backlog_bytes, since_s, self._step_s))
+        return wait_s
 
     def _post_builders_if_due(self) -> None:
         now = time.monotonic()

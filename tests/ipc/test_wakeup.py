@@ -101,9 +101,11 @@ def test_consumer_blocked_in_wait_is_woken_by_notify(store_dir):
     wait_until(lambda: any(e.waiting for e in table.registered()), 30, "consumer waiting")
     (entry,) = table.registered()
     assert entry.pid == consumer.pid and entry.sem_name.startswith(store_prefix(store_dir))
+    assert table.anyone_waiting()
     cb.publish_dispatched(TARGET_POS)
     notified = time.monotonic()
     assert table.notify_waiters() == 1
+    assert not table.anyone_waiting()  # the notifier cleared the flag it posted
     consumer.join(CONSUMER_TIMEOUT_S + 10)
     assert consumer.exitcode == 0
     assert time.monotonic() - notified < 5.0
@@ -117,6 +119,7 @@ def test_consumer_blocked_in_wait_is_woken_by_notify(store_dir):
 def test_registered_waiter_that_is_not_waiting_accumulates_no_posts(store_dir):
     table = WaiterTable.create(store_dir, entry_count=2)
     with ConsumerWaiter.register(table, store_dir / "run") as waiter:
+        assert not table.anyone_waiting()
         for _ in range(100):
             assert table.notify_waiters() == 0
         assert waiter.wakeup.pending_posts == 0

@@ -6,9 +6,20 @@ from __future__ import annotations
 
 import os
 
-from ipc.wakeup import Wakeup
-from workers.child import HEARTBEAT_INTERVAL_S
-from workers.dispatcher import COALESCE_BELOW_BYTES, COALESCE_S, Dispatcher, PostPacer, coalesce_wait_s
+import pytest
+
+from ipc.wakeup import WaiterTable, Wakeup
+from workers.child import HEARTBEAT_INTERVAL_S, MAX_STEP_BYTES
+from workers.dispatcher import (
+    COALESCE_BELOW_BYTES,
+    COALESCE_S,
+    MAX_DUTY,
+    PACE_MAX_WAIT_S,
+    Dispatcher,
+    PostPacer,
+    coalesce_wait_s,
+    pace_wait_s,
+)
 
 INTERVAL_S = 2.0 ** -8  # ~3.9 ms
 TICK_S = 2.0 ** -10  # ~1 ms: a dispatcher step per flush, one message at a time
@@ -76,6 +87,53 @@ def test_a_small_backlog_right_after_a_step_waits_for_the_rest_of_the_coalesce_t
 def test_a_small_backlog_long_after_the_last_step_is_dispatched_at_once():
     assert coalesce_wait_s(900, COALESCE_S) == 0.0
     assert coalesce_wait_s(1, 60.0) == 0.0
+
+
+# ------------------------------------------------------------------ pacing a busy dispatcher
+
+STEP_S = 2.0 ** -10  # ~1 ms, a step of a few hundred records
+LARGE_BACKLOG = 64 << 10  # one flush at bar 1: not held by coalescing
+
+
+def test_after_a_step_the_next_waits_until_the_duty_is_down_to_max_duty():
+    assert coalesce_wait_s(LARGE_BACKLOG, 0.0) == 0.0  # without pacing it would go at once
+    assert pace_wait_s(LARGE_BACKLOG, STEP_S, STEP_S) == pytest.approx(STEP_S / MAX_DUTY - STEP_S)
+    assert pace_wait_s(LARGE_BACKLOG, STEP_S / MAX_DUTY, STEP_S) == 0.0
+
+
+def test_pacing_holds_a_backlog_at_most_pace_max_wait_s_and_never_a_whole_window():
+    long_step_s = 1.0  # a step that took a second (a stalled disk): no second-long hold after it
+    assert pace_wait_s(LARGE_BACKLOG, 0.0, long_step_s) == PACE_MAX_WAIT_S
+    assert pace_wait_s(MAX_STEP_BYTES, 0.0, long_step_s) == 0.0
+    assert pace_wait_s(LARGE_BACKLOG, 60.0, STEP_S) == 0.0
+
+
+@pytest.fixture
+def paced_dispatcher(tmp_path):
+    """A Dispatcher with only the state _hold_s reads, a step of STEP_S just ended, and a real
+    waiter table."""
+    table = WaiterTable.create(tmp_path, entry_count=2)
+    dispatcher = Dispatcher.__new__(Dispatcher)
+    dispatcher.waiters = table
+    dispatcher._stepped_at, dispatcher._step_s = 100.0, STEP_S
+    dispatcher._consumers_waited = False
+    yield dispatcher
+    table.close()
+    table.unlink()
+
+
+def test_with_no_consumer_waiting_a_busy_dispatcher_is_paced(paced_dispatcher):
+    assert paced_dispatcher._hold_s(LARGE_BACKLOG, 100.0 + STEP_S) == pytest.approx(
+        STEP_S / MAX_DUTY - STEP_S)
+
+
+def test_a_consumer_waiting_now_or_woken_by_the_last_step_gets_the_backlog_at_once(paced_dispatcher):
+    paced_dispatcher.waiters.waiting[1] = 1  # as ConsumerWaiter.wait raises it before sleeping
+    assert paced_dispatcher._hold_s(LARGE_BACKLOG, 100.0 + STEP_S) == 0.0
+    paced_dispatcher.waiters.waiting[1] = 0  # posted and busy with what the last step woke it for
+    paced_dispatcher._consumers_waited = True
+    assert paced_dispatcher._hold_s(LARGE_BACKLOG, 100.0 + STEP_S) == 0.0
+    assert paced_dispatcher._hold_s(900, 100.0 + STEP_S) == COALESCE_S - STEP_S  # coalescing stays
 
 
 # ------------------------------------------------------- the dispatcher's idle wait itself
