@@ -8,8 +8,9 @@ FEW_RECORDS_BYTES record by record with the reference decoder, which costs less 
 writes the consume-queue entries (engine.dispatch.dispatch_columns_to_consume_queues: one
 put_batch per queue, the rules of dispatch_to_consume_queue), publishes `dispatched_pos` after
 each batch and wakes long-polling consumers. A small backlog right after a step waits up to
-COALESCE_S for more to join it (coalesce_wait_s); while no consumer keeps up, any backlog waits
-until the dispatcher's share of the time is down to MAX_DUTY (pace_wait_s). Every
+COALESCE_S for more to join it (coalesce_wait_s); while no consumer keeps up, a backlog short of
+a step window waits until the dispatcher's share of the time is down to MAX_DUTY (pace_wait_s).
+Every
 `cq_flush_interval_ms` it msyncs the queues and publishes `cq_durable_pos`, from which the
 supervisor's checkpoint is written.
 
@@ -147,8 +148,8 @@ class Dispatcher(ChildProcess):
         self.ring, self.ring_writers = self._open_ring()
         self.builder_wakeups = self._open_builder_wakeups()
         self.builder_posts = PostPacer(BUILDER_POST_INTERVAL_S)
-        self._stepped_at = float("-inf")  # when the last step that dispatched something began
-        self._step_s = 0.0  # how long it took
+        self._stepped_at = float("-inf")  # when the last step that was not held began
+        self._step_s = 0.0  # how long it took (wall time: see _hold_s)
         self._consumers_waited = False  # its new position woke a long-polling consumer
         self._coalesce_until: float | None = None  # a small backlog waits until then
         self.blocks_dropped = 0  # blocks too big for the ring (their builders scan instead)
@@ -207,7 +208,13 @@ class Dispatcher(ChildProcess):
     def _hold_s(self, backlog_bytes: int, now: float) -> float:
         """How long to hold the backlog before a step: coalescing always, pacing unless
         consumers keep up (one waited for the last step, or one waits now): they are owed each
-        flush as soon as it lands. Consumers that are behind, or none, get bigger steps."""
+        flush as soon as it lands. Consumers that are behind, or none, get bigger steps.
+
+        "Waits now" is looked at when the dispatcher wakes (each flush posts it, and the hold
+        ends by itself): a consumer that starts waiting during a hold waits at most until then,
+        under PACE_MAX_WAIT_S. The waiter table is the store's, not a queue's, so one consumer
+        long-polling an idle topic turns pacing off for all. Steps are timed by the wall clock:
+        a step that the busy machine stretches holds the next one longer, which is the point."""
         since_s = now - self._stepped_at
         wait_s = coalesce_wait_s(backlog_bytes, since_s)
         if not (self._consumers_waited or self.waiters.anyone_waiting()):

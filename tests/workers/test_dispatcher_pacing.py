@@ -1,6 +1,8 @@
-"""The dispatcher's pacing: it posts the index builders at most once per interval, busy or idle, never
-leaves progress unposted: PostPacer's rules, on given times (binary fractions, so the
-arithmetic is exact)."""
+"""The dispatcher's pacing, on given times (binary fractions, so the arithmetic is exact): it
+posts the index builders at most once per interval, busy or idle, and never leaves progress
+unposted (PostPacer); it holds a small backlog for COALESCE_S after a step; and while no consumer
+keeps up it holds any backlog until its duty is down to MAX_DUTY (pace_wait_s), which `step`
+itself is driven through below, over a real commitlog, control block and waiter table."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import os
 
 import pytest
 
-from ipc.wakeup import WaiterTable, Wakeup
+from ipc.control_block import ControlBlock, FlushCode
+from ipc.wakeup import ConsumerWaiter, WaiterTable, Wakeup
+from tests.workers.test_dispatch_few import SHARDS, dispatcher_over, write_log
 from workers.child import HEARTBEAT_INTERVAL_S, MAX_STEP_BYTES
 from workers.dispatcher import (
     COALESCE_BELOW_BYTES,
@@ -92,20 +96,20 @@ def test_a_small_backlog_long_after_the_last_step_is_dispatched_at_once():
 # ------------------------------------------------------------------ pacing a busy dispatcher
 
 STEP_S = 2.0 ** -10  # ~1 ms, a step of a few hundred records
-LARGE_BACKLOG = 64 << 10  # one flush at bar 1: not held by coalescing
+LARGE_BACKLOG_BYTES = 64 << 10  # one flush at bar 1: not held by coalescing
 
 
 def test_after_a_step_the_next_waits_until_the_duty_is_down_to_max_duty():
-    assert coalesce_wait_s(LARGE_BACKLOG, 0.0) == 0.0  # without pacing it would go at once
-    assert pace_wait_s(LARGE_BACKLOG, STEP_S, STEP_S) == pytest.approx(STEP_S / MAX_DUTY - STEP_S)
-    assert pace_wait_s(LARGE_BACKLOG, STEP_S / MAX_DUTY, STEP_S) == 0.0
+    assert coalesce_wait_s(LARGE_BACKLOG_BYTES, 0.0) == 0.0  # without pacing it would go at once
+    assert pace_wait_s(LARGE_BACKLOG_BYTES, STEP_S, STEP_S) == pytest.approx(STEP_S / MAX_DUTY - STEP_S)
+    assert pace_wait_s(LARGE_BACKLOG_BYTES, STEP_S / MAX_DUTY, STEP_S) == 0.0
 
 
 def test_pacing_holds_a_backlog_at_most_pace_max_wait_s_and_never_a_whole_window():
     long_step_s = 1.0  # a step that took a second (a stalled disk): no second-long hold after it
-    assert pace_wait_s(LARGE_BACKLOG, 0.0, long_step_s) == PACE_MAX_WAIT_S
+    assert pace_wait_s(LARGE_BACKLOG_BYTES, 0.0, long_step_s) == PACE_MAX_WAIT_S
     assert pace_wait_s(MAX_STEP_BYTES, 0.0, long_step_s) == 0.0
-    assert pace_wait_s(LARGE_BACKLOG, 60.0, STEP_S) == 0.0
+    assert pace_wait_s(LARGE_BACKLOG_BYTES, 60.0, STEP_S) == 0.0
 
 
 @pytest.fixture
@@ -123,17 +127,108 @@ def paced_dispatcher(tmp_path):
 
 
 def test_with_no_consumer_waiting_a_busy_dispatcher_is_paced(paced_dispatcher):
-    assert paced_dispatcher._hold_s(LARGE_BACKLOG, 100.0 + STEP_S) == pytest.approx(
+    assert paced_dispatcher._hold_s(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) == pytest.approx(
         STEP_S / MAX_DUTY - STEP_S)
 
 
 def test_a_consumer_waiting_now_or_woken_by_the_last_step_gets_the_backlog_at_once(paced_dispatcher):
     paced_dispatcher.waiters.waiting[1] = 1  # as ConsumerWaiter.wait raises it before sleeping
-    assert paced_dispatcher._hold_s(LARGE_BACKLOG, 100.0 + STEP_S) == 0.0
+    assert paced_dispatcher._hold_s(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) == 0.0
     paced_dispatcher.waiters.waiting[1] = 0  # posted and busy with what the last step woke it for
     paced_dispatcher._consumers_waited = True
-    assert paced_dispatcher._hold_s(LARGE_BACKLOG, 100.0 + STEP_S) == 0.0
+    assert paced_dispatcher._hold_s(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) == 0.0
     assert paced_dispatcher._hold_s(900, 100.0 + STEP_S) == COALESCE_S - STEP_S  # coalescing stays
+
+
+class FakeClock:
+    """time.monotonic for the dispatcher module: moves only when the test moves it, and by
+    STEP_S during each dispatch (the step's duration, which pacing measures)."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def stepping(tmp_path, monkeypatch):
+    """A Dispatcher over a real log of ~150 KiB (requests of 3 records, each `ends` entry the
+    log's end after one), a real control block and waiter table, with the state boot() sets,
+    stepped on a FakeClock; each dispatch takes STEP_S."""
+    ends = write_log(tmp_path, 120)
+    dispatcher = dispatcher_over(tmp_path, "pace")
+    dispatcher.ctl = ControlBlock.create(tmp_path, SHARDS, FlushCode.SYNC)
+    dispatcher.waiters = WaiterTable.create(tmp_path, entry_count=2)
+    dispatcher.sync_flush, dispatcher.published_pos, dispatcher._stopping = True, 0, False
+    dispatcher.builder_wakeups, dispatcher.builder_posts = [], PostPacer(INTERVAL_S)
+    dispatcher._stepped_at, dispatcher._step_s = float("-inf"), 0.0
+    dispatcher._consumers_waited, dispatcher._coalesce_until = False, None
+    dispatcher._disk_full_since = None
+    clock = FakeClock(100.0)
+    monkeypatch.setattr("workers.dispatcher.time", clock)
+    dispatch_window = dispatcher._dispatch_window
+
+    def timed_dispatch_window(limit: int):
+        clock.now += STEP_S
+        return dispatch_window(limit)
+
+    monkeypatch.setattr(dispatcher, "_dispatch_window", timed_dispatch_window)
+    yield dispatcher, clock, [end for end in ends if end >= LARGE_BACKLOG_BYTES]
+    dispatcher.waiters.close()
+    dispatcher.waiters.unlink()
+    dispatcher.ctl.close()
+    dispatcher.ctl.unlink()
+    dispatcher.ring.remove()
+    dispatcher.ring.close()
+    dispatcher.queues.close()
+    dispatcher.commitlog.close()
+
+
+def flushed_to(dispatcher, pos: int) -> None:
+    dispatcher.ctl.publish_written(pos)
+    dispatcher.ctl.publish_flushed(pos)
+
+
+def test_step_holds_the_next_backlog_until_its_duty_is_down_and_then_dispatches_it(stepping):
+    dispatcher, clock, ends = stepping
+    flushed_to(dispatcher, ends[0])
+    assert dispatcher.step() and dispatcher.pos == ends[0]  # nothing before it: at once
+    assert dispatcher._step_s == STEP_S
+    flushed_to(dispatcher, ends[-1])  # ~90 KiB more: coalescing alone would not hold it
+    assert not dispatcher.step()
+    hold_end = 100.0 + STEP_S / MAX_DUTY
+    assert dispatcher._coalesce_until == pytest.approx(hold_end)
+    assert dispatcher._idle_wait_s(clock.now) == pytest.approx(hold_end - clock.now)  # sleeps to it
+    clock.now = hold_end
+    assert dispatcher.step() and dispatcher.pos == ends[-1]
+    assert dispatcher.ctl.dispatched_pos == ends[-1]
+
+
+def test_step_does_not_hold_a_backlog_for_a_consumer_waiting_or_woken_by_the_last_step(stepping,
+                                                                                        tmp_path):
+    dispatcher, _, ends = stepping
+    with ConsumerWaiter.register(dispatcher.waiters, tmp_path / "run") as waiter:
+        flushed_to(dispatcher, ends[0])
+        dispatcher.waiters.waiting[waiter.index] = 1  # as ConsumerWaiter.wait sets it to sleep
+        assert dispatcher.step() and dispatcher._consumers_waited  # it was posted
+        assert waiter.wakeup.pending_posts == 1 and not dispatcher.waiters.anyone_waiting()
+        flushed_to(dispatcher, ends[len(ends) // 2])
+        assert dispatcher.step() and dispatcher.pos == ends[len(ends) // 2]  # not held
+        assert not dispatcher._consumers_waited  # the consumer was busy: nobody to post
+        flushed_to(dispatcher, ends[-1])
+        assert not dispatcher.step()  # paced again
+        dispatcher.waiters.waiting[waiter.index] = 1
+        assert dispatcher.step() and dispatcher.pos == ends[-1]  # it waits now: at once
+
+
+def test_a_stopping_dispatcher_holds_nothing(stepping):
+    dispatcher, _, ends = stepping
+    flushed_to(dispatcher, ends[0])
+    assert dispatcher.step()
+    dispatcher._stopping = True
+    flushed_to(dispatcher, ends[-1])
+    assert dispatcher.step() and dispatcher.pos == ends[-1]
 
 
 # ------------------------------------------------------- the dispatcher's idle wait itself
