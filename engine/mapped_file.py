@@ -23,9 +23,6 @@ from engine.naming import TEMP_SUFFIX
 
 PAGE_BYTES = mmap.PAGESIZE
 RESERVE_STEP_BYTES = 4 << 20
-# The most of a newly reserved range reserve() asks the kernel to read ahead: one WILLNEED reads
-# at most the device's readahead size (8 MiB here), counted from the start of the range.
-PREFETCH_MAX_BYTES = 8 << 20
 ZERO_CHUNK_BYTES = 1 << 20  # blocks are allocated ahead of the writer in steps of this size
 _ZEROS_VIEW = memoryview(bytes(ZERO_CHUNK_BYTES))
 ZERO_AHEAD_BYTES = 1 << 20  # reserve_zeroed keeps this much written zeros ahead of the writer
@@ -114,13 +111,15 @@ class MappedFile:
 
         A write into an unallocated page of a sparse mapped file on a full disk kills the process
         with SIGBUS; allocating first turns that into DiskFullError while nothing is written.
+        The pages are not brought into the page cache here: a WILLNEED over each new step (4 MiB of
+        zeros per consume queue at once) cost the dispatcher 30-70 ms steps; the writer's own
+        writes fill them a page at a time (docs/BENCHMARKS.md, seventh pass).
         """
         if end_file_pos <= self._reserved_until:
             return
         target = self._step_end(end_file_pos, RESERVE_STEP_BYTES)
         with _disk_full_as_error(self.path, "allocate file blocks"):
             os.posix_fallocate(self._fd, self._reserved_until, target - self._reserved_until)
-        self._prefetch(max(self._reserved_until, target - PREFETCH_MAX_BYTES), target)
         self._reserved_until = target
 
     def reserve_zeroed(self, write_file_pos: int, end_file_pos: int) -> None:
@@ -161,18 +160,6 @@ class MappedFile:
     def _step_end(self, file_pos: int, step_bytes: int) -> int:
         """file_pos rounded up to a multiple of step_bytes, within the file."""
         return min(self.size_bytes, -(-file_pos // step_bytes) * step_bytes)
-
-    def _prefetch(self, start_pos: int, end_pos: int) -> None:
-        """Bring [start_pos, end_pos) into the page cache before it is written.
-
-        Over allocated, unwritten blocks WILLNEED fills the pages with zeros (no disk read) several
-        times faster than a write that allocates them one by one (docs/BENCHMARKS.md, bar 6).
-        Advice only: an error changes nothing.
-        """
-        try:
-            os.posix_fadvise(self._fd, start_pos, end_pos - start_pos, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
 
     def write(self, file_pos: int, data) -> None:
         """Write `data` at `file_pos` with pwrite (the mapping sees it: one page cache).
