@@ -20,6 +20,7 @@ from store_harness import (
     RunningStore,
     assert_check_clean,
     claimed_producer_slots,
+    module_store,
     read_acks,
     spawn_python,
     wait_for,
@@ -45,10 +46,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    running = RunningStore.start(tmp_path_factory.mktemp("producer") / "store")
-    yield running
-    assert running.stop() == 0
-    assert_check_clean(running.root)
+    yield from module_store(tmp_path_factory.mktemp("producer") / "store")
 
 
 def drain_queue(consumer: Consumer, topic: str, queue_id: int) -> list:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean
+from store_harness import RunningStore, assert_check_clean, module_store
 
 from engine.errors import BadInputError, StoreClosedError
 from engine.formats.record_batch import encode_records, stamp_records
@@ -27,11 +27,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    running = RunningStore.start(tmp_path_factory.mktemp("columns") / "store",
-                                 store={"commitlog_file_size": 1024 * 1024})
-    yield running
-    assert running.stop() == 0
-    assert_check_clean(running.root)
+    yield from module_store(tmp_path_factory.mktemp("columns") / "store",
+                            store={"commitlog_file_size": 1024 * 1024})
 
 
 def log_bytes(root: Path, commit_pos: int, size: int) -> bytes:

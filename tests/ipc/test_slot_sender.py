@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean, wait_for
+from store_harness import module_store, wait_for
 
 from engine.status import PutStatus
 from ipc.producer import Producer
@@ -25,10 +25,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    running = RunningStore.start(tmp_path_factory.mktemp("slot-sender") / "store")
-    yield running
-    assert running.stop() == 0
-    assert_check_clean(running.root)
+    yield from module_store(tmp_path_factory.mktemp("slot-sender") / "store")
 
 
 def test_a_blocking_send_with_nothing_in_flight_goes_from_the_callers_thread(store):

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from engine.check import check
@@ -174,6 +174,14 @@ class RunningStore:
 def assert_check_clean(root: Path) -> None:
     findings = check(Path(root))
     assert findings == [], "\n".join(map(str, findings))
+
+
+def module_store(root: Path, **start_kwargs) -> Iterator[RunningStore]:
+    """A module fixture's store: started, yielded, then it must stop cleanly and check clean."""
+    running = RunningStore.start(root, **start_kwargs)
+    yield running
+    assert running.stop() == 0
+    assert_check_clean(running.root)
 
 
 PRODUCER_SCRIPT = """
