@@ -1,9 +1,9 @@
 """Freezes of a running store's pipeline, seen from outside: samples the control block's flushed,
 dispatched and index positions every --interval-ms for --seconds, and reports each span longer
 than --min-ms in which a stage's position stood still while the stage before it was ahead
-(flushed past dispatched: the dispatcher owed work; dispatched past a shard's processed
-position: that index builder did). The supervisor's own freezes are spans in which flushed_pos
-stood still while written_pos was ahead.
+(flushed past dispatched, or written past it under async flush: the dispatcher owed work;
+dispatched past a shard's processed position: that index builder did). The supervisor's own
+freezes are spans in which flushed_pos stood still while written_pos was ahead.
 
     .venv/bin/python -m tools.bench_stalls --store ./data --seconds 120 [--min-ms 30] [--json FILE]
 
@@ -22,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.config import FlushPolicy
 from engine.errors import StoreError
 from ipc.control_block import ControlBlock
+from ipc.producer import attach_running_store
 
 
 def freezes(times_s: np.ndarray, upstream: np.ndarray, own: np.ndarray, min_s: float
@@ -52,6 +54,8 @@ def sample(ctl: ControlBlock, seconds: float, interval_s: float) -> dict[str, np
     table = np.array(rows, dtype=np.float64).reshape(len(rows), -1)
     columns = {"t": table[:, 0], "written": table[:, 1], "flushed": table[:, 2],
                "dispatched": table[:, 3]}
+    # what the dispatcher may dispatch up to: flushed under sync flush, written under async
+    columns["dispatchable"] = columns["flushed" if ctl.flush_policy is FlushPolicy.SYNC else "written"]
     for shard in range(table.shape[1] - 4):
         columns[f"index[{shard}]"] = table[:, 4 + shard]
     return columns
@@ -60,7 +64,7 @@ def sample(ctl: ControlBlock, seconds: float, interval_s: float) -> dict[str, np
 def report(columns: dict[str, np.ndarray], min_s: float) -> dict:
     """Each stage's freezes and samples taken, as a JSON-ready dict."""
     t = columns["t"]
-    stages = {"supervisor": ("written", "flushed"), "dispatcher": ("flushed", "dispatched")}
+    stages = {"supervisor": ("written", "flushed"), "dispatcher": ("dispatchable", "dispatched")}
     stages.update({name: ("dispatched", name) for name in columns if name.startswith("index[")})
     out = {"samples": len(t), "seconds": float(t[-1] - t[0]) if len(t) else 0.0,
            "min_ms": min_s * 1000, "stages": {}}
@@ -73,14 +77,13 @@ def report(columns: dict[str, np.ndarray], min_s: float) -> dict:
 
 
 def attach(store: Path, wait_s: float) -> ControlBlock:
-    """The store's control block, waiting up to `wait_s` for a store that is starting (the
-    probe is usually started beside `mqstore bench --start`)."""
+    """The running store's control block (ipc.producer.attach_running_store, with its errors),
+    waiting up to `wait_s` for a store that is starting (the probe is usually started beside
+    `mqstore bench --start`)."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            ctl = ControlBlock.attach(store)
-            ctl.snapshot()
-            return ctl
+            return attach_running_store(store)[0]
         except StoreError:
             if time.monotonic() >= deadline:
                 raise

@@ -41,7 +41,17 @@ def test_a_short_probe_of_a_running_store_reports_every_stage(tmp_path):
 
 
 def test_no_store_is_a_clear_error_and_writes_nothing(tmp_path):
-    with pytest.raises(ServiceNotAvailableError, match="does not exist"):
+    with pytest.raises(ServiceNotAvailableError, match="no supervisor runs"):
         bench_stalls.main(["--store", str(tmp_path / "none"), "--seconds", "1", "--wait-s", "0",
                            "--json", str(tmp_path / "out.json")])
     assert not (tmp_path / "out.json").exists()
+
+
+def test_under_async_flush_the_dispatcher_is_owed_what_is_written_not_what_is_flushed(tmp_path):
+    store = RunningStore.start(tmp_path / "store", store={"flush": "async"})
+    try:
+        with bench_stalls.attach(store.root, 0.0) as ctl:
+            columns = bench_stalls.sample(ctl, 0.05, 0.001)
+    finally:
+        assert store.stop() == 0
+    assert columns["dispatchable"] is columns["written"]
