@@ -10,8 +10,7 @@ put_batch per queue, the rules of dispatch_to_consume_queue), publishes `dispatc
 each batch and wakes long-polling consumers. A small backlog right after a step waits up to
 COALESCE_S for more to join it (coalesce_wait_s); while no consumer keeps up, a backlog short of
 a step window waits until the dispatcher's share of the time is down to MAX_DUTY (pace_wait_s).
-Every
-`cq_flush_interval_ms` it msyncs the queues and publishes `cq_durable_pos`, from which the
+Every `cq_flush_interval_ms` it msyncs the queues and publishes `cq_durable_pos`, from which the
 supervisor's checkpoint is written.
 
 Index keys are handed on (DESIGN §4): for each run the dispatcher computes every key's index hash
@@ -151,7 +150,7 @@ class Dispatcher(ChildProcess):
         self._stepped_at = float("-inf")  # when the last step that was not held began
         self._step_s = 0.0  # how long it took (wall time: see _hold_s)
         self._consumers_waited = False  # its new position woke a long-polling consumer
-        self._coalesce_until: float | None = None  # a small backlog waits until then
+        self._hold_until: float | None = None  # a held backlog (coalesced or paced) waits until then
         self.blocks_dropped = 0  # blocks too big for the ring (their builders scan instead)
         log.info("dispatcher resumes at commit_pos %d (%d consume queues, key ring %s)", self.pos,
                  len(self.queues), "on" if self.ring is not None else "off")
@@ -186,9 +185,9 @@ class Dispatcher(ChildProcess):
         now = time.monotonic()
         wait_s = 0.0 if self._stopping else self._hold_s(limit - self.pos, now)
         if wait_s > 0:
-            self._coalesce_until = now + wait_s
+            self._hold_until = now + wait_s
             return False
-        self._coalesce_until = None
+        self._hold_until = None
         self._stepped_at = now
         if limit - self.pos <= FEW_RECORDS_BYTES:
             end_pos, count = self._dispatch_few(limit)
@@ -232,13 +231,13 @@ class Dispatcher(ChildProcess):
         self.builder_posts.posted(now)
 
     def _idle_wait_s(self, now: float) -> float:
-        """The child's idle wait, shortened to when an owed builder post or a coalesced backlog
-        is due. An owed post that is due is made here: while a full disk is waited out no step
+        """The child's idle wait, shortened to when an owed builder post or a held backlog is
+        due. An owed post that is due is made here: while a full disk is waited out no step
         runs to make it, and a wait of 0 would spin."""
         self._post_builders_if_due()
         wait_s = self.builder_posts.wait_s(now, super()._idle_wait_s(now))
-        if self._coalesce_until is not None and self._disk_full_since is None:
-            wait_s = min(wait_s, max(self._coalesce_until - now, 0.0))
+        if self._hold_until is not None and self._disk_full_since is None:
+            wait_s = min(wait_s, max(self._hold_until - now, 0.0))
         return wait_s
 
     def _dispatch_window(self, limit: int) -> tuple[int, int]:

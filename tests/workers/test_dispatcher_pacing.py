@@ -163,7 +163,7 @@ def stepping(tmp_path, monkeypatch):
     dispatcher.sync_flush, dispatcher.published_pos, dispatcher._stopping = True, 0, False
     dispatcher.builder_wakeups, dispatcher.builder_posts = [], PostPacer(INTERVAL_S)
     dispatcher._stepped_at, dispatcher._step_s = float("-inf"), 0.0
-    dispatcher._consumers_waited, dispatcher._coalesce_until = False, None
+    dispatcher._consumers_waited, dispatcher._hold_until = False, None
     dispatcher._disk_full_since = None
     clock = FakeClock(100.0)
     monkeypatch.setattr("workers.dispatcher.time", clock)
@@ -198,7 +198,7 @@ def test_step_holds_the_next_backlog_until_its_duty_is_down_and_then_dispatches_
     flushed_to(dispatcher, ends[-1])  # ~90 KiB more: coalescing alone would not hold it
     assert not dispatcher.step()
     hold_end = 100.0 + STEP_S / MAX_DUTY
-    assert dispatcher._coalesce_until == pytest.approx(hold_end)
+    assert dispatcher._hold_until == pytest.approx(hold_end)
     assert dispatcher._idle_wait_s(clock.now) == pytest.approx(hold_end - clock.now)  # sleeps to it
     clock.now = hold_end
     assert dispatcher.step() and dispatcher.pos == ends[-1]
@@ -243,14 +243,14 @@ def test_while_a_full_disk_is_waited_out_an_owed_post_is_made_not_spun_on(tmp_pa
         dispatcher = Dispatcher.__new__(Dispatcher)  # only the state _idle_wait_s reads
         dispatcher.builder_wakeups = [builder]
         dispatcher.builder_posts = PostPacer(INTERVAL_S)
-        dispatcher._coalesce_until = None
+        dispatcher._hold_until = None
         dispatcher._disk_full_since, dispatcher._retry_at = 100.0, 100.5  # retry in 0.5 s
         dispatcher.builder_posts.posted(100.0)
         dispatcher.builder_posts.progress()  # the step before the disk filled
         wait_s = dispatcher._idle_wait_s(100.0 + INTERVAL_S)
         assert builder.pending_posts == 1 and not dispatcher.builder_posts.owed
         assert wait_s == HEARTBEAT_INTERVAL_S  # min(heartbeat, time to the retry): sleeps
-        dispatcher._coalesce_until = 99.0  # a stale coalesce deadline does not make it spin either
+        dispatcher._hold_until = 99.0  # a stale hold deadline does not make it spin either
         assert dispatcher._idle_wait_s(100.0 + INTERVAL_S) == HEARTBEAT_INTERVAL_S
     finally:
         builder.close()
