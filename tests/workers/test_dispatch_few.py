@@ -46,6 +46,14 @@ def dispatcher_over(root, tag: str) -> Dispatcher:
     return dispatcher
 
 
+def close_dispatcher(dispatcher: Dispatcher) -> None:
+    """Close and remove what dispatcher_over opened."""
+    dispatcher.ring.remove()
+    dispatcher.ring.close()
+    dispatcher.queues.close()
+    dispatcher.commitlog.close()
+
+
 def ring_contents(ring: KeyRing, shard: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
     """The (start, end) ranges of a shard's blocks and all their key hashes and positions."""
     reader = ring.reader(shard)
@@ -65,10 +73,7 @@ def two_logs(tmp_path):
     few, window = dispatcher_over(few_root, "few"), dispatcher_over(window_root, "window")
     yield ends, few, window
     for dispatcher in (few, window):
-        dispatcher.ring.remove()
-        dispatcher.ring.close()
-        dispatcher.queues.close()
-        dispatcher.commitlog.close()
+        close_dispatcher(dispatcher)
 
 
 def test_few_records_at_a_time_dispatch_what_the_batch_path_does(two_logs):

@@ -12,7 +12,7 @@ import pytest
 
 from ipc.control_block import ControlBlock, FlushCode
 from ipc.wakeup import ConsumerWaiter, WaiterTable, Wakeup
-from tests.workers.test_dispatch_few import SHARDS, dispatcher_over, write_log
+from tests.workers.test_dispatch_few import SHARDS, close_dispatcher, dispatcher_over, write_log
 from workers.child import HEARTBEAT_INTERVAL_S, MAX_STEP_BYTES
 from workers.dispatcher import (
     COALESCE_BELOW_BYTES,
@@ -179,10 +179,7 @@ def stepping(tmp_path, monkeypatch):
     dispatcher.waiters.unlink()
     dispatcher.ctl.close()
     dispatcher.ctl.unlink()
-    dispatcher.ring.remove()
-    dispatcher.ring.close()
-    dispatcher.queues.close()
-    dispatcher.commitlog.close()
+    close_dispatcher(dispatcher)
 
 
 def flushed_to(dispatcher, pos: int) -> None:
