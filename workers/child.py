@@ -167,8 +167,13 @@ class ChildProcess:
             if now - self._last_flush >= self._flush_interval_s:
                 self.flush()
                 self._last_flush = now
-            if not did_work and self.wakeup.wait(self._idle_wait_s(now)):
-                self.wakeup.drain()  # one look at the published position serves every post
+            if not did_work:
+                self._idle(now)
+
+    def _idle(self, now: float) -> None:
+        """Sleep until posted or the idle wait (`_idle_wait_s`) is over."""
+        if self.wakeup.wait(self._idle_wait_s(now)):
+            self.wakeup.drain()  # one look at the published position serves every post
 
     def _step_unless_disk_full(self) -> bool:
         """step(), except while waiting out a full disk (until the next retry time); a

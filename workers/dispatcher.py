@@ -9,7 +9,8 @@ writes the consume-queue entries (engine.dispatch.dispatch_columns_to_consume_qu
 put_batch per queue, the rules of dispatch_to_consume_queue), publishes `dispatched_pos` after
 each batch and wakes long-polling consumers. A small backlog right after a step waits up to
 COALESCE_S for more to join it (coalesce_wait_s); while no consumer keeps up, a backlog short of
-a step window waits until the dispatcher's share of the time is down to MAX_DUTY (pace_wait_s).
+a step window waits until the dispatcher's share of the time is down to MAX_DUTY (pace_wait_s),
+and the dispatcher sleeps that hold out (HoldWake) instead of waking for every flush it holds.
 Every `cq_flush_interval_ms` it msyncs the queues and publishes `cq_durable_pos`, from which the
 supervisor's checkpoint is written.
 
@@ -33,6 +34,7 @@ entries are still there), so consumers never see the queues shrink during a rest
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 
@@ -59,7 +61,7 @@ COALESCE_BELOW_BYTES = 32 << 10  # a backlog at least this big is not held for C
 # step of d seconds the next waits until d / MAX_DUTY after its start (at most
 # PACE_MAX_WAIT_S), so a busy store gets fewer, bigger steps, each step's fixed cost shared by
 # more records (pace_wait_s). A waiting consumer gets every flush at once instead.
-MAX_DUTY = 0.4
+MAX_DUTY = 0.2
 PACE_MAX_WAIT_S = 0.005
 # A backlog this small is decoded record by record: the batch codec's whole-array calls cost
 # ~0.3 ms a step however few records it has, the reference decoder ~0.11 ms for 1 to 4 records
@@ -98,6 +100,15 @@ def pace_wait_s(backlog_bytes: int, since_last_step_s: float, last_step_s: float
     if backlog_bytes >= MAX_STEP_BYTES:
         return 0.0
     return max(min(last_step_s / MAX_DUTY, PACE_MAX_WAIT_S) - since_last_step_s, 0.0)
+
+
+class HoldWake(enum.Enum):
+    """What ends a hold early. A consumer that keeps up is owed a big backlog at once, so each
+    flush's post looks again (ON_POST); with none, the dispatcher sleeps the hold out (AT_END):
+    at bar 1 (~600 flushes a second) the wake-ups that found it still held cost it as much as
+    the steps it saved."""
+    ON_POST = "on post"
+    AT_END = "at end"
 
 
 class PostPacer:
@@ -148,9 +159,10 @@ class Dispatcher(ChildProcess):
         self.builder_wakeups = self._open_builder_wakeups()
         self.builder_posts = PostPacer(BUILDER_POST_INTERVAL_S)
         self._stepped_at = float("-inf")  # when the last step that was not held began
-        self._step_s = 0.0  # how long it took (wall time: see _hold_s)
+        self._step_s = 0.0  # how long it took (wall time: see _hold)
         self._consumers_waited = False  # its new position woke a long-polling consumer
         self._hold_until: float | None = None  # a held backlog (coalesced or paced) waits until then
+        self._hold_wake = HoldWake.ON_POST  # and what ends that hold early
         self.blocks_dropped = 0  # blocks too big for the ring (their builders scan instead)
         log.info("dispatcher resumes at commit_pos %d (%d consume queues, key ring %s)", self.pos,
                  len(self.queues), "on" if self.ring is not None else "off")
@@ -183,9 +195,9 @@ class Dispatcher(ChildProcess):
         if limit <= self.pos:  # an owed builder post is made by the idle wait (_idle_wait_s)
             return False
         now = time.monotonic()
-        wait_s = 0.0 if self._stopping else self._hold_s(limit - self.pos, now)
+        wait_s, wake = (0.0, HoldWake.ON_POST) if self._stopping else self._hold(limit - self.pos, now)
         if wait_s > 0:
-            self._hold_until = now + wait_s
+            self._hold_until, self._hold_wake = now + wait_s, wake
             return False
         self._hold_until = None
         self._stepped_at = now
@@ -204,21 +216,33 @@ class Dispatcher(ChildProcess):
         self._step_s = time.monotonic() - now
         return True
 
-    def _hold_s(self, backlog_bytes: int, now: float) -> float:
-        """How long to hold the backlog before a step: coalescing always, pacing unless
-        consumers keep up (one waited for the last step, or one waits now): they are owed each
-        flush as soon as it lands. Consumers that are behind, or none, get bigger steps.
+    def _hold(self, backlog_bytes: int, now: float) -> tuple[float, HoldWake]:
+        """How long to hold the backlog before a step, and what ends the hold early: coalescing
+        always, pacing unless consumers keep up (one waited for the last step, or one waits
+        now): they are owed each flush as soon as it lands. Consumers that are behind, or none,
+        get bigger steps.
 
-        "Waits now" is looked at when the dispatcher wakes (each flush posts it, and the hold
-        ends by itself): a consumer that starts waiting during a hold waits at most until then,
-        under PACE_MAX_WAIT_S. The waiter table is the store's, not a queue's, so one consumer
-        long-polling an idle topic turns pacing off for all. Steps are timed by the wall clock:
-        a step that the busy machine stretches holds the next one longer, which is the point."""
+        "Waits now" is looked at when a hold begins: a consumer that starts waiting during one
+        waits at most until it ends, within PACE_MAX_WAIT_S (the dispatcher sleeps it out). The
+        waiter table is the store's, not a queue's, so one consumer long-polling an idle topic
+        turns pacing off for all. Steps are timed by the wall clock: a step that the busy
+        machine stretches holds the next one longer, which is the point."""
         since_s = now - self._stepped_at
         wait_s = coalesce_wait_s(backlog_bytes, since_s)
-        if not (self._consumers_waited or self.waiters.anyone_waiting()):
-            wait_s = max(wait_s, pace_wait_s(backlog_bytes, since_s, self._step_s))
-        return wait_s
+        if self._consumers_waited or self.waiters.anyone_waiting():
+            return wait_s, HoldWake.ON_POST
+        return max(wait_s, pace_wait_s(backlog_bytes, since_s, self._step_s)), HoldWake.AT_END
+
+    def _idle(self, now: float) -> None:
+        """The child's idle wait, except that a hold no consumer waits for is slept out: the
+        posts that come meanwhile are taken, since the step after it looks at the published
+        position anyway."""
+        if self._hold_until is None or self._hold_wake is HoldWake.ON_POST \
+                or self._disk_full_since is not None:
+            super()._idle(now)
+            return
+        time.sleep(self._idle_wait_s(now))
+        self.wakeup.drain()
 
     def _post_builders_if_due(self) -> None:
         now = time.monotonic()

@@ -1,8 +1,9 @@
 """The dispatcher's pacing, on given times (binary fractions, so the arithmetic is exact): it
 posts the index builders at most once per interval, busy or idle, and never leaves progress
 unposted (PostPacer); it holds a small backlog for COALESCE_S after a step; and while no consumer
-keeps up it holds any backlog until its duty is down to MAX_DUTY (pace_wait_s), which `step`
-itself is driven through below, over a real commitlog, control block and waiter table."""
+keeps up it holds any backlog until its duty is down to MAX_DUTY (pace_wait_s) and sleeps that
+hold out (HoldWake); `step` and the idle wait themselves are driven through below, over a real
+commitlog, control block, waiter table and semaphore."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from workers.dispatcher import (
     MAX_DUTY,
     PACE_MAX_WAIT_S,
     Dispatcher,
+    HoldWake,
     PostPacer,
     coalesce_wait_s,
     pace_wait_s,
@@ -114,7 +116,7 @@ def test_pacing_holds_a_backlog_at_most_pace_max_wait_s_and_never_a_whole_window
 
 @pytest.fixture
 def paced_dispatcher(tmp_path):
-    """A Dispatcher with only the state _hold_s reads, a step of STEP_S just ended, and a real
+    """A Dispatcher with only the state _hold reads, a step of STEP_S just ended, and a real
     waiter table."""
     table = WaiterTable.create(tmp_path, entry_count=2)
     dispatcher = Dispatcher.__new__(Dispatcher)
@@ -127,17 +129,19 @@ def paced_dispatcher(tmp_path):
 
 
 def test_with_no_consumer_waiting_a_busy_dispatcher_is_paced(paced_dispatcher):
-    assert paced_dispatcher._hold_s(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) == pytest.approx(
-        STEP_S / MAX_DUTY - STEP_S)
+    wait_s, wake = paced_dispatcher._hold(LARGE_BACKLOG_BYTES, 100.0 + STEP_S)
+    assert wait_s == pytest.approx(STEP_S / MAX_DUTY - STEP_S)
+    assert wake is HoldWake.AT_END  # nobody is owed it sooner: slept out
 
 
 def test_a_consumer_waiting_now_or_woken_by_the_last_step_gets_the_backlog_at_once(paced_dispatcher):
     paced_dispatcher.waiters.waiting[1] = 1  # as ConsumerWaiter.wait raises it before sleeping
-    assert paced_dispatcher._hold_s(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) == 0.0
+    assert paced_dispatcher._hold(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) == (0.0, HoldWake.ON_POST)
     paced_dispatcher.waiters.waiting[1] = 0  # posted and busy with what the last step woke it for
     paced_dispatcher._consumers_waited = True
-    assert paced_dispatcher._hold_s(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) == 0.0
-    assert paced_dispatcher._hold_s(900, 100.0 + STEP_S) == COALESCE_S - STEP_S  # coalescing stays
+    assert paced_dispatcher._hold(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) == (0.0, HoldWake.ON_POST)
+    # coalescing stays, and the next flush's post looks again
+    assert paced_dispatcher._hold(900, 100.0 + STEP_S) == (COALESCE_S - STEP_S, HoldWake.ON_POST)
 
 
 class FakeClock:
@@ -146,9 +150,14 @@ class FakeClock:
 
     def __init__(self, now: float):
         self.now = now
+        self.slept: list[float] = []
 
     def monotonic(self) -> float:
         return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
 
 
 @pytest.fixture
@@ -165,6 +174,7 @@ def stepping(tmp_path, monkeypatch):
     dispatcher._stepped_at, dispatcher._step_s = float("-inf"), 0.0
     dispatcher._consumers_waited, dispatcher._hold_until = False, None
     dispatcher._disk_full_since = None
+    dispatcher.wakeup = Wakeup.create(f"/mqstore-test-{os.getpid()}-stepping")
     clock = FakeClock(100.0)
     monkeypatch.setattr("workers.dispatcher.time", clock)
     dispatch_window = dispatcher._dispatch_window
@@ -175,6 +185,8 @@ def stepping(tmp_path, monkeypatch):
 
     monkeypatch.setattr(dispatcher, "_dispatch_window", timed_dispatch_window)
     yield dispatcher, clock, [end for end in ends if end >= LARGE_BACKLOG_BYTES]
+    dispatcher.wakeup.close()
+    dispatcher.wakeup.unlink()
     dispatcher.waiters.close()
     dispatcher.waiters.unlink()
     dispatcher.ctl.close()
@@ -217,6 +229,34 @@ def test_step_does_not_hold_a_backlog_for_a_consumer_waiting_or_woken_by_the_las
         assert not dispatcher.step()  # paced again
         dispatcher.waiters.waiting[waiter.index] = 1
         assert dispatcher.step() and dispatcher.pos == ends[-1]  # it waits now: at once
+
+
+def test_a_hold_nobody_waits_for_is_slept_out_and_takes_the_posts_made_meanwhile(stepping):
+    dispatcher, clock, ends = stepping
+    flushed_to(dispatcher, ends[0])
+    assert dispatcher.step()
+    flushed_to(dispatcher, ends[-1])
+    assert not dispatcher.step() and dispatcher._hold_wake is HoldWake.AT_END
+    hold_end, began = dispatcher._hold_until, clock.now
+    for _ in range(3):  # the posts of the flushes the hold covers
+        dispatcher.wakeup.post()
+    dispatcher._idle(clock.now)
+    assert clock.slept == [pytest.approx(hold_end - began)]  # one sleep, to the hold's end
+    assert dispatcher.wakeup.pending_posts == 0  # they wake it no more
+    assert dispatcher.step() and dispatcher.pos == ends[-1]
+
+
+def test_a_hold_a_consumer_waits_for_ends_at_the_next_post(stepping, tmp_path):
+    dispatcher, clock, ends = stepping
+    with ConsumerWaiter.register(dispatcher.waiters, tmp_path / "run") as waiter:
+        dispatcher.waiters.waiting[waiter.index] = 1
+        flushed_to(dispatcher, ends[0])
+        assert dispatcher.step() and dispatcher._consumers_waited
+        flushed_to(dispatcher, ends[1])  # one small request: coalesced
+        assert not dispatcher.step() and dispatcher._hold_wake is HoldWake.ON_POST
+        dispatcher.wakeup.post()  # the next flush
+        dispatcher._idle(clock.now)
+        assert clock.slept == [] and dispatcher.wakeup.pending_posts == 0  # woken by it
 
 
 def test_a_stopping_dispatcher_holds_nothing(stepping):
