@@ -225,3 +225,29 @@ def test_key_batch_hashes_and_shards_equal_the_scalar_ones(keys, topics, shard_c
     assert index_key_hashes(prefixes, which, blob, starts, ends).tolist() == list(map(index_key_hash, full))
     shards = index_key_shards([p.encode() for p in prefixes], which, blob, starts, ends, shard_count)
     assert shards.tolist() == [crc32c.crc32c(f.encode()) % shard_count for f in full]
+
+
+@settings(max_examples=40, deadline=None)
+@given(keys=st.lists(st.text(st.characters(max_codepoint=0x7F), min_size=1, max_size=70), min_size=1,
+                    max_size=30),
+       gaps=st.lists(st.binary(max_size=5), min_size=30, max_size=30),
+       topics=st.lists(st.text(st.characters(max_codepoint=0x7F), max_size=12), min_size=1, max_size=3),
+       shard_count=st.integers(2, 5), data=st.data())
+def test_ascii_keys_between_other_bytes_take_the_whole_array_path_and_equal_the_scalar_ones(
+        keys, gaps, topics, shard_count, data):
+    """ASCII keys, none empty (the whole-array formulas), each after a few other bytes, as keys
+    sit among the properties: a key's bytes and distances come from its own span only."""
+    prefixes = [f"{t}#" for t in topics]
+    which = np.array([data.draw(st.integers(0, len(prefixes) - 1)) for _ in keys], dtype=np.int64)
+    blob, starts, ends = b"", [], []
+    for key, gap in zip(keys, gaps, strict=False):
+        blob += gap
+        starts.append(len(blob))
+        blob += key.encode("ascii")
+        ends.append(len(blob))
+    starts_at, ends_at = np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+    full = [prefixes[p] + k for p, k in zip(which.tolist(), keys, strict=True)]
+    hashes = index_key_hashes(prefixes, which, blob, starts_at, ends_at)
+    assert hashes.tolist() == list(map(index_key_hash, full))
+    shards = index_key_shards([p.encode() for p in prefixes], which, blob, starts_at, ends_at, shard_count)
+    assert shards.tolist() == [crc32c.crc32c(f.encode()) % shard_count for f in full]
