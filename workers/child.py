@@ -10,7 +10,8 @@ decides the order of the stop. Its life:
 2. loop: stamp the heartbeat in its process slot, check that the supervisor is still its parent
    (else exit ORPHANED within HEARTBEAT_INTERVAL_S), do a bounded step of work, flush on its
    interval, and sleep on its wakeup semaphore (posted by the supervisor after each flush)
-   when there was nothing to do;
+   when there was nothing to do (`_sleep_until_woken`; the dispatcher sleeps out a hold no
+   consumer waits for instead);
 3. SIGTERM: finish (flush, publish what is durable) and exit OK.
 
 A full disk (DiskFullError from a step: nothing of that step's batch was written) is waited
@@ -168,9 +169,9 @@ class ChildProcess:
                 self.flush()
                 self._last_flush = now
             if not did_work:
-                self._idle(now)
+                self._sleep_until_woken(now)
 
-    def _idle(self, now: float) -> None:
+    def _sleep_until_woken(self, now: float) -> None:
         """Sleep until posted or the idle wait (`_idle_wait_s`) is over."""
         if self.wakeup.wait(self._idle_wait_s(now)):
             self.wakeup.drain()  # one look at the published position serves every post

@@ -37,6 +37,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -86,7 +87,8 @@ def coalesce_wait_s(backlog_bytes: int, since_last_step_s: float) -> float:
     numpy fixed cost however few records it has; one message at a time (~850 flushes a second of
     2 records) a step per flush took half a core. So a small backlog that comes within
     COALESCE_S of the last step waits for the rest of it (and for more flushes to join it), as
-    RocketMQ's reput thread sleeps 1 ms between rounds; a large one goes at once."""
+    RocketMQ's reput thread sleeps 1 ms between rounds; a large one goes at once (once it is
+    looked at: see Dispatcher._plan_hold)."""
     if backlog_bytes >= COALESCE_BELOW_BYTES:
         return 0.0
     return max(COALESCE_S - since_last_step_s, 0.0)
@@ -96,7 +98,8 @@ def pace_wait_s(backlog_bytes: int, since_last_step_s: float, last_step_s: float
     """How long a dispatcher no consumer waits for holds `backlog_bytes` (0: not at all),
     `since_last_step_s` after the start of a step that took `last_step_s`: until its duty since
     that start is down to MAX_DUTY, at most PACE_MAX_WAIT_S after it. At bar 1 a step per flush
-    took 60 % of a core, ~0.4 ms of it fixed cost per step. A whole step window is never held."""
+    took 60 % of a core, ~0.4 ms of it fixed cost per step. A whole step window is not held
+    (a hold that began on less is slept out: at most PACE_MAX_WAIT_S)."""
     if backlog_bytes >= MAX_STEP_BYTES:
         return 0.0
     return max(min(last_step_s / MAX_DUTY, PACE_MAX_WAIT_S) - since_last_step_s, 0.0)
@@ -109,6 +112,13 @@ class HoldWake(enum.Enum):
     the steps it saved."""
     ON_POST = "on post"
     AT_END = "at end"
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A backlog held back: until `until_s` (time.monotonic()), and what may end it sooner."""
+    until_s: float
+    wake: HoldWake
 
 
 class PostPacer:
@@ -159,10 +169,9 @@ class Dispatcher(ChildProcess):
         self.builder_wakeups = self._open_builder_wakeups()
         self.builder_posts = PostPacer(BUILDER_POST_INTERVAL_S)
         self._stepped_at = float("-inf")  # when the last step that was not held began
-        self._step_s = 0.0  # how long it took (wall time: see _hold)
+        self._step_s = 0.0  # how long it took (wall time: see _plan_hold)
         self._consumers_waited = False  # its new position woke a long-polling consumer
-        self._hold_until: float | None = None  # a held backlog (coalesced or paced) waits until then
-        self._hold_wake = HoldWake.ON_POST  # and what ends that hold early
+        self._held: Hold | None = None  # the backlog's hold (coalesced or paced), if any
         self.blocks_dropped = 0  # blocks too big for the ring (their builders scan instead)
         log.info("dispatcher resumes at commit_pos %d (%d consume queues, key ring %s)", self.pos,
                  len(self.queues), "on" if self.ring is not None else "off")
@@ -195,11 +204,9 @@ class Dispatcher(ChildProcess):
         if limit <= self.pos:  # an owed builder post is made by the idle wait (_idle_wait_s)
             return False
         now = time.monotonic()
-        wait_s, wake = (0.0, HoldWake.ON_POST) if self._stopping else self._hold(limit - self.pos, now)
-        if wait_s > 0:
-            self._hold_until, self._hold_wake = now + wait_s, wake
+        self._held = None if self._stopping else self._plan_hold(limit - self.pos, now)
+        if self._held is not None:
             return False
-        self._hold_until = None
         self._stepped_at = now
         if limit - self.pos <= FEW_RECORDS_BYTES:
             end_pos, count = self._dispatch_few(limit)
@@ -216,32 +223,35 @@ class Dispatcher(ChildProcess):
         self._step_s = time.monotonic() - now
         return True
 
-    def _hold(self, backlog_bytes: int, now: float) -> tuple[float, HoldWake]:
-        """How long to hold the backlog before a step, and what ends the hold early: coalescing
-        always, pacing unless consumers keep up (one waited for the last step, or one waits
-        now): they are owed each flush as soon as it lands. Consumers that are behind, or none,
-        get bigger steps.
+    def _plan_hold(self, backlog_bytes: int, now: float) -> Hold | None:
+        """Whether to hold the backlog before a step, until when, and what ends the hold
+        sooner: coalescing always, pacing unless consumers keep up (one waited for the last
+        step, or one waits now): they are owed each flush as soon as it lands. Consumers that
+        are behind, or none, get bigger steps.
 
-        "Waits now" is looked at when a hold begins: a consumer that starts waiting during one
-        waits at most until it ends, within PACE_MAX_WAIT_S (the dispatcher sleeps it out). The
-        waiter table is the store's, not a queue's, so one consumer long-polling an idle topic
-        turns pacing off for all. Steps are timed by the wall clock: a step that the busy
-        machine stretches holds the next one longer, which is the point."""
+        For a consumer that keeps up each flush's post looks again (ON_POST: a backlog grown
+        past COALESCE_BELOW_BYTES goes at once). Without one the hold is slept out (AT_END), so
+        a consumer that starts waiting during it waits until it ends, within PACE_MAX_WAIT_S,
+        and so does a backlog that grows meanwhile. The waiter table is the store's, not a
+        queue's, so one consumer long-polling an idle topic turns pacing off for all. Steps are
+        timed by the wall clock: a step that the busy machine stretches holds the next one
+        longer, which is the point."""
         since_s = now - self._stepped_at
         wait_s = coalesce_wait_s(backlog_bytes, since_s)
         if self._consumers_waited or self.waiters.anyone_waiting():
-            return wait_s, HoldWake.ON_POST
-        return max(wait_s, pace_wait_s(backlog_bytes, since_s, self._step_s)), HoldWake.AT_END
+            wake = HoldWake.ON_POST
+        else:
+            wait_s, wake = max(wait_s, pace_wait_s(backlog_bytes, since_s, self._step_s)), HoldWake.AT_END
+        return Hold(now + wait_s, wake) if wait_s > 0 else None
 
-    def _idle(self, now: float) -> None:
-        """The child's idle wait, except that a hold no consumer waits for is slept out: the
-        posts that come meanwhile are taken, since the step after it looks at the published
-        position anyway."""
-        if self._hold_until is None or self._hold_wake is HoldWake.ON_POST \
-                or self._disk_full_since is not None:
-            super()._idle(now)
+    def _sleep_until_woken(self, now: float) -> None:
+        """The child's idle wait, except that an AT_END hold is slept out: the posts that
+        come meanwhile are taken, since the step after it looks at the published position
+        anyway. Timed from now, not from `now`: a queue flush may have run since."""
+        if self._held is None or self._held.wake is HoldWake.ON_POST:
+            super()._sleep_until_woken(now)
             return
-        time.sleep(self._idle_wait_s(now))
+        time.sleep(self._idle_wait_s(time.monotonic()))
         self.wakeup.drain()
 
     def _post_builders_if_due(self) -> None:
@@ -260,8 +270,8 @@ class Dispatcher(ChildProcess):
         runs to make it, and a wait of 0 would spin."""
         self._post_builders_if_due()
         wait_s = self.builder_posts.wait_s(now, super()._idle_wait_s(now))
-        if self._hold_until is not None and self._disk_full_since is None:
-            wait_s = min(wait_s, max(self._hold_until - now, 0.0))
+        if self._held is not None and self._disk_full_since is None:
+            wait_s = min(wait_s, max(self._held.until_s - now, 0.0))
         return wait_s
 
     def _dispatch_window(self, limit: int) -> tuple[int, int]:

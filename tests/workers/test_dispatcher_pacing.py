@@ -21,6 +21,7 @@ from workers.dispatcher import (
     MAX_DUTY,
     PACE_MAX_WAIT_S,
     Dispatcher,
+    Hold,
     HoldWake,
     PostPacer,
     coalesce_wait_s,
@@ -116,7 +117,7 @@ def test_pacing_holds_a_backlog_at_most_pace_max_wait_s_and_never_a_whole_window
 
 @pytest.fixture
 def paced_dispatcher(tmp_path):
-    """A Dispatcher with only the state _hold reads, a step of STEP_S just ended, and a real
+    """A Dispatcher with only the state _plan_hold reads, a step of STEP_S just ended, and a real
     waiter table."""
     table = WaiterTable.create(tmp_path, entry_count=2)
     dispatcher = Dispatcher.__new__(Dispatcher)
@@ -129,19 +130,19 @@ def paced_dispatcher(tmp_path):
 
 
 def test_with_no_consumer_waiting_a_busy_dispatcher_is_paced(paced_dispatcher):
-    wait_s, wake = paced_dispatcher._hold(LARGE_BACKLOG_BYTES, 100.0 + STEP_S)
-    assert wait_s == pytest.approx(STEP_S / MAX_DUTY - STEP_S)
-    assert wake is HoldWake.AT_END  # nobody is owed it sooner: slept out
+    hold = paced_dispatcher._plan_hold(LARGE_BACKLOG_BYTES, 100.0 + STEP_S)
+    assert hold.until_s == pytest.approx(100.0 + STEP_S / MAX_DUTY)
+    assert hold.wake is HoldWake.AT_END  # nobody is owed it sooner: slept out
 
 
 def test_a_consumer_waiting_now_or_woken_by_the_last_step_gets_the_backlog_at_once(paced_dispatcher):
     paced_dispatcher.waiters.waiting[1] = 1  # as ConsumerWaiter.wait raises it before sleeping
-    assert paced_dispatcher._hold(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) == (0.0, HoldWake.ON_POST)
+    assert paced_dispatcher._plan_hold(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) is None
     paced_dispatcher.waiters.waiting[1] = 0  # posted and busy with what the last step woke it for
     paced_dispatcher._consumers_waited = True
-    assert paced_dispatcher._hold(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) == (0.0, HoldWake.ON_POST)
+    assert paced_dispatcher._plan_hold(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) is None
     # coalescing stays, and the next flush's post looks again
-    assert paced_dispatcher._hold(900, 100.0 + STEP_S) == (COALESCE_S - STEP_S, HoldWake.ON_POST)
+    assert paced_dispatcher._plan_hold(900, 100.0 + STEP_S) == Hold(100.0 + COALESCE_S, HoldWake.ON_POST)
 
 
 class FakeClock:
@@ -172,7 +173,7 @@ def stepping(tmp_path, monkeypatch):
     dispatcher.sync_flush, dispatcher.published_pos, dispatcher._stopping = True, 0, False
     dispatcher.builder_wakeups, dispatcher.builder_posts = [], PostPacer(INTERVAL_S)
     dispatcher._stepped_at, dispatcher._step_s = float("-inf"), 0.0
-    dispatcher._consumers_waited, dispatcher._hold_until = False, None
+    dispatcher._consumers_waited, dispatcher._held = False, None
     dispatcher._disk_full_since = None
     dispatcher.wakeup = Wakeup.create(f"/mqstore-test-{os.getpid()}-stepping")
     clock = FakeClock(100.0)
@@ -207,7 +208,7 @@ def test_step_holds_the_next_backlog_until_its_duty_is_down_and_then_dispatches_
     flushed_to(dispatcher, ends[-1])  # ~90 KiB more: coalescing alone would not hold it
     assert not dispatcher.step()
     hold_end = 100.0 + STEP_S / MAX_DUTY
-    assert dispatcher._hold_until == pytest.approx(hold_end)
+    assert dispatcher._held.until_s == pytest.approx(hold_end)
     assert dispatcher._idle_wait_s(clock.now) == pytest.approx(hold_end - clock.now)  # sleeps to it
     clock.now = hold_end
     assert dispatcher.step() and dispatcher.pos == ends[-1]
@@ -236,11 +237,11 @@ def test_a_hold_nobody_waits_for_is_slept_out_and_takes_the_posts_made_meanwhile
     flushed_to(dispatcher, ends[0])
     assert dispatcher.step()
     flushed_to(dispatcher, ends[-1])
-    assert not dispatcher.step() and dispatcher._hold_wake is HoldWake.AT_END
-    hold_end, began = dispatcher._hold_until, clock.now
+    assert not dispatcher.step() and dispatcher._held.wake is HoldWake.AT_END
+    hold_end, began = dispatcher._held.until_s, clock.now
     for _ in range(3):  # the posts of the flushes the hold covers
         dispatcher.wakeup.post()
-    dispatcher._idle(clock.now)
+    dispatcher._sleep_until_woken(clock.now)
     assert clock.slept == [pytest.approx(hold_end - began)]  # one sleep, to the hold's end
     assert dispatcher.wakeup.pending_posts == 0  # they wake it no more
     assert dispatcher.step() and dispatcher.pos == ends[-1]
@@ -253,10 +254,27 @@ def test_a_hold_a_consumer_waits_for_ends_at_the_next_post(stepping, tmp_path):
         flushed_to(dispatcher, ends[0])
         assert dispatcher.step() and dispatcher._consumers_waited
         flushed_to(dispatcher, ends[1])  # one small request: coalesced
-        assert not dispatcher.step() and dispatcher._hold_wake is HoldWake.ON_POST
+        assert not dispatcher.step() and dispatcher._held.wake is HoldWake.ON_POST
         dispatcher.wakeup.post()  # the next flush
-        dispatcher._idle(clock.now)
+        dispatcher._sleep_until_woken(clock.now)
         assert clock.slept == [] and dispatcher.wakeup.pending_posts == 0  # woken by it
+
+
+def test_a_slept_out_hold_ends_sooner_for_an_owed_builder_post(stepping):
+    dispatcher, clock, ends = stepping
+    post_interval_s = INTERVAL_S / 2  # a post comes due within the hold that follows
+    dispatcher.builder_posts = PostPacer(post_interval_s)
+    flushed_to(dispatcher, ends[0])
+    assert dispatcher.step()  # the first progress is posted at once
+    dispatcher.builder_posts.progress()
+    post_due = dispatcher.builder_posts.posted_at + post_interval_s
+    flushed_to(dispatcher, ends[-1])
+    assert not dispatcher.step() and dispatcher._held.until_s > post_due
+    dispatcher._sleep_until_woken(clock.now)
+    assert clock.now == pytest.approx(post_due)  # woke for the post, the hold not over yet
+    dispatcher._sleep_until_woken(clock.now)  # makes the post, then sleeps the rest
+    assert not dispatcher.builder_posts.owed
+    assert clock.now == pytest.approx(dispatcher._held.until_s)
 
 
 def test_a_stopping_dispatcher_holds_nothing(stepping):
@@ -280,14 +298,14 @@ def test_while_a_full_disk_is_waited_out_an_owed_post_is_made_not_spun_on(tmp_pa
         dispatcher = Dispatcher.__new__(Dispatcher)  # only the state _idle_wait_s reads
         dispatcher.builder_wakeups = [builder]
         dispatcher.builder_posts = PostPacer(INTERVAL_S)
-        dispatcher._hold_until = None
+        dispatcher._held = None
         dispatcher._disk_full_since, dispatcher._retry_at = 100.0, 100.5  # retry in 0.5 s
         dispatcher.builder_posts.posted(100.0)
         dispatcher.builder_posts.progress()  # the step before the disk filled
         wait_s = dispatcher._idle_wait_s(100.0 + INTERVAL_S)
         assert builder.pending_posts == 1 and not dispatcher.builder_posts.owed
         assert wait_s == HEARTBEAT_INTERVAL_S  # min(heartbeat, time to the retry): sleeps
-        dispatcher._hold_until = 99.0  # a stale hold deadline does not make it spin either
+        dispatcher._held = Hold(99.0, HoldWake.AT_END)  # a stale hold does not make it spin either
         assert dispatcher._idle_wait_s(100.0 + INTERVAL_S) == HEARTBEAT_INTERVAL_S
     finally:
         builder.close()
