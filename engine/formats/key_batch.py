@@ -66,8 +66,8 @@ class _KeyBytes:
         self.lengths = ends - starts
         self.first = np.zeros(len(starts), dtype=np.int64)
         np.cumsum(self.lengths[:-1], out=self.first[1:])
-        # byte k of the run of all keys: key i's byte k - first[i], at distance
-        # first[i] + lengths[i] - 1 - k from its end (two repeats, not four)
+        # byte k of the run of all keys is key i's byte k - first[i], at distance
+        # first[i] + lengths[i] - 1 - k from its end
         ramp = np.arange(int(self.lengths.sum()))
         self.units = np.frombuffer(blob, dtype=np.uint8)[np.repeat(starts - self.first, self.lengths) + ramp]
         self.distance = np.repeat(self.first + self.lengths - 1, self.lengths) - ramp
@@ -119,8 +119,7 @@ def index_key_shards(prefixes: list[bytes], prefix_index: np.ndarray, blob: byte
         return np.array(crcs, dtype=np.int64) % shard_count
     keys = keys or _KeyBytes(blob, starts, ends)
     table = _crc_table(int(lengths.max()))
-    # one flat index, not a (row, column) pair: half the gather's cost
-    contributions = table.ravel()[(keys.distance << 8) | keys.units]
+    contributions = table.ravel()[(keys.distance << 8) | keys.units]  # rows of 256 byte values
     linear = np.bitwise_xor.reduceat(contributions, keys.first).astype(np.uint64)
     # the affine part: the CRC of zeros of each (prefix, length) pair, one call per distinct pair
     pairs, inverse = np.unique(prefix_index * (_MAX_TABLE_KEY_BYTES + 1) + lengths, return_inverse=True)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from engine.errors import BadInputError, CorruptRecordError
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.java_hash import index_key_hash
-from engine.formats.key_batch import index_key_hashes, index_key_shards
+from engine.formats.key_batch import _KeyBytes, index_key_hashes, index_key_shards, index_key_values
 from engine.formats.properties import encode_properties
 from engine.formats.record import (
     MAGIC_OFFSET,
@@ -247,7 +247,22 @@ def test_ascii_keys_between_other_bytes_take_the_whole_array_path_and_equal_the_
         ends.append(len(blob))
     starts_at, ends_at = np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
     full = [prefixes[p] + k for p, k in zip(which.tolist(), keys, strict=True)]
+    assert _KeyBytes(blob, starts_at, ends_at).is_plain()
     hashes = index_key_hashes(prefixes, which, blob, starts_at, ends_at)
     assert hashes.tolist() == list(map(index_key_hash, full))
     shards = index_key_shards([p.encode() for p in prefixes], which, blob, starts_at, ends_at, shard_count)
     assert shards.tolist() == [crc32c.crc32c(f.encode()) % shard_count for f in full]
+
+
+@pytest.mark.parametrize("lengths", [(1, 511), (512, 3), (513, 2), (0, 7)])
+def test_index_key_values_equal_the_scalar_ones_at_the_table_and_empty_key_limits(lengths):
+    """The dispatcher's call: up to 512 bytes through the CRC table, longer keys and empty ones
+    through one crc32c call each."""
+    keys = ["k" * n if n % 2 else "7" * n for n in lengths]
+    blob = b"".join(k.encode() for k in keys)
+    ends = np.cumsum([len(k) for k in keys]).astype(np.int64)
+    starts = ends - np.array([len(k) for k in keys], dtype=np.int64)
+    which = np.zeros(len(keys), dtype=np.int64)
+    hashes, shards = index_key_values(["T#"], which, blob, starts, ends, 3)
+    assert hashes.tolist() == [index_key_hash("T#" + k) for k in keys]
+    assert shards.tolist() == [crc32c.crc32c(f"T#{k}".encode()) % 3 for k in keys]

@@ -39,7 +39,7 @@ def test_requests_of_one_sweep_are_appended_together_and_answered_apart(tmp_path
     a = [record(f"a{i}".encode(), 1) for i in range(30)]       # checked as a batch, waits
     c = [record(f"c{i}".encode(), 1) for i in range(4)]        # one bad record, does not wait
     c[2] = bad_crc(c[2])
-    d = [record(f"d{i}".encode(), i % 2) for i in range(3)]    # after the others in queue 1
+    d = [record(f"d{i}".encode(), i % 2) for i in range(3)]    # queues 0 and 1
     requests = [(a, len(a), RequestFlag.WAIT_FOR_FLUSH),
                 ([record(b"b0", 1), record(b"b1", 1)], 3, RequestFlag.WAIT_FOR_FLUSH),  # framing broken
                 (c, len(c), RequestFlag.NONE),
