@@ -27,13 +27,19 @@ class SegmentQueue:
 
     @classmethod
     def load(cls, directory: Path, segment_bytes: int, access: Access) -> SegmentQueue:
-        """Map every segment; a wrong size, a misaligned name, a gap or a foreign file is an error."""
+        """Map every segment; a wrong size, a misaligned name, a gap or a foreign file is an error.
+        A `.tmp` file is a create that has not renamed yet: the writer (READ_WRITE, loading
+        before it writes) removes it as a crash's leftover; a reader leaves it alone, since the
+        running writer may be sizing it right now."""
         queue = cls(directory, segment_bytes, access)
         if not queue.directory.is_dir():
             return queue
-        for leftover in queue.directory.glob("*" + TEMP_SUFFIX):
-            remove_file(leftover)  # a create that crashed before its rename
-        names = sorted(p.name for p in queue.directory.iterdir())
+        names = []
+        for path in sorted(queue.directory.iterdir()):
+            if not path.name.endswith(TEMP_SUFFIX):
+                names.append(path.name)
+            elif access is Access.READ_WRITE:
+                remove_file(path)
         foreign = [n for n in names if not is_segment_name(n)]
         if foreign:
             raise SegmentLayoutError(f"foreign file {foreign[0]!r} among segments",

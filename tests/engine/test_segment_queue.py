@@ -8,7 +8,7 @@ import pytest
 
 from engine.errors import SegmentLayoutError
 from engine.mapped_file import Access, MappedFile
-from engine.naming import offset_to_name
+from engine.naming import TEMP_SUFFIX, offset_to_name
 from engine.segment_queue import SegmentQueue
 
 SIZE = 1024
@@ -153,3 +153,19 @@ def test_mapped_file_create_existing_refuses(tmp_path):
     MappedFile.create(tmp_path / "f", SIZE).close()
     with pytest.raises(FileExistsError):
         MappedFile.create(tmp_path / "f", SIZE)
+
+
+def test_a_temp_file_is_a_leftover_to_the_writer_and_a_create_in_progress_to_a_reader(tmp_path):
+    """MappedFile.create sizes a segment under `<name>.tmp` and renames it. A reader that lists
+    the directory meanwhile must neither fail on it nor delete it from under the writer."""
+    _filled(tmp_path, 2).close()
+    in_progress = tmp_path / "segs" / (offset_to_name(2 * SIZE) + TEMP_SUFFIX)
+    in_progress.write_bytes(bytes(SIZE))
+    reader = _queue(tmp_path, Access.READ_ONLY)
+    try:
+        assert len(reader.segments) == 2 and in_progress.exists()
+    finally:
+        reader.close()
+    _queue(tmp_path).close()  # the writer's load after a crash
+    assert not in_progress.exists()
+    assert _names(tmp_path) == [offset_to_name(0), offset_to_name(SIZE)]
