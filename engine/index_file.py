@@ -86,6 +86,7 @@ class IndexFile:
         check_geometry(slot_count, entry_count)
         path = Path(path)
         mapped = MappedFile.create(path, index_file_size(slot_count, entry_count))
+        mapped.advise_random_access()  # before the first fault: slots are hashed, entries grow
         reserved_end = _reserve_target(entry_pos(slot_count, FIRST_INDEX), mapped.size_bytes)
         try:
             mapped.reserve(reserved_end)  # the header and every slot: slots are written anywhere
@@ -106,6 +107,7 @@ class IndexFile:
             mapped = MappedFile.open(Path(path), access, index_file_size(slot_count, entry_count))
         except SegmentLayoutError as exc:
             raise CorruptIndexError(exc.message, path=str(path)) from None
+        mapped.advise_random_access()  # lookups follow hash chains back through the file
         problem = _header_problem(decode_index_header(mapped.buf), slot_count, entry_count)
         if problem is not None:
             mapped.close()

@@ -106,6 +106,13 @@ class MappedFile:
             raise SegmentLayoutError("file is empty", path=str(path))
         return cls(path, size_bytes, fd, access)
 
+    def advise_random_access(self) -> None:
+        """A fault brings in its own page only (MADV_RANDOM), not the kernel's read-around
+        window (read_ahead_kb: 8 MiB on the VM of docs/BENCHMARKS.md). For files read and
+        written out of order, whose not-yet-written part that window would fill with zero
+        pages: for an index file, ~22 ms of system time in the builder every 8 MiB of entries."""
+        self._mmap.madvise(mmap.MADV_RANDOM)
+
     def reserve(self, end_file_pos: int) -> None:
         """Allocate disk blocks up to end_file_pos (rounded up a step) before writing through the map.
 

@@ -21,6 +21,7 @@ from engine.formats.index_file import (
 from engine.formats.java_hash import index_key_hash
 from engine.index_file import IndexFile, IndexFileFullError
 from engine.mapped_file import Access
+from tests.engine.test_mapped_file import resident_pages
 
 TS0 = 1_700_000_000_000
 
@@ -186,3 +187,17 @@ def test_index_file_open_bad_hash_slot_count_or_size_raises_corrupt(tmp_path):
         IndexFile.open(f.path, 100, 400, Access.READ_ONLY)
     with pytest.raises(CorruptIndexError):
         IndexFile.open(f.path, 100, 401, Access.READ_ONLY)
+
+
+def test_an_index_file_reads_no_pages_around_the_ones_it_touches(tmp_path):
+    """The builder writes entries through the mapping: a fault on the growing entry area must
+    not read the next 8 MiB of reserved, unwritten blocks around it (MappedFile.advise_random_access)."""
+    slots, entries = 1000, 1_000_000  # ~20 MB of entries
+    f = make_file(tmp_path, slots, entries)
+    try:
+        f.put_key("T#k", 100, TS0)
+        first_entry = entry_pos(slots, 1)
+        end = entry_pos(slots, entries + 1)
+        assert resident_pages(tmp_path / "f", first_entry - first_entry % 4096, end) == 1
+    finally:
+        f.close()
