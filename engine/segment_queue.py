@@ -11,27 +11,30 @@ import bisect
 from pathlib import Path
 
 from engine.errors import SegmentLayoutError
-from engine.mapped_file import Access, MappedFile, ensure_dir, remove_file
+from engine.mapped_file import Access, MappedFile, ReadAhead, ensure_dir, remove_file
 from engine.naming import TEMP_SUFFIX, is_segment_name, name_to_offset, offset_to_name
 
 
 class SegmentQueue:
     """The segments of one directory, sorted by base position, each `segment_bytes` long."""
 
-    def __init__(self, directory: Path, segment_bytes: int, access: Access):
+    def __init__(self, directory: Path, segment_bytes: int, access: Access,
+                 read_ahead: ReadAhead = ReadAhead.KERNEL):
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         self.access = access
+        self.read_ahead = read_ahead  # applied to every segment mapped, before its first fault
         self.segments: list[MappedFile] = []
         self._bases: list[int] = []
 
     @classmethod
-    def load(cls, directory: Path, segment_bytes: int, access: Access) -> SegmentQueue:
+    def load(cls, directory: Path, segment_bytes: int, access: Access,
+             read_ahead: ReadAhead = ReadAhead.KERNEL) -> SegmentQueue:
         """Map every segment; a wrong size, a misaligned name, a gap or a foreign file is an error.
         A `.tmp` file is a create that has not renamed yet: the writer (READ_WRITE, loading
         before it writes) removes it as a crash's leftover; a reader leaves it alone, since the
         running writer may be sizing it right now."""
-        queue = cls(directory, segment_bytes, access)
+        queue = cls(directory, segment_bytes, access, read_ahead)
         if not queue.directory.is_dir():
             return queue
         names = []
@@ -60,6 +63,8 @@ class SegmentQueue:
         return queue
 
     def _append(self, segment: MappedFile) -> None:
+        if self.read_ahead is ReadAhead.OWN_PAGE:
+            segment.advise_random_access()
         self.segments.append(segment)
         self._bases.append(name_to_offset(segment.path.name))
 

@@ -42,7 +42,7 @@ def resident_pages(path: Path, start_pos: int, end_pos: int) -> int:
         addr = _LIBC.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, start_pos)
         assert addr != MAP_FAILED, os.strerror(ctypes.get_errno())
         try:
-            vec = ctypes.create_string_buffer(length // PAGE_BYTES)
+            vec = ctypes.create_string_buffer(-(-length // PAGE_BYTES))  # mincore fills a byte per page begun
             assert _LIBC.mincore(addr, length, vec) == 0, os.strerror(ctypes.get_errno())
             return sum(byte & 1 for byte in vec.raw)
         finally:
