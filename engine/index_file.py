@@ -51,7 +51,7 @@ from engine.formats.index_file import (
 )
 from engine.formats.java_hash import index_key_hash
 from engine.index_trim import heads_after_trim, kept_count
-from engine.mapped_file import DISK_FULL_ERRNOS, RESERVE_STEP_BYTES, Access, MappedFile
+from engine.mapped_file import DISK_FULL_ERRNOS, RESERVE_STEP_BYTES, Access, MappedFile, ReadAhead
 
 _header_unpack, _header_pack = INDEX_HEADER.unpack_from, INDEX_HEADER.pack_into
 _slot_unpack, _slot_pack = SLOT.unpack_from, SLOT.pack_into
@@ -85,8 +85,8 @@ class IndexFile:
         """
         check_geometry(slot_count, entry_count)
         path = Path(path)
-        mapped = MappedFile.create(path, index_file_size(slot_count, entry_count))
-        mapped.advise_random_access()  # before the first fault: slots are hashed, entries grow
+        # no read-around: slots are hashed, and it would zero-fill the entries to come
+        mapped = MappedFile.create(path, index_file_size(slot_count, entry_count), ReadAhead.OWN_PAGE)
         reserved_end = _reserve_target(entry_pos(slot_count, FIRST_INDEX), mapped.size_bytes)
         try:
             mapped.reserve(reserved_end)  # the header and every slot: slots are written anywhere
@@ -104,10 +104,10 @@ class IndexFile:
         """Map an existing file; a wrong size or an impossible header is a CorruptIndexError."""
         check_geometry(slot_count, entry_count)
         try:
-            mapped = MappedFile.open(Path(path), access, index_file_size(slot_count, entry_count))
+            mapped = MappedFile.open(Path(path), access, index_file_size(slot_count, entry_count),
+                                     ReadAhead.OWN_PAGE)  # lookups follow hash chains back
         except SegmentLayoutError as exc:
             raise CorruptIndexError(exc.message, path=str(path)) from None
-        mapped.advise_random_access()  # lookups follow hash chains back through the file
         problem = _header_problem(decode_index_header(mapped.buf), slot_count, entry_count)
         if problem is not None:
             mapped.close()

@@ -32,9 +32,12 @@ SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty 
 
 
 class ReadAhead(Enum):
-    """What a fault on a mapping reads: the kernel's read-around window (files read in order:
-    the commitlog), or its own page only (MappedFile.advise_random_access: consume queues and
-    index files, whose growing tail that window would zero-fill in one burst)."""
+    """What a fault on a mapping reads. KERNEL: the kernel's read-around window (read_ahead_kb:
+    8 MiB on the VM of docs/BENCHMARKS.md), right for files read in order. OWN_PAGE
+    (MADV_RANDOM): the faulting page only, for a file with a reserved, not-yet-written tail,
+    which that window would zero-fill in one burst (~22 ms of system time in an index builder
+    every 8 MiB of entries, ~18 ms per queue in a consumer at each consume-queue file). The
+    price is a cold read of one page per fault (~25x slower over a whole cold file)."""
 
     KERNEL = "kernel"
     OWN_PAGE = "own page"
@@ -54,14 +57,18 @@ def page_floor(pos: int) -> int:
 class MappedFile:
     """One fixed-size file mapped whole; positions inside it are `file_pos`."""
 
-    def __init__(self, path: Path, size_bytes: int, fd: int, access: Access):
+    def __init__(self, path: Path, size_bytes: int, fd: int, access: Access,
+                 read_ahead: ReadAhead = ReadAhead.KERNEL):
         self.path = path
         self.size_bytes = size_bytes
         self.access = access
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if access is Access.READ_WRITE else 0)
         try:
             self._mmap = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED, prot)
+            self.advise(read_ahead)  # before the first fault
         except BaseException:
+            with contextlib.suppress(AttributeError):
+                self._mmap.close()
             os.close(fd)
             raise
         self._fd = fd if access is Access.READ_WRITE else -1
@@ -71,11 +78,12 @@ class MappedFile:
         self.buf = memoryview(self._mmap)
 
     @classmethod
-    def create(cls, path: Path, size_bytes: int) -> MappedFile:
+    def create(cls, path: Path, size_bytes: int, read_ahead: ReadAhead = ReadAhead.KERNEL) -> MappedFile:
         """Create a new sparse file of `size_bytes` (owner-only) and map it read-write.
 
         It is sized under a temporary name and renamed, so a crash never leaves a short file
-        under a segment name (only a `.tmp` file, which loading removes). A failure is
+        under a segment name (only a `.tmp` file, which the writer's load removes: see
+        settled_names). A failure is
         DiskFullError or StoreError (EIO, EROFS), never a bare OSError: the writer stops cleanly.
         """
         path = Path(path)
@@ -93,10 +101,11 @@ class MappedFile:
                 with contextlib.suppress(OSError):  # a failed disk may refuse this too
                     tmp.unlink(missing_ok=True)
                 raise
-        return cls(path, size_bytes, fd, Access.READ_WRITE)
+        return cls(path, size_bytes, fd, Access.READ_WRITE, read_ahead)
 
     @classmethod
-    def open(cls, path: Path, access: Access, expected_bytes: int | None = None) -> MappedFile:
+    def open(cls, path: Path, access: Access, expected_bytes: int | None = None,
+             read_ahead: ReadAhead = ReadAhead.KERNEL) -> MappedFile:
         """Map an existing file; a size other than `expected_bytes` is a layout error."""
         path = Path(path)
         flags = os.O_RDWR if access is Access.READ_WRITE else os.O_RDONLY
@@ -113,15 +122,12 @@ class MappedFile:
         if size_bytes == 0:
             os.close(fd)
             raise SegmentLayoutError("file is empty", path=str(path))
-        return cls(path, size_bytes, fd, access)
+        return cls(path, size_bytes, fd, access, read_ahead)
 
-    def advise_random_access(self) -> None:
-        """A fault brings in its own page only (MADV_RANDOM), not the kernel's read-around
-        window (read_ahead_kb: 8 MiB on the VM of docs/BENCHMARKS.md), which fills the reserved,
-        not-yet-written part of a file with zero pages in one burst: ~22 ms of system time in an
-        index builder every 8 MiB of entries, ~18 ms in a consumer at each consume-queue file.
-        The price is a cold read of one page per fault."""
-        self._mmap.madvise(mmap.MADV_RANDOM)
+    def advise(self, read_ahead: ReadAhead) -> None:
+        """Set what a fault reads from now on (ReadAhead); a file that stops growing can go
+        back to the kernel's window."""
+        self._mmap.madvise(mmap.MADV_RANDOM if read_ahead is ReadAhead.OWN_PAGE else mmap.MADV_NORMAL)
 
     def reserve(self, end_file_pos: int) -> None:
         """Allocate disk blocks up to end_file_pos (rounded up a step) before writing through the map.
@@ -372,6 +378,20 @@ def _write_synced(path: Path, chunks: Iterable) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def settled_names(directory: Path, access: Access) -> list[str]:
+    """The names in `directory`, sorted, without `.tmp` files: creates that have not renamed
+    yet (MappedFile.create). The writer, which loads before it writes, removes them as a
+    crash's leftovers; a reader leaves them alone, since the running writer may be sizing one
+    right now."""
+    names = []
+    for path in sorted(Path(directory).iterdir()):
+        if not path.name.endswith(TEMP_SUFFIX):
+            names.append(path.name)
+        elif access is Access.READ_WRITE:
+            remove_file(path)
+    return names
 
 
 def remove_file(path: Path) -> None:

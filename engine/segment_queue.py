@@ -11,8 +11,8 @@ import bisect
 from pathlib import Path
 
 from engine.errors import SegmentLayoutError
-from engine.mapped_file import Access, MappedFile, ReadAhead, ensure_dir, remove_file
-from engine.naming import TEMP_SUFFIX, is_segment_name, name_to_offset, offset_to_name
+from engine.mapped_file import Access, MappedFile, ReadAhead, ensure_dir, settled_names
+from engine.naming import is_segment_name, name_to_offset, offset_to_name
 
 
 class SegmentQueue:
@@ -23,26 +23,19 @@ class SegmentQueue:
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         self.access = access
-        self.read_ahead = read_ahead  # applied to every segment mapped, before its first fault
+        self.read_ahead = read_ahead  # of the last segment; the full ones before it read ahead
         self.segments: list[MappedFile] = []
         self._bases: list[int] = []
 
     @classmethod
     def load(cls, directory: Path, segment_bytes: int, access: Access,
              read_ahead: ReadAhead = ReadAhead.KERNEL) -> SegmentQueue:
-        """Map every segment; a wrong size, a misaligned name, a gap or a foreign file is an error.
-        A `.tmp` file is a create that has not renamed yet: the writer (READ_WRITE, loading
-        before it writes) removes it as a crash's leftover; a reader leaves it alone, since the
-        running writer may be sizing it right now."""
+        """Map every segment; a wrong size, a misaligned name, a gap or a foreign file is an error
+        (a `.tmp` file is none of these: settled_names)."""
         queue = cls(directory, segment_bytes, access, read_ahead)
         if not queue.directory.is_dir():
             return queue
-        names = []
-        for path in sorted(queue.directory.iterdir()):
-            if not path.name.endswith(TEMP_SUFFIX):
-                names.append(path.name)
-            elif access is Access.READ_WRITE:
-                remove_file(path)
+        names = settled_names(queue.directory, access)
         foreign = [n for n in names if not is_segment_name(n)]
         if foreign:
             raise SegmentLayoutError(f"foreign file {foreign[0]!r} among segments",
@@ -58,13 +51,15 @@ class SegmentQueue:
             if expected_base is not None and base_pos != expected_base:
                 raise SegmentLayoutError(
                     f"gap in segments: expected {offset_to_name(expected_base)}", path=str(path))
-            queue._append(MappedFile.open(path, access, expected_bytes=segment_bytes))
+            queue._append(MappedFile.open(path, access, segment_bytes, read_ahead))
             expected_base = base_pos + segment_bytes
         return queue
 
     def _append(self, segment: MappedFile) -> None:
-        if self.read_ahead is ReadAhead.OWN_PAGE:
-            segment.advise_random_access()
+        """Adopt `segment` (mapped with self.read_ahead) as the last; the one before it is full,
+        with no reserved tail, so it reads ahead again (a cold catch-up read needs that)."""
+        if self.read_ahead is not ReadAhead.KERNEL and self.segments:
+            self.segments[-1].advise(ReadAhead.KERNEL)
         self.segments.append(segment)
         self._bases.append(name_to_offset(segment.path.name))
 
@@ -100,9 +95,9 @@ class SegmentQueue:
         ensure_dir(self.directory)
         path = self.directory / offset_to_name(base_pos)
         if path.exists():  # preallocated earlier but not yet adopted
-            segment = MappedFile.open(path, self.access, expected_bytes=self.segment_bytes)
+            segment = MappedFile.open(path, self.access, self.segment_bytes, self.read_ahead)
         else:
-            segment = MappedFile.create(path, self.segment_bytes)
+            segment = MappedFile.create(path, self.segment_bytes, self.read_ahead)
         self._append(segment)
         return segment
 
@@ -145,7 +140,7 @@ class SegmentQueue:
             if (not self._bases or base_pos == self.end_pos) and base_pos not in self._bases:
                 try:
                     self._append(MappedFile.open(self.directory / name, self.access,
-                                                 expected_bytes=self.segment_bytes))
+                                                 self.segment_bytes, self.read_ahead))
                 except (FileNotFoundError, SegmentLayoutError):
                     break  # being created right now; adopt it next time
 

@@ -27,7 +27,7 @@ from engine.errors import DiskFullError, ReadOnlyStoreError, SegmentLayoutError,
 from engine.formats.index_file import IndexHeader, index_key
 from engine.formats.java_hash import index_key_hash
 from engine.index_file import IndexFile, IndexFileFullError, check_geometry, is_blank, raise_if_disk_full
-from engine.mapped_file import Access, ensure_dir, remove_file
+from engine.mapped_file import Access, ensure_dir, remove_file, settled_names
 from engine.naming import index_file_name, index_shard_dir
 
 INT64_MAX = 2**63 - 1
@@ -68,11 +68,12 @@ class ShardIndex:
     def load(cls, root: Path, shard: int, slot_count: int, entry_count: int, access: Access, *,
              clock_ms: Callable[[], int] | None = None) -> ShardIndex:
         """Open the shard's files in name order. A last file left blank by a crash inside
-        create() is removed (read-write) or ignored (read-only); any other bad file raises."""
+        create() is removed (read-write) or ignored (read-only), and so is a `.tmp` file
+        (settled_names); any other bad file raises."""
         index = cls(index_shard_dir(root, shard), shard, slot_count, entry_count, access, clock_ms)
         if not index.directory.is_dir():
             return index
-        names = sorted(p.name for p in index.directory.iterdir())
+        names = settled_names(index.directory, access)
         for name in names:
             if not _FILE_NAME_RE.match(name):
                 raise SegmentLayoutError(f"foreign file {name!r} among index files",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
@@ -189,15 +190,29 @@ def test_index_file_open_bad_hash_slot_count_or_size_raises_corrupt(tmp_path):
         IndexFile.open(f.path, 100, 401, Access.READ_ONLY)
 
 
-def test_an_index_file_reads_no_pages_around_the_ones_it_touches(tmp_path):
-    """The builder writes entries through the mapping: a fault on the growing entry area must
-    not read the next 8 MiB of reserved, unwritten blocks around it (MappedFile.advise_random_access)."""
-    slots, entries = 1000, 1_000_000  # ~20 MB of entries
+@pytest.mark.parametrize("reopen", [None, Access.READ_WRITE, Access.READ_ONLY])
+def test_an_index_file_reads_no_pages_around_the_ones_it_touches(tmp_path, reopen):
+    """The builder writes entries through the mapping, lookups follow chains through it: a fault
+    on the entry area must not read the reserved, unwritten blocks around it (8 MiB here),
+    neither in the file create() made nor in one open() maps."""
+    slots, entries = 1024, 1_000_000  # the entries start on their own page; ~20 MB of them
     f = make_file(tmp_path, slots, entries)
+    path = tmp_path / "f"
+    first_page = entry_pos(slots, 1) - entry_pos(slots, 1) % 4096
+    end = entry_pos(slots, entries + 1)
     try:
-        f.put_key("T#k", 100, TS0)
-        first_entry = entry_pos(slots, 1)
-        end = entry_pos(slots, entries + 1)
-        assert resident_pages(tmp_path / "f", first_entry - first_entry % 4096, end) == 1
+        for i in range(300):  # 6,000 bytes of entries: two pages
+            f.put_key(f"T#k{i}", 100 + i, TS0)
+        if reopen is not None:
+            f.close()
+            fd = os.open(path, os.O_RDONLY)
+            try:  # out of the page cache, so the lookup below faults
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+            f = IndexFile.open(path, slots, entries, reopen)
+            assert f.select("T#k299", 0, TS0 + 1, 4) == [399]  # a slot, then an entry
+        assert resident_pages(path, first_page, end) <= 2
     finally:
         f.close()

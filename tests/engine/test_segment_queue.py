@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from engine.errors import SegmentLayoutError
-from engine.mapped_file import Access, MappedFile
+from engine.mapped_file import Access, MappedFile, ReadAhead
 from engine.naming import TEMP_SUFFIX, offset_to_name
 from engine.segment_queue import SegmentQueue
 
@@ -169,3 +170,31 @@ def test_a_temp_file_is_a_leftover_to_the_writer_and_a_create_in_progress_to_a_r
     _queue(tmp_path).close()  # the writer's load after a crash
     assert not in_progress.exists()
     assert _names(tmp_path) == [offset_to_name(0), offset_to_name(SIZE)]
+
+
+def own_page_mappings(path) -> list[bool]:
+    """For each mapping of `path` in this process: is it MADV_RANDOM ("rr" in smaps VmFlags)?"""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.endswith(" " + str(path))]
+    flags = [next(line for line in lines[i:] if line.startswith("VmFlags:")) for i in starts]
+    return ["rr" in line.split() for line in flags]
+
+
+def test_only_the_last_segment_of_an_own_page_queue_reads_its_own_page_only(tmp_path):
+    """Its reserved tail is the one a read-around would zero-fill; the full segments before it
+    read ahead, as a cold catch-up read wants. Writer and reader alike, across a roll."""
+    writer = SegmentQueue.load(tmp_path / "segs", SIZE * 16, Access.READ_WRITE, ReadAhead.OWN_PAGE)
+    writer.create(0)
+    reader = SegmentQueue.load(tmp_path / "segs", SIZE * 16, Access.READ_ONLY, ReadAhead.OWN_PAGE)
+    try:
+        first = tmp_path / "segs" / offset_to_name(0)
+        second = tmp_path / "segs" / offset_to_name(SIZE * 16)
+        writer.create(SIZE * 16)
+        reader.refresh()
+        for queue in (writer, reader):
+            assert [s.path for s in queue.segments] == [first, second]
+        assert own_page_mappings(second) == [True, True]  # the writer's and the reader's
+        assert own_page_mappings(first) == [False, False]
+    finally:
+        reader.close()
+        writer.close()

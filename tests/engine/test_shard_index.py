@@ -349,3 +349,24 @@ def test_property_trim_with_millisecond_times_differs_only_in_lossy_end_ts(tmp_p
     assert shard_bytes(trimmed) == shard_bytes(straight)
     for shard in (trimmed, built, straight):
         shard.close()
+
+
+def test_shard_load_leaves_a_creates_temp_file_to_a_reader_and_removes_it_as_the_writers_leftover(tmp_path):
+    """A crash between MappedFile.create's sizing and its rename leaves `<name>.tmp`: it used
+    to be a "foreign file", so every index builder restart failed; a reader loading during a
+    roll failed the same way."""
+    shard = load_shard(tmp_path, 16, 100)
+    shard.put(TOPIC, "k", 100, FIXED_CLOCK_MS)
+    shard.close()
+    leftover = index_shard_dir(tmp_path, 0) / "20261125000000000.tmp"
+    leftover.write_bytes(b"\0" * 64)
+    reader = load_shard(tmp_path, 16, 100, Access.READ_ONLY)
+    try:
+        assert reader.query(TOPIC, "k") == [100] and leftover.exists()
+    finally:
+        reader.close()
+    writer = load_shard(tmp_path, 16, 100)
+    try:
+        assert writer.query(TOPIC, "k") == [100] and not leftover.exists()
+    finally:
+        writer.close()
