@@ -3,7 +3,9 @@ the per-body reading, and MqstoreReceiver (Consumer.pull_columns) returns what w
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +17,15 @@ from store_harness import RunningStore, assert_check_clean
 
 from engine.status import PutStatus
 from ipc.producer import Producer
-from tools.bench.loadgen import BODY_HEADER, WorkerSpec, build_batch, intended_times, intended_times_of_heads
+from tools.bench.loadgen import (
+    BODY_HEADER,
+    IntervalRecorder,
+    WorkerSpec,
+    build_batch,
+    intended_times,
+    intended_times_of_heads,
+    run_consumer,
+)
 from tools.bench.mqstore_client import MqstoreReceiver
 
 STREAMS = (("bench-r", 0), ("bench-r", 1))
@@ -54,6 +64,7 @@ def test_mqstore_receiver_counts_every_message_and_stamps_bench_bodies(tmp_path)
                                               target=str(running.root), streams=STREAMS, pull_count=64,
                                               consume_from="start"))
         try:
+            assert receiver.backlog_at_start == 201
             count, stamps = 0, []
             while True:
                 before_ns = time.monotonic_ns()
@@ -71,6 +82,41 @@ def test_mqstore_receiver_counts_every_message_and_stamps_bench_bodies(tmp_path)
             assert receiver.poll(0.2).count == 0  # waited, nothing came
         finally:
             receiver.close()
+    finally:
+        assert running.stop() == 0
+    assert_check_clean(running.root)
+
+
+@pytest.mark.slow
+def test_run_consumer_reports_when_it_caught_up_with_a_backlog(tmp_path):
+    running = RunningStore.start(tmp_path / "store")
+    try:
+        with Producer(running.root) as producer:
+            result = producer.send_columns("bench-r", [b"m%d" % i for i in range(300)],
+                                           queue_ids=[i % 2 for i in range(300)])
+            assert result.status_counts() == {PutStatus.PUT_OK: 300}
+        running.wait_caught_up()
+        spec = WorkerSpec(role="consumer", backend="mqstore", worker_id=3, target=str(running.root),
+                          streams=STREAMS, pull_count=64, consume_from="start", seconds=1.0)
+        from_end = MqstoreReceiver(dataclasses.replace(spec, consume_from="end"))
+        try:
+            assert from_end.backlog_at_start == 0 and set(from_end.offsets.values()) == {150}
+        finally:
+            from_end.close()
+        receiver = MqstoreReceiver(spec)
+        events: list[dict] = []
+        drain, stop = threading.Event(), threading.Event()
+        drain.set()  # read what is there, then stop at the first empty sweep
+        started_ns = time.monotonic_ns()
+        recorder = IntervalRecorder(started_ns, 10**9, spec.interval_count, events.append)
+        try:
+            assert receiver.backlog_at_start == 300
+            caught_up_ns = run_consumer(spec, receiver, recorder, drain=drain, stop=stop)
+        finally:
+            receiver.close()
+        assert recorder.total_msgs == 300
+        assert started_ns < caught_up_ns < time.monotonic_ns()
+        assert sum(e["msgs"] for e in events) == 300
     finally:
         assert running.stop() == 0
     assert_check_clean(running.root)

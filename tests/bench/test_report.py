@@ -74,6 +74,42 @@ def test_summary_merges_intervals_and_counts_messages():
     assert report.check_document(doc) == []
 
 
+def test_backlog_counts_what_the_consumers_found_at_start():
+    producers = [_event([1.0], 0, 0)]
+    consumers = [_event([], 4_000, 9_000)]  # read 9,000 of a 10,000-message backlog so far
+    figures, _ = report.interval_figures(1, 10.0, 5.0, producers, consumers, backlog_at_start=10_000)
+    assert figures["backlog_msgs"] == 1_000
+    figures, _ = report.interval_figures(1, 10.0, 5.0, producers, consumers)  # consumed from the end
+    assert figures["backlog_msgs"] == -9_000
+
+
+def _backlog_summary(caught_up_s: float | None, sent: int = 0) -> dict:
+    figures, hists = report.interval_figures(0, 5.0, 5.0, [], [_event([], 8_000, 10_000)],
+                                             backlog_at_start=10_000)
+    workers = [{"role": "consumer", "msgs_total": 10_000, "errors_total": {}},
+               {"role": "producer", "msgs_total": sent, "errors_total": {}}]
+    return report.run_summary([figures], [hists], workers, 5.0, backlog_at_start=10_000,
+                              caught_up_s=caught_up_s)
+
+
+def test_a_backlog_read_to_its_end_reports_the_rate_until_then():
+    summary = _backlog_summary(2.0)
+    assert summary["cons_msgs_per_s"] == 1_600  # over all 5 s: a lower bound
+    assert summary["cons_msgs_per_s_until_caught_up"] == 4_000
+    run = {"backend": "mqstore", "warmup_s": 1.0, "intervals": [], "summary": summary,
+           "workers": [{"role": "consumer"}], "load_before": [1.0], "load_after": [1.0]}
+    assert report.summary_lines("mqstore", run)[5] == (
+        "  backlog   10000 at start; read to its end 2 s into the measurement, at 4000 msg/s "
+        "until then (the consume rate over the whole run is a lower bound)")
+    for caught_up_s, text in ((None, "not read to its end in the run"),
+                              (-0.5, "read to its end during the warm-up (nothing of it was measured)")):
+        summary = _backlog_summary(caught_up_s)
+        assert summary["cons_msgs_per_s_until_caught_up"] is None
+        assert report.summary_lines("mqstore", {**run, "summary": summary})[5].endswith(text)
+    # with producers, what was read after catching up is new messages: no backlog rate
+    assert _backlog_summary(2.0, sent=500)["cons_msgs_per_s_until_caught_up"] is None
+
+
 def test_check_document_names_what_is_wrong():
     problems = report.check_document({"schema": "x", "runs": {"mqstore": {"summary": {}}}})
     assert "$.schema: expected 'mqstore-bench/1'" in problems

@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from engine.status import PutStatus
+from ipc.producer import Producer
 from tools.bench import disk, report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
+from store_harness import RunningStore, assert_check_clean
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHORT_RUN = ("--producers", "1", "--consumers", "1", "--seconds", "2", "--warmup", "0.5",
@@ -59,6 +64,31 @@ def test_two_second_run_against_a_started_store(tmp_path):
     assert "(equal: yes)" in result.stdout
     assert 0 < (tmp_path / "r.png").stat().st_size < 200_000
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]  # store removed
+
+
+@pytest.mark.slow
+def test_reading_a_stored_backlog_counts_it_and_says_when_it_ran_out(tmp_path):
+    running = RunningStore.start(tmp_path / "store")
+    try:
+        with Producer(running.root) as producer:
+            for topic in ("bench-0", "other"):
+                result = producer.send_columns(topic, [bytes(40)] * 400,
+                                               queue_ids=[i % 4 for i in range(400)])
+                assert result.status_counts() == {PutStatus.PUT_OK: 400}
+        running.wait_caught_up()
+        result = bench("--store", str(running.root), "--producers", "0", "--consumers", "2",
+                       "--consume-from", "start", "--seconds", "2", "--warmup", "0.5", "--interval", "1",
+                       "--json", str(tmp_path / "r.json"))
+        assert result.returncode == 0, result.stdout + result.stderr
+    finally:
+        assert running.stop() == 0
+    summary = json.loads((tmp_path / "r.json").read_text())["runs"]["mqstore"]["summary"]
+    assert summary["backlog_at_start_msgs"] == summary["received_total"] == 400  # bench-0 only
+    assert summary["caught_up_s"] is not None and summary["caught_up_s"] < 2
+    lines = [line for line in result.stdout.splitlines() if line.startswith("mqstore [")]
+    assert [line.split("| backlog ")[1].split(" ")[0] for line in lines] == ["0", "0"]
+    assert "  backlog   400 at start; read to its end " in result.stdout
+    assert_check_clean(running.root)
 
 
 @pytest.mark.slow

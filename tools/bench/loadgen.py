@@ -1,11 +1,13 @@
 """Producer and consumer process bodies for `mqstore bench`, over the real clients.
 
 A worker is started as `python -m tools.bench _worker '<WorkerSpec JSON>'`. It connects, prints
-{"event": "ready"} on stdout, and waits for `go <start_ns>` on stdin (CLOCK_MONOTONIC ns, which
-every process on the host shares). Then it reports one {"event": "interval"} JSON line per
-interval and a final {"event": "done"}. Consumers run until the harness writes `drain` (every
-acknowledged message is visible by then), empty their queues, and finish. `stop` or EOF on
-stdin ends any worker early. Nothing is pickled.
+{"event": "ready", "backlog_msgs": N} on stdout (N: what a consumer's queues held when it opened
+them that it will read first, with --consume-from start), and waits for `go <start_ns>` on stdin
+(CLOCK_MONOTONIC ns, which every process on the host shares). Then it reports one
+{"event": "interval"} JSON line per interval and a final {"event": "done"} (a consumer's with
+"caught_up_ns": when it first found nothing to read). Consumers run until the harness writes
+`drain` (every acknowledged message is visible by then), empty their queues, and finish. `stop`
+or EOF on stdin ends any worker early. Nothing is pickled.
 
 Timing (coordinated omission). With a fixed rate, batch j of a producer is *intended* at
 start_ns + j * batch / rate and every latency is measured from that intended time, not from
@@ -339,11 +341,14 @@ def intended_times_of_heads(heads: np.ndarray) -> np.ndarray:
 
 
 def run_consumer(spec: WorkerSpec, receiver, recorder: IntervalRecorder, *,
-                 drain: threading.Event, stop: threading.Event) -> None:
+                 drain: threading.Event, stop: threading.Event) -> int | None:
     """Receive until stopped, or drained: a poll that began after `drain` found nothing.
-    `receiver.poll(timeout_s)` returns a Received."""
+    `receiver.poll(timeout_s)` returns a Received. Returns when the first poll that found
+    nothing began (CLOCK_MONOTONIC ns, None if none did): when it caught up with its queues."""
+    caught_up_ns: int | None = None
     while not stop.is_set():
         draining = drain.is_set()
+        began_ns = time.monotonic_ns()
         try:
             received = receiver.poll(0.0 if draining else POLL_TIMEOUT_S)
         except Exception as exc:  # counted and reported; the harness sees received < sent
@@ -357,10 +362,13 @@ def run_consumer(spec: WorkerSpec, receiver, recorder: IntervalRecorder, *,
         elif received.count:
             recorder.add_received(now, received.intended_ns, spec.size_bytes, received.received_ns)
             recorder.total_msgs += received.count - len(received.intended_ns)
-        elif draining:
-            break
+        else:
+            caught_up_ns = began_ns if caught_up_ns is None else caught_up_ns
+            if draining:
+                break
         recorder.maybe_emit(now)
     recorder.finish()
+    return caught_up_ns
 
 
 # ---------------------------------------------------------------------------------- process
@@ -405,7 +413,8 @@ def worker_main(argv: list[str]) -> int:
     except Exception as exc:
         emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
         return 1
-    emit({"event": "ready", "pid": os.getpid()})
+    emit({"event": "ready", "pid": os.getpid(),
+          "backlog_msgs": endpoint.backlog_at_start if spec.role == "consumer" else 0})
     words = sys.stdin.readline().split()
     if len(words) != 2 or words[0] != "go":
         endpoint.close()
@@ -416,14 +425,15 @@ def worker_main(argv: list[str]) -> int:
     recorder = IntervalRecorder(start_ns + int(spec.warmup_s * 1e9), int(spec.interval_s * 1e9),
                                 spec.interval_count, emit)
     cpu_started = time.process_time()
+    done: dict = {"event": "done"}
     try:
         if spec.role == "producer":
             run_producer(spec, endpoint, recorder, start_ns=start_ns, stop=stop)
         else:
-            run_consumer(spec, endpoint, recorder, drain=drain, stop=stop)
+            done["caught_up_ns"] = run_consumer(spec, endpoint, recorder, drain=drain, stop=stop)
     finally:
         endpoint.close()
-    emit({"event": "done", "msgs_total": recorder.total_msgs, "errors_total": dict(recorder.total_errors),
+    emit({**done, "msgs_total": recorder.total_msgs, "errors_total": dict(recorder.total_errors),
           "cpu_s": round(time.process_time() - cpu_started, 3), "rss_max_bytes": _max_rss_bytes()})
     return 0
 

@@ -137,13 +137,17 @@ class MqstoreReceiver:
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.consumer = Consumer(spec.target, f"bench-{spec.worker_id}")
-        self.offsets = {s: self._start_offset(*s) for s in spec.streams}
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.backlog_at_start = 0  # what its queues held that it reads first (--consume-from start)
+        for stream in spec.streams:
+            low, end = self._queue_range(*stream)
+            self.offsets[stream] = low if spec.consume_from == "start" else end
+            self.backlog_at_start += end - self.offsets[stream]
 
-    def _start_offset(self, topic: str, queue_id: int) -> int:
-        if self.spec.consume_from == "start":
-            return 0
+    def _queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """The queue's first readable offset and its end, as a pull past the end reports them."""
         probe = self.consumer.pull_columns(topic, queue_id, 1 << 62, max_count=1)
-        return probe.next_offset if probe.next_offset != 1 << 62 else probe.max_offset
+        return probe.min_offset, probe.next_offset if probe.next_offset != 1 << 62 else probe.max_offset
 
     def poll(self, timeout_s: float) -> Received:
         """What one sweep over the streams read; if nothing, wait up to `timeout_s` for more."""

@@ -173,11 +173,14 @@ class RedisReceiver:
         self.client = _client(spec.target)
         self.client.ping()
         self.ids = {stream_key(*s): "0-0" for s in spec.streams}
-        if spec.consume_from == "end":
-            for key in self.ids:
-                last = self.client.xrevrange(key, count=1)
-                if last:
-                    self.ids[key] = last[0][0]
+        self.backlog_at_start = 0  # what its streams held that it reads first (--consume-from start)
+        for key in self.ids:
+            if spec.consume_from == "start":
+                self.backlog_at_start += self.client.xlen(key)
+                continue
+            last = self.client.xrevrange(key, count=1)
+            if last:
+                self.ids[key] = last[0][0]
 
     def poll(self, timeout_s: float) -> Received:
         block_ms = max(int(timeout_s * 1000), 1) if timeout_s > 0 else None
