@@ -19,7 +19,9 @@ from engine.status import PutStatus
 from ipc.producer import Producer
 from tools.bench.loadgen import (
     BODY_HEADER,
+    NOTHING_RECEIVED,
     IntervalRecorder,
+    Received,
     WorkerSpec,
     build_batch,
     intended_times,
@@ -64,7 +66,7 @@ def test_mqstore_receiver_counts_every_message_and_stamps_bench_bodies(tmp_path)
                                               target=str(running.root), streams=STREAMS, pull_count=64,
                                               consume_from="start"))
         try:
-            assert receiver.backlog_at_start == 201
+            assert receiver.backlog_at_start_msgs == 201
             count, stamps = 0, []
             while True:
                 before_ns = time.monotonic_ns()
@@ -100,7 +102,10 @@ def test_run_consumer_reports_when_it_caught_up_with_a_backlog(tmp_path):
                           streams=STREAMS, pull_count=64, consume_from="start", seconds=1.0)
         from_end = MqstoreReceiver(dataclasses.replace(spec, consume_from="end"))
         try:
-            assert from_end.backlog_at_start == 0 and set(from_end.offsets.values()) == {150}
+            assert from_end.backlog_at_start_msgs == 0 and set(from_end.offsets.values()) == {150}
+            from_end.offsets[STREAMS[0]] = 10**6  # past the end: the sweep moves it back
+            assert from_end._sweep()[0::3] == (0, True) and from_end.offsets[STREAMS[0]] == 150
+            assert from_end._sweep()[0::3] == (0, False)
         finally:
             from_end.close()
         receiver = MqstoreReceiver(spec)
@@ -110,7 +115,7 @@ def test_run_consumer_reports_when_it_caught_up_with_a_backlog(tmp_path):
         started_ns = time.monotonic_ns()
         recorder = IntervalRecorder(started_ns, 10**9, spec.interval_count, events.append)
         try:
-            assert receiver.backlog_at_start == 300
+            assert receiver.backlog_at_start_msgs == 300
             caught_up_ns = run_consumer(spec, receiver, recorder, drain=drain, stop=stop)
         finally:
             receiver.close()
@@ -120,3 +125,35 @@ def test_run_consumer_reports_when_it_caught_up_with_a_backlog(tmp_path):
     finally:
         assert running.stop() == 0
     assert_check_clean(running.root)
+
+
+class ScriptedReceiver:
+    """Answers polls from a script (a Received, or an exception to raise); then sets `drain`
+    and finds nothing."""
+
+    def __init__(self, script: list, drain: threading.Event):
+        self.script, self.drain = list(script), drain
+        self.began_ns: list[int] = []
+
+    def poll(self, timeout_s: float) -> Received:
+        self.began_ns.append(time.monotonic_ns())
+        if not self.script:
+            self.drain.set()
+            return NOTHING_RECEIVED
+        step = self.script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+
+def test_run_consumer_keeps_the_first_empty_poll_and_not_a_failed_one():
+    spec = WorkerSpec(role="consumer", backend="mqstore", worker_id=0, target="-", streams=STREAMS,
+                      consume_from="start", seconds=1.0)
+    some = Received(2, np.array([1, 2], dtype=np.int64))
+    drain, stop = threading.Event(), threading.Event()
+    receiver = ScriptedReceiver([some, OSError("gone for a moment"), some, NOTHING_RECEIVED, some], drain)
+    recorder = IntervalRecorder(time.monotonic_ns(), 10**9, spec.interval_count, lambda event: None)
+    caught_up_ns = run_consumer(spec, receiver, recorder, drain=drain, stop=stop)
+    # the empty poll is the fourth; the failed one (the second) did not count as empty
+    assert receiver.began_ns[2] < caught_up_ns <= receiver.began_ns[3]
+    assert recorder.total_msgs == 6 and recorder.total_errors == {"OSError": 1}

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from tools.bench import report
+from tools.bench.harness import BenchPlan, _Run
 from tools.bench.histogram import LatencyHistogram
 
 MS = 1_000_000
@@ -77,7 +79,7 @@ def test_summary_merges_intervals_and_counts_messages():
 def test_backlog_counts_what_the_consumers_found_at_start():
     producers = [_event([1.0], 0, 0)]
     consumers = [_event([], 4_000, 9_000)]  # read 9,000 of a 10,000-message backlog so far
-    figures, _ = report.interval_figures(1, 10.0, 5.0, producers, consumers, backlog_at_start=10_000)
+    figures, _ = report.interval_figures(1, 10.0, 5.0, producers, consumers, backlog_at_start_msgs=10_000)
     assert figures["backlog_msgs"] == 1_000
     figures, _ = report.interval_figures(1, 10.0, 5.0, producers, consumers)  # consumed from the end
     assert figures["backlog_msgs"] == -9_000
@@ -85,10 +87,10 @@ def test_backlog_counts_what_the_consumers_found_at_start():
 
 def _backlog_summary(caught_up_s: float | None, sent: int = 0) -> dict:
     figures, hists = report.interval_figures(0, 5.0, 5.0, [], [_event([], 8_000, 10_000)],
-                                             backlog_at_start=10_000)
+                                             backlog_at_start_msgs=10_000)
     workers = [{"role": "consumer", "msgs_total": 10_000, "errors_total": {}},
                {"role": "producer", "msgs_total": sent, "errors_total": {}}]
-    return report.run_summary([figures], [hists], workers, 5.0, backlog_at_start=10_000,
+    return report.run_summary([figures], [hists], workers, 5.0, backlog_at_start_msgs=10_000,
                               caught_up_s=caught_up_s)
 
 
@@ -101,8 +103,10 @@ def test_a_backlog_read_to_its_end_reports_the_rate_until_then():
     assert report.summary_lines("mqstore", run)[5] == (
         "  backlog   10000 at start; read to its end 2 s into the measurement, at 4000 msg/s "
         "until then (the consume rate over the whole run is a lower bound)")
-    for caught_up_s, text in ((None, "not read to its end in the run"),
-                              (-0.5, "read to its end during the warm-up (nothing of it was measured)")):
+    for caught_up_s, text in ((None, "not read to its end in the 5 s measured"),
+                              (5.2, "not read to its end in the 5 s measured"),  # while draining
+                              (-0.5, "read to its end before the measurement began "
+                                     "(nothing of it was measured)")):
         summary = _backlog_summary(caught_up_s)
         assert summary["cons_msgs_per_s_until_caught_up"] is None
         assert report.summary_lines("mqstore", {**run, "summary": summary})[5].endswith(text)
@@ -125,3 +129,22 @@ def test_samples_summary_reports_lag_growth_and_rss():
     assert summary["dispatch_lag_ms"]["growth_ms_per_min"] == 120.0
     assert summary["index_lag_ms"]["growth_ms_per_min"] == 0.0
     assert summary["rss_mib"]["supervisor"]["first"] == 100.0
+
+
+def test_the_run_caught_up_when_its_last_consumer_did():
+    plan = BenchPlan(producers=0, consumers=2, warmup_s=1.0)
+    run = _Run(plan, "mqstore", lambda line: None)
+    run.start_ns = 10**12
+
+    def consumer(backlog_msgs: int, caught_up_ns: int | None) -> SimpleNamespace:
+        return SimpleNamespace(spec=SimpleNamespace(role="consumer"), backlog_at_start_msgs=backlog_msgs,
+                               done={"caught_up_ns": caught_up_ns})
+
+    run.workers = [consumer(300, 10**12 + 1_500_000_000), consumer(100, 10**12 + 3_250_000_000)]
+    assert run.backlog_at_start_msgs == 400 and run.caught_up_s == 2.25  # after the 1 s warm-up
+    run.workers[1] = consumer(100, None)  # one never ran out
+    assert run.caught_up_s is None
+    run.workers = [consumer(0, 10**12)]  # nothing to read at start: nothing to catch up with
+    assert run.caught_up_s is None
+    run.workers = []
+    assert run.backlog_at_start_msgs == 0 and run.caught_up_s is None

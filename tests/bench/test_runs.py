@@ -71,23 +71,29 @@ def test_reading_a_stored_backlog_counts_it_and_says_when_it_ran_out(tmp_path):
     running = RunningStore.start(tmp_path / "store")
     try:
         with Producer(running.root) as producer:
-            for topic in ("bench-0", "other"):
-                result = producer.send_columns(topic, [bytes(40)] * 400,
-                                               queue_ids=[i % 4 for i in range(400)])
-                assert result.status_counts() == {PutStatus.PUT_OK: 400}
+            for topic, batches in (("bench-0", 8), ("other", 1)):
+                for _ in range(batches):
+                    result = producer.send_columns(topic, [bytes(40)] * 500,
+                                                   queue_ids=[i % 4 for i in range(500)])
+                    assert result.status_counts() == {PutStatus.PUT_OK: 500}
         running.wait_caught_up()
+        # no warm-up, 16 per pull: reading 4,000 messages takes the consumers some ms of the run
         result = bench("--store", str(running.root), "--producers", "0", "--consumers", "2",
-                       "--consume-from", "start", "--seconds", "2", "--warmup", "0.5", "--interval", "1",
-                       "--json", str(tmp_path / "r.json"))
+                       "--consume-from", "start", "--seconds", "2", "--warmup", "0", "--interval", "1",
+                       "--pull-count", "16", "--json", str(tmp_path / "r.json"))
         assert result.returncode == 0, result.stdout + result.stderr
     finally:
         assert running.stop() == 0
     summary = json.loads((tmp_path / "r.json").read_text())["runs"]["mqstore"]["summary"]
-    assert summary["backlog_at_start_msgs"] == summary["received_total"] == 400  # bench-0 only
-    assert summary["caught_up_s"] is not None and summary["caught_up_s"] < 2
+    assert summary["backlog_at_start_msgs"] == summary["received_total"] == summary["cons_msgs"] == 4_000
+    caught_up_s = summary["caught_up_s"]
+    assert 0 < caught_up_s < 2  # consumers start with the measurement, and ran out within it
+    assert summary["cons_msgs_per_s_until_caught_up"] == pytest.approx(4_000 / caught_up_s, rel=1e-3)
+    assert summary["cons_msgs_per_s"] == 2_000  # over the whole 2 s: the lower bound
     lines = [line for line in result.stdout.splitlines() if line.startswith("mqstore [")]
     assert [line.split("| backlog ")[1].split(" ")[0] for line in lines] == ["0", "0"]
-    assert "  backlog   400 at start; read to its end " in result.stdout
+    assert (f"  backlog   4000 at start; read to its end {caught_up_s:g} s into the measurement, at "
+            in result.stdout)
     assert_check_clean(running.root)
 
 

@@ -119,7 +119,7 @@ class WorkerProcess:
                                      env=child_env(), cwd=REPO_ROOT)
         self.done: dict | None = None
         self.intervals: dict[int, dict] = {}
-        self.backlog_at_start = 0  # a consumer's, from its ready event
+        self.backlog_at_start_msgs = 0  # a consumer's, from its ready event
         threading.Thread(target=self._read, args=(events,), daemon=True).start()
 
     def _read(self, events: queue.Queue) -> None:
@@ -171,15 +171,17 @@ class _Run:
         return [w for w in self.workers if w.spec.role == "consumer"]
 
     @property
-    def backlog_at_start(self) -> int:
+    def backlog_at_start_msgs(self) -> int:
         """Messages the consumers found in their queues at start and read first."""
-        return sum(w.backlog_at_start for w in self.consumers)
+        return sum(w.backlog_at_start_msgs for w in self.consumers)
 
+    @property
     def caught_up_s(self) -> float | None:
-        """Seconds into the measurement when the last consumer first found nothing to read
-        (None: some consumer never did, or there are none); negative: during the warm-up."""
+        """Seconds into the measurement when the last consumer first found nothing left of the
+        backlog it started with (negative: before the measurement began); None if there was no
+        backlog or some consumer never ran out of it."""
         times = [(w.done or {}).get("caught_up_ns") for w in self.consumers]
-        if not times or None in times:
+        if not self.backlog_at_start_msgs or None in times:
             return None
         return round((max(times) - self.start_ns) / 1e9 - self.plan.warmup_s, 3)
 
@@ -213,7 +215,7 @@ class _Run:
             figures, hists = report.interval_figures(
                 k, end_s, end_s - k * plan.interval_s,
                 [w.intervals[k] for w in self.producers], [w.intervals[k] for w in self.consumers],
-                backlog_at_start=self.backlog_at_start, load_1m=os.getloadavg()[0],
+                backlog_at_start_msgs=self.backlog_at_start_msgs, load_1m=os.getloadavg()[0],
                 store=sampler.latest() if sampler else None)
             self.intervals.append(figures)
             self.hists.append(hists)
@@ -250,7 +252,7 @@ def run_workload(plan: BenchPlan, backend: str, target: str, out: Callable[[str]
     workers = [{"role": w.spec.role, "id": w.spec.worker_id, "pid": w.proc.pid, **(w.done or {})}
                for w in run.workers]
     summary = report.run_summary(run.intervals, run.hists, workers, plan.seconds,
-                                 backlog_at_start=run.backlog_at_start, caught_up_s=run.caught_up_s())
+                                 backlog_at_start_msgs=run.backlog_at_start_msgs, caught_up_s=run.caught_up_s)
     store = sampler.result() if sampler else None
     if store and store.get("cpu"):
         rate = summary["pub_msgs_per_s"] or summary["cons_msgs_per_s"]
@@ -268,7 +270,7 @@ def _wait_ready(run: _Run) -> None:
         worker, event = run.next_event(deadline)
         if event["event"] == "ready":
             ready.add(worker.index)
-            worker.backlog_at_start = int(event.get("backlog_msgs", 0))
+            worker.backlog_at_start_msgs = int(event.get("backlog_msgs", 0))
         elif event["event"] != "tick":
             run.handle(worker, event, None)
 

@@ -414,7 +414,7 @@ def worker_main(argv: list[str]) -> int:
         emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
         return 1
     emit({"event": "ready", "pid": os.getpid(),
-          "backlog_msgs": endpoint.backlog_at_start if spec.role == "consumer" else 0})
+          "backlog_msgs": endpoint.backlog_at_start_msgs if spec.role == "consumer" else 0})
     words = sys.stdin.readline().split()
     if len(words) != 2 or words[0] != "go":
         endpoint.close()
@@ -430,6 +430,8 @@ def worker_main(argv: list[str]) -> int:
         if spec.role == "producer":
             run_producer(spec, endpoint, recorder, start_ns=start_ns, stop=stop)
         else:
+            # from the same start as the producers: a backlog read before it would not count
+            stop.wait(max(start_ns - time.monotonic_ns(), 0) / 1e9)
             done["caught_up_ns"] = run_consumer(spec, endpoint, recorder, drain=drain, stop=stop)
     finally:
         endpoint.close()

@@ -138,11 +138,11 @@ class MqstoreReceiver:
         self.spec = spec
         self.consumer = Consumer(spec.target, f"bench-{spec.worker_id}")
         self.offsets: dict[tuple[str, int], int] = {}
-        self.backlog_at_start = 0  # what its queues held that it reads first (--consume-from start)
+        self.backlog_at_start_msgs = 0  # what its queues held that it reads first (--consume-from start)
         for stream in spec.streams:
             low, end = self._queue_range(*stream)
             self.offsets[stream] = low if spec.consume_from == "start" else end
-            self.backlog_at_start += end - self.offsets[stream]
+            self.backlog_at_start_msgs += end - self.offsets[stream]
 
     def _queue_range(self, topic: str, queue_id: int) -> tuple[int, int]:
         """The queue's first readable offset and its end, as a pull past the end reports them."""
@@ -150,9 +150,24 @@ class MqstoreReceiver:
         return probe.min_offset, probe.next_offset if probe.next_offset != 1 << 62 else probe.max_offset
 
     def poll(self, timeout_s: float) -> Received:
-        """What one sweep over the streams read; if nothing, wait up to `timeout_s` for more."""
+        """What a sweep over the streams read (sweeping again at once while a sweep only moved
+        past entries with nothing to hand out); if nothing, wait up to `timeout_s` for more."""
         bound = self.consumer.dispatched_pos
-        count = 0
+        count, stamps, arrivals, moved = self._sweep()
+        while not count and moved:
+            count, stamps, arrivals, moved = self._sweep()
+        if not count:
+            if timeout_s > 0:
+                self.consumer.wait_for_more(bound, int(timeout_s * 1000))
+            return NOTHING_RECEIVED
+        if len(stamps) == 1:
+            return Received(count, stamps[0], arrivals[0])
+        return Received(count, np.concatenate(stamps), np.concatenate(arrivals))
+
+    def _sweep(self) -> tuple[int, list[np.ndarray], list[np.ndarray], bool]:
+        """One pull per stream: (messages, their intended times, their arrival times, whether an
+        offset moved)."""
+        count, moved = 0, False
         stamps: list[np.ndarray] = []
         arrivals: list[np.ndarray] = []
         for stream, offset in self.offsets.items():
@@ -164,16 +179,10 @@ class MqstoreReceiver:
                     count += view.count
                     stamps.append(intended_times_of_heads(view.body_prefix(BODY_HEADER.size)[1]))
                     arrivals.append(np.full(len(stamps[-1]), pulled_ns, dtype=np.int64))
+            if result.status is GetStatus.FOUND or result.status in MOVES:
+                moved |= result.next_offset != offset
                 self.offsets[stream] = result.next_offset
-            elif result.status in MOVES:
-                self.offsets[stream] = result.next_offset
-        if not count:
-            if timeout_s > 0:
-                self.consumer.wait_for_more(bound, int(timeout_s * 1000))
-            return NOTHING_RECEIVED
-        if len(stamps) == 1:
-            return Received(count, stamps[0], arrivals[0])
-        return Received(count, np.concatenate(stamps), np.concatenate(arrivals))
+        return count, stamps, arrivals, moved
 
     def close(self) -> None:
         self.consumer.close()

@@ -173,10 +173,10 @@ class RedisReceiver:
         self.client = _client(spec.target)
         self.client.ping()
         self.ids = {stream_key(*s): "0-0" for s in spec.streams}
-        self.backlog_at_start = 0  # what its streams held that it reads first (--consume-from start)
+        self.backlog_at_start_msgs = 0  # what its streams held that it reads first (--consume-from start)
         for key in self.ids:
             if spec.consume_from == "start":
-                self.backlog_at_start += self.client.xlen(key)
+                self.backlog_at_start_msgs += self.client.xlen(key)
                 continue
             last = self.client.xrevrange(key, count=1)
             if last:

@@ -54,7 +54,7 @@ def errors_text(errors: dict[str, int]) -> str:
 
 # ---------------------------------------------------------------------------------- intervals
 def interval_figures(k: int, end_s: float, length_s: float, producer_events: list[dict],
-                     consumer_events: list[dict], *, backlog_at_start: int = 0,
+                     consumer_events: list[dict], *, backlog_at_start_msgs: int = 0,
                      load_1m: float | None = None, store: dict | None = None
                      ) -> tuple[dict, dict[str, LatencyHistogram]]:
     """One interval's figures from every worker's report of it, plus its merged histograms."""
@@ -75,7 +75,7 @@ def interval_figures(k: int, end_s: float, length_s: float, producer_events: lis
         "pub_latency": hists["pub"].summary_ms(), "send_delay": hists["delay"].summary_ms(),
         "cons_msgs": cons_msgs, "cons_msgs_per_s": round(cons_msgs / length_s, 1),
         "cons_mib_per_s": round(sum(e["bytes"] for e in consumer_events) / length_s / MiB, 3),
-        "backlog_msgs": (backlog_at_start + sum(e["cum_msgs"] for e in producer_events)
+        "backlog_msgs": (backlog_at_start_msgs + sum(e["cum_msgs"] for e in producer_events)
                          - sum(e["cum_msgs"] for e in consumer_events)),
         "e2e_latency": hists["e2e"].summary_ms(), "errors": errors, "load_1m": load_1m,
         "store": store,
@@ -100,10 +100,12 @@ def interval_line(label: str, f: dict) -> str:
 
 # ---------------------------------------------------------------------------------- summary
 def run_summary(intervals: list[dict], hists: list[dict[str, LatencyHistogram]], workers: list[dict],
-                measured_s: float, *, backlog_at_start: int = 0, caught_up_s: float | None = None) -> dict:
+                measured_s: float, *, backlog_at_start_msgs: int = 0,
+                caught_up_s: float | None = None) -> dict:
     """Whole-run figures: rates over the measured seconds, latencies from merged histograms.
     Consumers that read a backlog and ran out of it before the end (`caught_up_s`, no producers)
-    read it at cons_msgs_per_s_until_caught_up: the rate over the whole run is a lower bound."""
+    read it at cons_msgs_per_s_until_caught_up: the rate over the whole run is a lower bound.
+    (On a store that other programs write to, what they add counts as read backlog too.)"""
     pub, delay, e2e = (merged(h[name] for h in hists) for name in ("pub", "delay", "e2e"))
     errors: dict[str, int] = {}
     for worker in workers:
@@ -122,7 +124,7 @@ def run_summary(intervals: list[dict], hists: list[dict[str, LatencyHistogram]],
         "cons_msgs": cons_msgs, "cons_msgs_per_s": round(cons_msgs / measured_s, 1),
         "e2e_latency": e2e.summary_ms(SUMMARY_PERCENTS),
         "sent_total": sent, "received_total": received, "errors": errors,
-        "backlog_at_start_msgs": backlog_at_start, "caught_up_s": caught_up_s,
+        "backlog_at_start_msgs": backlog_at_start_msgs, "caught_up_s": caught_up_s,
         "cons_msgs_per_s_until_caught_up": (round(cons_msgs / caught_up_s, 1) if not sent and caught_up_s
                                             and 0 < caught_up_s < measured_s else None),
         "histograms": {"pub": pub.to_sparse(), "e2e": e2e.to_sparse()},
@@ -181,10 +183,10 @@ def summary_lines(label: str, run: dict) -> list[str]:
 
 def _caught_up_text(s: dict) -> str:
     caught_up_s = s.get("caught_up_s")
-    if caught_up_s is None:
-        return "not read to its end in the run"
+    if caught_up_s is None or caught_up_s >= s["measured_s"]:
+        return f"not read to its end in the {s['measured_s']:g} s measured"
     if caught_up_s <= 0:
-        return "read to its end during the warm-up (nothing of it was measured)"
+        return "read to its end before the measurement began (nothing of it was measured)"
     text = f"read to its end {caught_up_s:g} s into the measurement"
     if s.get("cons_msgs_per_s_until_caught_up"):
         text += (f", at {s['cons_msgs_per_s_until_caught_up']:.0f} msg/s until then"
