@@ -52,7 +52,7 @@ def test_the_axis_flag_comes_last_so_it_wins_over_extra_arguments(tmp_path):
 def test_bad_input_is_refused_and_nothing_is_written(tmp_path, capsys, argv, message):
     out = tmp_path / "out"
     assert sweep.main(["--axis", "producers", "--out", str(out), *argv]) == 1
-    assert capsys.readouterr().err == f"bench sweep: error: {message}\n"
+    assert capsys.readouterr().err == f"python -m tools.bench.sweep: error: {message}\n"
     assert not out.exists()
 
 
@@ -89,13 +89,39 @@ def test_a_two_point_sweep_then_a_second_invocation_reuses_its_runs(tmp_path, ca
     assert (out / "producers.png").stat().st_size > 0
     assert sweep.main(argv) == 0  # nothing left to run: both documents are kept
     assert capsys.readouterr().out.count("(kept from an earlier sweep)") == 2
+    kept = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert sweep.main([*argv[:argv.index("--")], "--", "--batch", "4"]) == 1  # another command
+    assert "producers-1-1.json was made by another command (mqstore --start " in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == kept
 
 
-def test_a_run_the_bench_refuses_stops_the_sweep_with_its_reason(tmp_path, capsys):
+def test_arguments_the_bench_would_refuse_are_refused_before_anything_runs(tmp_path, capsys):
     out = tmp_path / "sweep"
     argv = ["--axis", "size", "--values", "64,128", "--runs", "2", "--out", str(out), "--", "--queues", "0"]
     assert sweep.main(argv) == 1
+    assert capsys.readouterr().err == ("python -m tools.bench.sweep: error: the bench refuses --size 64 "
+                                       "with these arguments: invalid queues: must be >= 1\n")
+    assert sweep.main(["--axis", "size", "--values", "16", "--out", str(out)]) == 1
+    assert "refuses --size 16 with these arguments: invalid size: must be >= 24" in capsys.readouterr().err
+    assert sweep.main(["--axis", "size", "--values", "64", "--out", str(out), "--", "--no-such-flag"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("bench sweep: error: bench --start ") and " exited with " in err
-    assert "queues" in err  # the bench's own message, from the run's log
-    assert sorted(p.name for p in out.iterdir()) == ["size-64-1.log"]  # the first run's log only
+    assert "unrecognized arguments: --no-such-flag" in err and "the bench refuses these arguments" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--size", "--json=x.json", "--store", "--seconds", "--peer"])
+def test_flags_the_sweep_sets_itself_are_refused_after_the_separator(tmp_path, capsys, flag):
+    out = tmp_path / "sweep"
+    assert sweep.main(["--axis", "size", "--values", "64", "--out", str(out), "--", flag, "1"]) == 1
+    assert capsys.readouterr().err.endswith(f"after --: {flag.split('=')[0]} is set by the sweep itself "
+                                            "(see --help)\n")
+    assert not out.exists()
+
+
+def test_a_run_may_take_its_seconds_and_a_margin_per_backend(tmp_path):
+    args, extra = sweep.parse_args(["--axis", "producers", "--values", "2,1", "--out", str(tmp_path / "o"),
+                                    "--seconds", "30", "--warmup", "5", "--peer", "redis",
+                                    "--", "--batch", "1"])
+    values, common, timeout_s = sweep._check(args, extra)
+    assert values == [1, 2] and timeout_s == 2 * (35 + sweep.RUN_MARGIN_S)
+    assert common == ["--seconds", "30", "--warmup", "5", "--peer", "redis", "--batch", "1"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from engine.errors import StoreError
@@ -14,12 +13,9 @@ def main(argv: list[str] | None = None) -> int:
         from tools.bench.loadgen import worker_main
 
         return worker_main(argv[1:])
-    from tools.bench.cli import add_bench_parser
+    from tools.bench.cli import bench_parser
 
-    parser = argparse.ArgumentParser(prog="python -m tools.bench")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_bench_parser(sub)
-    args = parser.parse_args(["bench", *argv])
+    args = bench_parser("python -m tools.bench").parse_args(["bench", *argv])
     try:
         return int(args.func(args))
     except StoreError as exc:

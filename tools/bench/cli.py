@@ -77,6 +77,13 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def bench_parser(prog: str) -> argparse.ArgumentParser:
+    """A parser of `bench ...` alone (what `python -m tools.bench` and the sweep parse with)."""
+    parser = argparse.ArgumentParser(prog=prog)
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     return BenchPlan(producers=args.producers, consumers=args.consumers, seconds=args.seconds,
                      size_bytes=args.size, batch=args.batch, rate_msgs_per_s=args.rate,

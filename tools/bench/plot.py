@@ -79,25 +79,26 @@ def _plot_histogram(ax, name: str, run: dict) -> None:
                 label=f"{name} {kind}")
 
 
-def render_scaling(points: dict[float, list[dict]], path: str, *, x_label: str,
+def render_scaling(rows: list[dict], path: str, *, x_label: str, load_1m: float | None = None,
                    x_log: bool = True) -> None:
-    """Median publish rate and p99 per x value (e.g. producers, body bytes) over repeated runs:
-    `points` maps x to the bench documents of its runs; one line per backend."""
+    """Median publish rate and p99 per x value (e.g. producers, body bytes): `rows` as
+    tools.bench.sweep.medians makes them (value, and per backend msgs_per_s and p99_ms)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (rate_ax, lat_ax) = plt.subplots(2, 1, figsize=(8, 7))
-    xs = sorted(points)
-    backends = sorted({name for docs in points.values() for doc in docs for name in doc["runs"]})
+    rows = sorted(rows, key=lambda row: row["value"])
+    backends = sorted({name for row in rows for name, cell in row.items() if isinstance(cell, dict)})
     for name in backends:
-        rates = [_median(points[x], name, lambda s: s["pub_msgs_per_s"]) for x in xs]
-        p99 = [_median(points[x], name, lambda s: s["pub_latency"]["p99_ms"]) for x in xs]
-        rate_ax.plot(xs, rates, STYLES.get(name, ":"), marker="o", label=f"{name} publish msg/s")
-        lat_ax.plot(xs, p99, STYLES.get(name, ":"), marker="o", label=f"{name} publish p99 ms")
-    load = np.median([doc["machine"]["load_avg"][0] for docs in points.values() for doc in docs])
-    rate_ax.set(ylabel="msg/s (median of runs)", title=f"publish rate vs {x_label} (median load {load:.1f})")
+        xs = [row["value"] for row in rows if name in row]
+        rate_ax.plot(xs, [row[name]["msgs_per_s"] for row in rows if name in row], STYLES.get(name, ":"),
+                     marker="o", label=f"{name} publish msg/s")
+        lat_ax.plot(xs, [row[name]["p99_ms"] for row in rows if name in row], STYLES.get(name, ":"),
+                    marker="o", label=f"{name} publish p99 ms")
+    load = f" (median load {load_1m:.1f})" if load_1m is not None else ""
+    rate_ax.set(ylabel="msg/s (median of runs)", title=f"publish rate vs {x_label}{load}")
     lat_ax.set(ylabel="ms", xlabel=x_label, yscale="log", title="publish latency p99")
     for ax in (rate_ax, lat_ax):
         if x_log:
@@ -107,8 +108,3 @@ def render_scaling(points: dict[float, list[dict]], path: str, *, x_label: str,
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
-
-
-def _median(docs: list[dict], name: str, pick) -> float:
-    values = [pick(doc["runs"][name]["summary"]) for doc in docs if name in doc["runs"]]
-    return float(np.median(values)) if values else float("nan")
