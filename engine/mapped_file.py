@@ -26,7 +26,7 @@ RESERVE_STEP_BYTES = 4 << 20
 ZERO_CHUNK_BYTES = 1 << 20  # blocks are allocated ahead of the writer in steps of this size
 _ZEROS_VIEW = memoryview(bytes(ZERO_CHUNK_BYTES))
 ZERO_AHEAD_BYTES = 1 << 20  # reserve_zeroed keeps this much written zeros ahead of the writer
-ZERO_STEP_BYTES = 256 << 10  # in steps this small: a concurrent fdatasync waits on little of it
+ZERO_STEP_BYTES = 256 << 10  # the zeros ahead end on a multiple of this
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # what a write or allocation raises on a full disk
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 
@@ -154,10 +154,13 @@ class MappedFile:
         records here durable finds allocated, written blocks and does not have to convert extents
         in a journal commit: 1.8x faster syncs on ext4 here (docs/BENCHMARKS.md, fourth pass).
         The price is that these blocks are written twice. PostgreSQL zero-fills its WAL segments
-        for the same reason. Small steps: the group commit's fdatasync (of the whole file) runs
-        beside this and waits for whatever zeros are in flight; 4 MiB at a time stalled it for
-        25 ms (bar 3's p99 doubled), 256 KiB does not show. DiskFullError when the disk has no
-        room for [write_file_pos, end_file_pos); the zeros beyond are best effort.
+        for the same reason. The group commit's fdatasync (of the whole file) waits for whatever
+        zeros are in flight: 4 MiB ahead stalled it for 25 ms (bar 3's p99 doubled). A top-up
+        runs when a write passes the zeros' end and reaches ZERO_AHEAD_BYTES past the write,
+        rounded up to ZERO_STEP_BYTES: about 1.25 MiB each time, not one step (topping up a
+        step at a time measured the same at bars 1 and 3; neither did writing them from a thread
+        pay: docs/BENCHMARKS.md, ninth pass). DiskFullError when the disk has no room for
+        [write_file_pos, end_file_pos); the zeros beyond are best effort.
         """
         if end_file_pos <= self._reserved_until:
             return
