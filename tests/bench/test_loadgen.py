@@ -8,6 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.errors import BadInputError
+from tools.bench.cli import bench_parser, plan_from_args
+from tools.bench.harness import SCHEDULE_ALIGNED, SCHEDULE_SPREAD, BenchPlan
 from tools.bench.histogram import LatencyHistogram, merged
 from tools.bench.loadgen import (
     BODY_HEADER,
@@ -61,10 +64,11 @@ class StallingSender:
         return dict(pending.statuses)
 
 
-def _run(rate: float | None, *, seconds: float = 2.0, stall_at_s: float = 0.5, stall_s: float = 0.5):
+def _run(rate: float | None, *, seconds: float = 2.0, stall_at_s: float = 0.5, stall_s: float = 0.5,
+         phase: float = 0.0):
     spec = WorkerSpec(role="producer", backend="fake", worker_id=0, target="-",
                       streams=(("t", 0),), size_bytes=64, batch=1, rate_msgs_per_s=rate,
-                      seconds=seconds, interval_s=1.0)
+                      seconds=seconds, interval_s=1.0, phase=phase)
     clock, events = FakeClock(), []
     sender = StallingSender(clock, service_ns=100_000, stall_at_ns=START_NS + int(stall_at_s * 1e9),
                             stall_ns=int(stall_s * 1e9))
@@ -104,6 +108,68 @@ def test_sends_never_made_before_the_end_are_counted_not_dropped():
     assert recorder.total_errors["NOT_SENT"] == not_sent
     assert latency.count == 2000  # the unsent ones are recorded as at least this late
     assert latency.percentile_ns(90) >= 1000 * MS
+
+
+class RecordingSender(StallingSender):
+    """A StallingSender that never stalls and notes when each batch was submitted."""
+
+    def __init__(self, clock: FakeClock):
+        super().__init__(clock, service_ns=10_000, stall_at_ns=2**62, stall_ns=0)
+        self.submitted_ns: list[int] = []
+
+    def submit(self, batch) -> Pending:
+        self.submitted_ns.append(self.clock.now_ns)
+        return super().submit(batch)
+
+
+def test_a_phase_shifts_the_whole_schedule_and_latency_runs_from_it():
+    spec = WorkerSpec(role="producer", backend="fake", worker_id=1, target="-", streams=(("t", 0),),
+                      size_bytes=64, batch=4, rate_msgs_per_s=1000.0, seconds=0.1, interval_s=1.0,
+                      phase=0.25)
+    clock, events = FakeClock(), []
+    sender = RecordingSender(clock)
+    recorder = IntervalRecorder(START_NS, int(spec.interval_s * 1e9), spec.interval_count, events.append)
+    run_producer(spec, sender, recorder, start_ns=START_NS, clock=clock, sleep=clock.sleep)
+    gap_ns = 4 * MS  # 4 messages at 1000 msg/s
+    # batch j is due at start + (j + 0.25) gaps: the first 1 ms in, then every 4 ms, 25 in 100 ms
+    assert sender.submitted_ns == [START_NS + MS + j * gap_ns for j in range(25)]
+    latency = merged(LatencyHistogram.from_sparse(e["lat"]) for e in events)
+    assert latency.count == 100
+    assert latency.max_ns <= 10_000 * 1.01  # from the shifted intended time, not the common start
+
+
+def test_with_a_phase_sends_never_made_are_still_counted():
+    events, latency, _, recorder, sender = _run(1000.0, stall_at_s=1.5, stall_s=3.0, phase=0.5)
+    not_sent = sum(e["errors"].get("NOT_SENT", 0) for e in events)
+    assert sender.sent + not_sent == 2000  # batch j due at (j + 0.5) ms: 2000 of them before 2 s
+    assert not_sent > 400 and recorder.total_errors["NOT_SENT"] == not_sent
+    assert latency.count == 2000
+
+
+@pytest.mark.parametrize(("schedule", "phases"), [(SCHEDULE_SPREAD, [0.0, 0.25, 0.5, 0.75]),
+                                                  (SCHEDULE_ALIGNED, [0.0, 0.0, 0.0, 0.0])])
+def test_plan_spreads_or_aligns_its_producers(schedule, phases):
+    plan = BenchPlan(producers=4, consumers=1, rate_msgs_per_s=4000.0, schedule=schedule)
+    specs = plan.worker_specs("mqstore", "/store")
+    assert [spec.phase for spec in specs if spec.role == "producer"] == phases
+    assert [spec.phase for spec in specs if spec.role == "consumer"] == [0.0]
+
+
+def test_plan_refuses_an_unknown_schedule():
+    with pytest.raises(BadInputError, match="schedule"):
+        BenchPlan(producers=1, consumers=0, schedule="bursty")
+
+
+def test_cli_schedule_is_aligned_unless_spread_is_asked_for(capsys):
+    parser = bench_parser("mqstore")
+    plan = plan_from_args(parser.parse_args(["bench", "--start", "--producers", "2", "--rate", "1000"]))
+    assert plan.schedule == SCHEDULE_ALIGNED  # what every earlier pass measured the bars with
+    plan = plan_from_args(parser.parse_args(["bench", "--start", "--producers", "2", "--rate", "1000",
+                                             "--schedule", "spread"]))
+    assert [spec.phase for spec in plan.worker_specs("mqstore", "/store")] == [0.0, 0.5, 0.0]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--start", "--schedule", "bursty"])
+    assert "invalid choice: 'bursty'" in capsys.readouterr().err
 
 
 def test_recorder_puts_warmup_aside_and_late_events_in_the_open_window():

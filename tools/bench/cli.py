@@ -23,7 +23,14 @@ from pathlib import Path
 
 from engine.errors import BadInputError
 from tools.bench import disk, report
-from tools.bench.harness import BenchPlan, StartedStore, check_running_store, run_workload
+from tools.bench.harness import (
+    SCHEDULE_ALIGNED,
+    SCHEDULES,
+    BenchPlan,
+    StartedStore,
+    check_running_store,
+    run_workload,
+)
 
 DEFAULT_RECORD_OVERHEAD_BYTES = 120  # header + topic + properties of a bench record, roughly
 
@@ -53,6 +60,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1, help="messages per send (default 1: send and wait)")
     p.add_argument("--rate", type=_rate, default=None, metavar="MSGS_PER_S|max",
                    help="total offered rate over all producers (default max)")
+    p.add_argument("--schedule", choices=SCHEDULES, default=SCHEDULE_ALIGNED,
+                   help="with --rate: every producer's batch j due at once (aligned, the default: "
+                        "bursts of one batch per producer), or spread evenly over a batch interval")
     p.add_argument("--topics", type=int, default=1, help="topics (default 1)")
     p.add_argument("--queues", type=int, default=4, help="queues per topic (default 4)")
     p.add_argument("--keys", action="store_true", help="give every message one unique key")
@@ -90,7 +100,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
                      topics=args.topics, queues=args.queues, keys=args.keys,
                      flush=args.flush or "sync", warmup_s=args.warmup, interval_s=args.interval,
                      inflight=args.inflight, pull_count=args.pull_count,
-                     consume_from=args.consume_from)
+                     consume_from=args.consume_from, schedule=args.schedule)
 
 
 def _out(line: str) -> None:

@@ -36,6 +36,9 @@ READY_TIMEOUT_S = 60.0
 GO_DELAY_S = 0.5
 DRAIN_TIMEOUT_S = 120.0
 WORKER_GRACE_S = 60.0
+SCHEDULE_SPREAD = "spread"  # producer i of P starts its fixed-rate schedule i/P of a batch interval in
+SCHEDULE_ALIGNED = "aligned"  # every producer's batch j is due at the same instant (bursts of P batches)
+SCHEDULES = (SCHEDULE_ALIGNED, SCHEDULE_SPREAD)
 
 
 class BenchError(StoreError):
@@ -61,6 +64,7 @@ class BenchPlan:
     inflight: int = 1
     pull_count: int = 1024
     consume_from: str = "end"
+    schedule: str = SCHEDULE_ALIGNED  # where each producer's fixed-rate schedule starts
 
     def __post_init__(self) -> None:
         for name in ("producers", "consumers"):
@@ -77,6 +81,8 @@ class BenchPlan:
             raise BadInputError("seconds", "--seconds and --interval must be > 0, --warmup >= 0")
         if self.rate_msgs_per_s is not None and self.rate_msgs_per_s <= 0:
             raise BadInputError("rate", "must be > 0 or 'max'")
+        if self.schedule not in SCHEDULES:
+            raise BadInputError("schedule", f"{self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         if self.consumers > self.topics * self.queues:
             raise BadInputError("consumers", f"{self.consumers} consumers but only "
                                 f"{self.topics * self.queues} (topic, queue) streams to share")
@@ -84,6 +90,11 @@ class BenchPlan:
     @property
     def streams(self) -> list[tuple[str, int]]:
         return [(f"bench-{t}", q) for t in range(self.topics) for q in range(self.queues)]
+
+    def phase_of(self, producer: int) -> float:
+        """Where producer `producer`'s schedule starts within one batch interval: spread evenly
+        (independent clients do not send in step), or 0 for all (every batch j due at once)."""
+        return producer / self.producers if self.schedule == SCHEDULE_SPREAD else 0.0
 
     def worker_specs(self, backend: str, target: str) -> list[WorkerSpec]:
         common = {"backend": backend, "target": target, "size_bytes": self.size_bytes,
@@ -94,7 +105,8 @@ class BenchPlan:
         rate = self.rate_msgs_per_s / self.producers if self.rate_msgs_per_s and self.producers else None
         streams = self.streams
         specs = [WorkerSpec(role="producer", worker_id=i, streams=tuple(streams),
-                            rate_msgs_per_s=rate, **common) for i in range(self.producers)]
+                            rate_msgs_per_s=rate, phase=self.phase_of(i), **common)
+                 for i in range(self.producers)]
         specs += [WorkerSpec(role="consumer", worker_id=j, streams=tuple(streams[j::self.consumers]),
                              **common) for j in range(self.consumers)]
         return specs

@@ -10,9 +10,13 @@ them that it will read first, with --consume-from start), and waits for `go <sta
 or EOF on stdin ends any worker early. Nothing is pickled.
 
 Timing (coordinated omission). With a fixed rate, batch j of a producer is *intended* at
-start_ns + j * batch / rate and every latency is measured from that intended time, not from
-when the send actually happened: a stall delays the sends behind it and their latencies show
-it. The body starts with BODY_HEADER (magic, producer id, intended_ns, seq), so a consumer
+start_ns + (j + phase) * batch / rate and every latency is measured from that intended time, not
+from when the send actually happened: a stall delays the sends behind it and their latencies
+show it. `phase` (0 <= phase < 1) places the producer's schedule within the batch interval: the
+harness gives every producer 0 (--schedule aligned, the default: every producer's batch j is
+due at the same instant), or spreads them evenly (--schedule spread), as independent clients
+would be.
+The body starts with BODY_HEADER (magic, producer id, intended_ns, seq), so a consumer
 measures end-to-end latency from the same intended time. At --rate max, intended = now.
 """
 
@@ -64,6 +68,7 @@ class WorkerSpec:
     inflight: int = 1
     pull_count: int = 1024
     consume_from: str = "end"
+    phase: float = 0.0  # a producer's batch j is due (j + phase) batch intervals after the start
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -282,7 +287,7 @@ def run_producer(spec: WorkerSpec, sender, recorder: IntervalRecorder, *, start_
             _complete(spec, sender, inflight.popleft(), recorder)
         now = clock()
         recorder.maybe_emit(now)
-        intended = start_ns + int(j * gap_ns) if gap_ns else now
+        intended = start_ns + int((j + spec.phase) * gap_ns) if gap_ns else now
         if intended >= end_ns or now >= end_ns:
             break
         if intended > now:
@@ -298,7 +303,8 @@ def run_producer(spec: WorkerSpec, sender, recorder: IntervalRecorder, *, start_
     while inflight:
         _complete(spec, sender, inflight.popleft(), recorder)
     if gap_ns:  # batches the schedule wanted sent before the end: late by at least this much
-        late = start_ns + np.arange(j, int(np.ceil((end_ns - start_ns) / gap_ns))) * gap_ns
+        late = start_ns + (np.arange(j, int(np.ceil((end_ns - start_ns) / gap_ns - spec.phase)))
+                           + spec.phase) * gap_ns
         recorder.add_unsent(clock(), late.astype(np.int64), spec.batch)
     recorder.finish()
 
