@@ -252,7 +252,9 @@ def run_workload(plan: BenchPlan, backend: str, target: str, out: Callable[[str]
                           [w.proc.pid for w in run.workers])
         for worker in run.workers:
             worker.tell(f"go {run.start_ns}")
-        out(f"{backend}: {plan.producers} producer(s), {plan.consumers} consumer(s), "
+        offered = (f", {plan.rate_msgs_per_s:g} msg/s offered ({plan.schedule} schedule)"
+                   if plan.rate_msgs_per_s and plan.producers else "")
+        out(f"{backend}: {plan.producers} producer(s), {plan.consumers} consumer(s){offered}, "
             f"warm-up {plan.warmup_s:g} s, then {plan.seconds:g} s measured")
         _wait_producers(run, sampler)
         _drain_consumers(run, sampler, store_dir)
