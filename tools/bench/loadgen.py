@@ -83,6 +83,15 @@ class WorkerSpec:
     def interval_count(self) -> int:
         return max(int(np.ceil(self.seconds / self.interval_s - 1e-9)), 1)
 
+    @property
+    def batch_gap_ns(self) -> float:
+        """Nanoseconds between this producer's batches at a fixed rate (0.0 at --rate max)."""
+        return self.batch * 1e9 / self.rate_msgs_per_s if self.rate_msgs_per_s else 0.0
+
+    def due_ns(self, start_ns: int, j):
+        """When batch j (an int or an array of them) is due at a fixed rate: the one schedule."""
+        return start_ns + (j + self.phase) * self.batch_gap_ns
+
 
 # ---------------------------------------------------------------------------------- recording
 class _Window:
@@ -278,7 +287,7 @@ def run_producer(spec: WorkerSpec, sender, recorder: IntervalRecorder, *, start_
     """Send batches until the run ends; `sender.submit(SendBatch) -> Pending`,
     `sender.result(Pending) -> {status name: count}` with "OK" for stored-and-acknowledged."""
     builder = BatchBuilder(spec, os.urandom(spec.size_bytes - BODY_HEADER.size))
-    gap_ns = spec.batch * 1e9 / spec.rate_msgs_per_s if spec.rate_msgs_per_s else 0.0
+    gap_ns = spec.batch_gap_ns
     end_ns = start_ns + int((spec.warmup_s + spec.seconds) * 1e9)
     inflight: collections.deque[Pending] = collections.deque()
     j = 0
@@ -287,7 +296,7 @@ def run_producer(spec: WorkerSpec, sender, recorder: IntervalRecorder, *, start_
             _complete(spec, sender, inflight.popleft(), recorder)
         now = clock()
         recorder.maybe_emit(now)
-        intended = start_ns + int((j + spec.phase) * gap_ns) if gap_ns else now
+        intended = int(spec.due_ns(start_ns, j)) if gap_ns else now
         if intended >= end_ns or now >= end_ns:
             break
         if intended > now:
@@ -303,9 +312,9 @@ def run_producer(spec: WorkerSpec, sender, recorder: IntervalRecorder, *, start_
     while inflight:
         _complete(spec, sender, inflight.popleft(), recorder)
     if gap_ns:  # batches the schedule wanted sent before the end: late by at least this much
-        late = start_ns + (np.arange(j, int(np.ceil((end_ns - start_ns) / gap_ns - spec.phase)))
-                           + spec.phase) * gap_ns
-        recorder.add_unsent(clock(), late.astype(np.int64), spec.batch)
+        due_before_end = int(np.ceil((end_ns - start_ns) / gap_ns - spec.phase))
+        late = spec.due_ns(start_ns, np.arange(j, due_before_end)).astype(np.int64)
+        recorder.add_unsent(clock(), late, spec.batch)
     recorder.finish()
 
 
