@@ -183,7 +183,7 @@ class CommitLog:
                     self.written_pos += run.end - run.start
         except DiskFullError:
             if self.written_pos != batch_start_pos:  # all or nothing: undo the runs already copied
-                self.truncate_to(batch_start_pos)
+                self._take_back(batch_start_pos)
             raise
         return positions
 
@@ -340,6 +340,23 @@ class CommitLog:
         self.segments.remove_after(next_base)
         self._remove_stray_files(next_base)
         self.written_pos = self.flushed_pos = cut_pos
+
+    def _take_back(self, cut_pos: int) -> None:
+        """Undo an append that failed part way (DISK_FULL): zero what it wrote from `cut_pos` on
+        (a filler, runs) and move the positions back, keeping every segment file. Readers (the
+        dispatcher, consumers) may have mapped the segment it rolled into, preallocated long
+        before; truncate_to would delete that file and the next roll make a new one under its
+        name, and they would read the deleted file's zeros where the records are."""
+        pos = cut_pos
+        while pos < self.written_pos:
+            segment = self.segments.find(pos)
+            base_pos = self.segments.base_of(segment)
+            end_file_pos = min(self.written_pos - base_pos, self.segment_bytes)
+            segment.zero_nonzero(pos - base_pos, end_file_pos)
+            segment.sync(pos - base_pos, end_file_pos)
+            pos = base_pos + self.segment_bytes
+        self.written_pos = cut_pos
+        self.flushed_pos = min(self.flushed_pos, cut_pos)
 
     def _remove_stray_files(self, from_pos: int) -> None:
         """Delete unadopted segment files (a preallocated one) at or past `from_pos`."""

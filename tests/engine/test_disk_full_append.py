@@ -9,10 +9,15 @@ import subprocess
 import pytest
 
 from engine.check import check
+from engine.commitlog import CommitLog
 from engine.config import StoreConfig
+from engine.errors import DiskFullError
+from engine.formats.record import FILLER_SIZE
+from engine.mapped_file import Access
 from engine.message import Message
 from engine.status import GetStatus, PutStatus
 from engine.store import MessageStore
+from tests.engine.test_commitlog import record
 
 CONFIG = StoreConfig(commitlog_file_size=1 << 20, consume_queue_entries=64, index_slot_count=64,
                      index_entry_count=256, index_shards=1, disk_full_ratio=1.0,
@@ -60,3 +65,33 @@ def test_append_on_full_filesystem_is_disk_full_then_resumes(small_fs):
         assert got.status is GetStatus.FOUND
         assert [m.body for m in got.messages] == [b"first", b"second"]
     assert check(root) == []
+
+
+def test_a_roll_refused_for_a_full_disk_keeps_the_segment_files_a_reader_mapped(small_fs):
+    """The dispatcher maps the writer's preallocated next segment before the writer rolls into it.
+    A roll taken back for DISK_FULL must not delete that file and later make a new one under its
+    name: the reader would go on reading the deleted file's zeros where the records are."""
+    segment_bytes, size = 256 << 10, 20_000
+    writer = CommitLog.open(small_fs / "store", segment_bytes, Access.READ_WRITE)
+    offset = 0
+    while writer.written_pos + size + FILLER_SIZE <= segment_bytes:  # the next record rolls
+        writer.append(record(size), queue_offset=offset, store_ts_ms=1000)
+        offset += 1
+    writer.flush()
+    reader = CommitLog.open(small_fs / "store", segment_bytes, Access.READ_ONLY)
+    assert len(reader.segments.segments) == 2  # segment 0 and the preallocated next one
+    written_before = writer.written_pos
+    fill(small_fs / "filler", keep_free_bytes=0)
+    with pytest.raises(DiskFullError):
+        writer.append_batch([record(size)], [offset], 2000)
+    assert writer.written_pos == written_before  # the filler was taken back too
+    assert check(small_fs / "store") == []  # a stop here leaves a consistent log
+    (small_fs / "filler").unlink()
+    positions = writer.append_batch([record(size), record(size)], [offset, offset + 1], 3000)
+    writer.flush()
+    assert positions[0] == segment_bytes
+    reader.refresh()
+    assert [reader.read_at(pos).queue_offset for pos in positions] == [offset, offset + 1]
+    reader.close()
+    writer.close()
+    assert check(small_fs / "store") == []
