@@ -20,7 +20,7 @@ Hashes collide (the key hash is Java's `String.hashCode`, and `slot = hash % slo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 
@@ -56,6 +56,15 @@ from engine.mapped_file import DISK_FULL_ERRNOS, RESERVE_STEP_BYTES, Access, Map
 _header_unpack, _header_pack = INDEX_HEADER.unpack_from, INDEX_HEADER.pack_into
 _slot_unpack, _slot_pack = SLOT.unpack_from, SLOT.pack_into
 _entry_unpack, _entry_pack = INDEX_ENTRY.unpack_from, INDEX_ENTRY.pack_into
+
+
+class TakenRanges(NamedTuple):
+    """Byte ranges of an index file that a paced sync took (IndexFile.take_dirty_ranges), and
+    the file's sync bookkeeping from before, which `untake` restores."""
+
+    ranges: list[tuple[int, int]]
+    synced_count_before: int
+    zeroed_end_before: int
 
 
 class IndexFileFullError(StoreError):
@@ -341,18 +350,44 @@ class IndexFile:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def sync(self) -> None:
-        """msync what changed since the last sync: header and slots, and the new or zeroed entries."""
-        if self._wbuf is None:
+        """Make what changed since the last sync durable: header and slots, and the new or
+        zeroed entries (one fdatasync of the file)."""
+        taken = self.take_dirty_ranges()
+        if taken is None:
             return
+        try:
+            self._mapped.sync()
+        except BaseException:
+            self.untake(taken)
+            raise
+
+    def take_dirty_ranges(self) -> TakenRanges | None:
+        """The byte ranges changed since the last sync or take -- header and slot table, and the
+        new or zeroed entries -- now counted as synced: the caller syncs them (`sync_range`,
+        piece by piece) or gives them back with `untake`. None when nothing changed."""
+        if self._wbuf is None:
+            return None
         count = self.index_count
         end = max(count, self._zeroed_end)
         if count == self._synced_count and end <= count and not self._header_dirty:
-            return
-        self._mapped.sync(0, slot_pos(self.slot_count))
+            return None
+        ranges = [(0, slot_pos(self.slot_count))]
         start = min(self._synced_count, count)
         if end > start:
-            self._mapped.sync(entry_pos(self.slot_count, start), entry_pos(self.slot_count, end))
+            ranges.append((entry_pos(self.slot_count, start), entry_pos(self.slot_count, end)))
+        taken = TakenRanges(ranges, self._synced_count, self._zeroed_end)
         self._synced_count, self._zeroed_end, self._header_dirty = count, 0, False
+        return taken
+
+    def untake(self, taken: TakenRanges) -> None:
+        """Ranges taken but not all synced are dirty again (the next sync or take has them)."""
+        self._synced_count = min(self._synced_count, taken.synced_count_before)
+        self._zeroed_end = max(self._zeroed_end, taken.zeroed_end_before)
+        self._header_dirty = True
+
+    def sync_range(self, start_pos: int, end_pos: int) -> None:
+        """Make file bytes [start_pos, end_pos) durable, and no others (a piece of a taken range)."""
+        self._mapped.sync_range(start_pos, end_pos)
 
     def close(self) -> None:
         if self._buf is not None:

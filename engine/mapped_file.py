@@ -276,6 +276,24 @@ class MappedFile:
         except OSError as exc:
             raise StoreError(f"fdatasync failed: {exc}", path=str(self.path)) from exc
 
+    def sync_range(self, start_pos: int, end_pos: int) -> None:
+        """Make [start_pos, end_pos) durable and nothing else: msync(MS_SYNC) of those pages,
+        which writes back only their dirty pages (ext4 then commits what the range needs).
+
+        For a paced flush, one piece of a file at a time (workers.index_builder), where
+        `sync`'s fdatasync would write every dirty page of the file at once. mmap.flush keeps
+        the GIL during the msync: use it from a process with no other busy thread."""
+        if self.access is not Access.READ_WRITE:
+            return
+        start = page_floor(start_pos)
+        end = min(end_pos, self.size_bytes)
+        if end <= start:
+            return
+        try:
+            self._mmap.flush(start, end - start)
+        except OSError as exc:
+            raise StoreError(f"msync failed: {exc}", path=str(self.path)) from exc
+
     def close(self) -> None:
         """Unmap; views still held elsewhere keep the mapping alive until they go."""
         self.buf.release()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -26,7 +27,14 @@ import numpy as np
 from engine.errors import DiskFullError, ReadOnlyStoreError, SegmentLayoutError, StoreClosedError
 from engine.formats.index_file import IndexHeader, index_key
 from engine.formats.java_hash import index_key_hash
-from engine.index_file import IndexFile, IndexFileFullError, check_geometry, is_blank, raise_if_disk_full
+from engine.index_file import (
+    IndexFile,
+    IndexFileFullError,
+    TakenRanges,
+    check_geometry,
+    is_blank,
+    raise_if_disk_full,
+)
 from engine.mapped_file import Access, ensure_dir, remove_file, settled_names
 from engine.naming import index_file_name, index_shard_dir
 
@@ -35,6 +43,17 @@ TIME_SLACK_MS = 1000  # time_diff is whole seconds: a stored time is up to 999 m
 DEFAULT_MAX_COUNT = 64  # RocketMQ maxMsgsNumBatch
 
 _FILE_NAME_RE = re.compile(r"^\d{17}$")
+
+
+@dataclass
+class _PacedSync:
+    """A sync in pieces: what it makes durable, its pieces (file, start, end) in order, and
+    what it took from each file (given back if it is cancelled)."""
+
+    target_pos: int
+    pieces: list[tuple[IndexFile, int, int]]
+    taken: list[tuple[IndexFile, TakenRanges]]
+    next_piece: int = 0
 
 
 def _name_after(name: str) -> str:
@@ -63,6 +82,7 @@ class ShardIndex:
         self._files: list[IndexFile] = []
         self._processed_pos = 0
         self._closed = False
+        self._paced: _PacedSync | None = None
 
     @classmethod
     def load(cls, root: Path, shard: int, slot_count: int, entry_count: int, access: Access, *,
@@ -172,6 +192,7 @@ class ShardIndex:
     def _roll(self) -> IndexFile:
         """Sync the full last file and start a new one seeded with its end (RocketMQ)."""
         self._require_writable()
+        self._cancel_paced_sync()
         seed_pos = seed_ts = 0
         if self._files:
             prev = self._files[-1]
@@ -224,12 +245,56 @@ class ShardIndex:
     # -- durability, recovery, retention --------------------------------------------------------
 
     def sync(self) -> int:
-        """msync whatever changed; return processed_pos, now durable."""
+        """Make whatever changed durable now (a paced sync under way is folded in); return
+        processed_pos, now durable."""
         self._require_open()
+        self._cancel_paced_sync()
         durable_pos = self._processed_pos
         for index_file in self._files:
             index_file.sync()
         return durable_pos
+
+    @property
+    def syncing(self) -> bool:
+        """A paced sync is under way (begin_paced_sync ... the sync_piece that finishes it)."""
+        return self._paced is not None
+
+    def begin_paced_sync(self, piece_bytes: int) -> None:
+        """Start making what changed durable in pieces of at most `piece_bytes` (sync_piece),
+        so the disk gets a little at a time instead of every changed page in one fdatasync: the
+        slot table takes random writes, so a second's keys dirty nearly all of it (20 MB a
+        file), which stalled the commitlog's group commit behind it (docs/BENCHMARKS.md, tenth
+        pass). The durable position is processed_pos now: every key below it is in the pages
+        taken, and a piece synced later holds later keys too, which recovery trims."""
+        self._require_writable()
+        if self._paced is not None:
+            raise ValueError("a paced sync is already under way")
+        taken = [(f, t) for f in self._files if (t := f.take_dirty_ranges()) is not None]
+        pieces = [(f, lo, min(lo + piece_bytes, hi)) for f, t in taken for start, hi in t.ranges
+                  for lo in range(start, hi, piece_bytes)]
+        self._paced = _PacedSync(self._processed_pos, pieces, taken)
+
+    def sync_piece(self) -> int | None:
+        """Sync the next piece of the paced sync; when none is left, end it and return the
+        position it made durable (None while pieces remain)."""
+        paced = self._paced
+        if paced is None:
+            raise ValueError("no paced sync is under way")
+        if paced.next_piece < len(paced.pieces):
+            index_file, lo, hi = paced.pieces[paced.next_piece]
+            index_file.sync_range(lo, hi)
+            paced.next_piece += 1
+            if paced.next_piece < len(paced.pieces):
+                return None
+        self._paced = None
+        return paced.target_pos
+
+    def _cancel_paced_sync(self) -> None:
+        """Give back what a paced sync took and did not finish: the next sync has it again."""
+        paced, self._paced = self._paced, None
+        if paced is not None:
+            for index_file, taken in paced.taken:
+                index_file.untake(taken)
 
     def trim_from(self, cut_pos: int) -> int:
         """Drop every entry with commit_pos >= cut_pos; returns the number of entries removed.
@@ -239,6 +304,7 @@ class ShardIndex:
         processed_pos drops to cut_pos if it was past it.
         """
         self._require_writable()
+        self._cancel_paced_sync()
         removed = 0
         while len(self._files) > 1 and self._files[-1].begin_commit_pos >= cut_pos:
             doomed = self._files.pop()
@@ -254,6 +320,7 @@ class ShardIndex:
         self._require_writable()
         deleted = 0
         while len(self._files) > 1 and self._files[0].end_commit_pos < min_commit_pos:
+            self._cancel_paced_sync()  # its pieces may lie in the file that goes
             self._files.pop(0).delete()
             deleted += 1
         return deleted
