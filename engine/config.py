@@ -38,6 +38,7 @@ class StoreConfig:
     async_flush_least_pages: int = 4
     async_flush_thorough_interval_ms: int = 10_000
     cq_flush_interval_ms: int = 1000
+    index_flush_interval_ms: int = 10_000  # a builder starts a paced sync of its index files
     store_host: str = "127.0.0.1:10911"
     file_reserved_hours: float = 72.0
     delete_when_hour: int = 4
@@ -55,6 +56,7 @@ class StoreConfig:
         _require(1 <= self.index_shards <= 64, "index_shards", "must be in 1..64")
         _require(1 <= self.queue_count <= 1024, "queue_count", "must be in 1..1024")
         _require(self.max_body_bytes >= 1, "max_body_bytes", "must be >= 1")
+        _require(self.index_flush_interval_ms >= 1, "index_flush_interval_ms", "must be >= 1")
         _require(0 <= self.delete_when_hour <= 23, "delete_when_hour", "must be in 0..23")
         _require(0 < self.disk_warn_ratio <= self.disk_clean_force_ratio <= self.disk_full_ratio
                  <= 1.0, "disk ratios", "need 0 < warn <= clean_force <= full <= 1")

@@ -21,7 +21,12 @@ more than the range a block names:
 Otherwise the builder waits for the dispatcher, which posts it after its steps (at most every
 BUILDER_POST_INTERVAL_S, an owed post also when the dispatcher is idle).
 
-Every `cq_flush_interval_ms` the builder msyncs its files and publishes its durable position.
+Every `index_flush_interval_ms` the builder starts a paced sync of its index files
+(ShardIndex.begin_paced_sync): one piece of at most SYNC_PIECE_BYTES every SYNC_PIECE_GAP_S,
+and when the last piece is synced it publishes the position the sync began at as durable. The
+slot table takes random writes, so a second's keys dirty nearly all of it: one msync of
+everything each second wrote ~20 MB a builder in one burst and held the commitlog's group
+commit behind it (docs/BENCHMARKS.md, tenth pass). On stop everything is synced at once.
 Restart: ShardIndex.load, trim_from(durable_pos) (entries past it go, slot heads repaired),
 mark_processed(durable_pos), and continue; re-putting the trimmed keys rebuilds the same bytes.
 """
@@ -48,6 +53,9 @@ RING_ATTACH_RETRY_S = 0.5
 RING_ATTACH_FIRST_RETRY_S = 0.02  # doubling up to RING_ATTACH_RETRY_S: a builder that boots before
 # the dispatcher has made the ring attaches within ms, not after scanning for half a second
 
+SYNC_PIECE_BYTES = 1 << 20  # what one msync of a paced index sync writes at most
+SYNC_PIECE_GAP_S = 0.1  # between pieces: at most ~10 MB/s of index writes a builder
+
 log = logging.getLogger(__name__)
 
 
@@ -65,6 +73,9 @@ class IndexBuilder(ChildProcess):
         trimmed = self.index.trim_from(durable)
         self.index.mark_processed(durable)
         self.durable_pos = durable
+        self._flush_interval_s = SYNC_PIECE_GAP_S  # flush_step's pace; a sync starts less often
+        self._sync_interval_s = cfg.index_flush_interval_ms / 1000.0
+        self._next_sync_at = time.monotonic() + self._sync_interval_s
         self.ctl.reset_shard(self.shard, durable, durable)
         self.sync_flush = self.ctl.flush_policy is FlushPolicy.SYNC
         self.ring: KeyRing | None = None
@@ -197,10 +208,26 @@ class IndexBuilder(ChildProcess):
             dispatch_columns_to_shard(self.index, cols, self.shard, keys)
 
     # -- durability and the end ----------------------------------------------------------------
+    def flush_step(self) -> None:
+        """One piece of the paced sync under way, or a new one when it is due and there are
+        keys not durable yet; publishes the durable position when a sync's last piece is done."""
+        if not self.index.syncing:
+            now = time.monotonic()
+            if now < self._next_sync_at or self.durable_pos >= self.index.processed_pos:
+                return
+            self._next_sync_at = now + self._sync_interval_s
+            self.index.begin_paced_sync(SYNC_PIECE_BYTES)
+        durable = self.index.sync_piece()
+        if durable is not None:
+            self._publish_durable(durable)
+
     def flush(self) -> None:
-        if self.durable_pos >= self.index.processed_pos:
-            return
-        self.durable_pos = self.index.sync()
+        """Everything durable now (the stop's flush)."""
+        if self.durable_pos < self.index.processed_pos:
+            self._publish_durable(self.index.sync())
+
+    def _publish_durable(self, durable_pos: int) -> None:
+        self.durable_pos = durable_pos
         self.ctl.publish_shard(self.shard, self.index.processed_pos, self.durable_pos)
 
     def close(self) -> None:

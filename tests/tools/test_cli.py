@@ -203,6 +203,14 @@ def test_bad_arguments_exit_2_and_help_documents_exit_codes(tmp_path):
     assert not (tmp_path / "s").exists()
 
 
+def test_a_bad_index_flush_interval_is_refused_before_anything_is_created(tmp_path):
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("[store]\nindex_flush_interval_ms = 0\n")
+    assert_one_line_error(cli("start", "--store", str(tmp_path / "s"), "--config", str(bad_toml)), 2,
+                          "index_flush_interval_ms")
+    assert not (tmp_path / "s").exists()
+
+
 def test_spark_is_imported_lazily():
     code = ("import sys; import tools.cli as c; c.build_parser(); "
             "print(any(m == 'pyspark' or m.startswith('pyspark.') for m in sys.modules))")

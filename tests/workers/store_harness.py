@@ -31,6 +31,7 @@ SMALL_STORE = {
     "index_shards": 2,
     "queue_count": 4,
     "cq_flush_interval_ms": 100,
+    "index_flush_interval_ms": 100,
     "max_body_bytes": 8192,
 }
 

@@ -82,6 +82,7 @@ TORTURE_STORE = {
     "index_shards": 2,
     "queue_count": 4,
     "cq_flush_interval_ms": 100,
+    "index_flush_interval_ms": 100,
     "max_body_bytes": 8192,
     "async_flush_interval_ms": 100,
     "async_flush_thorough_interval_ms": 1000,
