@@ -67,6 +67,15 @@ def put(shard: ShardIndex, keys: int, first_pos: int) -> None:
     shard.mark_processed(first_pos + keys)
 
 
+def one_piece_in(root: Path) -> tuple[ShardIndex, Path]:
+    """A shard with 1,000 keys put since its last sync and a paced sync of them one piece in."""
+    shard = synced_shard(root, 100)
+    put(shard, 1000, 100)
+    shard.begin_paced_sync(PIECE)
+    shard.sync_piece()
+    return shard, shard.files[-1].path
+
+
 def test_pieces_write_the_changed_pages_one_piece_at_a_time(tmp_path):
     shard = synced_shard(tmp_path, 100)
     path = shard.files[-1].path
@@ -101,11 +110,7 @@ def test_the_durable_position_is_the_one_the_sync_began_at(tmp_path):
 
 
 def test_a_trim_during_a_paced_sync_gives_back_what_it_had_not_written(tmp_path):
-    shard = synced_shard(tmp_path, 100)
-    path = shard.files[-1].path
-    put(shard, 1000, 100)
-    shard.begin_paced_sync(PIECE)
-    shard.sync_piece()  # only the first piece is written
+    shard, path = one_piece_in(tmp_path)
     shard.trim_from(600)  # a full disk took a batch back (or recovery)
     assert not shard.syncing
     # what the cancelled sync took is dirty again for the next: entries from the last sync on
@@ -120,11 +125,7 @@ def test_a_trim_during_a_paced_sync_gives_back_what_it_had_not_written(tmp_path)
 
 
 def test_a_full_sync_during_a_paced_one_writes_everything(tmp_path):
-    shard = synced_shard(tmp_path, 100)
-    path = shard.files[-1].path
-    put(shard, 1000, 100)
-    shard.begin_paced_sync(PIECE)
-    shard.sync_piece()
+    shard, path = one_piece_in(tmp_path)
     assert shard.sync() == 1100  # the stop's flush: what the paced sync took is written too
     assert not shard.syncing
     assert dirty_pages(path, 0, os.path.getsize(path)) == 0
@@ -132,11 +133,7 @@ def test_a_full_sync_during_a_paced_one_writes_everything(tmp_path):
 
 
 def test_a_roll_during_a_paced_sync_syncs_the_full_file_whole(tmp_path):
-    shard = synced_shard(tmp_path, 100)
-    first = shard.files[-1].path
-    put(shard, 1000, 100)
-    shard.begin_paced_sync(PIECE)
-    shard.sync_piece()
+    shard, first = one_piece_in(tmp_path)
     put(shard, ENTRIES, 1100)  # fills the file: the roll syncs it whole
     assert len(shard.files) == 2 and not shard.syncing
     assert dirty_pages(first, 0, os.path.getsize(first)) == 0
