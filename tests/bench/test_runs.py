@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from engine.status import PutStatus
@@ -141,6 +143,43 @@ def test_missing_redis_server_prints_the_install_hint_before_starting_anything(t
     assert "apt-get install redis-server" in result.stderr
     assert "pip install 'mqstore[redis]'" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_run_and_cleans_up_its_store_and_workers(tmp_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "tools.bench", "--start", "--workdir", str(tmp_path),
+                             "--producers", "1", "--consumers", "1", "--seconds", "120", "--warmup", "0"],
+                            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # the store is up, then the workers are told to go
+            lines.append(line)
+            if line.startswith("mqstore: 1 producer(s)"):
+                break
+        started = next(line for line in lines if "supervisor pid" in line)
+        supervisor_pid = int(started.split("supervisor pid ")[1].split(",")[0])
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert _gone(supervisor_pid)
+    assert list(tmp_path.iterdir()) == []  # the run's store directory is removed
+    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+            if any(str(tmp_path) in part for part in p.info["cmdline"] or ())]
+    assert left == []  # no worker or store process of this run is left
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its zombie (a detached supervisor is reaped by whoever adopted it)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_bench_without_a_store_says_what_to_give():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -108,7 +109,19 @@ def _out(line: str) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Run what the arguments ask for; returns the exit code (1 if messages went missing)."""
+    """Run what the arguments ask for; returns the exit code (1 if messages went missing).
+
+    SIGTERM (a `kill`, a CI timeout) stops the run as Ctrl-C does, through Python's own
+    KeyboardInterrupt: the workers, the store started for the run and its temp directory are
+    cleaned up. By default SIGTERM ended this process at once and left them running."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _run_bench(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
     if not args.store and not args.start:
         if args.disk:
             return _disk_only(args)
