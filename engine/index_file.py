@@ -20,7 +20,7 @@ Hashes collide (the key hash is Java's `String.hashCode`, and `slot = hash % slo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple, NoReturn
+from typing import NoReturn
 
 import numpy as np
 
@@ -43,28 +43,22 @@ from engine.formats.index_file import (
     SLOT,
     SLOT_DTYPE,
     IndexHeader,
+    check_geometry,
     decode_index_header,
     entry_pos,
+    header_problem,
     index_file_size,
     slot_pos,
     time_diff_s,
 )
 from engine.formats.java_hash import index_key_hash
+from engine.index_sync import ChangedRanges, TakenRanges
 from engine.index_trim import heads_after_trim, kept_count
 from engine.mapped_file import DISK_FULL_ERRNOS, RESERVE_STEP_BYTES, Access, MappedFile, ReadAhead
 
 _header_unpack, _header_pack = INDEX_HEADER.unpack_from, INDEX_HEADER.pack_into
 _slot_unpack, _slot_pack = SLOT.unpack_from, SLOT.pack_into
 _entry_unpack, _entry_pack = INDEX_ENTRY.unpack_from, INDEX_ENTRY.pack_into
-
-
-class TakenRanges(NamedTuple):
-    """Byte ranges of an index file that a paced sync took (IndexFile.take_dirty_ranges), and
-    the file's sync bookkeeping from before, which `untake` restores."""
-
-    ranges: list[tuple[int, int]]
-    synced_count_before: int
-    zeroed_end_before: int
 
 
 class IndexFileFullError(StoreError):
@@ -80,9 +74,7 @@ class IndexFile:
         self.entry_count = entry_count
         self._buf = mapped.buf
         self._wbuf = mapped.buf if mapped.access is Access.READ_WRITE else None
-        self._synced_count = self.index_count  # entries [1, _synced_count) are on disk
-        self._zeroed_end = 0  # entries [_synced_count, _zeroed_end) were zeroed by a trim
-        self._header_dirty = False
+        self._changes = ChangedRanges(slot_count, self.index_count)  # what a sync has to write
         self._reserved_end = 0  # file bytes [0, _reserved_end) have disk blocks
 
     @classmethod
@@ -117,7 +109,7 @@ class IndexFile:
                                      ReadAhead.OWN_PAGE)  # lookups follow hash chains back
         except SegmentLayoutError as exc:
             raise CorruptIndexError(exc.message, path=str(path)) from None
-        problem = _header_problem(decode_index_header(mapped.buf), slot_count, entry_count)
+        problem = header_problem(decode_index_header(mapped.buf), slot_count, entry_count)
         if problem is not None:
             mapped.close()
             raise CorruptIndexError(problem, path=str(path))
@@ -299,9 +291,8 @@ class IndexFile:
         if not ranges or self._mapped.is_zero(start):
             return
         self._mapped.zero_nonzero(start, ranges[-1][1])
-        self._synced_count = min(self._synced_count, count)
         last = -(-(ranges[-1][1] - entry_pos(self.slot_count, 0)) // INDEX_ENTRY_SIZE)
-        self._zeroed_end = max(self._zeroed_end, min(last, self.entry_count))
+        self._changes.entries_zeroed(count, min(last, self.entry_count))
 
     def restore_header(self, header: IndexHeader) -> None:
         """Put back the exact header saved before a batch that was taken back (trim_from has
@@ -310,7 +301,7 @@ class IndexFile:
             self._raise_not_writable()
         _header_pack(self._wbuf, 0, header.begin_ts_ms, header.end_ts_ms, header.begin_commit_pos,
                      header.end_commit_pos, header.hash_slot_count, header.index_count)
-        self._header_dirty = True
+        self._changes.header_changed = True
 
     def _entry_array(self) -> np.ndarray:
         """Every entry of the file (row n is entry number n), a view of the mapping."""
@@ -327,7 +318,7 @@ class IndexFile:
         if not len(stale):
             return False
         heads[stale] = heads_after_trim(entries, self.slot_count, stale, heads[stale], count)
-        self._header_dirty = True
+        self._changes.header_changed = True
         return True
 
     def _reserve(self, end_pos: int) -> None:
@@ -345,7 +336,7 @@ class IndexFile:
             end_ts = begin_ts if count == 2 else max(begin_ts, begin_ts + diff_s * 1000)
             slots_used = int(np.count_nonzero(self._slot_table()))
             _header_pack(self._buf, 0, begin_ts, end_ts, begin_pos, end_pos, slots_used, count)
-        self._header_dirty = True
+        self._changes.header_changed = True
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -362,28 +353,14 @@ class IndexFile:
             raise
 
     def take_dirty_ranges(self) -> TakenRanges | None:
-        """The byte ranges changed since the last sync or take -- header and slot table, and the
-        new or zeroed entries -- now counted as synced: the caller syncs them (`sync_range`,
-        piece by piece) or gives them back with `untake`. None when nothing changed."""
-        if self._wbuf is None:
-            return None
-        count = self.index_count
-        end = max(count, self._zeroed_end)
-        if count == self._synced_count and end <= count and not self._header_dirty:
-            return None
-        ranges = [(0, slot_pos(self.slot_count))]
-        start = min(self._synced_count, count)
-        if end > start:
-            ranges.append((entry_pos(self.slot_count, start), entry_pos(self.slot_count, end)))
-        taken = TakenRanges(ranges, self._synced_count, self._zeroed_end)
-        self._synced_count, self._zeroed_end, self._header_dirty = count, 0, False
-        return taken
+        """The byte ranges changed since the last sync or take (engine.index_sync.ChangedRanges),
+        now counted as synced: the caller syncs them (`sync_range`, piece by piece) or gives them
+        back with `untake`. None when nothing changed."""
+        return None if self._wbuf is None else self._changes.take(self.index_count)
 
     def untake(self, taken: TakenRanges) -> None:
-        """Ranges taken but not all synced are dirty again (the next sync or take has them)."""
-        self._synced_count = min(self._synced_count, taken.synced_count_before)
-        self._zeroed_end = max(self._zeroed_end, taken.zeroed_end_before)
-        self._header_dirty = True
+        """Ranges taken but not all synced are changed again (the next sync or take has them)."""
+        self._changes.untake(taken)
 
     def sync_range(self, start_pos: int, end_pos: int) -> None:
         """Make file bytes [start_pos, end_pos) durable, and no others (a piece of a taken range)."""
@@ -449,22 +426,6 @@ def raise_if_disk_full(exc: OSError, what: str, path: Path) -> None:
     """ENOSPC/EDQUOT from creating a file or directory is DiskFullError; anything else is not."""
     if exc.errno in DISK_FULL_ERRNOS:
         raise DiskFullError(f"no space left to {what}", path=str(path)) from exc
-
-
-def check_geometry(slot_count: int, entry_count: int) -> None:
-    """ValueError for a slot or entry count no index file can have (config is checked earlier)."""
-    if slot_count < 1 or entry_count < 2 or entry_count > INT32_MAX:
-        raise ValueError(f"bad index geometry: {slot_count} slots, {entry_count} entries")
-
-
-def _header_problem(h: IndexHeader, slot_count: int, entry_count: int) -> str | None:
-    if not 1 <= h.index_count <= entry_count:
-        return f"index_count {h.index_count} outside [1, {entry_count}]"
-    if not 0 <= h.hash_slot_count <= min(slot_count, h.index_count - 1):
-        return f"hash_slot_count {h.hash_slot_count} impossible with {h.index_count - 1} keys"
-    if h.begin_commit_pos < 0 or h.end_commit_pos < 0:
-        return f"negative commit position ({h.begin_commit_pos}, {h.end_commit_pos})"
-    return None
 
 
 def is_blank(path: Path, slot_count: int, entry_count: int) -> bool:

@@ -18,23 +18,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 
 from engine.errors import DiskFullError, ReadOnlyStoreError, SegmentLayoutError, StoreClosedError
-from engine.formats.index_file import IndexHeader, index_key
+from engine.formats.index_file import IndexHeader, check_geometry, index_key
 from engine.formats.java_hash import index_key_hash
-from engine.index_file import (
-    IndexFile,
-    IndexFileFullError,
-    TakenRanges,
-    check_geometry,
-    is_blank,
-    raise_if_disk_full,
-)
+from engine.index_file import IndexFile, IndexFileFullError, is_blank, raise_if_disk_full
+from engine.index_sync import PacedSync
 from engine.mapped_file import Access, ensure_dir, remove_file, settled_names
 from engine.naming import index_file_name, index_shard_dir
 
@@ -43,17 +36,6 @@ TIME_SLACK_MS = 1000  # time_diff is whole seconds: a stored time is up to 999 m
 DEFAULT_MAX_COUNT = 64  # RocketMQ maxMsgsNumBatch
 
 _FILE_NAME_RE = re.compile(r"^\d{17}$")
-
-
-@dataclass
-class _PacedSync:
-    """A sync in pieces: what it makes durable, its pieces (file, start, end) in order, and
-    what it took from each file (given back if it is cancelled)."""
-
-    target_pos: int
-    pieces: list[tuple[IndexFile, int, int]]
-    taken: list[tuple[IndexFile, TakenRanges]]
-    next_piece: int = 0
 
 
 def _name_after(name: str) -> str:
@@ -82,7 +64,7 @@ class ShardIndex:
         self._files: list[IndexFile] = []
         self._processed_pos = 0
         self._closed = False
-        self._paced: _PacedSync | None = None
+        self._paced: PacedSync | None = None
 
     @classmethod
     def load(cls, root: Path, shard: int, slot_count: int, entry_count: int, access: Access, *,
@@ -270,9 +252,7 @@ class ShardIndex:
         if self._paced is not None:
             raise ValueError("a paced sync is already under way")
         taken = [(f, t) for f in self._files if (t := f.take_dirty_ranges()) is not None]
-        pieces = [(f, lo, min(lo + piece_bytes, hi)) for f, t in taken for start, hi in t.ranges
-                  for lo in range(start, hi, piece_bytes)]
-        self._paced = _PacedSync(self._processed_pos, pieces, taken)
+        self._paced = PacedSync.of(self._processed_pos, taken, piece_bytes)
 
     def sync_piece(self) -> int | None:
         """Sync the next piece of the paced sync; when none is left, end it and return the
@@ -280,12 +260,8 @@ class ShardIndex:
         paced = self._paced
         if paced is None:
             raise ValueError("no paced sync is under way")
-        if paced.next_piece < len(paced.pieces):
-            index_file, lo, hi = paced.pieces[paced.next_piece]
-            index_file.sync_range(lo, hi)
-            paced.next_piece += 1
-            if paced.next_piece < len(paced.pieces):
-                return None
+        if not paced.sync_next():
+            return None
         self._paced = None
         return paced.target_pos
 
@@ -293,8 +269,7 @@ class ShardIndex:
         """Give back what a paced sync took and did not finish: the next sync has it again."""
         paced, self._paced = self._paced, None
         if paced is not None:
-            for index_file, taken in paced.taken:
-                index_file.untake(taken)
+            paced.cancel()
 
     def trim_from(self, cut_pos: int) -> int:
         """Drop every entry with commit_pos >= cut_pos; returns the number of entries removed.

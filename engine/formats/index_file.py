@@ -136,6 +136,23 @@ def time_diff_s(store_ts_ms: int, begin_ts_ms: int) -> int:
     return max(0, min(INT32_MAX, (store_ts_ms - begin_ts_ms) // 1000))
 
 
+def check_geometry(slot_count: int, entry_count: int) -> None:
+    """ValueError for a slot or entry count no index file can have (config is checked earlier)."""
+    if slot_count < 1 or entry_count < 2 or entry_count > INT32_MAX:
+        raise ValueError(f"bad index geometry: {slot_count} slots, {entry_count} entries")
+
+
+def header_problem(h: IndexHeader, slot_count: int, entry_count: int) -> str | None:
+    """Why a decoded header cannot belong to a file of this geometry, or None."""
+    if not 1 <= h.index_count <= entry_count:
+        return f"index_count {h.index_count} outside [1, {entry_count}]"
+    if not 0 <= h.hash_slot_count <= min(slot_count, h.index_count - 1):
+        return f"hash_slot_count {h.hash_slot_count} impossible with {h.index_count - 1} keys"
+    if h.begin_commit_pos < 0 or h.end_commit_pos < 0:
+        return f"negative commit position ({h.begin_commit_pos}, {h.end_commit_pos})"
+    return None
+
+
 def index_key(topic: str, key: str) -> str:
     """The string an index stores a key under: `topic#key`."""
     return f"{topic}{KEY_SEPARATOR}{key}"
