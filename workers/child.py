@@ -97,7 +97,7 @@ class ChildProcess:
         self.wakeup: Wakeup | None = None
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._stopping = False
-        self._flush_interval_s = config.cq_flush_interval_ms / 1000.0
+        self._flush_interval_s = self.flush_interval_s(config)
         self._last_flush = time.monotonic()
         self._disk_full_since: float | None = None  # monotonic time of the first DiskFullError
         self._disk_full_retries = 0
@@ -116,6 +116,10 @@ class ChildProcess:
     def flush(self) -> None:
         """Make what was processed durable and publish it."""
         raise NotImplementedError
+
+    def flush_interval_s(self, config: StoreConfig) -> float:
+        """How often the loop calls flush_step: every cq_flush_interval_ms unless a child paces it."""
+        return config.cq_flush_interval_ms / 1000.0
 
     def flush_step(self) -> None:
         """The loop's flush, every `_flush_interval_s`: all of `flush` unless a child paces it."""

@@ -37,7 +37,7 @@ import logging
 import time
 
 from engine.commitlog import CommitLog
-from engine.config import FlushPolicy
+from engine.config import FlushPolicy, StoreConfig
 from engine.dispatch import KeyColumns, dispatch_columns_to_shard, key_hashes_and_shards, put_key_columns
 from engine.errors import DiskFullError, StoreError
 from engine.formats.record import Verify
@@ -73,7 +73,6 @@ class IndexBuilder(ChildProcess):
         trimmed = self.index.trim_from(durable)
         self.index.mark_processed(durable)
         self.durable_pos = durable
-        self._flush_interval_s = SYNC_PIECE_GAP_S  # flush_step's pace; a sync starts less often
         self._sync_interval_s = cfg.index_flush_interval_ms / 1000.0
         self._next_sync_at = time.monotonic() + self._sync_interval_s
         self.ctl.reset_shard(self.shard, durable, durable)
@@ -208,6 +207,10 @@ class IndexBuilder(ChildProcess):
             dispatch_columns_to_shard(self.index, cols, self.shard, keys)
 
     # -- durability and the end ----------------------------------------------------------------
+    def flush_interval_s(self, config: StoreConfig) -> float:
+        """A piece of a paced sync every SYNC_PIECE_GAP_S; a sync starts every index_flush_interval_ms."""
+        return SYNC_PIECE_GAP_S
+
     def flush_step(self) -> None:
         """One piece of the paced sync under way, or a new one when it is due and there are
         keys not durable yet; publishes the durable position when a sync's last piece is done."""
