@@ -58,8 +58,9 @@ def _producer(index: int, region: mmap.mmap, slot_bytes: int, batch: int, size_b
         due = start + len(latencies_us) * gap_s if gap_s else time.monotonic()
         if due >= deadline:
             break
-        if due > time.monotonic():
-            time.sleep(due - time.monotonic())
+        wait_s = due - time.monotonic()
+        if wait_s > 0:
+            time.sleep(wait_s)
         region[base + SLOT_HEADER_SIZE:base + slot_bytes] = payload
         SLOT_HEADER.pack_into(region, base, REQUEST, batch)
         server.post()
