@@ -50,7 +50,7 @@ class LogScan:
         values = (record.commit_pos, record.total_size,
                   self.topic_ids.setdefault(record.topic, len(self.topic_ids)), record.queue_id,
                   record.queue_offset, record.tags_code, record.store_ts_ms,
-                  enters_consume_queue(record.sys_flag))
+                  enters_consume_queue(record.sys_flag, record.queue_offset))
         for name, value in zip(_COLUMNS, values, strict=True):
             self.columns[name].append(value)
         for shard, keys in by_shard.items():

@@ -23,15 +23,29 @@ _NOT_CONSUMABLE = (TxType.PREPARED, TxType.ROLLBACK)
 _PREPARED, _ROLLBACK = int(TxType.PREPARED), int(TxType.ROLLBACK)  # plain ints for numpy: an
 # IntEnum operand costs an attribute lookup through Enum per array operation
 
+# The rule for transactional half (PREPARED) and ROLLBACK records. RocketMQ stores them with
+# QUEUEOFFSET 0 and gives them no consume-queue entry (a rollback gets no index keys either).
+# mqstore refuses these bits from producers (workers.request_check), but an older mqstore gave
+# such records the queue's next offset and acknowledged them: a record carrying an offset other
+# than 0 holds its place in its queue, so it is a message like any other (skipping it left a gap
+# that stopped the store). One at offset 0 stays out as RocketMQ's do.
 
-def enters_consume_queue(sys_flag: int) -> bool:
-    """Only non-transactional and committed messages are consumable (RocketMQ BuildConsumeQueue)."""
-    return (sys_flag & TX_TYPE_MASK) not in _NOT_CONSUMABLE
+
+def enters_consume_queue(sys_flag: int, queue_offset: int) -> bool:
+    """Whether a record gets a consume-queue entry: every record but a PREPARED or ROLLBACK one
+    at queue offset 0 (the rule above)."""
+    return queue_offset != 0 or (sys_flag & TX_TYPE_MASK) not in _NOT_CONSUMABLE
+
+
+def is_unindexed_rollback(sys_flag: int, queue_offset: int) -> bool:
+    """A RocketMQ rollback record (offset 0): no index keys (RocketMQ IndexService)."""
+    return queue_offset == 0 and (sys_flag & TX_TYPE_MASK) == TxType.ROLLBACK
 
 
 def index_keys(header: RecordHeader) -> list[str]:
-    """The keys a record is indexed under: UNIQ_KEY first, then each KEYS token (not for rollbacks)."""
-    if (header.sys_flag & TX_TYPE_MASK) == TxType.ROLLBACK:
+    """The keys a record is indexed under: UNIQ_KEY first, then each KEYS token (none for a
+    RocketMQ rollback)."""
+    if is_unindexed_rollback(header.sys_flag, header.queue_offset):
         return []
     keys = [header.uniq_key] if header.uniq_key else []
     keys.extend(k for k in header.keys if k)
@@ -48,7 +62,7 @@ def keys_by_shard(header: RecordHeader, shard_count: int) -> dict[int, list[str]
 
 def dispatch_to_consume_queue(table: ConsumeQueueTable, header: RecordHeader) -> bool:
     """Write the record's consume-queue entry; False when it was already there (or not consumable)."""
-    if not enters_consume_queue(header.sys_flag):
+    if not enters_consume_queue(header.sys_flag, header.queue_offset):
         return False
     queue = table.get_or_create(header.topic, header.queue_id)
     return queue.put(header.queue_offset, header.commit_pos, header.total_size, header.tags_code)
@@ -85,7 +99,12 @@ def consumable_rows(cols: DispatchColumns) -> np.ndarray:
     tx = cols.sys_flag & TX_TYPE_MASK
     if not tx.any():
         return np.arange(cols.count)
-    return np.flatnonzero((tx != _PREPARED) & (tx != _ROLLBACK))
+    return np.flatnonzero(((tx != _PREPARED) & (tx != _ROLLBACK)) | (cols.queue_offset != 0))
+
+
+def unindexed_rollbacks(sys_flag: np.ndarray, queue_offset: np.ndarray) -> np.ndarray:
+    """is_unindexed_rollback, vectorized over records' columns."""
+    return ((sys_flag & TX_TYPE_MASK) == _ROLLBACK) & (queue_offset == 0)
 
 
 def dispatch_columns_to_consume_queues(table: ConsumeQueueTable, cols: DispatchColumns,
@@ -138,9 +157,9 @@ def shard_key_columns(cols: DispatchColumns, shard_count: int,
     `keys` is key_hashes_and_shards(cols, shard_count) if the caller has it."""
     hashes, shards = key_hashes_and_shards(cols, shard_count) if keys is None else keys
     rows = cols.key_rows
-    tx = cols.sys_flag[rows] & TX_TYPE_MASK
-    if (tx == _ROLLBACK).any():
-        keep = np.flatnonzero(tx != _ROLLBACK)
+    rollback = unindexed_rollbacks(cols.sys_flag[rows], cols.queue_offset[rows])
+    if rollback.any():
+        keep = np.flatnonzero(~rollback)
         hashes, shards, rows = hashes[keep], shards[keep], rows[keep]
     if shard_count == 1:
         return [KeyColumns(hashes, cols.commit_pos[rows], cols.store_ts_ms[rows])]
@@ -177,8 +196,8 @@ def dispatch_columns_to_shard(shard: ShardIndex, cols: DispatchColumns, shard_no
         return 0
     hashes, shards = keys
     rows = cols.key_rows
-    tx = cols.sys_flag[rows] & TX_TYPE_MASK
-    take = np.flatnonzero((shards == shard_no) & (tx != _ROLLBACK))
+    indexed = ~unindexed_rollbacks(cols.sys_flag[rows], cols.queue_offset[rows])
+    take = np.flatnonzero((shards == shard_no) & indexed)
     columns = KeyColumns(hashes[take], cols.commit_pos[rows[take]], cols.store_ts_ms[rows[take]])
     return put_key_columns(shard, columns, cols.end_pos)
 

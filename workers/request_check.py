@@ -4,8 +4,9 @@ Producers encode records themselves (encode_record), so the supervisor only stam
 this module is what stops a buggy or hostile producer from getting garbage into the log. A
 record passes when its framing and every length agree, its magic is v1 with IPv4 hosts, its
 BODYCRC matches its body, its topic is valid, its properties are UTF-8 and end with the
-reserved __CRC32C slot, its queue id is in range and it fits a segment. QUEUEOFFSET,
-PHYSICALOFFSET and STORETIMESTAMP are overwritten by stamp_record, so they are not checked.
+reserved __CRC32C slot, its queue id is in range, it is no transaction PREPARED or ROLLBACK
+record and it fits a segment. QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are overwritten by
+stamp_record, so they are not checked.
 Anything else raises BadInputError: the record gets MESSAGE_ILLEGAL and never reaches the log.
 
 `check` is the rule, record by record (struct); `check_request` runs it on each record of a
@@ -57,6 +58,10 @@ _I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")  # TOTALSIZE, BODYLENGTH
 _HOSTS_V6 = int(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
+# Bit 0x4 is set in exactly the PREPARED (0x4) and ROLLBACK (0xC) transaction types: records
+# that RocketMQ keeps out of consume queues. mqstore has no transactions, so a producer may not
+# send them (one it acknowledged with a queue offset and then kept out of its queue left a gap).
+_TX_HALF_OR_ROLLBACK = int(SysFlag.TRANSACTION_PREPARED)
 _MAX_TOPIC_CACHE = 4096
 _MIN_RECORD_BYTES = RECORD_FIXED_SIZE + CRC32C_PROP_SIZE
 _CRC32C_SEPARATOR = 0x02  # the byte that closes the __CRC32C property
@@ -162,6 +167,9 @@ class RecordChecker:
             raise BadInputError("record", f"magic 0x{magic:08X} is not message version 1")
         if sys_flag & _HOSTS_V6 or sys_flag < 0:
             raise BadInputError("record", "IPv6 host flags are not accepted from producers")
+        if sys_flag & _TX_HALF_OR_ROLLBACK:
+            raise BadInputError("record", f"SYSFLAG 0x{sys_flag:X} marks a transaction PREPARED or "
+                                "ROLLBACK record; mqstore stores no transactional half messages")
         if not 0 <= queue_id < self.queue_count:
             raise BadInputError("queue_id", f"{queue_id} is outside 0..{self.queue_count - 1}")
         if not 0 <= body_len <= self.max_body_bytes:
@@ -324,7 +332,7 @@ def _header_word_rules(max_body_bytes: int, queue_count: int, max_record_bytes: 
     word - MAGIC <= 0 only where word == MAGIC)."""
     and_, sub, limit = (np.zeros(len(_CHECKED_WORDS), dtype=np.uint32) for _ in range(3))
     and_[:] = _ALL_BITS
-    and_[_SYS_FLAG_FIELD] = _SIGN_BIT | _HOSTS_V6
+    and_[_SYS_FLAG_FIELD] = _SIGN_BIT | _HOSTS_V6 | _TX_HALF_OR_ROLLBACK
     sub[_TOTAL_FIELD] = _MIN_RECORD_BYTES
     limit[_TOTAL_FIELD] = max(max_record_bytes - _MIN_RECORD_BYTES, 0)
     sub[_MAGIC_FIELD] = MAGIC_V1

@@ -48,6 +48,8 @@ def write_log(root: Path, count: int, seed: int = 3) -> CommitLog:
         offset = next_offset.get((topic, queue_id), 0)
         if sys_flag in (0, int(TxType.COMMIT)):  # only these enter a consume queue
             next_offset[(topic, queue_id)] = offset + 1
+        else:  # RocketMQ gives half and rollback records queue offset 0
+            offset = 0
         log.append(record, queue_offset=offset, store_ts_ms=CLOCK_MS + 700 * i)
     return log
 

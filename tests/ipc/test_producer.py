@@ -36,6 +36,7 @@ from engine.formats.record import encode_record
 from engine.message import Message
 from engine.status import PutStatus
 from ipc.consumer import Consumer
+from ipc.control_block import Role
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.producer import Producer
 from ipc.run_info import run_dir
@@ -189,6 +190,38 @@ def test_garbage_request_is_refused_by_the_supervisor(store):
         finally:
             slot.release()
             mailbox.close()
+
+
+
+def test_transaction_half_and_rollback_records_are_refused_and_the_store_stays_up(store):
+    """PREPARED and ROLLBACK records (which enter no consume queue) get MESSAGE_ILLEGAL; a COMMIT
+    record is a message; the messages around them keep consecutive queue offsets, the
+    dispatcher stays up and every acknowledged one can be consumed."""
+    def raw(sys_flag: int, body: bytes) -> bytes:
+        return encode_record("TXFLAGS", body, queue_id=1, properties={}, born_ts_ms=1,
+                             born_host=("127.0.0.1", 1), store_host=("127.0.0.1", 10911),
+                             sys_flag=sys_flag)
+    flags = {"plain": 0, "prepared": 0x4, "commit": 0x8, "rollback": 0xC, "prepared+bits": 0x4C7}
+    with store.ctl() as ctl:
+        dispatcher = store.child_pid(Role.DISPATCHER)
+        mailbox = Mailbox.attach(store.root)
+        slot = ProducerSlot.claim(mailbox, run_dir(store.root), alive=ctl.supervisor_alive)
+        try:
+            seq = slot.write_request([raw(f, name.encode()) for name, f in flags.items()],
+                                     flags=RequestFlag.WAIT_FOR_FLUSH)
+            statuses = [PutStatus(s) for s in slot.wait_response(seq, 10, ctl.supervisor_alive)["status"]]
+        finally:
+            slot.release()
+            mailbox.close()
+    assert statuses == [PutStatus.PUT_OK, PutStatus.MESSAGE_ILLEGAL, PutStatus.PUT_OK,
+                        PutStatus.MESSAGE_ILLEGAL, PutStatus.MESSAGE_ILLEGAL]
+    with Producer(store.root) as producer:
+        assert producer.send("TXFLAGS", b"after", queue_id=1).status is PutStatus.PUT_OK
+    store.wait_caught_up()
+    with Consumer(store.root, "txflags") as consumer:
+        bodies = [m.body for m in drain_queue(consumer, "TXFLAGS", 1)]
+    assert bodies == [b"plain", b"commit", b"after"]
+    assert store.child_pid(Role.DISPATCHER) == dispatcher  # never stopped on a gap
 
 
 KILL_MID_STAGE = """

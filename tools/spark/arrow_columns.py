@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from engine.dispatch import unindexed_rollbacks
 from engine.formats.crc32c_property import CRC32C_PREFIX, CRC32C_PROP_SIZE
 from engine.formats.properties import (
     KEYS_SEPARATOR,
@@ -28,7 +29,7 @@ from engine.formats.properties import (
     SEP_KV,
     SEP_PROP,
 )
-from engine.formats.record import PROPERTIES_LENGTH_SIZE, TX_TYPE_MASK, TxType
+from engine.formats.record import PROPERTIES_LENGTH_SIZE
 from engine.formats.record_batch import HEADER_DTYPE, gather, gather_field, gather_int, int_view
 from engine.formats.record_scan import RecordSpans, decode_dispatch
 
@@ -275,7 +276,7 @@ def dispatch_batch(chunk: bytes, spans: RecordSpans, base_pos: int, schema: pa.S
     cols = decode_dispatch(chunk, spans, base_pos)
     n = cols.count
     key_u8 = np.frombuffer(cols.key_blob, dtype=np.uint8)
-    keep = (cols.sys_flag[cols.key_rows] & TX_TYPE_MASK) != TxType.ROLLBACK
+    keep = ~unindexed_rollbacks(cols.sys_flag[cols.key_rows], cols.queue_offset[cols.key_rows])
     keys = _list_array(cols.key_rows[keep], n,
                        string_array(key_u8, cols.key_starts[keep], cols.key_ends[keep]))
     columns = [

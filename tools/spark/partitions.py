@@ -327,7 +327,8 @@ def prune_by_topic(layout: StoreLayout, ranges: list[ScanRange], topics: frozens
     """Drop ranges below the consume queues' durable position that hold no entry of `topics`.
 
     RocketMQ-written stores and stores without a checkpoint are not pruned. Records that never
-    enter a consume queue (transaction PREPARED/ROLLBACK) are not seen by this pruning."""
+    enter a consume queue (a transaction PREPARED/ROLLBACK one at queue offset 0, as RocketMQ
+    writes them) are not seen by this pruning."""
     covered_end = read_durable_pos(layout.root) if layout.format is StoreFormat.MQSTORE else None
     if not covered_end:
         return ranges
