@@ -24,7 +24,6 @@ from engine.errors import (
     BadInputError,
     CorruptIndexError,
     DiskFullError,
-    ReadOnlyStoreError,
     StoreClosedError,
 )
 from engine.formats.checkpoint import Checkpoint
@@ -62,6 +61,7 @@ from engine.store_dir import (
     mark_clean_stop,
     mark_running,
     read_meta,
+    refuse_foreign_store,
 )
 
 DISK_CHECK_INTERVAL_MS = 1000
@@ -118,9 +118,7 @@ class MessageStore:
         config = config or StoreConfig()
         kind = inspect_store_dir(root)
         if kind is StoreKind.ROCKETMQ:
-            raise ReadOnlyStoreError("this is a RocketMQ-written store; mqstore reads it but never "
-                                     "writes it", path=str(root),
-                                     hint="use `mqstore check` or the Spark source to read it")
+            refuse_foreign_store(root, "MessageStore.open would write it")
         meta = create_store_dir(root, config) if kind is StoreKind.NEW else read_meta(root)
         config = config_for_store(meta, config)
         lock = StoreLock.acquire(root)

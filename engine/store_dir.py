@@ -10,9 +10,10 @@ import fcntl
 import os
 from enum import Enum
 from pathlib import Path
+from typing import NoReturn
 
 from engine.config import StoreConfig
-from engine.errors import NotAStoreError, StoreLockedError, StorePermissionError
+from engine.errors import NotAStoreError, ReadOnlyStoreError, StoreLockedError, StorePermissionError
 from engine.formats.store_meta import StoreMeta, decode_store_meta, encode_store_meta, from_config
 from engine.mapped_file import ensure_dir, remove_file, write_file_atomically
 from engine.naming import (
@@ -27,6 +28,14 @@ from engine.naming import (
 )
 
 ROCKETMQ_MARKERS = (COMMITLOG_DIR, CONSUMEQUEUE_DIR, CHECKPOINT_FILE)
+FOREIGN_STORE_HINT = ("mqstore reads it without writing a byte: `mqstore check --store DIR`, "
+                      "`mqstore spark export|stats --store DIR`, or spark.read.format(\"mqstore\")")
+
+
+def refuse_foreign_store(root: Path, action: str) -> NoReturn:
+    """The one refusal of a write to a RocketMQ-written store, raised before anything is written."""
+    raise ReadOnlyStoreError(f"this is a RocketMQ-written store; {action}", path=str(root),
+                             hint=FOREIGN_STORE_HINT)
 
 
 class StoreKind(Enum):

@@ -55,7 +55,6 @@ import numpy as np
 
 from engine.errors import (
     BadInputError,
-    ReadOnlyStoreError,
     ServiceNotAvailableError,
     StoreClosedError,
     StorePermissionError,
@@ -78,7 +77,7 @@ from engine.message import (
 )
 from engine.naming import validate_topic
 from engine.status import PutResult, PutStatus
-from engine.store_dir import StoreKind, inspect_store_dir, read_meta
+from engine.store_dir import StoreKind, inspect_store_dir, read_meta, refuse_foreign_store
 from ipc.batch_result import BatchResult, BatchResultBuilder
 from ipc.control_block import ControlBlock
 from ipc.mailbox import Mailbox
@@ -109,8 +108,7 @@ def attach_running_store(store_dir: str | os.PathLike) -> tuple[ControlBlock, Ru
         raise ServiceNotAvailableError("no store here and no supervisor runs on it", path=str(root),
                                        hint="start one with `mqstore start --store DIR`")
     if kind is StoreKind.ROCKETMQ:
-        raise ReadOnlyStoreError("this is a RocketMQ-written store; it has no supervisor",
-                                 path=str(root))
+        refuse_foreign_store(root, "no supervisor runs on it to send to")
     read_meta(root)  # FormatVersionError for a newer store
     try:
         ctl = ControlBlock.attach(root)

@@ -91,7 +91,13 @@ def load_settings(args: argparse.Namespace):
 
 # ---------------------------------------------------------------------------------- start/stop
 def cmd_start(args: argparse.Namespace) -> int:
-    from engine.store_dir import StoreKind, create_store_dir, inspect_store_dir, read_meta
+    from engine.store_dir import (
+        StoreKind,
+        create_store_dir,
+        inspect_store_dir,
+        read_meta,
+        refuse_foreign_store,
+    )
     from workers.supervisor import Supervisor
 
     os.umask(0o077)
@@ -106,6 +112,8 @@ def cmd_start(args: argparse.Namespace) -> int:
             create_store_dir(root, config)
         elif kind is StoreKind.MQSTORE:
             read_meta(root)  # a newer format version is refused before anything is written
+        else:  # before the log file: a foreign store keeps every byte and every name
+            refuse_foreign_store(root, "start would write it")
         setup_logging("supervisor", root, rotate=True, to_stderr=ready_fd is None)
 
         def on_ready(sup: Supervisor) -> None:
@@ -218,6 +226,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         inspect_store_dir,
         mark_clean_stop,
         read_meta,
+        refuse_foreign_store,
     )
 
     os.umask(0o077)
@@ -226,8 +235,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     if kind is StoreKind.NEW:
         raise NotAStoreError("no store here: nothing to recover", path=str(root))
     if kind is StoreKind.ROCKETMQ:
-        raise ReadOnlyStoreError("this is a RocketMQ-written store; recover never writes it",
-                                 path=str(root), hint="use `mqstore check` to verify it")
+        refuse_foreign_store(root, "recover never writes it")
     config, _ = load_settings(args)
     config = config_for_store(read_meta(root), config)
     lock = StoreLock.acquire(root)  # refuses while a supervisor runs

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import FlushPolicy, StoreConfig
-from engine.errors import DiskFullError, ReadOnlyStoreError, StoreError
+from engine.errors import DiskFullError, StoreError
 from engine.formats.checkpoint import Checkpoint
 from engine.mapped_file import Access
 from engine.recovery import RecoveryReport, detect_shutdown, recover
@@ -52,6 +52,7 @@ from engine.store_dir import (
     mark_clean_stop,
     mark_running,
     read_meta,
+    refuse_foreign_store,
 )
 from ipc.control_block import ProcState, Role, StoreState
 from ipc.key_ring import REGION_KIND as KEY_RING_KIND
@@ -129,8 +130,7 @@ class Supervisor:
     def start(self) -> None:
         kind = inspect_store_dir(self.root)
         if kind is StoreKind.ROCKETMQ:
-            raise ReadOnlyStoreError("this is a RocketMQ-written store; mqstore reads it but never "
-                                     "writes it", path=str(self.root))
+            refuse_foreign_store(self.root, "a supervisor would write it")
         meta = create_store_dir(self.root, self.config) if kind is StoreKind.NEW else read_meta(self.root)
         wanted_shards = self.config.index_shards
         self.config = config_for_store(meta, self.config)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from store_harness import (
 )
 
 from engine.store_dir import holder_pid
+from tests.conftest import ROCKETMQ_SAMPLES
+from tests.helpers import snapshot
 
 
 def out(result: subprocess.CompletedProcess) -> str:
@@ -249,3 +252,23 @@ def test_consume_follow_waits_for_new_messages_and_commits_on_ctrl_c(running):
     assert "Traceback" not in proc.stderr.read().decode()
     again = cli("consume", "--store", store, "--topic", "Follow", "--group", "follower")
     assert again.returncode == 0 and out(again) == ""  # both were committed before exiting
+
+
+@pytest.mark.parametrize("sample", ["store-2019", "store-2021"])
+def test_every_command_leaves_a_rocketmq_written_store_byte_for_byte(tmp_path, sample):
+    """start (both ways), recover, send, consume, stop, status, query and check on a store RocketMQ
+    wrote: no file is written, created or renamed (not even mqstore.log), and a refusal says
+    how mqstore can read it."""
+    root = tmp_path / sample
+    shutil.copytree(ROCKETMQ_SAMPLES / sample, root)
+    before = snapshot(root)
+    store = ("--store", str(root))
+    for args in (("start",), ("start", "--detach"), ("recover",),
+                 ("send", "--topic", "T", "--body", "x")):
+        result = cli(*args, *store)
+        assert_one_line_error(result, 2, "RocketMQ-written store")
+        assert "mqstore check" in err(result) and "spark" in err(result), err(result)
+    for args in (("consume", "--topic", "TopicTest", "--max", "1"), ("stop",), ("status",),
+                 ("query", "--commit-pos", "0"), ("check",)):
+        cli(*args, *store)
+    assert snapshot(root) == before
