@@ -251,13 +251,13 @@ class MailboxServer:
         return int(self.mailbox.resp_seq[slot_index]) >= seq
 
     def complete(self, slot_index: int, seq: int, results: np.ndarray | Sequence[tuple]) -> None:
-        """Answer request `seq` of a slot with one result per record, then wake its producer."""
-        mb = self.mailbox
-        if int(mb.req_seq[slot_index]) != seq or int(mb.resp_seq[slot_index]) >= seq:
-            raise ValueError(f"slot {slot_index} has no pending request {seq}")
-        if len(results) != int(mb.req_count[slot_index]):
-            raise ValueError(f"slot {slot_index} request {seq} has {mb.req_count[slot_index]} "
-                             f"records, got {len(results)} results")
+        """Answer request `seq` of a slot with one result per record (as many as pending_slots
+        read in its header), then wake its producer. The slot's header is the producer's to
+        write: one that rewrote it after publishing gets this answer all the same, and nothing
+        it wrote there can make the supervisor raise."""
+        if len(results) > self.mailbox.max_batch:
+            raise ValueError(f"{len(results)} results for slot {slot_index}: a batch holds "
+                             f"{self.mailbox.max_batch}")
         self._respond(slot_index, seq, results)
 
     def _respond(self, index: int, seq: int, results) -> None:

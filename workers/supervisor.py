@@ -123,6 +123,9 @@ class Supervisor:
             raise
         try:
             self.serve()
+        except Exception as exc:  # a bug of ours: said in the log, the store stops as FAILED
+            log.exception("the supervisor's loop failed")
+            self._fail(f"the supervisor's loop failed: {type(exc).__name__}: {exc}")
         finally:
             self.shutdown()
         return self.exit_code
