@@ -26,6 +26,7 @@ SOAK_PLAN = (  # (target, fault, flush): the supervisor first, then power loss, 
     ("dispatcher", "kill", "sync"),
     ("index", "kill", "sync"),
     ("producer", "kill", "sync"),
+    ("hostile", "kill", "sync"),
     ("random", "kill", "async"),
     ("supervisor", "power-loss", "async"),
 )
@@ -45,7 +46,8 @@ def _ack_range(text: str) -> tuple[int, int]:
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `mqstore torture` and `python -m tools.torture run`."""
     parser.add_argument("--target", choices=(*TARGETS, "random"), default="random",
-                        help="what to SIGKILL each round (default random)")
+                        help="what each round attacks: a process to SIGKILL, or `hostile` (random and "
+                        "bit-flipped requests beside the load); default random")
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
     parser.add_argument("--fault", choices=FAULTS, default="kill",
                         help="power-loss: after a supervisor kill, drop what was not flushed")

@@ -47,6 +47,7 @@ class Figures:
     kills: Counter = field(default_factory=Counter)
     restarts: Counter = field(default_factory=Counter)
     producer_statuses: Counter = field(default_factory=Counter)
+    hostile_statuses: Counter = field(default_factory=Counter)  # tools.torture.hostile's answers
     acked: int = 0
     timed_out: int = 0
     lost: int = 0
@@ -101,6 +102,7 @@ class Figures:
             "recovery_ms_by_target": self.per_target_recovery(),
             "engine_recovery_ms": self.latency_summary(self.engine_recovery_ms),
             "producer_statuses": dict(self.producer_statuses),
+            "hostile_statuses": dict(self.hostile_statuses),
             "duration_s": round(self.duration_s, 1),
             "round_log": [vars(r) for r in self.rounds],
         }
@@ -130,6 +132,9 @@ class Figures:
         out += [f"    {target}: {ms(s)}" for target, s in self.per_target_recovery().items()]
         out.append(f"  engine recovery (supervisor restarts): "
                    f"{ms(self.latency_summary(self.engine_recovery_ms))}")
+        if self.hostile_statuses:
+            answered = ", ".join(f"{k} {n}" for k, n in sorted(self.hostile_statuses.items()))
+            out.append(f"  hostile client: {answered}")
         if self.failure:
             out.append(f"  FAILURE: {self.failure}")
         return out

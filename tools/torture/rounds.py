@@ -54,6 +54,7 @@ from ipc.control_block import (
 )
 from tools.torture.faults import DurablePositions, Tear, simulate_power_loss
 from tools.torture.figures import Figures, RoundRecord
+from tools.torture.hostile import acks_path, attack, verify_hostile_acks
 from tools.torture.ledger import LedgerReader
 from tools.torture.processes import (
     ProducerFleet,
@@ -65,9 +66,11 @@ from tools.torture.processes import (
 )
 from tools.torture.verify import PowerLoss, VerifyState, store_config, verify_store
 
-TARGETS = ("supervisor", "dispatcher", "index", "producer")
+KILL_TARGETS = ("supervisor", "dispatcher", "index", "producer")  # what `random` picks from
+TARGETS = (*KILL_TARGETS, "hostile")
 FAULTS = ("kill", "power-loss")
 ACK_TIMEOUT_S = 120.0
+HOSTILE_REQUESTS = 300  # per hostile round: random bit flips hit the old SYSFLAG bug within 300
 KILL_JITTER_S = 0.03
 # the RecoveryReport line the supervisor logs: "... from commit_pos X to CUT in MS ms"
 _ENGINE_RECOVERY_RE = re.compile(r"bytes from commit_pos \d+ to (\d+) in (\d+) ms")
@@ -198,8 +201,9 @@ class TortureRun:
     # ------------------------------------------------------------------------------ a round
     def _run_round(self, number: int) -> RoundRecord:
         s = self.settings
-        target = self.rng.choice(TARGETS) if s.target == "random" else s.target
-        record = RoundRecord(number, target, s.fault if target == "supervisor" else "kill")
+        target = self.rng.choice(KILL_TARGETS) if s.target == "random" else s.target
+        fault = {"supervisor": s.fault, "hostile": "requests"}.get(target, "kill")
+        record = RoundRecord(number, target, fault)
         started = time.monotonic()
         self.store.start()
         self._round_tags = []
@@ -245,6 +249,8 @@ class TortureRun:
         elif target == "index":
             shards = store_config(self.root).index_shards
             self._kill_child(Role.INDEX_BUILDER, self.rng.randrange(shards), record)
+        elif target == "hostile":
+            self._attack(record)
         else:
             self._kill_producer(record, number)
         record.kills += 1
@@ -303,6 +309,18 @@ class TortureRun:
         record.recovery_ms.append((time.monotonic() - began) * 1000)
         self.figures.restarts["producer"] += 1
 
+    def _attack(self, record: RoundRecord) -> None:
+        """A hostile client's requests beside the ledger producers: the store must answer every
+        one and keep every process it had (no stop, no child restart)."""
+        children = self.store.child_pids()
+        counts, problems = attack(self.root, self.work_dir / "logs", self.rng.randrange(2**31),
+                                  HOSTILE_REQUESTS)
+        self.figures.hostile_statuses.update(counts)
+        record.problems += problems
+        if not self.store.running or self.store.child_pids() != children:
+            record.problems.append("the store stopped or lost a process under hostile requests:\n"
+                                   f"{self.store.log_text()[-3000:]}")
+
     def _count_unprovoked_restarts(self, record: RoundRecord) -> None:
         """Child restarts the supervisor made that we did not cause (a child crashed)."""
         with self.store.ctl() as ctl:
@@ -337,6 +355,7 @@ class TortureRun:
         record.lost, record.lost_unflushed = len(report.lost), len(report.lost_unflushed)
         record.duplicated = len(report.duplicated)
         record.problems += report.problems
+        record.problems += verify_hostile_acks(self.root, acks_path(self.work_dir / "logs"))
 
     def _round_line(self, r: RoundRecord) -> str:
         rec = ", ".join(f"{ms:.0f}" for ms in r.recovery_ms) or "-"
