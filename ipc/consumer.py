@@ -14,7 +14,9 @@ files as they appear. It only ever reads records below the dispatcher's publishe
 `dispatched_pos`, which under sync flush never passes the flushed position: a consumer never
 sees a message that a crash could take back. Each record read is checked against the entry
 that led to it (topic, queue id, queue offset), so a torn entry can never hand out a wrong
-message.
+message. A queue's min offset is the first entry whose record still exists: each read
+looks whether retention deleted the commitlog's first segment and skips the entries pointing
+below what remains at once (ConsumeQueue.correct_min_offset, a binary search).
 
 `pull_columns` is the batch read (bar 5: well under 1 us per message): the records of a pull
 are gathered as numpy columns (engine.formats.record_view), bodies are views of the mapping and
@@ -164,11 +166,11 @@ class Consumer:
         if queue is None:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, next_offset=offset or 0)
         queue.refresh()
-        low = queue.min_offset
         high = _visible_max(queue, bound)
+        low = queue.correct_min_offset(self._log_min_pos(), high)
         if offset is None:
             offset = low
-        if high <= low and offset <= low:
+        if high <= low and offset == low:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, next_offset=offset, min_offset=low,
                              max_offset=high)
         if offset < low:
@@ -230,6 +232,15 @@ class Consumer:
             views.append(view)
         status = GetStatus.FOUND if len(commit_pos) else GetStatus.NO_MATCHED_MESSAGE
         return ColumnsResult(status, views, span.offset + len(span.entries), span.low, span.high)
+
+    def _log_min_pos(self) -> int:
+        """The commitlog's first position still on disk. Retention deletes segments from the
+        front, so the first mapped segment's file is looked at (one stat) and the view refreshed
+        when it is gone: a read never starts below what still exists."""
+        segments = self.commitlog.segments.segments
+        if segments and not os.path.exists(segments[0].path):
+            self.commitlog.refresh()
+        return self.commitlog.min_pos
 
     def _segment_buf(self, queue: ConsumeQueue, base_pos: int, queue_offset: int) -> memoryview:
         """The mapping of the commitlog segment starting at `base_pos` (adopted if new)."""
@@ -295,7 +306,8 @@ class Consumer:
                 max_count: int = DEFAULT_MAX_COUNT, auto_commit: bool = True) -> Iterator[Record]:
         """Every message of `topic` across its queues, from the committed offsets.
 
-        Without `follow` it stops when every queue is drained; with it, it long-polls for more.
+        Without `follow` it stops when no queue moves on (every one drained); with it, it
+        long-polls for more. A committed offset below a queue's min offset moves up to it at once.
         With `auto_commit`, a queue's offset is committed once its batch was consumed (at least
         once: a consumer killed mid-batch sees that batch again)."""
         validate_topic(topic)
@@ -303,17 +315,16 @@ class Consumer:
         while True:
             self._require_supervisor()
             bound = self._ctl.dispatched_pos
-            found = False
+            moved = False
             for queue_id, offset in offsets.items():
                 result = self._read(topic, queue_id, offset, max_count, bound)
-                if result.status is GetStatus.FOUND:
-                    found = True
-                    yield from result.messages
+                yield from result.messages
                 if result.status in _MOVES and result.next_offset != offset:
+                    moved = True
                     offsets[queue_id] = result.next_offset
                     if auto_commit:
                         self.commit(topic, queue_id, result.next_offset)
-            if found:
+            if moved:
                 continue
             if not follow:
                 return
