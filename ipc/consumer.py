@@ -54,8 +54,13 @@ import numpy as np
 from engine.commitlog import CommitLog
 from engine.consume_queue import ConsumeQueue
 from engine.consume_queue_table import ConsumeQueueTable
-from engine.errors import BadInputError, CorruptConsumeQueueError, ServiceNotAvailableError
-from engine.formats.record import Record, Verify
+from engine.errors import (
+    BadInputError,
+    CorruptConsumeQueueError,
+    CorruptRecordError,
+    ServiceNotAvailableError,
+)
+from engine.formats.record import Record, Verify, decode_record
 from engine.formats.record_view import RecordView, entry_mismatches, gather_records
 from engine.mapped_file import Access
 from engine.message import validate_queue_id
@@ -93,8 +98,18 @@ class ColumnsResult:
         return sum(view.count for view in self.views)
 
     def records(self, verify: Verify = Verify.MQSTORE) -> list[Record]:
-        """The records as Record objects, decoded and checked at `verify` (as `pull` does)."""
-        return [record for view in self.views for record in view.to_records(verify)]
+        """The records as Record objects, decoded and checked at `verify` (as `pull` does); one
+        that fails the check is passed over and reported (a WARNING, and added to `skipped`)."""
+        records = []
+        for view in self.views:
+            for i, pos in enumerate((view.commit_pos - view.base_pos).tolist()):
+                try:
+                    records.append(decode_record(view.buf, pos, verify=verify, base_pos=view.base_pos))
+                except CorruptRecordError as exc:
+                    if all(s.commit_pos != exc.pos for s in self.skipped):
+                        skip(self.skipped, SkippedRecord(exc.pos, exc.reason, view.topic(i),
+                                                         int(view.queue_id[i]), int(view.queue_offset[i])))
+        return records
 
 
 class _Span(NamedTuple):

@@ -82,8 +82,13 @@ def test_pull_and_iterate_deliver_the_records_around_a_bad_checksum(running):
             assert [r.queue_offset for r in records] == [0, 1, 3, 4, 5]
             assert [s.commit_pos for s in seen] == [bad_pos]
             assert consumer.committed("CRC", 0) == COUNT  # went on past it
-            # the columns read checks frames, not checksums (ipc.consumer): all six come back
-            assert consumer.pull_columns("CRC", 0, 0).count == COUNT
+            # the columns read checks frames, not checksums (ipc.consumer): all six come back,
+            # and asking for checked Records passes the bad one over
+            columns = consumer.pull_columns("CRC", 0, 0)
+            assert (columns.count, columns.skipped) == (COUNT, [])
+            assert [r.queue_offset for r in columns.records()] == [0, 1, 3, 4, 5]
+            assert [(s.commit_pos, s.queue_offset) for s in columns.skipped] == [(bad_pos, BAD)]
+            assert len(columns.records()) == COUNT - 1 and len(columns.skipped) == 1  # reported once
     finally:
         damage.undo()
 
