@@ -302,8 +302,7 @@ class Supervisor:
             reason = child.is_hung(self.settings.child_timeout_s, self.settings.boot_timeout_s)
             if reason is not None:
                 log.error("%s (pid %d) is hung (%s): SIGKILL", child.name, child.pid, reason)
-                child.signal(signal.SIGKILL)
-                child.process.wait()
+                child.kill(f"hung: {reason}")
             code = child.poll()
             if code is None or child.restart_at is not None:
                 continue
@@ -312,7 +311,7 @@ class Supervisor:
                 return
 
     def _handle_exit(self, child: ChildHandle, code: int, now: float) -> None:
-        decision = child.policy.on_exit(code, child.ran_for_s())
+        decision = child.policy.on_exit(code, child.ran_for_s(), child.killed_for)
         entry = {"at": time.time(), "role": child.role.name.lower(), "shard": child.shard,
                  "pid": child.pid, "what": decision.reason}
         self.run_info = self.run_info.replace(restart_history=[*self.run_info.restart_history, entry])
@@ -389,7 +388,7 @@ class Supervisor:
             if child.running:
                 code = child.stop(self.settings.child_stop_timeout_s)
                 if code != ExitCode.OK:
-                    log.warning("%s %s while stopping", child.name, describe_exit(code))
+                    log.warning("%s %s while stopping", child.name, child.describe(code))
                     clean = False
         appender.sweep()
         cp = self._final_checkpoint()
