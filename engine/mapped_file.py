@@ -102,8 +102,11 @@ class MappedFile:
     @property
     def buf(self) -> memoryview:
         """The whole mapping (mapped again first if the budget parked it)."""
-        self._ensure_mapped()
-        return self._view
+        view = self._view
+        if view is None or self._budget is not None:  # one test on the commitlog's hot path
+            self._ensure_mapped()
+            view = self._view
+        return view
 
     @property
     def parked(self) -> bool:

@@ -132,3 +132,25 @@ def _unlocked(root: Path) -> bool:
     from engine.store_dir import holder_pid
 
     return holder_pid(root) is None
+
+
+def test_a_fatal_signal_leaves_its_traceback_in_the_log(tmp_path):
+    store = RunningStore.start(tmp_path / "store")
+    try:
+        dispatcher = store.child_pid(Role.DISPATCHER)
+        os.kill(dispatcher, signal.SIGBUS)  # what a write into a hole on a full disk gets
+        store.wait_child_restarted(Role.DISPATCHER, dispatcher)
+        log = (store.root / "mqstore.log").read_text()
+        assert "Fatal Python error: Bus error" in log
+        assert f"dispatcher (pid {dispatcher}) killed by SIGBUS: restarting" in log
+        with Producer(store.root) as producer:
+            assert producer.send("T1", b"after", keys=("k",)).ok
+        store.wait_caught_up()
+    finally:
+        assert store.stop() == 0
+    os.kill(RunningStore.start(store.root).proc.pid, signal.SIGBUS)  # the supervisor's own
+    wait_for(lambda: (store.root / "mqstore.log").read_text().count("Fatal Python error") == 2,
+             "the supervisor's fatal-signal report")
+    wait_for(lambda: _unlocked(store.root), "the lock to be free")
+    assert RunningStore.start(store.root).stop() == 0
+    assert_check_clean(store.root)
