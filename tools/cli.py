@@ -100,23 +100,23 @@ def cmd_start(args: argparse.Namespace) -> int:
     config, settings = load_settings(args)
     if args.detach:
         return _start_detached(args, root)
-    ready_fd = args.ready_fd
-    pipe = {"fd": ready_fd}  # the --ready-fd pipe while open: on_ready closes it
+    ready_fd = args.ready_fd  # the --ready-fd pipe while open: on_ready closes it
     try:
         kind = inspect_store_dir(root)
         if kind is StoreKind.NEW:
             create_store_dir(root, config)
         elif kind is StoreKind.MQSTORE:
             read_meta(root)  # a newer format version is refused before anything is written
-        setup_logging("supervisor", root, rotate=True, to_stderr=ready_fd is None)
+        setup_logging("supervisor", root, rotate=True, to_stderr=args.ready_fd is None)
         log_fatal_signals(root)
 
         def on_ready(sup: Supervisor) -> None:
+            nonlocal ready_fd
             if ready_fd is not None:
                 report = "".join(f"report {line}\n" for line in sup.report.summary_lines())
                 os.write(ready_fd, f"{report}ready {os.getpid()}\n".encode())
                 os.close(ready_fd)
-                pipe["fd"] = None
+                ready_fd = None
             else:
                 print(f"mqstore ready: store {root}, pid {os.getpid()} "
                       f"(Ctrl-C or `mqstore stop --store {root}` stops it)", flush=True)
@@ -124,11 +124,11 @@ def cmd_start(args: argparse.Namespace) -> int:
         return Supervisor(root, config, settings, on_ready=on_ready).run()
     except StoreError as exc:
         log.error("supervisor failed: %s", exc)
-        _tell_start_failed(pipe["fd"], exc)
+        _tell_start_failed(ready_fd, exc)
         raise
     except Exception as exc:  # EMFILE, a bug: the log and `start --detach` name it all the same
         log.exception("supervisor failed: %s: %s", type(exc).__name__, exc)
-        _tell_start_failed(pipe["fd"], exc)
+        _tell_start_failed(ready_fd, exc)
         raise
 
 

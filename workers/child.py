@@ -6,7 +6,9 @@ in its own session, so a Ctrl-C on the terminal reaches the supervisor only and 
 decides the order of the stop. Its life:
 
 1. boot: attach the control block, open and recover its own files (any failure: exit
-   BOOT_FAILED, which the supervisor does not restart);
+   BOOT_FAILED, which the supervisor does not restart). Every way out of a child leaves its
+   cause in mqstore.log: an exception in the first line of its log record (the supervisor
+   quotes it in its exit line), a fatal signal through faulthandler (workers.fatal_log);
 2. loop: stamp the heartbeat in its process slot, check that the supervisor is still its parent
    (else exit ORPHANED within HEARTBEAT_INTERVAL_S), do a bounded step of work, flush on its
    interval, and sleep on its wakeup semaphore (posted by the supervisor after each flush)
