@@ -48,6 +48,7 @@ from engine.formats.cq_entry import (
 )
 from engine.mapped_file import DISK_FULL_ERRNOS, RESERVE_STEP_BYTES, Access, MappedFile, ReadAhead
 from engine.naming import consume_queue_dir, offset_to_name, validate_topic
+from engine.open_files import OpenFileBudget
 from engine.segment_queue import SegmentQueue
 
 _FILLER_BYTES = encode_cq_entry(*FILLER_ENTRY)
@@ -85,14 +86,16 @@ class ConsumeQueue:
 
     @classmethod
     def load(cls, root: Path, topic: str, queue_id: int, entries_per_file: int,
-             access: Access) -> ConsumeQueue:
-        """Map the queue's files (none yet is fine) and find its last valid entry."""
+             access: Access, budget: OpenFileBudget | None = None) -> ConsumeQueue:
+        """Map the queue's files (none yet is fine) and find its last valid entry; with a
+        `budget` (shared by a table's queues), files beyond it are closed until used."""
         validate_topic(topic)
         check_queue_id(queue_id)
         # no read-around: a reader's scan past the last entry would zero-fill the rest of the
         # file at once (~18 ms per queue at each roll in a bar-4 consumer, all queues together)
         segments = SegmentQueue.load(consume_queue_dir(root, topic, queue_id),
-                                     entries_per_file * CQ_ENTRY_SIZE, access, ReadAhead.OWN_PAGE)
+                                     entries_per_file * CQ_ENTRY_SIZE, access, ReadAhead.OWN_PAGE,
+                                     budget)
         queue = cls(topic, queue_id, segments, entries_per_file)
         if segments.segments:
             first = segments.segments[0]

@@ -3,7 +3,8 @@
 Queues live under <root>/consumequeue/<topic>/<queueId>/; each is an
 `engine.consume_queue.ConsumeQueue`. The table loads them all, loads a queue whose directory
 appeared since (a reader sees the dispatcher's new queues), and runs recovery's and flush's
-per-queue steps over all of them.
+per-queue steps over all of them. Its queues share one OpenFileBudget: however many queues
+there are, at most `max_open_files` of their files stay mapped (engine.open_files).
 """
 
 from __future__ import annotations
@@ -14,22 +15,27 @@ from pathlib import Path
 from engine.consume_queue import ConsumeQueue, check_queue_id
 from engine.mapped_file import Access, remove_tree
 from engine.naming import CONSUMEQUEUE_DIR, consume_queue_dir, is_topic_name, validate_topic
+from engine.open_files import OpenFileBudget, queue_file_budget
 
 
 class ConsumeQueueTable:
     """Every consume queue of a store, by (topic, queue_id)."""
 
-    def __init__(self, root: Path, entries_per_file: int, access: Access):
+    def __init__(self, root: Path, entries_per_file: int, access: Access,
+                 max_open_files: int | None = None):
+        """`max_open_files`: the bound on mapped files (default: queue_file_budget())."""
         self.root = Path(root)
         self.entries_per_file = entries_per_file
         self.access = access
+        self.budget = OpenFileBudget(queue_file_budget() if max_open_files is None else max_open_files)
         self.foreign: list[Path] = []  # what load skipped: not a topic or not a queue id
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
 
     @classmethod
-    def load(cls, root: Path, entries_per_file: int, access: Access) -> ConsumeQueueTable:
+    def load(cls, root: Path, entries_per_file: int, access: Access,
+             max_open_files: int | None = None) -> ConsumeQueueTable:
         """Load every queue under <root>/consumequeue; foreign entries are listed in `foreign`."""
-        table = cls(root, entries_per_file, access)
+        table = cls(root, entries_per_file, access, max_open_files)
         base = table.root / CONSUMEQUEUE_DIR
         if not base.is_dir():
             return table
@@ -46,7 +52,8 @@ class ConsumeQueueTable:
         return table
 
     def _load(self, topic: str, queue_id: int) -> ConsumeQueue:
-        queue = ConsumeQueue.load(self.root, topic, queue_id, self.entries_per_file, self.access)
+        queue = ConsumeQueue.load(self.root, topic, queue_id, self.entries_per_file, self.access,
+                                  self.budget)
         self._queues[(topic, queue_id)] = queue
         return queue
 

@@ -15,11 +15,21 @@ import shutil
 from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.errors import DiskFullError, SegmentLayoutError, StoreError, StorePermissionError
+from engine.errors import (
+    DiskFullError,
+    SegmentLayoutError,
+    StoreClosedError,
+    StoreError,
+    StorePermissionError,
+)
 from engine.naming import TEMP_SUFFIX
+
+if TYPE_CHECKING:
+    from engine.open_files import OpenFileBudget
 
 PAGE_BYTES = mmap.PAGESIZE
 RESERVE_STEP_BYTES = 4 << 20
@@ -55,30 +65,90 @@ def page_floor(pos: int) -> int:
 
 
 class MappedFile:
-    """One fixed-size file mapped whole; positions inside it are `file_pos`."""
+    """One fixed-size file mapped whole; positions inside it are `file_pos`.
+
+    With a `budget` (engine.open_files) the file may be parked, synced, unmapped and closed to
+    bound the process's open files, and is mapped again on its next access."""
 
     def __init__(self, path: Path, size_bytes: int, fd: int, access: Access,
-                 read_ahead: ReadAhead = ReadAhead.KERNEL):
+                 read_ahead: ReadAhead = ReadAhead.KERNEL, budget: OpenFileBudget | None = None):
         self.path = path
         self.size_bytes = size_bytes
         self.access = access
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if access is Access.READ_WRITE else 0)
+        self._read_ahead = read_ahead
+        self._budget = budget
+        self._reserved_until = 0
+        self._closed = False
+        self._map(fd)
+
+    def _map(self, fd: int) -> None:
+        """Map the file open on `fd` (taken over: closed here unless a writer keeps it)."""
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if self.access is Access.READ_WRITE else 0)
         try:
-            self._mmap = mmap.mmap(fd, size_bytes, mmap.MAP_SHARED, prot)
-            self.advise(read_ahead)  # before the first fault
+            self._mmap = mmap.mmap(fd, self.size_bytes, mmap.MAP_SHARED, prot)
+            self._madvise()  # before the first fault
         except BaseException:
             with contextlib.suppress(AttributeError):
                 self._mmap.close()
             os.close(fd)
             raise
-        self._fd = fd if access is Access.READ_WRITE else -1
+        self._fd = fd if self.access is Access.READ_WRITE else -1
         if self._fd < 0:
             os.close(fd)
-        self._reserved_until = 0
-        self.buf = memoryview(self._mmap)
+        self._view: memoryview | None = memoryview(self._mmap)
+        if self._budget is not None:
+            self._budget.opened(self)
+
+    @property
+    def buf(self) -> memoryview:
+        """The whole mapping (mapped again first if the budget parked it)."""
+        view = self._view
+        if view is None or self._budget is not None:  # one test on the commitlog's hot path
+            self._ensure_mapped()
+            view = self._view
+        return view
+
+    @property
+    def parked(self) -> bool:
+        """True while the budget keeps the file closed (it reopens on the next access)."""
+        return self._view is None
+
+    def _ensure_mapped(self) -> None:
+        if self._view is None:
+            if self._closed:
+                raise StoreClosedError("file is closed", path=str(self.path))
+            self._remap()
+        elif self._budget is not None:
+            self._budget.touch(self)
+
+    def _remap(self) -> None:
+        flags = os.O_RDWR if self.access is Access.READ_WRITE else os.O_RDONLY
+        try:
+            fd = os.open(self.path, flags)
+        except FileNotFoundError:
+            raise SegmentLayoutError("file was removed while it was closed to bound open files",
+                                     path=str(self.path)) from None
+        self._map(fd)
+
+    def park(self) -> None:
+        """Sync a writer's file, then unmap and close it (engine.open_files.OpenFileBudget):
+        nothing written is left for a later flush to reach through a closed file. The next
+        access maps it again. A failed sync still closes it, then raises StoreError."""
+        if self._view is None:
+            return
+        try:
+            if self.access is Access.READ_WRITE:
+                try:
+                    os.fdatasync(self._fd)
+                except OSError as exc:
+                    raise StoreError(f"fdatasync before closing failed: {exc}",
+                                     path=str(self.path)) from exc
+        finally:
+            self._unmap()
 
     @classmethod
-    def create(cls, path: Path, size_bytes: int, read_ahead: ReadAhead = ReadAhead.KERNEL) -> MappedFile:
+    def create(cls, path: Path, size_bytes: int, read_ahead: ReadAhead = ReadAhead.KERNEL,
+               budget: OpenFileBudget | None = None) -> MappedFile:
         """Create a new sparse file of `size_bytes` (owner-only) and map it read-write.
 
         It is sized under a temporary name and renamed, so a crash never leaves a short file
@@ -101,11 +171,11 @@ class MappedFile:
                 with contextlib.suppress(OSError):  # a failed disk may refuse this too
                     tmp.unlink(missing_ok=True)
                 raise
-        return cls(path, size_bytes, fd, Access.READ_WRITE, read_ahead)
+        return cls(path, size_bytes, fd, Access.READ_WRITE, read_ahead, budget)
 
     @classmethod
     def open(cls, path: Path, access: Access, expected_bytes: int | None = None,
-             read_ahead: ReadAhead = ReadAhead.KERNEL) -> MappedFile:
+             read_ahead: ReadAhead = ReadAhead.KERNEL, budget: OpenFileBudget | None = None) -> MappedFile:
         """Map an existing file; a size other than `expected_bytes` is a layout error."""
         path = Path(path)
         flags = os.O_RDWR if access is Access.READ_WRITE else os.O_RDONLY
@@ -122,12 +192,18 @@ class MappedFile:
         if size_bytes == 0:
             os.close(fd)
             raise SegmentLayoutError("file is empty", path=str(path))
-        return cls(path, size_bytes, fd, access, read_ahead)
+        return cls(path, size_bytes, fd, access, read_ahead, budget)
 
     def advise(self, read_ahead: ReadAhead) -> None:
         """Set what a fault reads from now on (ReadAhead); a file that stops growing can go
         back to the kernel's window."""
-        self._mmap.madvise(mmap.MADV_RANDOM if read_ahead is ReadAhead.OWN_PAGE else mmap.MADV_NORMAL)
+        self._read_ahead = read_ahead  # a parked file takes it up when mapped again
+        if self._view is not None:
+            self._madvise()
+
+    def _madvise(self) -> None:
+        self._mmap.madvise(mmap.MADV_RANDOM if self._read_ahead is ReadAhead.OWN_PAGE
+                           else mmap.MADV_NORMAL)
 
     def reserve(self, end_file_pos: int) -> None:
         """Allocate disk blocks up to end_file_pos (rounded up a step) before writing through the map.
@@ -141,6 +217,7 @@ class MappedFile:
         if end_file_pos <= self._reserved_until:
             return
         target = self._step_end(end_file_pos, RESERVE_STEP_BYTES)
+        self._ensure_mapped()
         with _disk_full_as_error(self.path, "allocate file blocks"):
             os.posix_fallocate(self._fd, self._reserved_until, target - self._reserved_until)
         self._reserved_until = target
@@ -167,6 +244,7 @@ class MappedFile:
         start = max(self._reserved_until, write_file_pos)
         end_file_pos = min(end_file_pos, self.size_bytes)
         target = self._step_end(end_file_pos + ZERO_AHEAD_BYTES, ZERO_STEP_BYTES)
+        self._ensure_mapped()
         with _disk_full_as_error(self.path, "write zeros ahead"):
             self._write_zeros(start, end_file_pos)  # what the write needs: DiskFullError if no room
         reached = target
@@ -197,6 +275,7 @@ class MappedFile:
             self._pwrite_all(data, file_pos)
 
     def _pwrite_all(self, data, file_pos: int) -> None:
+        self._ensure_mapped()
         with memoryview(data) as view:
             view = view.cast("B")
             done, total = 0, len(view)
@@ -269,8 +348,8 @@ class MappedFile:
         if self.access is not Access.READ_WRITE:
             return
         end_pos = self.size_bytes if end_pos is None else min(end_pos, self.size_bytes)
-        if end_pos <= page_floor(start_pos):
-            return
+        if end_pos <= page_floor(start_pos) or self._view is None:
+            return  # nothing in range, or parked: synced when it was closed
         try:
             os.fdatasync(self._fd)
         except OSError as exc:
@@ -287,8 +366,8 @@ class MappedFile:
             return
         start = page_floor(start_pos)
         end = min(end_pos, self.size_bytes)
-        if end <= start:
-            return
+        if end <= start or self._view is None:
+            return  # nothing in range, or parked: synced when it was closed
         try:
             self._mmap.flush(start, end - start)
         except OSError as exc:
@@ -296,11 +375,20 @@ class MappedFile:
 
     def close(self) -> None:
         """Unmap; views still held elsewhere keep the mapping alive until they go."""
-        self.buf.release()
+        self._unmap()
+        self._closed = True  # for good: a later access is an error, not a reopen
+
+    def _unmap(self) -> None:
+        if self._budget is not None:
+            self._budget.forget(self)
+        if self._view is None:
+            return
+        view, self._view = self._view, None
         try:
+            view.release()
             self._mmap.close()
         except BufferError:
-            pass  # an exported view is alive; the mapping is freed with it
+            pass  # an exported view is alive; the mapping (and mmap's fd) is freed with it
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

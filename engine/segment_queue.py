@@ -13,26 +13,29 @@ from pathlib import Path
 from engine.errors import SegmentLayoutError
 from engine.mapped_file import Access, MappedFile, ReadAhead, ensure_dir, settled_names
 from engine.naming import is_segment_name, name_to_offset, offset_to_name
+from engine.open_files import OpenFileBudget
 
 
 class SegmentQueue:
-    """The segments of one directory, sorted by base position, each `segment_bytes` long."""
+    """The segments of one directory, sorted by base position, each `segment_bytes` long; with a
+    `budget`, at most that many of them (and of the other queues sharing it) stay mapped."""
 
     def __init__(self, directory: Path, segment_bytes: int, access: Access,
-                 read_ahead: ReadAhead = ReadAhead.KERNEL):
+                 read_ahead: ReadAhead = ReadAhead.KERNEL, budget: OpenFileBudget | None = None):
         self.directory = Path(directory)
         self.segment_bytes = segment_bytes
         self.access = access
         self.read_ahead = read_ahead  # of the last segment; the full ones before it read ahead
+        self.budget = budget
         self.segments: list[MappedFile] = []
         self._bases: list[int] = []
 
     @classmethod
     def load(cls, directory: Path, segment_bytes: int, access: Access,
-             read_ahead: ReadAhead = ReadAhead.KERNEL) -> SegmentQueue:
+             read_ahead: ReadAhead = ReadAhead.KERNEL, budget: OpenFileBudget | None = None) -> SegmentQueue:
         """Map every segment; a wrong size, a misaligned name, a gap or a foreign file is an error
         (a `.tmp` file is none of these: settled_names)."""
-        queue = cls(directory, segment_bytes, access, read_ahead)
+        queue = cls(directory, segment_bytes, access, read_ahead, budget)
         if not queue.directory.is_dir():
             return queue
         names = settled_names(queue.directory, access)
@@ -51,7 +54,7 @@ class SegmentQueue:
             if expected_base is not None and base_pos != expected_base:
                 raise SegmentLayoutError(
                     f"gap in segments: expected {offset_to_name(expected_base)}", path=str(path))
-            queue._append(MappedFile.open(path, access, segment_bytes, read_ahead))
+            queue._append(MappedFile.open(path, access, segment_bytes, read_ahead, budget))
             expected_base = base_pos + segment_bytes
         return queue
 
@@ -95,9 +98,10 @@ class SegmentQueue:
         ensure_dir(self.directory)
         path = self.directory / offset_to_name(base_pos)
         if path.exists():  # preallocated earlier but not yet adopted
-            segment = MappedFile.open(path, self.access, self.segment_bytes, self.read_ahead)
+            segment = MappedFile.open(path, self.access, self.segment_bytes, self.read_ahead,
+                                      self.budget)
         else:
-            segment = MappedFile.create(path, self.segment_bytes, self.read_ahead)
+            segment = MappedFile.create(path, self.segment_bytes, self.read_ahead, self.budget)
         self._append(segment)
         return segment
 
@@ -140,7 +144,7 @@ class SegmentQueue:
             if (not self._bases or base_pos == self.end_pos) and base_pos not in self._bases:
                 try:
                     self._append(MappedFile.open(self.directory / name, self.access,
-                                                 self.segment_bytes, self.read_ahead))
+                                                 self.segment_bytes, self.read_ahead, self.budget))
                 except (FileNotFoundError, SegmentLayoutError):
                     break  # being created right now; adopt it next time
 

@@ -49,6 +49,7 @@ from engine.message import (
     validate_queue_id,
 )
 from engine.naming import QUARANTINE_DIR, index_shard_dir, validate_topic
+from engine.open_files import queue_file_budget
 from engine.record_reads import read_key_records, read_queue_records
 from engine.recovery import RecoveryMode, RecoveryReport, StoreParts, detect_shutdown, recover
 from engine.shard_index import ShardIndex
@@ -381,7 +382,8 @@ def open_parts(root: Path, config: StoreConfig, access: Access) -> StoreParts:
     and starts it empty; recovery then rebuilds it from the commitlog (the index is derived).
     """
     commitlog = CommitLog.open(root, config.commitlog_file_size, access)
-    queues = ConsumeQueueTable.load(root, config.consume_queue_entries, access)
+    queues = ConsumeQueueTable.load(root, config.consume_queue_entries, access,
+                                    queue_file_budget(config.max_open_queue_files))
     shards, damaged = [], []
     for n in range(config.index_shards):
         try:

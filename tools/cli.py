@@ -34,6 +34,7 @@ from engine.errors import (
 from tools import client_commands
 from tools.logging_setup import setup_logging
 from workers.exit_codes import CliExit, cli_epilog
+from workers.fatal_log import last_error, log_fatal_signals
 
 DEFAULT_STORE = "data"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -105,7 +106,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     config, settings = load_settings(args)
     if args.detach:
         return _start_detached(args, root)
-    ready_fd = args.ready_fd
+    ready_fd = args.ready_fd  # the --ready-fd pipe while open: on_ready closes it
     try:
         kind = inspect_store_dir(root)
         if kind is StoreKind.NEW:
@@ -114,22 +115,36 @@ def cmd_start(args: argparse.Namespace) -> int:
             read_meta(root)  # a newer format version is refused before anything is written
         else:  # before the log file: a foreign store keeps every byte and every name
             refuse_foreign_store(root, "start would write it")
-        setup_logging("supervisor", root, rotate=True, to_stderr=ready_fd is None)
+        setup_logging("supervisor", root, rotate=True, to_stderr=args.ready_fd is None)
+        log_fatal_signals(root)
 
         def on_ready(sup: Supervisor) -> None:
+            nonlocal ready_fd
             if ready_fd is not None:
                 report = "".join(f"report {line}\n" for line in sup.report.summary_lines())
                 os.write(ready_fd, f"{report}ready {os.getpid()}\n".encode())
                 os.close(ready_fd)
+                ready_fd = None
             else:
                 print(f"mqstore ready: store {root}, pid {os.getpid()} "
                       f"(Ctrl-C or `mqstore stop --store {root}` stops it)", flush=True)
 
         return Supervisor(root, config, settings, on_ready=on_ready).run()
     except StoreError as exc:
-        if ready_fd is not None:
-            os.write(ready_fd, f"error {int(exit_code_for(exc))} {exc}\n".encode())
+        log.error("supervisor failed: %s", exc)
+        _tell_start_failed(ready_fd, exc)
         raise
+    except Exception as exc:  # EMFILE, a bug: the log and `start --detach` name it all the same
+        log.exception("supervisor failed: %s: %s", type(exc).__name__, exc)
+        _tell_start_failed(ready_fd, exc)
+        raise
+
+
+def _tell_start_failed(ready_fd: int | None, exc: Exception) -> None:
+    """Write the error line `start --detach` waits for on its pipe (if it waits)."""
+    if ready_fd is not None:
+        message = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
+        os.write(ready_fd, f"error {int(exit_code_for(exc))} {message}\n".encode())
 
 
 def _start_detached(args: argparse.Namespace, root: Path) -> int:
@@ -167,8 +182,9 @@ def _start_detached(args: argparse.Namespace, root: Path) -> int:
     if line.startswith("error"):
         _, status, message = line.split(" ", 2)
         raise CliError(message, CliExit(int(status)))
-    raise CliError(f"the supervisor exited with code {code} before it was ready; "
-                   f"see {root / 'mqstore.log'}")
+    cause = last_error(root)
+    raise CliError(f"the supervisor exited with code {code} before it was ready"
+                   + (f": {cause}" if cause else "") + f"; see {root / 'mqstore.log'}")
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

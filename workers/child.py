@@ -6,7 +6,9 @@ in its own session, so a Ctrl-C on the terminal reaches the supervisor only and 
 decides the order of the stop. Its life:
 
 1. boot: attach the control block, open and recover its own files (any failure: exit
-   BOOT_FAILED, which the supervisor does not restart);
+   BOOT_FAILED, which the supervisor does not restart). Every way out of a child leaves its
+   cause in mqstore.log: an exception in the first line of its log record (the supervisor
+   quotes it in its exit line), a fatal signal through faulthandler (workers.fatal_log);
 2. loop: stamp the heartbeat in its process slot, check that the supervisor is still its parent
    (else exit ORPHANED within HEARTBEAT_INTERVAL_S), do a bounded step of work, flush on its
    interval, and sleep on its wakeup semaphore (posted by the supervisor after each flush)
@@ -40,11 +42,13 @@ from pathlib import Path
 from engine.config import StoreConfig
 from engine.errors import CorruptConsumeQueueError, CorruptIndexError, CorruptRecordError, DiskFullError
 from engine.naming import LOG_FILE
+from engine.open_files import raise_open_file_limit
 from ipc import seqlock
 from ipc.control_block import ControlBlock, ProcState, Role, process_slot_index
 from ipc.shm import region_name
 from ipc.wakeup import Wakeup
 from workers.exit_codes import ExitCode
+from workers.fatal_log import log_fatal_signals
 
 HEARTBEAT_INTERVAL_S = 0.1
 MAX_STEP_BYTES = 16 * 1024 * 1024  # bounded work per step keeps the heartbeat fresh
@@ -143,15 +147,15 @@ class ChildProcess:
             self.ctl.heartbeat(self.slot_index)
             self.wakeup = Wakeup.open(child_wakeup_name(self.store_dir, self.slot_index))
             self.boot()
-        except Exception:
-            log.exception("%s failed to boot", self.name)
+        except Exception as exc:
+            log.exception("%s failed to boot: %s", self.name, _cause(exc))
             return ExitCode.BOOT_FAILED
         self.ctl.set_process_state(self.slot_index, ProcState.RUNNING)
         log.info("%s running (pid %d)", self.name, os.getpid())
         try:
             code = self._loop()
-        except CORRUPTION:
-            log.exception("%s found corruption it cannot repair", self.name)
+        except CORRUPTION as exc:
+            log.exception("%s found corruption it cannot repair: %s", self.name, _cause(exc))
             return ExitCode.STORE_CORRUPT
         if code is ExitCode.OK:
             self.ctl.set_process_state(self.slot_index, ProcState.STOPPING)
@@ -267,6 +271,12 @@ def setup_child_logging(role: str, store_dir: Path) -> None:
         root.addHandler(handler)
 
 
+def _cause(exc: BaseException) -> str:
+    """An exception in one line: its type and message (the log line names the cause; the
+    traceback follows it)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 def child_main(cls: type[ChildProcess], argv: list[str] | None = None) -> None:
     """Entry point of `python -m workers.<role>`: exits with an ExitCode."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -276,6 +286,8 @@ def child_main(cls: type[ChildProcess], argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.USAGE)
     role = cls.role.name.lower() + (f"-{args.shard}" if cls.role is Role.INDEX_BUILDER else "")
     setup_child_logging(role, args.store)
+    log_fatal_signals(args.store)
+    raise_open_file_limit()
     try:
         config = StoreConfig(**json.loads(args.config_json))
         child = cls(args.store, config, args.supervisor_pid, args.shard)
@@ -284,8 +296,8 @@ def child_main(cls: type[ChildProcess], argv: list[str] | None = None) -> None:
         sys.exit(ExitCode.USAGE)
     try:
         code = child.run()
-    except Exception:
-        log.exception("%s crashed", child.name)
+    except Exception as exc:
+        log.exception("%s crashed: %s", child.name, _cause(exc))
         code = ExitCode.CRASHED
     logging.shutdown()
     sys.exit(int(code))

@@ -22,6 +22,7 @@ from engine.config import StoreConfig
 from ipc.control_block import ControlBlock, ProcState, Role, process_slot_index
 from ipc.wakeup import Wakeup
 from workers.child import child_wakeup_name, encode_config
+from workers.exit_codes import describe_exit
 from workers.restart_policy import RestartPolicy, RestartSettings
 
 MODULES = {Role.DISPATCHER: "workers.dispatcher", Role.INDEX_BUILDER: "workers.index_builder"}
@@ -46,6 +47,7 @@ class ChildHandle:
         self.started_at = 0.0
         self.restart_at: float | None = None
         self.last_returncode: int | None = None
+        self.killed_for: str | None = None  # why the supervisor SIGKILLed the running process
         self.wakeup = Wakeup.create(child_wakeup_name(store_dir, self.slot_index))
 
     @property
@@ -68,6 +70,7 @@ class ChildHandle:
                                         start_new_session=True, close_fds=True)
         self.started_at = time.monotonic()
         self.restart_at = None
+        self.killed_for = None
         self.ctl.claim_process_slot(self.slot_index, self.role, self.shard, self.process.pid)
         log.info("%s started (pid %d)", self.name, self.process.pid)
 
@@ -113,6 +116,19 @@ class ChildHandle:
             except ProcessLookupError:
                 pass
 
+    def kill(self, reason: str) -> None:
+        """SIGKILL the running child and reap it, remembering `reason` for the exit's words
+        (describe_exit): a kill of the supervisor's own is not an out-of-memory kill."""
+        if not self.running:
+            return
+        self.killed_for = reason
+        self.signal(signal.SIGKILL)
+        self.process.wait()
+
+    def describe(self, returncode: int) -> str:
+        """The words for this child's exit with `returncode` (workers.exit_codes.describe_exit)."""
+        return describe_exit(returncode, self.killed_for)
+
     def stop(self, timeout_s: float) -> int | None:
         """SIGTERM, wait up to `timeout_s`, then SIGKILL; returns the exit code."""
         if self.process is None:
@@ -122,8 +138,7 @@ class ChildHandle:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             log.warning("%s did not stop within %g s: SIGKILL", self.name, timeout_s)
-            self.signal(signal.SIGKILL)
-            self.process.wait()
+            self.kill(f"did not stop within {timeout_s:g} s of SIGTERM")
         return self.poll()
 
     def close(self) -> None:

@@ -50,6 +50,7 @@ from engine.errors import StoreError
 from engine.formats.record import Verify
 from engine.formats.record_scan import DispatchColumns, columns_from_headers
 from engine.mapped_file import Access
+from engine.open_files import queue_file_budget
 from ipc.control_block import DISPATCHER_GROUP, DISPATCHER_GROUP_OFFSET, Role, process_slot_index
 from ipc.key_ring import KeyRing, RingWriter
 from ipc.wakeup import WaiterTable, Wakeup
@@ -154,7 +155,8 @@ class Dispatcher(ChildProcess):
         self.commitlog = CommitLog.open(self.store_dir, self.config.commitlog_file_size,
                                         Access.READ_ONLY)
         self.queues = ConsumeQueueTable.load(self.store_dir, self.config.consume_queue_entries,
-                                             Access.READ_WRITE)
+                                             Access.READ_WRITE,
+                                             queue_file_budget(self.config.max_open_queue_files))
         self.queues.recover_all()
         published, durable, _ = read_own_group(self.ctl, DISPATCHER_GROUP_OFFSET, DISPATCHER_GROUP)
         # Re-dispatch from the durable position; entries up to `published` survived the

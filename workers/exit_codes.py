@@ -9,7 +9,8 @@ A child's exit code tells the supervisor what to do next (gunicorn's WORKER_BOOT
     3     BOOT_FAILED     could not open, attach or recover its files       stop the store
     4     STORE_CORRUPT   its files disagree with the commitlog for good    stop the store
     5     ORPHANED        the supervisor went away; exited by itself       nothing (we are gone)
-    <0    -signal         killed by a signal (SIGKILL: perhaps out of memory) restart (budgeted)
+    <0    -signal         killed by a signal (a SIGKILL the supervisor did  restart (budgeted)
+                          not send: perhaps out of memory)
 
 The codes in NO_RESTART mean "restarting will not help": the supervisor stops the store cleanly
 with a message naming the child instead of looping. The CLI's own codes are in CliExit.
@@ -59,8 +60,11 @@ def should_restart(returncode: int) -> bool:
         return True  # an unknown code is a crash
 
 
-def describe_exit(returncode: int) -> str:
-    """Human words for a child's return code, e.g. 'killed by SIGKILL (perhaps out of memory)'."""
+def describe_exit(returncode: int, killed_for: str | None = None) -> str:
+    """Human words for a child's return code, e.g. 'killed by SIGKILL (perhaps out of memory)';
+    `killed_for`: why the supervisor killed it itself, which is then the cause given."""
+    if killed_for is not None and returncode == -signal.SIGKILL:
+        return f"killed by the supervisor with SIGKILL ({killed_for})"
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name

@@ -62,9 +62,10 @@ class RestartPolicy:
     def restart_count(self) -> int:
         return len(self.history)
 
-    def on_exit(self, returncode: int, ran_for_s: float) -> Decision:
-        """Decide about a child that exited with `returncode` after running `ran_for_s`."""
-        what = describe_exit(returncode)
+    def on_exit(self, returncode: int, ran_for_s: float, killed_for: str | None = None) -> Decision:
+        """Decide about a child that exited with `returncode` after running `ran_for_s`
+        (`killed_for`: why the supervisor killed it, if it did)."""
+        what = describe_exit(returncode, killed_for)
         if not should_restart(returncode):
             return Decision(False, 0.0, f"{what}: not restarting")
         now = self._clock()

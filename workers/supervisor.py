@@ -41,6 +41,7 @@ from engine.config import FlushPolicy, StoreConfig
 from engine.errors import DiskFullError, StoreError
 from engine.formats.checkpoint import Checkpoint
 from engine.mapped_file import Access
+from engine.open_files import raise_open_file_limit
 from engine.recovery import RecoveryReport, detect_shutdown, recover
 from engine.store import open_parts
 from engine.store_dir import (
@@ -61,6 +62,7 @@ from ipc.shm import region_name, unlink_stale
 from workers.appender import Appender, DeadlineWatch
 from workers.child_handle import ChildHandle
 from workers.exit_codes import CliExit, ExitCode, describe_exit
+from workers.fatal_log import last_error
 from workers.group_commit import GroupCommit, fault_fsync_delay_s, fault_fsync_stall_path
 from workers.metadata_writer import MetadataWriter
 from workers.restart_policy import RestartSettings
@@ -87,6 +89,12 @@ class SupervisorSettings:
 
 class StartError(StoreError):
     """The store could not be started (a child could not boot, ...)."""
+
+
+def _logged_cause(root: Path, pid: int | None) -> str:
+    """'; it logged: <its last error line>' for a child that logged an error, else ''."""
+    line = last_error(root, pid) if pid is not None else None
+    return f"; it logged: {line}" if line else ""
 
 
 class Supervisor:
@@ -131,6 +139,7 @@ class Supervisor:
         return self.exit_code
 
     def start(self) -> None:
+        raise_open_file_limit()
         kind = inspect_store_dir(self.root)
         if kind is StoreKind.ROCKETMQ:
             refuse_foreign_store(self.root, "a supervisor would write it")
@@ -226,7 +235,8 @@ class Supervisor:
             while child.state() is not ProcState.RUNNING:
                 code = child.poll()
                 if code is not None:
-                    raise StartError(f"{child.name} could not boot: {describe_exit(code)}",
+                    raise StartError(f"{child.name} could not boot: {describe_exit(code)}"
+                                     f"{_logged_cause(self.root, child.pid)}",
                                      path=str(self.root), hint=f"see {self.root / 'mqstore.log'}")
                 if time.monotonic() > deadline:
                     raise StartError(f"{child.name} did not boot within "
@@ -305,8 +315,7 @@ class Supervisor:
             reason = child.is_hung(self.settings.child_timeout_s, self.settings.boot_timeout_s)
             if reason is not None:
                 log.error("%s (pid %d) is hung (%s): SIGKILL", child.name, child.pid, reason)
-                child.signal(signal.SIGKILL)
-                child.process.wait()
+                child.kill(f"hung: {reason}")
             code = child.poll()
             if code is None or child.restart_at is not None:
                 continue
@@ -315,16 +324,17 @@ class Supervisor:
                 return
 
     def _handle_exit(self, child: ChildHandle, code: int, now: float) -> None:
-        decision = child.policy.on_exit(code, child.ran_for_s())
+        decision = child.policy.on_exit(code, child.ran_for_s(), child.killed_for)
+        cause = _logged_cause(self.root, child.pid) if code != ExitCode.OK else ""
         entry = {"at": time.time(), "role": child.role.name.lower(), "shard": child.shard,
                  "pid": child.pid, "what": decision.reason}
         self.run_info = self.run_info.replace(restart_history=[*self.run_info.restart_history, entry])
         self._metadata.post_run_info(self.run_info)
         if decision.restart:
-            log.warning("%s (pid %d) %s", child.name, child.pid, decision.reason)
+            log.warning("%s (pid %d) %s%s", child.name, child.pid, decision.reason, cause)
             child.restart_at = now + decision.delay_s
         else:
-            self._fail(f"{child.name} (pid {child.pid}) {decision.reason}; stopping the store")
+            self._fail(f"{child.name} (pid {child.pid}) {decision.reason}; stopping the store{cause}")
 
     def _fail(self, reason: str) -> None:
         if self.stop_reason is not None and self.exit_code == CliExit.FAILED:
@@ -392,7 +402,7 @@ class Supervisor:
             if child.running:
                 code = child.stop(self.settings.child_stop_timeout_s)
                 if code != ExitCode.OK:
-                    log.warning("%s %s while stopping", child.name, describe_exit(code))
+                    log.warning("%s %s while stopping", child.name, child.describe(code))
                     clean = False
         appender.sweep()
         cp = self._final_checkpoint()

@@ -103,14 +103,16 @@ class RunningStore:
 
     @classmethod
     def start(cls, root: Path, *, store: dict | None = None, supervisor: dict | None = None,
-              env: dict | None = None, wait_ready: bool = True) -> RunningStore:
+              env: dict | None = None, wait_ready: bool = True,
+              preexec_fn: Callable[[], None] | None = None) -> RunningStore:
         root = Path(root)
         config = write_config(root.parent / f"{root.name}.toml", store, supervisor)
         stderr_path = root.parent / f"{root.name}.stderr"
         with open(stderr_path, "ab") as err:
             proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "start", "--store", str(root),
                                      "--config", str(config)], cwd=REPO_ROOT, env=child_env(env),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    preexec_fn=preexec_fn)
         running = cls(root, proc, stderr_path)
         if wait_ready:
             running.wait_ready()

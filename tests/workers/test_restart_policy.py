@@ -71,3 +71,12 @@ def test_exit_code_contract():
     assert not should_restart(ExitCode.OK) and not should_restart(ExitCode.ORPHANED)
     assert "perhaps out of memory" in describe_exit(-signal.SIGKILL)
     assert describe_exit(3) == "exited with 3 (BOOT_FAILED)"
+
+
+def test_a_kill_of_the_supervisors_own_is_described_by_its_reason():
+    words = describe_exit(-signal.SIGKILL, "hung: no heartbeat for 10.2 s")
+    assert words == "killed by the supervisor with SIGKILL (hung: no heartbeat for 10.2 s)"
+    assert describe_exit(ExitCode.CRASHED, "hung: no heartbeat for 10.2 s") == "exited with 1 (CRASHED)"
+    decision = RestartPolicy(RestartSettings()).on_exit(-signal.SIGKILL, 1.0, "hung: still booting")
+    assert decision.restart and "perhaps out of memory" not in decision.reason
+    assert "killed by the supervisor with SIGKILL (hung: still booting)" in decision.reason

@@ -188,6 +188,10 @@ def test_hung_child_is_killed_and_restarted(tmp_path):
         store.wait_child_restarted(Role.INDEX_BUILDER, hung, shard=0)
         assert not pid_alive(hung)
         assert "is hung (no heartbeat for" in store.stderr
+        logged = (store.root / "mqstore.log").read_text()
+        assert (f"index builder 0 (pid {hung}) killed by the supervisor with SIGKILL (hung: no "
+                "heartbeat for") in logged
+        assert "perhaps out of memory" not in logged
         with Producer(store.root) as producer:
             assert producer.send("T1", b"after", keys=("k",)).ok
         store.wait_caught_up()
