@@ -1,7 +1,8 @@
 """The durable line (DESIGN §4 "a store never shrinks by surprise"): the commit position below
 which the store has told producers their messages are on disk. Routine recovery may cut only
 past it (the torn tail of a crash); damage, zeros or a missing segment or commitlog below it
-refuse the start with StoreCorruptError, before recovery changes anything on disk.
+refuse the start with StoreCorruptError, before recovery changes anything on disk. A short
+segment is refused wherever it lies (no crash makes one); the rebuild pads it with zeros.
 
 Where the line comes from:
 - a readable checkpoint (or its `.bak`): its commitlog_flushed_pos, written only after the
@@ -15,6 +16,8 @@ raise the line: an async power loss may legitimately take records they point at.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import NamedTuple
 
 from engine.commitlog import CommitLog
@@ -24,7 +27,7 @@ from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
 from engine.log_walk import is_zero_from, valid_records_between
-from engine.naming import offset_to_name
+from engine.naming import commitlog_dir, is_segment_name, name_to_offset, offset_to_name
 
 
 class DurableLine(NamedTuple):
@@ -59,6 +62,36 @@ def refuse_loss_below(commitlog: CommitLog, queues: ConsumeQueueTable, line: Dur
         bad = _first_bad_below(commitlog, seg_base, line.pos)  # scan_from may be no record boundary
     if bad is not None:
         raise _corrupt_at(commitlog, bad, line)
+
+
+def refuse_short_segments(root: Path, segment_bytes: int) -> None:
+    """A commitlog segment shorter than the segment size lost its end (MappedFile.create sizes
+    a new segment under a temporary name, so no crash leaves one short): StoreCorruptError
+    naming it and the position where its bytes stop."""
+    for path, base_pos, size_bytes in _short_segments(root, segment_bytes):
+        raise StoreCorruptError(f"the segment is {size_bytes} bytes, not {segment_bytes}: its end "
+                                "is missing", commit_pos=base_pos + size_bytes, durable_pos=None,
+                                path=str(path))
+
+
+def pad_short_segments(root: Path, segment_bytes: int) -> list[tuple[Path, int]]:
+    """The rebuild's answer to short segments: extend each with zeros to the segment size (the
+    missing bytes read as unwritten; the rebuild then cuts at the first invalid record).
+    Returns (path, size it had) of each one extended."""
+    padded = []
+    for path, _base_pos, size_bytes in _short_segments(root, segment_bytes):
+        with open(path, "r+b") as fh:
+            fh.truncate(segment_bytes)
+            os.fsync(fh.fileno())
+        padded.append((path, size_bytes))
+    return padded
+
+
+def _short_segments(root: Path, segment_bytes: int) -> list[tuple[Path, int, int]]:
+    directory = commitlog_dir(root)
+    names = sorted(n for n in os.listdir(directory) if is_segment_name(n)) if directory.is_dir() else []
+    sizes = [(directory / n, name_to_offset(n), (directory / n).stat().st_size) for n in names]
+    return [(path, base, size) for path, base, size in sizes if size < segment_bytes]
 
 
 def _last_record_start_below(queues: ConsumeQueueTable, line_pos: int) -> int | None:

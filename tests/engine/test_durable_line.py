@@ -164,3 +164,30 @@ def test_refusal_is_a_store_corrupt_error_with_its_fields(tmp_path):
     text = str(exc)
     assert "commit_pos 7" in text and "durable position 9" in text and "3 valid record(s)" in text
     assert "[seg]" in text and "nothing was changed" in text
+
+
+def test_short_segment_is_refused_and_rebuild_pads_it_then_cuts(tmp_path):
+    """A segment that lost its end (no crash makes one: segments are sized under a temporary
+    name): refused naming it and where its bytes stop; the rebuild reads the lost bytes as
+    zeros, cuts at the first record they break and quarantines every later segment's bytes."""
+    results = crashed_store(tmp_path, 60, checkpoint_after=50)
+    victim = next(r for r in results[5:] if r.commit_pos % SEGMENT_BYTES > SEGMENT_BYTES // 2)
+    path, file_pos = segment_of(tmp_path, victim.commit_pos)
+    assert path.name < max(p.name for p in commitlog_dir(tmp_path).iterdir())  # not the last one
+    original = log_bytes(tmp_path)
+    with open(path, "r+b") as fh:
+        fh.truncate(file_pos + 10)  # 10 bytes of the victim record are left
+    refused = open_refused(tmp_path)
+    assert (refused.path, refused.commit_pos, refused.durable_pos) == \
+        (str(path), victim.commit_pos + 10, None)
+    with rebuild(tmp_path) as store:
+        assert store.recovery_report.cut_pos == victim.commit_pos
+        kept = [r for r in results if r.commit_pos < victim.commit_pos]
+        assert sum(store.max_offset(TOPIC, q) for q in (0, 1)) == len(kept)
+    assert path.stat().st_size == SEGMENT_BYTES
+    assert log_bytes(tmp_path)[:victim.commit_pos] == original[:victim.commit_pos]
+    next_base = victim.commit_pos - file_pos + SEGMENT_BYTES
+    pos = victim.commit_pos  # the 10 bytes left, zeros for the lost ones, the later segments
+    assert quarantined(tmp_path) == [original[pos:pos + 10] + bytes(next_base - pos - 10)
+                                     + original[next_base:].rstrip(b"\0")]
+    assert check(tmp_path) == []
