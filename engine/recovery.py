@@ -33,7 +33,7 @@ from engine.dispatch import (
     queue_groups,
 )
 from engine.durable_line import durable_line, refuse_loss_below
-from engine.errors import CorruptConsumeQueueError, CorruptRecordError
+from engine.errors import CorruptConsumeQueueError, CorruptRecordError, StoreCorruptError
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
@@ -168,6 +168,9 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
     report.cut_pos = cut_pos
     if reason is not None:
         report.cut_reason = reason
+    if cut_pos < report.durable_pos:  # refuse_loss_below saw that range valid: never expected
+        raise StoreCorruptError(f"recovery stopped below the durable line ({reason or 'zeros'})",
+                                commit_pos=cut_pos, durable_pos=report.durable_pos)
     _cut(parts, cut_pos, report, now_ms())
     _finish(parts, report, cut_pos)
     report.duration_ms = (time.monotonic() - started) * 1000
