@@ -62,8 +62,9 @@ class StoreCorruptError(StoreError):
         super().__init__(
             f"store corrupt at commit_pos {commit_pos}{below}: {reason}{after}; nothing was "
             "changed", path=path,
-            hint=f"`mqstore recover --rebuild` keeps the log before commit_pos {commit_pos} and "
-                 "moves everything from it to quarantine/, rebuilding consume queues and index")
+            hint="put back what is missing or damaged (from a copy) and start again, or run "
+                 f"`mqstore recover --rebuild`: it keeps the log before commit_pos {commit_pos}, "
+                 "moves everything from there to quarantine/ and rebuilds consume queues and index")
 
 
 class CorruptConsumeQueueError(StoreError):
