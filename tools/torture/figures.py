@@ -126,8 +126,11 @@ class Figures:
             f"  messages acknowledged {self.acked}, lost {self.lost}, duplicated {self.duplicated}, "
             f"lost unflushed (async, power loss) {self.lost_unflushed}, "
             f"flush timeouts {self.timed_out}",
-            f"  damage below the durable line: {self.rebuilds} refused start(s) and rebuild(s), "
-            f"lost to the rebuild cuts {self.lost_to_rebuild}",
+        ]
+        if self.rebuilds:
+            out.append(f"  damage below the durable line: {self.rebuilds} refused start(s), each "
+                       f"then rebuilt; acknowledged messages cut by the rebuilds {self.lost_to_rebuild}")
+        out += [
             f"  mismatched {self.mismatched}, index misses {self.index_missing}, check findings "
             f"{self.check_findings}, unclean stops {self.unclean_stops}",
             f"  recovery (kill -> serving again): {ms(self.latency_summary(self.recovery_ms))}",
