@@ -68,7 +68,9 @@ def refuse_short_segments(root: Path, segment_bytes: int) -> None:
     """A commitlog segment shorter than the segment size lost its end (MappedFile.create sizes
     a new segment under a temporary name, so no crash leaves one short): StoreCorruptError
     naming it and the position where its bytes stop."""
-    for path, base_pos, size_bytes in _short_segments(root, segment_bytes):
+    short = _short_segments(root, segment_bytes)
+    if short:
+        path, base_pos, size_bytes = short[0]
         raise StoreCorruptError(f"the segment is {size_bytes} bytes, not {segment_bytes}: its end "
                                 "is missing", commit_pos=base_pos + size_bytes, durable_pos=None,
                                 path=str(path))
