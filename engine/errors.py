@@ -47,6 +47,26 @@ class CorruptRecordError(StoreError):
         super().__init__(f"corrupt record at commit_pos {pos}: {reason}", path=path)
 
 
+class StoreCorruptError(StoreError):
+    """Data the store already called durable is damaged or missing (below the durable line):
+    routine recovery refuses to cut it; the operator chooses (`mqstore recover --rebuild`)."""
+
+    def __init__(self, reason: str, *, commit_pos: int, durable_pos: int | None,
+                 path: str | None = None, records_after: int = 0):
+        self.reason = reason
+        self.commit_pos = commit_pos
+        self.durable_pos = durable_pos  # None: the damage is refused wherever the line is
+        self.records_after = records_after
+        after = f"; {records_after} valid record(s) follow it" if records_after else ""
+        below = "" if durable_pos is None else f", below the durable position {durable_pos}"
+        super().__init__(
+            f"store corrupt at commit_pos {commit_pos}{below}: {reason}{after}; nothing was "
+            "changed", path=path,
+            hint="put back what is missing or damaged (from a copy) and start again, or run "
+                 f"`mqstore recover --rebuild`: it keeps the log before commit_pos {commit_pos}, "
+                 "moves everything from there to quarantine/ and rebuilds consume queues and index")
+
+
 class CorruptConsumeQueueError(StoreError):
     """A consume queue is inconsistent (gap, bad entry); rebuild it from the commitlog."""
 

@@ -32,7 +32,8 @@ from engine.dispatch import (
     key_hashes_and_shards,
     queue_groups,
 )
-from engine.errors import CorruptConsumeQueueError, CorruptRecordError
+from engine.durable_line import durable_line, refuse_loss_below
+from engine.errors import CorruptConsumeQueueError, CorruptRecordError, StoreCorruptError
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
@@ -54,9 +55,10 @@ class ShutdownState(Enum):
 
 
 class RecoveryMode(Enum):
-    """ROUTINE: bounded by the checkpoint (after any stop or crash). REBUILD: verify the whole
-    log and rebuild consume queues and index from it (after `check` finds damage to data the
-    checkpoint already counts as durable, e.g. bit rot or a lost index file)."""
+    """ROUTINE: bounded by the checkpoint (after any stop or crash); cuts only past the durable
+    line and refuses (StoreCorruptError) to cut below it. REBUILD: the operator's choice after
+    such a refusal or a `check` finding: verify the whole log, cut at the first invalid record
+    wherever it is, and rebuild consume queues and index from what is kept."""
 
     ROUTINE = "routine"
     REBUILD = "rebuild"
@@ -75,6 +77,7 @@ class RecoveryReport:
     mode: str = RecoveryMode.ROUTINE.value
     index_shards_rebuilt: list[int] = field(default_factory=list)
     checkpoint_problems: list[str] = field(default_factory=list)
+    durable_pos: int = 0  # routine recovery cuts only at or past it (engine.durable_line)
     scan_start_pos: int = 0
     cut_pos: int = 0
     bytes_scanned: int = 0
@@ -143,13 +146,18 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
     report.mode = mode.value
     report.index_shards_rebuilt = list(parts.damaged_shards)
     cp = None if mode is RecoveryMode.REBUILD else loaded.checkpoint
+    shard_positions = _shard_durable_positions(cp, len(parts.shards))
+    for shard_no in parts.damaged_shards:
+        shard_positions[shard_no] = 0
+    if mode is RecoveryMode.ROUTINE:  # before anything on disk changes
+        line = durable_line(loaded.checkpoint, parts.queues)
+        report.durable_pos = line.pos
+        refuse_loss_below(parts.commitlog, parts.queues, line, _scan_start(
+            cp, shard_positions, parts.commitlog.min_pos, _last_dispatched_pos(parts.queues)))
     if mode is RecoveryMode.REBUILD:
         for queue in list(parts.queues):
             parts.queues.drop(queue.topic, queue.queue_id)
     parts.queues.recover_all()
-    shard_positions = _shard_durable_positions(cp, len(parts.shards))
-    for shard_no in parts.damaged_shards:
-        shard_positions[shard_no] = 0
     for shard, durable_pos in zip(parts.shards, shard_positions, strict=True):
         report.index_entries_trimmed += shard.trim_from(durable_pos)
         shard.mark_processed(durable_pos)
@@ -160,6 +168,9 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
     report.cut_pos = cut_pos
     if reason is not None:
         report.cut_reason = reason
+    if cut_pos < report.durable_pos:  # refuse_loss_below saw that range valid: never expected
+        raise StoreCorruptError(f"recovery stopped below the durable line ({reason or 'zeros'})",
+                                commit_pos=cut_pos, durable_pos=report.durable_pos)
     _cut(parts, cut_pos, report, now_ms())
     _finish(parts, report, cut_pos)
     report.duration_ms = (time.monotonic() - started) * 1000

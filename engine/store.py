@@ -20,6 +20,7 @@ from engine.config import FlushPolicy, StoreConfig
 from engine.consume_queue import Boundary
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns
+from engine.durable_line import pad_short_segments, refuse_short_segments
 from engine.errors import (
     BadInputError,
     CorruptIndexError,
@@ -125,6 +126,8 @@ class MessageStore:
         config = config_for_store(meta, config)
         lock = StoreLock.acquire(root)
         try:
+            if recovery is RecoveryMode.REBUILD:
+                pad_short_segments(root, config.commitlog_file_size)
             parts = open_parts(root, config, Access.READ_WRITE)
             report = recover(parts, detect_shutdown(root), mode=recovery, progress=progress)
             mark_running(root)
@@ -380,7 +383,10 @@ def open_parts(root: Path, config: StoreConfig, access: Access) -> StoreParts:
 
     A writer that finds an index shard it cannot read moves the shard aside to quarantine/
     and starts it empty; recovery then rebuilds it from the commitlog (the index is derived).
+    A writer refuses a short commitlog segment (StoreCorruptError; a rebuild pads it first).
     """
+    if access is Access.READ_WRITE:
+        refuse_short_segments(root, config.commitlog_file_size)
     commitlog = CommitLog.open(root, config.commitlog_file_size, access)
     queues = ConsumeQueueTable.load(root, config.consume_queue_entries, access,
                                     queue_file_budget(config.max_open_queue_files))

@@ -21,8 +21,10 @@ from pathlib import Path
 
 from engine.check import check
 from engine.config import StoreConfig
+from engine.errors import StoreCorruptError
 from engine.formats.cq_entry import CQ_ENTRY_SIZE
-from engine.naming import commitlog_dir, consume_queue_dir, is_segment_name, offset_to_name
+from engine.naming import LOCK_FILE, commitlog_dir, consume_queue_dir, is_segment_name, offset_to_name
+from engine.recovery import RecoveryMode
 from engine.status import GetStatus
 from engine.store import MessageStore, close_parts
 
@@ -66,6 +68,23 @@ def die(store: MessageStore) -> None:
 
 def reopen(root: Path, config: StoreConfig = SMALL_CONFIG) -> MessageStore:
     return MessageStore.open(root, config)
+
+
+def open_refused(root: Path, config: StoreConfig = SMALL_CONFIG) -> StoreCorruptError:
+    """Open must refuse with StoreCorruptError and leave every file byte-identical (the lock
+    file apart: taking the lock writes the holder's pid into it)."""
+    before = {k: v for k, v in snapshot(root).items() if k != LOCK_FILE}
+    try:
+        MessageStore.open(root, config).close()
+    except StoreCorruptError as exc:
+        assert {k: v for k, v in snapshot(root).items() if k != LOCK_FILE} == before
+        return exc
+    raise AssertionError(f"opening {root} was not refused")
+
+
+def rebuild(root: Path, config: StoreConfig = SMALL_CONFIG) -> MessageStore:
+    """The operator's choice after a refusal (`mqstore recover --rebuild`)."""
+    return MessageStore.open(root, config, recovery=RecoveryMode.REBUILD)
 
 
 def close_and_check(store: MessageStore) -> list:

@@ -232,8 +232,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
+    from engine.durable_line import pad_short_segments
     from engine.mapped_file import Access
-    from engine.recovery import detect_shutdown, recover
+    from engine.recovery import RecoveryMode, detect_shutdown, recover
     from engine.store import close_parts, open_parts
     from engine.store_dir import (
         StoreKind,
@@ -256,6 +257,11 @@ def cmd_recover(args: argparse.Namespace) -> int:
     config = config_for_store(read_meta(root), config)
     lock = StoreLock.acquire(root)  # refuses while a supervisor runs
     try:
+        mode = RecoveryMode(args.mode)
+        if mode is RecoveryMode.REBUILD:
+            for path, size_bytes in pad_short_segments(root, config.commitlog_file_size):
+                print(f"  extended short segment {path} from {size_bytes} bytes with zeros",
+                      file=sys.stderr)
         parts = open_parts(root, config, Access.READ_WRITE)
         try:
             last = [0.0]
@@ -265,7 +271,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
                     last[0] = time.monotonic()
                     print(f"  scanned {done >> 20} of {max(total, 1) >> 20} MiB", file=sys.stderr)
 
-            report = recover(parts, detect_shutdown(root), progress=progress)
+            report = recover(parts, detect_shutdown(root), mode=mode, progress=progress)
         finally:
             close_parts(parts)
         mark_clean_stop(root)
@@ -316,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
                 cmd_recover)
     p.add_argument("--config", help="TOML file with [store] settings")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--rebuild", dest="mode", action="store_const", const="rebuild", default="routine",
+                   help="after a STORE_CORRUPT refusal: verify the whole log, cut it at the first "
+                   "invalid record (everything from there goes to quarantine/), rebuild consume "
+                   "queues and index from what is kept")
 
     for name, help_text in DELEGATED.items():
         sub.add_parser(name, help=help_text, add_help=False)

@@ -50,10 +50,12 @@ from tests.helpers import (
     cq_entry_of,
     die,
     log_bytes,
+    open_refused,
     patch,
     quarantined,
     queue_bodies,
     read,
+    rebuild,
     reopen,
     segment_of,
 )
@@ -129,14 +131,18 @@ def test_recover_phase1_clean_restart_keeps_every_position(tmp_path):
 
 
 @pytest.mark.parametrize("abort", [False, True], ids=["clean_restart", "abort_file"])
-def test_recover_phase2_and_3_damaged_last_record_is_cut(tmp_path, abort):
+def test_recover_phase2_and_3_damaged_last_record_is_refused_then_cut_by_rebuild(tmp_path, abort):
     results = build(tmp_path, 30, crash=False)
     last = results[-1]
     damage_last_record(tmp_path, last, len(body(29)))
     damaged = log_bytes(tmp_path)[last.commit_pos:last.commit_pos + record_size(tmp_path, last.commit_pos)]
     if abort:
         (tmp_path / ABORT_FILE).write_text("12345\n")
-    store = reopen(tmp_path)
+    # the clean stop's checkpoint calls the record durable: no silent cut, the operator rebuilds
+    refused = open_refused(tmp_path)
+    assert (refused.commit_pos, refused.path) == (last.commit_pos,
+                                                  str(segment_of(tmp_path, last.commit_pos)[0]))
+    store = rebuild(tmp_path)
     report = store.recovery_report
     assert report.shutdown == ("crash" if abort else "clean")
     assert report.cut_pos == last.commit_pos and report.cut_reason
@@ -289,16 +295,18 @@ def test_first_record_of_a_segment_damaged_cut_at_the_segment_base(tmp_path):
     assert check(tmp_path) == []
 
 
-def test_damaged_last_record_at_a_segment_base_after_a_clean_stop_is_cut(tmp_path):
+def test_damaged_last_record_at_a_segment_base_after_a_clean_stop_is_refused_then_cut(tmp_path):
     """The re-verified last record (see phase 2) is the first of its segment: a segment base is a
-    record boundary, so the damage is cut there, not taken for an untrustworthy scan start."""
+    record boundary, so the damage is named there (and a rebuild cuts there), not taken for an
+    untrustworthy scan start."""
     k = _first_roll(build(tmp_path / "probe", 30, crash=False))
     results = build(tmp_path / "store", k + 1, crash=False)
     pos = results[k].commit_pos
     assert pos == SEGMENT_BYTES
     patch(*segment_of(tmp_path / "store", pos + BODY_OFFSET), _flip(tmp_path / "store", pos + BODY_OFFSET))
     removed = tail_after(tmp_path / "store", pos)
-    store = reopen(tmp_path / "store")
+    assert open_refused(tmp_path / "store").commit_pos == pos  # below the clean stop's line
+    store = rebuild(tmp_path / "store")
     assert (store.recovery_report.cut_pos, store.commitlog.written_pos) == (pos, pos)
     assert store.recovery_report.cut_reason and quarantined(tmp_path / "store") == [removed]
     assert_holds_exactly(store, k)

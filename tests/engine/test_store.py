@@ -16,7 +16,7 @@ from engine.check import check
 from engine.checkpoint import CheckpointSource, load_checkpoint, write_checkpoint
 from engine.config import FlushPolicy
 from engine.consume_queue import Boundary
-from engine.errors import BadInputError, CorruptRecordError, StoreLockedError
+from engine.errors import BadInputError, CorruptRecordError, StoreCorruptError, StoreLockedError
 from engine.formats.checkpoint import MIN_TIMESTAMP_MARGIN_MS, Checkpoint
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.index_file import index_key_hash_of
@@ -39,6 +39,7 @@ from engine.naming import (
     LOCK_FILE,
     STORE_META_FILE,
 )
+from engine.recovery import RecoveryMode
 from engine.status import GetStatus, PutStatus
 from engine.store import MessageStore
 from tests.helpers import TOPIC, die, local_time_ms, log_bytes, patch, queue_bodies, segment_of, snapshot
@@ -433,7 +434,10 @@ def test_append_prop_crc_every_record_validates_and_a_flipped_property_byte_is_c
     patch(path, victim, bytes([log[last.commit_pos + victim - file_pos] ^ 0x20]))
     with pytest.raises(CorruptRecordError, match="CRC32C"):
         decode_record(log_bytes(tmp_path), last.commit_pos, verify=Verify.MQSTORE)
-    with MessageStore.open(tmp_path, small_config) as store:  # the changed record is never served
-        assert store.recovery_report.cut_pos == last.commit_pos
+    with pytest.raises(StoreCorruptError) as refused:  # below the clean stop's durable line
+        MessageStore.open(tmp_path, small_config)
+    assert refused.value.commit_pos == last.commit_pos
+    with MessageStore.open(tmp_path, small_config, recovery=RecoveryMode.REBUILD) as store:
+        assert store.recovery_report.cut_pos == last.commit_pos  # the changed record is never served
         assert store.max_offset(TOPIC, 0) == 7
     assert check(tmp_path) == []

@@ -1,10 +1,10 @@
 """Torn and flipped bytes, one at a time: records, consume-queue entries, index entries, checkpoint.
 
-Every flip in a record is detected (check reports the record); a flipped last record is cut and
-quarantined by recovery; a flipped middle record is cut by a rebuild, everything from it kept in
-quarantine byte for byte; a bad consume-queue or index entry (its time included) is found by
-check and rebuilt from
-the commitlog (RecoveryMode.REBUILD: `mqstore recover` has no --rebuild yet); a bad checkpoint
+Every flip in a record is detected (check reports the record); a flipped record the checkpoint
+calls durable makes a routine open refuse (StoreCorruptError, nothing changed), and a rebuild
+(`mqstore recover --rebuild`) cuts it, everything from it kept in quarantine byte for byte; a
+bad consume-queue or index entry (its time included) is found by check and rebuilt from the
+commitlog (RecoveryMode.REBUILD); a bad checkpoint
 falls back to its backup, or to a full scan when both are bad. Positions come from the files'
 structure (tools.torture.faults), masks from a seeded rng; `MQSTORE_TORTURE_SCALE` > 1 sweeps
 more records and entries.
@@ -32,6 +32,7 @@ from engine.formats.record import Verify, decode_record
 from engine.naming import BACKUP_SUFFIX, commitlog_dir
 from engine.recovery import RecoveryMode
 from engine.store import MessageStore
+from tests.helpers import open_refused
 from tools.torture.faults import flip_byte, index_entry_spans, queue_entry_spans, record_spans
 
 CONFIG = StoreConfig(**SMALL_CONFIG)
@@ -92,12 +93,16 @@ def test_every_flip_in_the_last_records_is_detected(store):
     assert check(root) == []
 
 
-def test_flipped_last_record_is_cut_at_its_start_and_quarantined(store):
+def test_flipped_last_record_is_refused_then_cut_at_its_start_and_quarantined(store):
+    """The clean stop's checkpoint calls the last record durable: a routine open refuses and
+    names it, changing nothing; the operator's rebuild cuts it and keeps it in quarantine/."""
     root, entries, rng = store
     path, file_pos, size, commit_pos = record_spans(root, CONFIG)[-1]
     flip_byte(path, file_pos + rng.randrange(size))
     flipped = path.read_bytes()[file_pos:file_pos + size]
-    with MessageStore.open(root, CONFIG) as st:
+    refused = open_refused(root, CONFIG)
+    assert (refused.commit_pos, refused.path, refused.records_after) == (commit_pos, str(path), 0)
+    with MessageStore.open(root, CONFIG, recovery=RecoveryMode.REBUILD) as st:
         report = st.recovery_report
         assert report.cut_pos == commit_pos and report.cut_reason
         assert report.quarantine_path and report.quarantined_bytes == size

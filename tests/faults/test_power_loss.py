@@ -3,9 +3,11 @@
 Two tiers. Torture runs (real processes): the whole store is frozen with SIGSTOP, its durable
 positions read from the control block, everything is SIGKILLed, and tools.torture.faults
 drops or reverts random pages past each structure's durable position (commitlog, consume
-queues, index, checkpoint) before the restart. In-process scenarios (MessageStore, async flush
-without timers, so exactly which bytes are durable is decided by the test) check the cut point
-and the quarantine byte for byte, and each way the atomic checkpoint replace can end.
+queues, index, checkpoint) before the restart; every other power loss also flips a byte below
+the durable line, which the start must refuse and the operator's rebuild cut and quarantine.
+In-process scenarios (MessageStore, async flush without timers, so exactly which bytes are
+durable is decided by the test) check the cut point and the quarantine byte for byte, and each
+way the atomic checkpoint replace can end.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def test_power_loss_rounds_sync_flush_lose_nothing(tmp_path):
                           kills_per_round=2, acks_before_kill=(10, 150))
     assert_passed(figures)
     assert figures.lost_unflushed == 0 and figures.kills["supervisor"] == scaled(2) * 2
+    assert figures.rebuilds >= 1  # damage below the durable line: refused, then rebuilt
 
 
 @pytest.mark.slow
@@ -50,6 +53,7 @@ def test_power_loss_rounds_async_flush_lose_only_unflushed(tmp_path):
     figures = run_torture(tmp_path, target="supervisor", fault="power-loss", flush="async",
                           rounds=scaled(2), kills_per_round=1, acks_before_kill=(10, 150))
     assert_passed(figures)  # lost == 0: every loss lies past the flushed position of its loss
+    assert figures.rebuilds >= 1  # damage below the durable line: refused, then rebuilt
     print(f"async power loss lost {figures.lost_unflushed} unflushed acknowledged messages")
 
 

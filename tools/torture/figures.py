@@ -52,6 +52,8 @@ class Figures:
     timed_out: int = 0
     lost: int = 0
     lost_unflushed: int = 0
+    lost_to_rebuild: int = 0
+    rebuilds: int = 0  # damage below the durable line: start refused, the operator rebuilt
     duplicated: int = 0
     mismatched: int = 0
     index_missing: int = 0
@@ -95,7 +97,8 @@ class Figures:
             "fault": self.fault, "target": self.target, "rounds": len(self.rounds),
             "stores": self.stores, "kills": dict(self.kills), "restarts": dict(self.restarts),
             "acked": self.acked, "timed_out": self.timed_out, "lost": self.lost,
-            "lost_unflushed": self.lost_unflushed, "duplicated": self.duplicated,
+            "lost_unflushed": self.lost_unflushed, "lost_to_rebuild": self.lost_to_rebuild,
+            "rebuilds": self.rebuilds, "duplicated": self.duplicated,
             "mismatched": self.mismatched, "index_missing": self.index_missing,
             "check_findings": self.check_findings, "unclean_stops": self.unclean_stops,
             "recovery_ms": self.latency_summary(self.recovery_ms),
@@ -125,6 +128,11 @@ class Figures:
             f"  messages acknowledged {self.acked}, lost {self.lost}, duplicated {self.duplicated}, "
             f"lost unflushed (async, power loss) {self.lost_unflushed}, "
             f"flush timeouts {self.timed_out}",
+        ]
+        if self.rebuilds:
+            out.append(f"  damage below the durable line: {self.rebuilds} refused start(s), each "
+                       f"then rebuilt; acknowledged messages cut by the rebuilds {self.lost_to_rebuild}")
+        out += [
             f"  mismatched {self.mismatched}, index misses {self.index_missing}, check findings "
             f"{self.check_findings}, unclean stops {self.unclean_stops}",
             f"  recovery (kill -> serving again): {ms(self.latency_summary(self.recovery_ms))}",

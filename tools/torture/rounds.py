@@ -11,7 +11,9 @@ One round:
      exit; `mqstore start` again (abnormal recovery), new producers. With `fault=power-loss` the
      whole store is first frozen (SIGSTOP, waited for), its durable positions read from the
      control block, then everything is killed and tools.torture.faults drops what the page
-     cache had not written back before the restart;
+     cache had not written back before the restart; every `damage_every`th power loss also
+     flips a byte below the durable line (tools.torture.durable_damage): the start must refuse
+     it and the operator's `mqstore recover --rebuild` cut there before the restart;
    - dispatcher / index (a random shard): the supervisor restarts it; we wait for the new pid
      to run;
    - producer: one producer process dies mid-request; a new one takes its place;
@@ -52,6 +54,7 @@ from ipc.control_block import (
     SUPERVISOR_GROUP_OFFSET,
     Role,
 )
+from tools.torture.durable_damage import damage_below_line, expect_refused_start, rebuild_and_compare
 from tools.torture.faults import DurablePositions, Tear, simulate_power_loss
 from tools.torture.figures import Figures, RoundRecord
 from tools.torture.hostile import acks_path, attack, verify_hostile_acks
@@ -64,7 +67,7 @@ from tools.torture.processes import (
     wait_until,
     write_store_config,
 )
-from tools.torture.verify import PowerLoss, VerifyState, store_config, verify_store
+from tools.torture.verify import OperatorCut, PowerLoss, VerifyState, store_config, verify_store
 
 KILL_TARGETS = ("supervisor", "dispatcher", "index", "producer")  # what `random` picks from
 TARGETS = (*KILL_TARGETS, "hostile")
@@ -103,6 +106,7 @@ class TortureSettings:
     seed: int | None = None
     producers: int = 2
     kills_per_round: int = 1
+    damage_every: int = 2  # every Nth power loss also damages a record below the durable line
     acks_before_kill: tuple[int, int] = (20, 300)
     acks_after_restart: int = 20
     rounds_per_store: int = 0  # 0: one store for the whole run
@@ -129,6 +133,7 @@ class TortureRun:
         self.work_dir = Path(s.work_dir or self.root.with_name(self.root.name + ".torture"))
         self.figures = Figures(seed=self.seed, flush=s.flush, fault=s.fault, target=s.target)
         self._tag_seq = 0
+        self._power_loss_count = 0
         self._acked_in_old_stores = self._timed_out_in_old_stores = 0
         self._statuses_in_old_stores: Counter[str] = Counter()
         self._round_tags: list[str] = []
@@ -256,6 +261,7 @@ class TortureRun:
         record.kills += 1
 
     def _kill_supervisor(self, record: RoundRecord, number: int) -> None:
+        s = self.settings
         children = self.store.child_pids()
         durable = self._freeze(children) if record.fault == "power-loss" else None
         self.store.kill()
@@ -264,11 +270,13 @@ class TortureRun:
         self.store.wait_orphans_gone(children)
         self.fleet.wait_all_exited()
         if durable is not None:
-            loss = simulate_power_loss(self.root, durable, store_config(self.root), self.rng,
-                                       self.settings.tear)
+            loss = simulate_power_loss(self.root, durable, store_config(self.root), self.rng, s.tear)
             self.state.power_losses.append(PowerLoss(time.time_ns() // 1_000_000,
                                                      durable.commitlog_flushed_pos))
             record.power_loss = loss.summary()
+            self._power_loss_count += 1
+            if s.damage_every and self._power_loss_count % s.damage_every == 0:
+                self._damage_below_line(record)
         began = time.monotonic()
         self.store.start()
         for _ in range(self.settings.producers):
@@ -281,6 +289,20 @@ class TortureRun:
             record.engine_recovery_ms.append(float(match.group(2)))
         # forget what the log held past the recovery cut (unknown: rescan it all)
         self.state.log.invalidate_from(int(match.group(1)) if match else 0)
+
+    def _damage_below_line(self, record: RoundRecord) -> None:
+        """Flip a byte below the durable line: start must refuse, the operator's rebuild cut there
+        and quarantine the rest byte for byte (tools.torture.durable_damage)."""
+        commit_pos = damage_below_line(self.root, store_config(self.root), self.rng)
+        if commit_pos is None:
+            return
+        expect_refused_start(self.store, commit_pos)
+        quarantined = rebuild_and_compare(self.store, commit_pos)
+        self.state.operator_cuts.append(OperatorCut(time.time_ns() // 1_000_000, commit_pos))
+        self.state.log.invalidate_from(commit_pos)
+        self.figures.rebuilds += 1
+        record.power_loss += (f"; damage at {commit_pos} below the durable line: start refused, "
+                              f"rebuild quarantined {quarantined} bytes")
 
     def _freeze(self, children: list[int]) -> DurablePositions:
         """SIGSTOP the supervisor and its children; the durable positions at that instant."""
@@ -346,6 +368,7 @@ class TortureRun:
         f.timed_out = self._timed_out_in_old_stores + report.timed_out
         f.lost = len(report.lost)
         f.lost_unflushed += len(report.lost_unflushed)
+        f.lost_to_rebuild += len(report.lost_to_rebuild)
         f.duplicated = len(report.duplicated)
         f.mismatched = len(report.mismatched)
         f.index_missing = len(report.index_missing)

@@ -15,8 +15,10 @@ and every ledger entry is looked up:
 
 Under async flush a power loss may take acknowledged messages that were not flushed yet:
 those whose record ends past the flushed position of a power loss that came after their
-acknowledgement are counted as `lost_unflushed` (reported, allowed); every other loss counts
-as `lost` (a failure under any flush policy).
+acknowledgement are counted as `lost_unflushed` (reported, allowed). Those from the cut of an
+operator's rebuild on (after damage below the durable line, tools.torture.durable_damage) are
+`lost_to_rebuild` (reported, chosen). Every other loss counts as `lost` (a failure under any
+flush policy).
 """
 
 from __future__ import annotations
@@ -63,6 +65,13 @@ class PowerLoss(NamedTuple):
     flushed_pos: int
 
 
+class OperatorCut(NamedTuple):
+    """An operator's rebuild (`mqstore recover --rebuild`) cut the log at `cut_pos` at `at_ms`."""
+
+    at_ms: int
+    cut_pos: int
+
+
 @dataclass
 class LogIndex:
     """Identity -> where it occurs in the commitlog, kept across rounds."""
@@ -107,6 +116,7 @@ class VerifyState:
 
     log: LogIndex = field(default_factory=LogIndex)
     power_losses: list[PowerLoss] = field(default_factory=list)
+    operator_cuts: list[OperatorCut] = field(default_factory=list)
     lost_accounted: set[str] = field(default_factory=set)
     index_verified: set[str] = field(default_factory=set)
 
@@ -120,6 +130,7 @@ class VerifyReport:
     timed_out: int = 0
     lost: list[str] = field(default_factory=list)
     lost_unflushed: list[str] = field(default_factory=list)
+    lost_to_rebuild: list[str] = field(default_factory=list)  # cut by an OperatorCut: chosen
     duplicated: list[str] = field(default_factory=list)
     mismatched: list[str] = field(default_factory=list)
     index_missing: list[str] = field(default_factory=list)
@@ -191,6 +202,9 @@ def _account_loss(entry: LedgerEntry, state: VerifyState, report: VerifyReport) 
     if any(loss.at_ms >= entry.ack_ms and entry.end_pos > loss.flushed_pos
            for loss in state.power_losses):
         report.lost_unflushed.append(entry.identity)
+        state.lost_accounted.add(entry.identity)
+    elif any(cut.at_ms >= entry.ack_ms and entry.end_pos > cut.cut_pos for cut in state.operator_cuts):
+        report.lost_to_rebuild.append(entry.identity)
         state.lost_accounted.add(entry.identity)
     else:
         report.lost.append(entry.identity)

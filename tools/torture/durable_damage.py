@@ -1,0 +1,110 @@
+"""Damage below the durable line, in a power-loss round (DESIGN §4 "a store never shrinks by
+surprise"): after the simulated power loss, flip one byte in the last record the checkpoint
+calls flushed, then check what an operator would see and do:
+
+1. `mqstore start` refuses: it exits non-zero naming the record's commit position and the
+   rebuild command, and leaves the data files (commitlog, queues, index, checkpoint, abort,
+   quarantine) byte-identical;
+2. `mqstore recover --rebuild` cuts the log at that record: the log before it is unchanged and
+   the quarantine file holds the log's bytes from it on, byte for byte (zeros past its end).
+
+The acknowledged messages from the cut on are then lost by the operator's choice: the caller
+records an OperatorCut so that verification counts them apart from real losses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from engine.checkpoint import load_checkpoint
+from engine.config import StoreConfig
+from engine.naming import ABORT_FILE, CHECKPOINT_FILE, commitlog_dir, is_segment_name, name_to_offset
+from tools.torture.faults import flip_byte, record_spans
+from tools.torture.processes import (
+    REPO_ROOT,
+    START_TIMEOUT_S,
+    StoreProcess,
+    TortureError,
+    child_env,
+    wait_until,
+)
+
+DATA_DIRS = ("commitlog", "consumequeue", "index", "quarantine")
+
+
+def damage_below_line(root: Path, config: StoreConfig, rng: random.Random) -> int | None:
+    """Flip one byte (random place, random mask) in the last record ending at or before the
+    checkpoint's flushed position; its commit_pos, or None when there is no such record.
+    Recovery verifies that record whatever it scans: it is the last one below the line."""
+    loaded = load_checkpoint(root).checkpoint
+    if loaded is None:
+        return None
+    below = [s for s in record_spans(root, config) if s[3] + s[2] <= loaded.commitlog_flushed_pos]
+    if not below:
+        return None
+    path, file_pos, size, commit_pos = below[-1]
+    flip_byte(path, file_pos + rng.randrange(size), rng.randrange(1, 256))
+    return commit_pos
+
+
+def expect_refused_start(store: StoreProcess, commit_pos: int) -> None:
+    """`mqstore start` must exit non-zero, name `commit_pos` and the rebuild, change no data."""
+    before = data_files(store.root)
+    store.start()
+    wait_until(lambda: store.proc.poll() is not None, "the start on a damaged store to exit",
+               START_TIMEOUT_S)
+    text = store.log_text()
+    if store.proc.returncode == 0 or f"commit_pos {commit_pos}" not in text \
+            or "recover --rebuild" not in text:
+        raise TortureError(f"start on damage at commit_pos {commit_pos}, below the durable line, "
+                           f"exited {store.proc.returncode} without refusing it:\n{text[-3000:]}")
+    if data_files(store.root) != before:
+        raise TortureError("the refused start changed the store's data files")
+
+
+def rebuild_and_compare(store: StoreProcess, commit_pos: int) -> int:
+    """`mqstore recover --rebuild`; check the cut and the quarantine against the log's bytes
+    before it; return the quarantined byte count."""
+    base, damaged = log_bytes(store.root)
+    done = subprocess.run([sys.executable, "-m", "tools.cli", "recover", "--store", str(store.root),
+                           "--config", str(store.config_path), "--rebuild", "--json"],
+                          cwd=REPO_ROOT, env=child_env(store.env), capture_output=True, text=True,
+                          timeout=START_TIMEOUT_S)
+    if done.returncode != 0:
+        raise TortureError(f"mqstore recover --rebuild exited {done.returncode}: {done.stderr}")
+    report = json.loads(done.stdout)
+    if (report["mode"], report["cut_pos"]) != ("rebuild", commit_pos):
+        raise TortureError(f"the rebuild cut at {report['cut_pos']}, not at the damage {commit_pos}")
+    cut = commit_pos - base
+    kept = log_bytes(store.root)[1][:cut]
+    quarantined = Path(report["quarantine_path"]).read_bytes() if report["quarantine_path"] else b""
+    end = cut + len(quarantined)
+    if kept != damaged[:cut] or quarantined != damaged[cut:end] or damaged[end:].strip(b"\0"):
+        raise TortureError(f"the rebuild at {commit_pos} did not keep the log before it and "
+                           "quarantine the rest byte for byte")
+    return len(quarantined)
+
+
+def data_files(root: Path) -> dict[str, str]:
+    """sha256 of every data file (not the lock, log or run files a start may write)."""
+    out = {}
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            rel = os.path.relpath(Path(dirpath) / name, root)
+            if rel.split(os.sep)[0] in DATA_DIRS or rel.startswith(CHECKPOINT_FILE) or rel == ABORT_FILE:
+                out[rel] = hashlib.sha256((Path(dirpath) / name).read_bytes()).hexdigest()
+    return out
+
+
+def log_bytes(root: Path) -> tuple[int, bytes]:
+    """(first segment's base, the segments end to end): the log indexed by commit_pos - base."""
+    directory = commitlog_dir(root)
+    names = sorted(n for n in os.listdir(directory) if is_segment_name(n))
+    return (name_to_offset(names[0]) if names else 0,
+            b"".join((directory / n).read_bytes() for n in names))
