@@ -455,9 +455,9 @@ class Supervisor:
                 log.exception("could not unlink the wakeup of %s", child.name)
             child.close()
         self.children = []
-        # the dispatcher's key ring: its children remove it when they can, but the supervisor
-        # outlives them all, so it makes sure nothing of the store stays in /dev/shm
-        unlink_stale(region_name(self.root, KEY_RING_KIND))
         if self._shared is not None:
+            # the dispatcher's key ring: its children remove it when they can, but the supervisor
+            # outlives them all, so it makes sure nothing of the store stays in /dev/shm
+            unlink_stale(region_name(self.root, KEY_RING_KIND))
             self._shared.destroy()
             self._shared = None
