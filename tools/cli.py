@@ -198,7 +198,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     status = collect_status(args.store)
     print(json.dumps(status, indent=2) if args.json else render_status(status))
-    return CliExit.OK
+    return CliExit.OK if status["running"] else CliExit.NOT_RUNNING
 
 
 # ---------------------------------------------------------------------------------- offline
@@ -228,6 +228,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         read_meta,
         refuse_foreign_store,
     )
+    from workers.shared_state import cleanup_stale
 
     os.umask(0o077)
     root = Path(args.store)
@@ -240,6 +241,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     config = config_for_store(read_meta(root), config)
     lock = StoreLock.acquire(root)  # refuses while a supervisor runs
     try:
+        cleanup_stale(root)  # a dead supervisor's shared memory goes with its recovery
         parts = open_parts(root, config, Access.READ_WRITE)
         try:
             last = [0.0]
