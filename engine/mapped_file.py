@@ -20,6 +20,7 @@ import numpy as np
 
 from engine.errors import DiskFullError, SegmentLayoutError, StoreError, StorePermissionError
 from engine.naming import TEMP_SUFFIX
+from engine.owners import permission_hint
 
 PAGE_BYTES = mmap.PAGESIZE
 RESERVE_STEP_BYTES = 4 << 20
@@ -113,7 +114,7 @@ class MappedFile:
             fd = os.open(path, flags)
         except PermissionError:
             raise StorePermissionError("no permission to open store file", path=str(path),
-                                       hint="the store belongs to another user") from None
+                                       hint=permission_hint(path)) from None
         size_bytes = os.fstat(fd).st_size
         if expected_bytes is not None and size_bytes != expected_bytes:
             os.close(fd)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import pwd
 import re
 import secrets
 import stat
@@ -30,6 +29,7 @@ import posix_ipc
 
 from engine.errors import BadInputError, ServiceNotAvailableError, StoreError, StorePermissionError
 from engine.mapped_file import ensure_dir, remove_file, write_file_atomically
+from engine.owners import describe_uid
 
 SHM_DIR = Path("/dev/shm")
 REGION_MODE = 0o600
@@ -206,14 +206,6 @@ def name_taken_error(what: str, path: Path, own_hint: str) -> StoreError:
         f"{what} already exists and belongs to {describe_uid(uid)}, not to this process's "
         f"{describe_uid(os.geteuid())}: another user created it first", path=str(path),
         hint=f"ask that user (or root) to remove {path}; the next start draws a new name")
-
-
-def describe_uid(uid: int) -> str:
-    """'uid 1001 (alice)', or 'uid 1001' when the password database does not know it."""
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
 
 
 def _uid_of(path: Path) -> int | None:

@@ -40,6 +40,7 @@ from pathlib import Path
 from engine.config import FlushPolicy, StoreConfig
 from engine.errors import DiskFullError, StoreError
 from engine.formats.checkpoint import Checkpoint
+from engine.frozen_settings import refuse_inconsistent_meta
 from engine.mapped_file import Access
 from engine.recovery import RecoveryReport, detect_shutdown, recover
 from engine.store import open_parts
@@ -111,6 +112,7 @@ class Supervisor:
         self._metadata: MetadataWriter | None = None
         self._commitlog = None
         self._started_at = time.time()
+        self._new_store = False
 
     # ------------------------------------------------------------------------------- start
     def run(self) -> int:
@@ -135,6 +137,9 @@ class Supervisor:
         if kind is StoreKind.ROCKETMQ:
             refuse_foreign_store(self.root, "a supervisor would write it")
         meta = create_store_dir(self.root, self.config) if kind is StoreKind.NEW else read_meta(self.root)
+        if kind is StoreKind.MQSTORE:
+            refuse_inconsistent_meta(self.root, meta)  # a hand-edited store.json is not trusted
+        self._new_store = kind is StoreKind.NEW
         wanted_shards = self.config.index_shards
         self.config = config_for_store(meta, self.config)
         if wanted_shards != self.config.index_shards:
@@ -186,7 +191,10 @@ class Supervisor:
 
     def _recover(self) -> None:
         shutdown = detect_shutdown(self.root)
-        log.info("recovering store %s after a %s shutdown", self.root, shutdown.value)
+        if self._new_store:
+            log.info("new store %s: created, nothing to recover", self.root)
+        else:
+            log.info("recovering store %s after a %s shutdown", self.root, shutdown.value)
         parts = open_parts(self.root, self.config, Access.READ_WRITE)
         last = [0.0]
 

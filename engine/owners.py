@@ -1,0 +1,42 @@
+"""Who may use a path: the words for a refused file, another user's or read-only for its owner.
+
+A permission error has two common causes that need opposite fixes: the store belongs to another
+user (run as that user), or it is the caller's own but read-only (chmod u+w, or a read-only
+copy). The error says which, from the owner and mode of the nearest existing path.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from pathlib import Path
+
+
+def describe_uid(uid: int) -> str:
+    """'uid 1001 (alice)', or 'uid 1001' when the password database does not know it."""
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def permission_hint(path: str | os.PathLike) -> str:
+    """Why this process may not use `path` (a file that may not exist yet: its directory)."""
+    target = Path(path)
+    while True:
+        try:
+            info = os.stat(target)
+            break
+        except FileNotFoundError:
+            if target.parent == target:
+                return "permission denied"
+            target = target.parent
+        except OSError:
+            return "permission denied on a parent directory: the store belongs to another user?"
+    mode = stat.filemode(info.st_mode)
+    if info.st_uid != os.geteuid():
+        return (f"the store belongs to another user: {target} is owned by "
+                f"{describe_uid(info.st_uid)} (mode {mode}); run as that user")
+    return (f"{target} is read-only (mode {mode}) for its owner, this user "
+            f"({describe_uid(info.st_uid)}); make it writable (chmod u+w) or use another store")
