@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -14,9 +16,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
 from store_harness import (
+    REPO_ROOT,
     SMALL_STORE,
     RunningStore,
     assert_check_clean,
+    child_env,
     cli,
     store_shm_names,
     wait_for,
@@ -238,3 +242,44 @@ def test_a_read_only_store_is_called_read_only_not_another_users(public_tmp):
     assert_one_line_error(result, 5, "read-only (mode dr-x------) for its owner", str(root))
     assert "another user" not in err(result)
     assert snapshot(root) == before
+
+
+def test_send_without_queue_id_round_robins_from_a_random_queue(tmp_path):
+    store = RunningStore.start(tmp_path / "store")
+    try:
+        singles = [json.loads(out(cli("send", "--store", str(store.root), "--topic", "One",
+                                      "--body", "x", "--json")))["queue_id"] for _ in range(12)]
+        assert len(set(singles)) > 1, singles  # not always queue 0 (chance of that: 4 ** -11)
+        counted = cli("send", "--store", str(store.root), "--topic", "Many", "--body", "x",
+                      "--count", "8", "--json")
+        queues = [json.loads(line)["queue_id"] for line in out(counted).splitlines()]
+        assert sorted(queues) == [0, 0, 1, 1, 2, 2, 3, 3]
+    finally:
+        assert store.stop() == 0
+    assert_check_clean(store.root)
+
+
+def test_ctrl_c_during_send_count_lists_what_was_stored_and_exits_130(tmp_path):
+    store = RunningStore.start(tmp_path / "store")
+    try:
+        before = store.positions().appended_msgs
+        with open(tmp_path / "sent.out", "wb") as sent_out:  # a file: a full pipe would block it
+            sender = subprocess.Popen([sys.executable, "-m", "tools.cli", "send", "--store",
+                                       str(store.root), "--topic", "Big", "--body", "b", "--count",
+                                       "5000000"], cwd=REPO_ROOT, env=child_env(), stdout=sent_out,
+                                      stderr=subprocess.PIPE)
+            wait_for(lambda: store.positions().appended_msgs - before >= 3000, "thousands stored")
+            sender.send_signal(signal.SIGINT)
+            _, stderr = sender.communicate(timeout=60)
+        assert sender.returncode == 130, stderr.decode()
+        printed = [line for line in (tmp_path / "sent.out").read_text().splitlines()
+                   if line.startswith("PUT_OK")]
+        said = stderr.decode()
+        assert f"interrupted: {len(printed)} of 5000000 message(s) stored" in said, said
+        assert f"the other {5000000 - len(printed)} were not sent" in said, said
+        assert len(printed) >= 1024 and "Traceback" not in said
+        store.wait_caught_up()
+        assert store.positions().appended_msgs - before == len(printed)  # none in doubt
+    finally:
+        assert store.stop() == 0
+    assert_check_clean(store.root)
