@@ -96,6 +96,14 @@ def create_store_dir(root: Path, config: StoreConfig) -> StoreMeta:
     return meta
 
 
+def is_fresh_store(root: Path) -> bool:
+    """True for a store just laid out: no commitlog segment, no checkpoint, no abort file yet."""
+    root = Path(root)
+    commitlog = root / COMMITLOG_DIR
+    return not ((commitlog.is_dir() and any(commitlog.iterdir()))
+                or (root / CHECKPOINT_FILE).exists() or (root / ABORT_FILE).exists())
+
+
 def config_for_store(meta: StoreMeta, config: StoreConfig) -> StoreConfig:
     """The runtime config with the layout sizes frozen in store.json (they win over settings)."""
     queue_count = config.queue_count if meta.queue_count is None else meta.queue_count

@@ -30,6 +30,7 @@ from engine.errors import (
     StoreLockedError,
     StorePermissionError,
 )
+from engine.owners import refuse_unsafe_parents
 from tools import client_commands
 from tools.logging_setup import setup_logging
 from workers.exit_codes import CliExit, cli_epilog
@@ -97,6 +98,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     os.umask(0o077)
     root = Path(args.store)
     config, settings = load_settings(args)
+    refuse_unsafe_parents(root)
     if args.detach:
         return _start_detached(args, root)
     ready_fd = args.ready_fd
@@ -226,6 +228,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
     os.umask(0o077)
     root = Path(args.store)
+    refuse_unsafe_parents(root)
     kind = inspect_store_dir(root)
     if kind is StoreKind.NEW:
         raise NotAStoreError("no store here: nothing to recover", path=str(root))

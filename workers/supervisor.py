@@ -50,6 +50,7 @@ from engine.store_dir import (
     config_for_store,
     create_store_dir,
     inspect_store_dir,
+    is_fresh_store,
     mark_clean_stop,
     mark_running,
     read_meta,
@@ -139,7 +140,7 @@ class Supervisor:
         meta = create_store_dir(self.root, self.config) if kind is StoreKind.NEW else read_meta(self.root)
         if kind is StoreKind.MQSTORE:
             refuse_inconsistent_meta(self.root, meta)  # a hand-edited store.json is not trusted
-        self._new_store = kind is StoreKind.NEW
+        self._new_store = is_fresh_store(self.root)
         wanted_shards = self.config.index_shards
         self.config = config_for_store(meta, self.config)
         if wanted_shards != self.config.index_shards:
@@ -212,7 +213,7 @@ class Supervisor:
             for shard in parts.shards:
                 shard.close()
             raise
-        for line in self.report.summary_lines():
+        for line in [] if self._new_store else self.report.summary_lines():
             log.info("%s", line)
         self._next_offsets = {(q.topic, q.queue_id): q.max_offset for q in parts.queues}
         parts.queues.close()

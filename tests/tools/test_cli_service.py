@@ -283,3 +283,31 @@ def test_ctrl_c_during_send_count_lists_what_was_stored_and_exits_130(tmp_path):
     finally:
         assert store.stop() == 0
     assert_check_clean(store.root)
+
+
+def test_root_refuses_a_store_under_a_world_writable_directory_of_another_user(public_tmp):
+    shared = public_tmp / "shared"
+    shared.mkdir()
+    os.chown(shared, NOBODY, NOBODY)
+    shared.chmod(0o1777)  # sticky, but its owner may still rename what root puts there
+    for args in (("start",), ("start", "--detach"), ("recover",)):
+        result = cli(*args, "--store", str(shared / "store"))
+        assert_one_line_error(result, 5, f"refusing to run a store as root under {shared}",
+                              f"owned by uid {NOBODY} (nobody)")
+    assert list(shared.iterdir()) == []
+    own = public_tmp / "own"
+    own.mkdir()
+    own.chmod(0o1777)  # like /tmp: sticky and root's, so fine
+    store = RunningStore.start(own / "store")
+    assert store.stop() == 0
+
+
+def test_a_new_store_says_it_is_new_not_recovering_after_a_clean_shutdown(tmp_path):
+    store = RunningStore.start(tmp_path / "store")
+    assert store.stop() == 0
+    first = store.stderr
+    assert "new store" in first and "nothing to recover" in first, first
+    assert "shutdown" not in first.split("mqstore ready")[0], first
+    again = RunningStore.start(tmp_path / "store")
+    assert again.stop() == 0
+    assert "after a clean shutdown" in again.stderr[len(first):]
