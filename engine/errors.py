@@ -44,7 +44,7 @@ class FrozenSettingError(BadInputError):
         self.conflicts = conflicts  # (setting, value in store.json, value asked for, where asked)
         said = "; ".join(f"{name}: the store has {stored}, {source} asks for {asked}"
                          for name, stored, asked, source in conflicts)
-        super().__init__(conflicts[0][0], f"{said} (fixed in store.json when the store was "
+        super().__init__("frozen setting", f"{said} (fixed in store.json when the store was "
                          "created; drop the setting or use a new store)", path=path)
 
 

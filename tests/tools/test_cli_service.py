@@ -311,3 +311,29 @@ def test_a_new_store_says_it_is_new_not_recovering_after_a_clean_shutdown(tmp_pa
     again = RunningStore.start(tmp_path / "store")
     assert again.stop() == 0
     assert "after a clean shutdown" in again.stderr[len(first):]
+
+
+def test_shared_memory_names_come_from_the_owner_only_token_and_change_each_start(tmp_path):
+    import hashlib
+    import stat
+
+    root = tmp_path / "store"
+    store = RunningStore.start(root)
+    try:
+        token_file = root / "run" / "shm-token"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        first = store_shm_names(root)
+        assert f"mqstore-{token_file.read_text().strip()}-ctl" in first
+        path_hash = hashlib.sha1(os.path.realpath(root).encode()).hexdigest()[:16]
+        assert not any(path_hash in name for name in first)  # not derivable from the path
+        sent = cli("send", "--store", str(root), "--topic", "T", "--body", "x")
+        assert sent.returncode == 0, err(sent)  # clients find the names through the token
+    finally:
+        assert store.stop() == 0
+    assert not token_file.exists() and store_shm_names(root) == []
+    again = RunningStore.start(root)
+    try:
+        assert set(store_shm_names(root)).isdisjoint(first)
+    finally:
+        assert again.stop() == 0
+    assert_check_clean(root)
