@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import typing
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -86,18 +87,57 @@ def parse_flush_policy(text: str) -> FlushPolicy:
         raise BadInputError("flush", f"{text!r} is not one of sync, async") from None
 
 
-def load_config_file(path: str | Path, base: StoreConfig | None = None) -> StoreConfig:
-    """Read a TOML file of StoreConfig fields (top level or a [store] table)."""
+def read_config_tables(path: str | Path) -> dict:
+    """The parsed TOML file; BadInputError when it is missing or not TOML."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise BadInputError("config", "file not found", path=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise BadInputError("config", f"not valid TOML: {exc}", path=str(path)) from None
-    data = data.get("store", data)
-    known = {f.name for f in dataclasses.fields(StoreConfig)}
-    unknown = sorted(set(data) - known)
+
+
+def store_table(path: str | Path) -> dict:
+    """The StoreConfig settings of a TOML file (its [store] table, or its top level)."""
+    data = read_config_tables(path)
+    if "store" in data:
+        return data["store"]
+    return {k: v for k, v in data.items() if k != "supervisor"}
+
+
+def check_setting_types(table: dict, types: dict[str, type], where: str, path: str | Path) -> None:
+    """Refuse an unknown key or a value of the wrong type, naming the key, the value and what
+    it must be (an int is accepted for a float; a bool is not a number)."""
+    unknown = sorted(set(table) - set(types))
     if unknown:
-        raise BadInputError("config", f"unknown settings {unknown}", path=str(path))
+        raise BadInputError("config", f"{where}: unknown settings {unknown}; valid ones are "
+                            f"{', '.join(sorted(types))}", path=str(path))
+    for name, value in table.items():
+        expected = types[name]
+        accepted = (int, float) if expected is float else (expected,)
+        if isinstance(value, bool) != (expected is bool) or not isinstance(value, accepted):
+            raise BadInputError("config", f"{where} {name} = {value!r} is a "
+                                f"{type(value).__name__}, expected {_type_word(expected)}",
+                                path=str(path))
+
+
+def _type_word(expected: type) -> str:
+    if issubclass(expected, StrEnum):
+        return "one of " + ", ".join(repr(m.value) for m in expected)
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        expected, expected.__name__)
+
+
+def store_setting_types() -> dict[str, type]:
+    """StoreConfig field name -> the TOML value type it takes (flush is a string)."""
+    hints = typing.get_type_hints(StoreConfig)
+    return {f.name: (str if hints[f.name] is FlushPolicy else hints[f.name])
+            for f in dataclasses.fields(StoreConfig)}
+
+
+def load_config_file(path: str | Path, base: StoreConfig | None = None) -> StoreConfig:
+    """Read a TOML file of StoreConfig fields (top level or a [store] table)."""
+    data = store_table(path)
+    check_setting_types(data, store_setting_types(), "[store]", path)
     return dataclasses.replace(base or StoreConfig(), **data)

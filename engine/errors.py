@@ -37,6 +37,17 @@ class BadInputError(StoreError, ValueError):
         super().__init__(f"invalid {field}: {reason}", path=path)
 
 
+class FrozenSettingError(BadInputError):
+    """A setting that shapes the store's files asks for another value than store.json froze."""
+
+    def __init__(self, conflicts: list[tuple[str, object, object, str]], *, path: str | None = None):
+        self.conflicts = conflicts  # (setting, value in store.json, value asked for, where asked)
+        said = "; ".join(f"{name}: the store has {stored}, {source} asks for {asked}"
+                         for name, stored, asked, source in conflicts)
+        super().__init__("frozen setting", f"{said} (fixed in store.json when the store was "
+                         "created; drop the setting or use a new store)", path=path)
+
+
 class CorruptRecordError(StoreError):
     """Bytes at `pos` are not a valid commitlog record; a recovery scan stops here."""
 
@@ -98,6 +109,10 @@ class NotAStoreError(StoreError):
     """The directory is not an mqstore (nor a RocketMQ) store."""
 
 
+class StoreMetaMismatchError(NotAStoreError):
+    """store.json disagrees with the files on disk (edited by hand after the store was made)."""
+
+
 class FormatVersionError(StoreError):
     """The store was written by a newer mqstore; refuse to open it."""
 
@@ -116,6 +131,15 @@ class DiskFullError(StoreError):
 
 class StoreClosedError(StoreError):
     """The handle was closed."""
+
+
+class SlotsExhaustedError(StoreError):
+    """Every slot of a fixed-size table in shared memory is held by a live process."""
+
+    def __init__(self, message: str, *, slot_count: int, path: str | None = None,
+                 hint: str | None = None):
+        self.slot_count = slot_count
+        super().__init__(message, path=path, hint=hint)
 
 
 class StorePermissionError(StoreError, PermissionError):

@@ -27,6 +27,7 @@ from engine.errors import (
     StorePermissionError,
 )
 from engine.naming import TEMP_SUFFIX
+from engine.owners import permission_hint
 
 if TYPE_CHECKING:
     from engine.open_files import OpenFileBudget
@@ -183,7 +184,7 @@ class MappedFile:
             fd = os.open(path, flags)
         except PermissionError:
             raise StorePermissionError("no permission to open store file", path=str(path),
-                                       hint="the store belongs to another user") from None
+                                       hint=permission_hint(path)) from None
         size_bytes = os.fstat(fd).st_size
         if expected_bytes is not None and size_bytes != expected_bytes:
             os.close(fd)

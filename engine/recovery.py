@@ -42,6 +42,7 @@ from engine.log_walk import valid_records_between
 from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import ABORT_FILE, QUARANTINE_DIR, quarantine_name
 from engine.shard_index import ShardIndex
+from engine.written_extent import written_end_estimate
 
 Progress = Callable[[int, int], None]
 QUARANTINE_CHUNK_BYTES = 8 << 20  # the cut-off tail is copied to its quarantine file this much at a time
@@ -221,7 +222,7 @@ def _scan_and_redispatch(parts: StoreParts, start_pos: int, report: RecoveryRepo
 def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
                progress: Progress | None) -> tuple[int, str | None]:
     commitlog, shard_count = parts.commitlog, len(parts.shards)
-    end_hint = max(commitlog.segments.end_pos - start_pos, 1)
+    end_hint = max(written_end_estimate(commitlog.segments) - start_pos, 1)  # not preallocated bytes
     pos = start_pos
     broken: set[tuple[str, int]] = set()
     first = True
@@ -234,7 +235,7 @@ def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
             report.bytes_scanned += int(cols.total_size.sum())
             _redispatch(parts, cols, shard_count, report, broken)
             if progress is not None:
-                progress(pos - start_pos, end_hint)
+                progress(pos - start_pos, max(end_hint, pos - start_pos))
     except CorruptRecordError as exc:
         if first and exc.pos == start_pos and start_pos != _segment_base(commitlog, start_pos) \
                 and not _is_unwritten(commitlog, exc.pos):

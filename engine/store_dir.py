@@ -26,6 +26,7 @@ from engine.naming import (
     LOCK_FILE,
     STORE_META_FILE,
 )
+from engine.owners import permission_hint
 
 ROCKETMQ_MARKERS = (COMMITLOG_DIR, CONSUMEQUEUE_DIR, CHECKPOINT_FILE)
 FOREIGN_STORE_HINT = ("mqstore reads it without writing a byte: `mqstore check --store DIR`, "
@@ -57,7 +58,7 @@ def inspect_store_dir(root: Path) -> StoreKind:
         names = {p.name for p in root.iterdir()}
     except PermissionError:
         raise StorePermissionError("no permission to read the store directory", path=str(root),
-                                   hint="the store belongs to another user") from None
+                                   hint=permission_hint(root)) from None
     if STORE_META_FILE in names:
         return StoreKind.MQSTORE
     if COMMITLOG_DIR in names and (root / COMMITLOG_DIR).is_dir():
@@ -68,13 +69,20 @@ def inspect_store_dir(root: Path) -> StoreKind:
                          path=str(root), hint="point --store at an empty or existing store directory")
 
 
+def require_writable(root: Path) -> None:
+    """Refuse, before anything is written, a store directory this process may not write."""
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise StorePermissionError("cannot write the store directory", path=str(root),
+                                   hint=permission_hint(root))
+
+
 def read_meta(root: Path) -> StoreMeta:
     path = Path(root) / STORE_META_FILE
     try:
         raw = path.read_bytes()
     except PermissionError:
         raise StorePermissionError("no permission to read store.json", path=str(path),
-                                   hint="the store belongs to another user") from None
+                                   hint=permission_hint(path)) from None
     return decode_store_meta(raw, path=str(path))
 
 
@@ -88,13 +96,22 @@ def create_store_dir(root: Path, config: StoreConfig) -> StoreMeta:
     return meta
 
 
+def is_fresh_store(root: Path) -> bool:
+    """True for a store just laid out: no commitlog segment, no checkpoint, no abort file yet."""
+    root = Path(root)
+    commitlog = root / COMMITLOG_DIR
+    return not ((commitlog.is_dir() and any(commitlog.iterdir()))
+                or (root / CHECKPOINT_FILE).exists() or (root / ABORT_FILE).exists())
+
+
 def config_for_store(meta: StoreMeta, config: StoreConfig) -> StoreConfig:
     """The runtime config with the layout sizes frozen in store.json (they win over settings)."""
+    queue_count = config.queue_count if meta.queue_count is None else meta.queue_count
     return config.replace(commitlog_file_size=meta.commitlog_file_size,
                           consume_queue_entries=meta.consume_queue_entries,
                           index_slot_count=meta.index_slot_count,
                           index_entry_count=meta.index_entry_count,
-                          index_shards=meta.index_shards)
+                          index_shards=meta.index_shards, queue_count=queue_count)
 
 
 class StoreLock:
@@ -111,7 +128,7 @@ class StoreLock:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except PermissionError:
             raise StorePermissionError("no permission to take the store's lock", path=str(path),
-                                       hint="the store belongs to another user") from None
+                                       hint=permission_hint(path)) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -422,7 +422,10 @@ def remove_stale(store_dir: str | os.PathLike) -> int | None:
     """Unlink a leftover control block (the caller holds the store lock); its generation or None.
 
     Returns 0 when the leftover's header is unreadable."""
-    name = region_name(store_dir, REGION_KIND)
+    try:
+        name = region_name(store_dir, REGION_KIND)
+    except ServiceNotAvailableError:
+        return None  # no token file: no supervisor created a control block
     try:
         region = SharedRegion.attach(name)
     except ServiceNotAvailableError:

@@ -42,6 +42,7 @@ from engine.errors import (
     BadInputError,
     FormatVersionError,
     ServiceNotAvailableError,
+    SlotsExhaustedError,
     StoreError,
     StorePermissionError,
 )
@@ -288,6 +289,15 @@ def _claim_preferring_idle(mailbox: Mailbox, run_dir: str | os.PathLike) -> tupl
         while True:
             try:
                 index, fd = slot_claim.claim_slot(run_dir, mailbox.slot_count)
+            except SlotsExhaustedError as exc:
+                if not in_flight:
+                    raise SlotsExhaustedError(
+                        f"all {exc.slot_count} producer mailbox slots are in use by live Producers",
+                        slot_count=exc.slot_count, path=exc.path,
+                        hint="close idle Producers, or restart the store with more: the "
+                             "mailbox_slots setting of the [supervisor] table of `mqstore start "
+                             "--config`") from None
+                return in_flight.pop(0)
             except StorePermissionError:
                 raise
             except StoreError:

@@ -1,9 +1,13 @@
 """Named POSIX shared-memory regions: create (owner), attach (everyone else), unlink (owner only).
 
-A region is a file under /dev/shm, mapped MAP_SHARED. Names are derived from the store
-directory, so every process of one store finds the same regions and two stores never collide:
+A region is a file under /dev/shm, mapped MAP_SHARED. Names carry a random token the supervisor
+draws at each start and records in <store>/run/shm-token (0600, in the 0700 store directory), so
+every process of the store's user finds the same regions, two stores never collide, and another
+local user can neither predict a name nor create it first to block the store:
 
-    /mqstore-<first 16 hex of sha1(realpath(store_dir))>-<kind>      e.g. kind = ctl, mbox, wait
+    /mqstore-<16 hex of the token>-<kind>      e.g. kind = ctl, mbox, wait
+
+No token file means no supervisor created anything: clients get ServiceNotAvailableError.
 
 Lifetime is explicit (style-anchors G): the process that created a region is the only one
 that may unlink it; the creator's pid is recorded at create and checked at unlink, so a forked
@@ -14,30 +18,69 @@ region alone.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import re
+import secrets
 import stat
 from pathlib import Path
 
 import posix_ipc
 
 from engine.errors import BadInputError, ServiceNotAvailableError, StoreError, StorePermissionError
+from engine.mapped_file import ensure_dir, remove_file, write_file_atomically
+from engine.owners import describe_uid
 
 SHM_DIR = Path("/dev/shm")
 REGION_MODE = 0o600
 NAME_PREFIX = "mqstore-"
-STORE_HASH_HEX_COUNT = 16
+TOKEN_BYTES = 8  # 16 hex: names keep the length they had when they were a path hash
+TOKEN_FILE = "run/shm-token"
+_TOKEN_RE = re.compile(r"^[0-9a-f]{16}$")
 _KIND_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _START_HINT = "start the store with `mqstore start`"
 
 
+def token_path(store_dir: str | os.PathLike) -> Path:
+    return Path(store_dir) / TOKEN_FILE
+
+
+def issue_shm_token(store_dir: str | os.PathLike) -> str:
+    """Draw a new token for this supervisor's names and record it (before creating any region)."""
+    token = secrets.token_hex(TOKEN_BYTES)
+    path = token_path(store_dir)
+    ensure_dir(path.parent)
+    write_file_atomically(path, f"{token}\n".encode())
+    return token
+
+
+def forget_shm_token(store_dir: str | os.PathLike) -> None:
+    """Remove the token file once every region and semaphore it names is gone."""
+    path = token_path(store_dir)
+    if path.exists():
+        remove_file(path)
+
+
+def read_shm_token(store_dir: str | os.PathLike) -> str:
+    """The current token; ServiceNotAvailableError when no supervisor has created shared memory."""
+    path = token_path(store_dir)
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        raise ServiceNotAvailableError("no supervisor runs on this store", path=str(store_dir),
+                                       hint=_START_HINT) from None
+    except PermissionError:
+        raise StorePermissionError(f"no permission to read {TOKEN_FILE}", path=str(path),
+                                   hint="run as the user that started the store") from None
+    if not _TOKEN_RE.match(text):
+        raise ServiceNotAvailableError(f"{TOKEN_FILE} holds {text[:40]!r}, not a token",
+                                       path=str(path), hint=_START_HINT)
+    return text
+
+
 def store_prefix(store_dir: str | os.PathLike) -> str:
-    """The '/mqstore-<hash>-' prefix every region and semaphore name of this store starts with."""
-    real = os.path.realpath(os.fspath(store_dir))
-    digest = hashlib.sha1(real.encode("utf-8", "surrogateescape")).hexdigest()
-    return f"/{NAME_PREFIX}{digest[:STORE_HASH_HEX_COUNT]}-"
+    """The '/mqstore-<token>-' prefix every region and semaphore name of this store starts with."""
+    return f"/{NAME_PREFIX}{read_shm_token(store_dir)}-"
 
 
 def region_name(store_dir: str | os.PathLike, kind: str) -> str:
@@ -58,6 +101,8 @@ def unlink_stale(name: str) -> bool:
 
 def unlink_stale_regions(store_dir: str | os.PathLike) -> list[str]:
     """Remove every region of the store (not its semaphores); returns the names removed."""
+    if not token_path(store_dir).exists():
+        return []  # no token, no regions: nothing of this store can be in /dev/shm
     prefix = store_prefix(store_dir)[1:]
     removed = []
     for entry in sorted(os.listdir(SHM_DIR)):
@@ -84,9 +129,9 @@ class SharedRegion:
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=REGION_MODE, size=size_bytes)
         except posix_ipc.ExistentialError:
-            raise StoreError(f"shared memory region {name} already exists",
-                             hint="a crashed supervisor left it; unlink_stale() it after "
-                                  "taking the store lock") from None
+            raise name_taken_error(f"shared memory region {name}", SHM_DIR / name.lstrip("/"),
+                                   "a crashed supervisor left it; unlink_stale() it after "
+                                   "taking the store lock") from None
         except posix_ipc.PermissionsError as exc:
             raise StorePermissionError(f"cannot create shared memory region {name}: {exc}") from None
         try:
@@ -150,6 +195,24 @@ class SharedRegion:
 
     def __repr__(self) -> str:
         return f"SharedRegion({self.name!r}, size_bytes={self.size_bytes}, owner={self.owner_pid})"
+
+
+def name_taken_error(what: str, path: Path, own_hint: str) -> StoreError:
+    """The error for a name that exists at create, naming who holds it (a squatter or us)."""
+    uid = _uid_of(path)
+    if uid is None or uid == os.geteuid():
+        return StoreError(f"{what} already exists", path=str(path), hint=own_hint)
+    return StorePermissionError(
+        f"{what} already exists and belongs to {describe_uid(uid)}, not to this process's "
+        f"{describe_uid(os.geteuid())}: another user created it first", path=str(path),
+        hint=f"ask that user (or root) to remove {path}; the next start draws a new name")
+
+
+def _uid_of(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return None
 
 
 def _owner_uid(name: str) -> int | None:

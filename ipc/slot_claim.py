@@ -14,7 +14,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from engine.errors import BadInputError, StoreError, StorePermissionError
+from engine.errors import BadInputError, SlotsExhaustedError, StorePermissionError
 
 LOCK_FILE_MODE = 0o600
 DEFAULT_PREFIX = "slot"
@@ -40,8 +40,9 @@ def claim_slot(run_dir: str | os.PathLike, slot_count: int, *,
             os.close(fd)
             continue
         return index, fd
-    raise StoreError(f"all {slot_count} {prefix} slots are in use by live processes",
-                     path=str(run_dir), hint="close idle clients or configure more slots")
+    raise SlotsExhaustedError(f"all {slot_count} {prefix} slots are in use by live processes",
+                              slot_count=slot_count, path=str(run_dir),
+                              hint="close idle clients or configure more slots")
 
 
 def release_slot(fd: int) -> None:

@@ -43,7 +43,7 @@ import posix_ipc
 
 from engine.errors import ServiceNotAvailableError, StoreError, StorePermissionError
 from ipc import seqlock, slot_claim
-from ipc.shm import SHM_DIR, SharedRegion, region_name, store_prefix
+from ipc.shm import SHM_DIR, SharedRegion, name_taken_error, region_name, store_prefix, token_path
 
 SEM_MODE = 0o600
 WAITER_MAGIC = b"MQSTWAIT"
@@ -73,6 +73,8 @@ def waiter_wakeup_name(store_dir: str | os.PathLike, index: int, pid: int) -> st
 
 def unlink_all(store_dir: str | os.PathLike) -> list[str]:
     """Remove every semaphore of the store (stale ones at start, all at stop); names removed."""
+    if not token_path(store_dir).exists():
+        return []  # no token, no semaphores: nothing of this store can be in /dev/shm
     prefix = "sem." + store_prefix(store_dir)[1:]
     removed = []
     for entry in sorted(os.listdir(SHM_DIR)):
@@ -104,9 +106,9 @@ class Wakeup:
         try:
             sem = posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=SEM_MODE, initial_value=0)
         except posix_ipc.ExistentialError:
-            raise StoreError(f"semaphore {name} already exists",
-                             hint="a crashed process left it; unlink_all() at supervisor start"
-                             ) from None
+            raise name_taken_error(f"semaphore {name}", SHM_DIR / f"sem.{name.lstrip('/')}",
+                                   "a crashed process left it; unlink_all() at supervisor start"
+                                   ) from None
         return cls(sem, os.getpid())
 
     @classmethod

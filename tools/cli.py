@@ -20,7 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-from engine.config import StoreConfig, load_config_file, parse_flush_policy
 from engine.errors import (
     BadInputError,
     FormatVersionError,
@@ -31,6 +30,7 @@ from engine.errors import (
     StoreLockedError,
     StorePermissionError,
 )
+from engine.owners import refuse_unsafe_parents
 from tools import client_commands
 from tools.logging_setup import setup_logging
 from workers.exit_codes import CliExit, cli_epilog
@@ -67,27 +67,23 @@ def exit_code_for(exc: BaseException) -> CliExit:
 # ---------------------------------------------------------------------------------- config
 def load_settings(args: argparse.Namespace):
     """StoreConfig and SupervisorSettings from --config (tables [store], [supervisor]) and flags."""
-    import tomllib
+    from tools.start_settings import load_settings as load
 
-    from workers.restart_policy import RestartSettings
-    from workers.supervisor import SupervisorSettings
+    return load(args)
 
-    config = StoreConfig()
-    settings = SupervisorSettings()
-    if getattr(args, "config", None):
-        config = load_config_file(args.config)
-        table = tomllib.loads(Path(args.config).read_text()).get("supervisor", {})
-        restart = {k[len("restart_"):]: v for k, v in table.items() if k.startswith("restart_")}
-        other = {k: v for k, v in table.items() if not k.startswith("restart_")}
-        try:
-            settings = SupervisorSettings(restart=RestartSettings(**restart), **other)
-        except TypeError as exc:
-            raise BadInputError("config", f"[supervisor]: {exc}", path=args.config) from None
-    if getattr(args, "index_shards", None) is not None:
-        config = config.replace(index_shards=args.index_shards)
-    if getattr(args, "flush", None) is not None:
-        config = config.replace(flush=parse_flush_policy(args.flush))
-    return config, settings
+
+def refuse_changes_to(root: Path, args: argparse.Namespace):
+    """store.json of an existing store we may write, once no asked setting and no file
+    contradicts it."""
+    from engine.frozen_settings import refuse_changed_settings, refuse_inconsistent_meta
+    from engine.store_dir import read_meta, require_writable
+    from tools.start_settings import asked_store_settings
+
+    require_writable(root)
+    meta = read_meta(root)  # a newer format version is refused before anything is written
+    refuse_changed_settings(meta, asked_store_settings(args), root)
+    refuse_inconsistent_meta(root, meta)
+    return meta
 
 
 # ---------------------------------------------------------------------------------- start/stop
@@ -96,7 +92,6 @@ def cmd_start(args: argparse.Namespace) -> int:
         StoreKind,
         create_store_dir,
         inspect_store_dir,
-        read_meta,
         refuse_foreign_store,
     )
     from workers.supervisor import Supervisor
@@ -104,6 +99,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     os.umask(0o077)
     root = Path(args.store)
     config, settings = load_settings(args)
+    refuse_unsafe_parents(root)
     if args.detach:
         return _start_detached(args, root)
     ready_fd = args.ready_fd  # the --ready-fd pipe while open: on_ready closes it
@@ -112,7 +108,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         if kind is StoreKind.NEW:
             create_store_dir(root, config)
         elif kind is StoreKind.MQSTORE:
-            read_meta(root)  # a newer format version is refused before anything is written
+            refuse_changes_to(root, args)
         else:  # before the log file: a foreign store keeps every byte and every name
             refuse_foreign_store(root, "start would write it")
         setup_logging("supervisor", root, rotate=True, to_stderr=args.ready_fd is None)
@@ -189,9 +185,10 @@ def _start_detached(args: argparse.Namespace, root: Path) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from engine.naming import ABORT_FILE
-    from engine.store_dir import holder_pid
+    from engine.store_dir import holder_pid, inspect_store_dir
 
     root = Path(args.store)
+    inspect_store_dir(root)  # a file or a directory of other things is not a store to stop
     pid = holder_pid(root)
     if pid is None:
         raise CliError(f"no supervisor runs on {root}", CliExit.NOT_RUNNING)
@@ -214,7 +211,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     status = collect_status(args.store)
     print(json.dumps(status, indent=2) if args.json else render_status(status))
-    return CliExit.OK
+    return CliExit.OK if status["running"] else CliExit.NOT_RUNNING
 
 
 # ---------------------------------------------------------------------------------- offline
@@ -242,21 +239,23 @@ def cmd_recover(args: argparse.Namespace) -> int:
         config_for_store,
         inspect_store_dir,
         mark_clean_stop,
-        read_meta,
         refuse_foreign_store,
     )
+    from workers.shared_state import cleanup_stale
 
     os.umask(0o077)
     root = Path(args.store)
+    refuse_unsafe_parents(root)
     kind = inspect_store_dir(root)
     if kind is StoreKind.NEW:
         raise NotAStoreError("no store here: nothing to recover", path=str(root))
     if kind is StoreKind.ROCKETMQ:
         refuse_foreign_store(root, "recover never writes it")
     config, _ = load_settings(args)
-    config = config_for_store(read_meta(root), config)
+    config = config_for_store(refuse_changes_to(root, args), config)
     lock = StoreLock.acquire(root)  # refuses while a supervisor runs
     try:
+        cleanup_stale(root)  # a dead supervisor's shared memory goes with its recovery
         mode = RecoveryMode(args.mode)
         if mode is RecoveryMode.REBUILD:
             for path, size_bytes in pad_short_segments(root, config.commitlog_file_size):
@@ -361,6 +360,15 @@ def run_delegated(name: str, argv: list[str]) -> int:
     return int(run(args) or 0)
 
 
+def permission_words(exc: PermissionError) -> str:
+    """A refused file named with why: another user's store, or read-only for its owner."""
+    from engine.owners import permission_hint
+
+    if exc.filename is None:
+        return f"{exc} ({permission_hint(Path.cwd())})"
+    return f"{exc.strerror or 'permission denied'}: {exc.filename} ({permission_hint(exc.filename)})"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -381,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return int(CliExit.OK)
     except PermissionError as exc:
-        print(f"mqstore: error: {exc} (the store belongs to another user?)", file=sys.stderr)
+        print(f"mqstore: error: {permission_words(exc)}", file=sys.stderr)
         return int(CliExit.PERMISSION)
     except OSError as exc:
         print(f"mqstore: error: {exc}", file=sys.stderr)

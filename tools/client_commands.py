@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import random
+import signal
 import sys
 import time
 from datetime import datetime
@@ -28,6 +30,7 @@ from workers.exit_codes import CliExit
 
 DEFAULT_GROUP = "mqstore-cli"
 COMMIT_EVERY_S = 1.0
+SEND_CHUNK = 1024  # messages per send_batch; Ctrl-C stops between two
 
 
 def add_parsers(command) -> None:
@@ -38,7 +41,8 @@ def add_parsers(command) -> None:
     body.add_argument("--body-file", help="read the body from a file ('-' = stdin)")
     p.add_argument("--tags", help="one tag")
     p.add_argument("--key", action="append", default=[], dest="keys", help="a key (repeatable)")
-    p.add_argument("--queue-id", type=int, help="queue (default: round robin)")
+    p.add_argument("--queue-id", type=int, help="queue (default: round robin from a random first "
+                   "queue, so single sends spread over the queues too)")
     p.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
                    help="a user property (repeatable)")
     p.add_argument("--count", type=int, default=1, help="send the message this many times")
@@ -95,33 +99,94 @@ def _properties(pairs: list[str]) -> dict[str, str]:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
-    from engine.message import Message
     from ipc.producer import Producer
 
     body = _read_body(args)
     props = _properties(args.property)
     if args.count < 1:
         raise BadInputError("count", f"{args.count} must be >= 1")
-    with Producer(args.store) as producer:
-        message = Message(args.topic, body, tags=args.tags, keys=tuple(args.keys),
-                          queue_id=args.queue_id, properties=props, wait=not args.no_wait)
-        results = producer.send_batch([message] * args.count)
-    worst = CliExit.OK
-    for result in results:
-        if args.json:
-            print(json.dumps({"status": result.status.name, "msg_id": result.msg_id,
-                              "commit_pos": result.commit_pos, "queue_id": result.queue_id,
-                              "queue_offset": result.queue_offset, "store_ts_ms": result.store_ts_ms,
-                              "reason": result.reason}))
-        elif result.status.is_stored:
-            print(f"{result.status.name} msgId={result.msg_id} commit_pos={result.commit_pos} "
-                  f"queue={args.topic}/{result.queue_id} offset={result.queue_offset}")
-        code = _send_exit(result.status)
-        if code is not CliExit.OK and not args.json:
-            print(f"mqstore: error: {result.status.name}: {result.reason}", file=sys.stderr)
-        if worst is CliExit.OK:
-            worst = code
-    return worst
+    tally = _SendTally(args)
+    with Producer(args.store) as producer, _InterruptBetweenChunks() as interrupt:
+        queue_ids = _queue_ids(args.queue_id, args.count, producer.info.queue_count)
+        for first in range(0, args.count, SEND_CHUNK):
+            if interrupt.asked:
+                tally.interrupted()
+                return CliExit.INTERRUPTED
+            chunk = queue_ids[first:first + SEND_CHUNK]
+            tally.report(producer.send_batch([_message(args, body, props, q) for q in chunk]))
+    return tally.worst
+
+
+class _InterruptBetweenChunks:
+    """The first Ctrl-C stops the send after the chunk in flight is answered (so every stored
+    message is listed and none is in doubt); a second one interrupts at once."""
+
+    def __init__(self):
+        self.asked = False
+        self._previous = None
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+
+    def __enter__(self) -> _InterruptBetweenChunks:
+        self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+
+def _message(args: argparse.Namespace, body: bytes, props: dict[str, str], queue_id: int):
+    from engine.message import Message
+
+    return Message(args.topic, body, tags=args.tags, keys=tuple(args.keys), queue_id=queue_id,
+                   properties=props, wait=not args.no_wait)
+
+
+def _queue_ids(queue_id: int | None, count: int, queue_count: int) -> list[int]:
+    """--queue-id for every copy, or round robin from a random first queue (as RocketMQ's
+    producer starts its index), so one-message sends spread over the queues too."""
+    if queue_id is not None:
+        return [queue_id] * count
+    first = random.randrange(queue_count)
+    return [(first + i) % queue_count for i in range(count)]
+
+
+class _SendTally:
+    """Prints each answer as its chunk returns, so an interrupted send says what was stored."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.answered = 0
+        self.stored = 0
+        self.worst = CliExit.OK
+
+    def report(self, results: list) -> None:
+        args = self.args
+        for result in results:
+            if args.json:
+                print(json.dumps({"status": result.status.name, "msg_id": result.msg_id,
+                                  "commit_pos": result.commit_pos, "queue_id": result.queue_id,
+                                  "queue_offset": result.queue_offset,
+                                  "store_ts_ms": result.store_ts_ms, "reason": result.reason}))
+            elif result.status.is_stored:
+                print(f"{result.status.name} msgId={result.msg_id} commit_pos={result.commit_pos} "
+                      f"queue={args.topic}/{result.queue_id} offset={result.queue_offset}")
+            code = _send_exit(result.status)
+            if code is not CliExit.OK and not args.json:
+                print(f"mqstore: error: {result.status.name}: {result.reason}", file=sys.stderr)
+            if self.worst is CliExit.OK:
+                self.worst = code
+            self.stored += result.status.is_stored
+        self.answered += len(results)
+        sys.stdout.flush()
+
+    def interrupted(self) -> None:
+        print(f"mqstore: interrupted: {self.stored} of {self.args.count} message(s) stored "
+              f"(listed above); the other {self.args.count - self.answered} were not sent",
+              file=sys.stderr, flush=True)
 
 
 def _send_exit(status: PutStatus) -> CliExit:

@@ -33,7 +33,7 @@ from ipc.control_block import (
     remove_stale,
 )
 from ipc.mailbox import MailboxServer
-from ipc.shm import unlink_stale_regions
+from ipc.shm import forget_shm_token, issue_shm_token, unlink_stale_regions
 from ipc.wakeup import WaiterTable, unlink_all
 
 OLD_CHILD_GRACE_S = 3.0
@@ -48,6 +48,7 @@ def cleanup_stale(store_dir: Path) -> int:
     generation = remove_stale(store_dir) or 0
     regions = unlink_stale_regions(store_dir)
     sems = unlink_all(store_dir)
+    forget_shm_token(store_dir)
     if generation or regions or sems:
         log.info("removed shared memory of a previous supervisor (generation %d): %d regions, "
                  "%d semaphores", generation, len(regions) + (1 if generation else 0), len(sems))
@@ -98,10 +99,12 @@ class SharedState:
     ctl: ControlBlock
     waiters: WaiterTable
     server: MailboxServer
+    store_dir: Path
 
     @classmethod
     def create(cls, store_dir: Path, *, shard_count: int, flush: FlushPolicy, commit_pos: int,
                generation: int, mailbox_slots: int) -> SharedState:
+        issue_shm_token(store_dir)  # fresh names each start: nobody can create them first
         ctl = ControlBlock.create(store_dir, shard_count, flush_code_for(flush),
                                   generation=generation)
         created: list = [ctl]
@@ -119,13 +122,17 @@ class SharedState:
                 thing.close()
             unlink_all(store_dir)
             raise
-        return cls(ctl, waiters, server)
+        return cls(ctl, waiters, server, Path(store_dir))
 
     def destroy(self) -> None:
-        """Unlink and unmap everything (the supervisor's last act)."""
+        """Unlink and unmap everything, then forget the names (the supervisor's last act)."""
         for thing in (self.server, self.waiters, self.ctl):
             try:
                 thing.unlink()
             except Exception:
                 log.exception("could not unlink %r", thing)
             thing.close()
+        try:
+            forget_shm_token(self.store_dir)
+        except OSError as exc:  # a failed disk: the next start or `recover` removes it
+            log.warning("could not remove the shared-memory token: %s", exc)

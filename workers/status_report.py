@@ -5,6 +5,11 @@ dispatched per second, flushes per second) and each process's CPU use; lags are 
 bytes (position differences) and in milliseconds (the age of the oldest record the structure
 has not processed yet, read from its STORETIMESTAMP). Restart history comes from
 run/supervisor.json.
+
+A store with no running supervisor is STOPPED (no shared memory: cleanly stopped, recovered, or
+never started) or STALE (a dead supervisor's shared memory is still there; the next `start` or
+`recover` removes it). The supervisor counts as gone when the store lock is not held by the pid
+its control block names: the lock dies with the process, and a reused pid cannot hold it.
 """
 
 from __future__ import annotations
@@ -15,20 +20,41 @@ from pathlib import Path
 import psutil
 
 from engine.commitlog import CommitLog
-from engine.errors import StoreError
+from engine.errors import ServiceNotAvailableError, StoreError
 from engine.formats.record import BLANK_MAGIC, V4_HEADER_SIZE, store_ts_at
 from engine.mapped_file import Access
-from engine.store_dir import read_meta
+from engine.naming import ABORT_FILE
+from engine.store_dir import StoreKind, holder_pid, inspect_store_dir, read_meta
 from ipc.control_block import ControlBlock, Positions, ProcessSlot
 from ipc.run_info import read_run_info
 
 DEFAULT_SAMPLE_S = 0.5
+STOPPED = "STOPPED"
+STALE = "STALE"
+NOT_RUNNING_STATES = (STOPPED, STALE)
 
 
 def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S) -> dict:
-    """A JSON-ready description of the running store (ServiceNotAvailableError if none runs)."""
+    """A JSON-ready description of the store: a running one's processes and positions, or a
+    STOPPED / STALE one's state and why it is not running."""
     root = Path(store_dir)
-    ctl = ControlBlock.attach(root)
+    kind = inspect_store_dir(root)  # a file or a foreign directory is refused, not "stopped"
+    if kind is StoreKind.NEW:
+        return not_running_status(root, STOPPED, "not running: there is no store here yet")
+    if kind is StoreKind.ROCKETMQ:
+        return not_running_status(root, STOPPED, "not running: a RocketMQ-written store, "
+                                                 "which mqstore only reads")
+    try:
+        ctl = ControlBlock.attach(root)
+    except ServiceNotAvailableError:
+        return _stopped(root)
+    if holder_pid(root) != ctl.supervisor_pid:
+        pid, generation = ctl.supervisor_pid, ctl.generation
+        ctl.close()
+        return not_running_status(
+            root, STALE, f"not running: supervisor pid {pid} (generation {generation}) is gone "
+            "and left its shared memory; `mqstore start` or `mqstore recover` removes it",
+            supervisor_pid=pid, generation=generation)
     try:
         info = read_run_info(root, ctl.supervisor_pid)
         slots = ctl.process_slots()
@@ -51,6 +77,7 @@ def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S)
     return {
         "store": str(root.resolve()),
         "state": state,
+        "running": True,
         "supervisor_pid": info.supervisor_pid,
         "generation": info.generation,
         "flush": info.flush,
@@ -80,6 +107,24 @@ def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S)
         "totals": {"appended_msgs": p.appended_msgs, "dispatched_msgs": p.dispatched_msgs},
         "restart_history": info.restart_history,
     }
+
+
+def not_running_status(root: Path, state: str, detail: str, **extra) -> dict:
+    """The status of a store no supervisor runs (state STOPPED or STALE)."""
+    return {"store": str(root.resolve()), "state": state, "running": False, "detail": detail,
+            "clean_stop": not (root / ABORT_FILE).exists(), **extra}
+
+
+def _stopped(root: Path) -> dict:
+    if (root / ABORT_FILE).exists():
+        return not_running_status(root, STOPPED, "not running: the last run did not stop "
+                                                 "cleanly, so the next start runs recovery")
+    return not_running_status(root, STOPPED, "not running: the store was stopped cleanly")
+
+
+def render_not_running(status: dict) -> str:
+    """The human-readable form of a STOPPED or STALE status."""
+    return f"store {status['store']}: {status['state']}, {status['detail']}"
 
 
 def _flush_window(first: Positions, second: Positions) -> dict:
@@ -182,6 +227,8 @@ def _store_ts(commitlog: CommitLog, pos: int) -> int | None:
 
 def render_status(status: dict) -> str:
     """The human-readable form of collect_status()."""
+    if status["state"] in NOT_RUNNING_STATES:
+        return render_not_running(status)
     pos, lag_b, lag_ms = status["positions"], status["lag_bytes"], status["lag_ms"]
     rates, flush = status["rates"], status["flush_stats"]
     lines = [f"store {status['store']}: {status['state']} (supervisor pid {status['supervisor_pid']}, "

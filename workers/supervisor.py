@@ -40,6 +40,7 @@ from pathlib import Path
 from engine.config import FlushPolicy, StoreConfig
 from engine.errors import DiskFullError, StoreError
 from engine.formats.checkpoint import Checkpoint
+from engine.frozen_settings import refuse_inconsistent_meta
 from engine.mapped_file import Access
 from engine.open_files import raise_open_file_limit
 from engine.recovery import RecoveryReport, detect_shutdown, recover
@@ -50,6 +51,7 @@ from engine.store_dir import (
     config_for_store,
     create_store_dir,
     inspect_store_dir,
+    is_fresh_store,
     mark_clean_stop,
     mark_running,
     read_meta,
@@ -119,6 +121,7 @@ class Supervisor:
         self._metadata: MetadataWriter | None = None
         self._commitlog = None
         self._started_at = time.time()
+        self._new_store = False
 
     # ------------------------------------------------------------------------------- start
     def run(self) -> int:
@@ -144,6 +147,9 @@ class Supervisor:
         if kind is StoreKind.ROCKETMQ:
             refuse_foreign_store(self.root, "a supervisor would write it")
         meta = create_store_dir(self.root, self.config) if kind is StoreKind.NEW else read_meta(self.root)
+        if kind is StoreKind.MQSTORE:
+            refuse_inconsistent_meta(self.root, meta)  # a hand-edited store.json is not trusted
+        self._new_store = is_fresh_store(self.root)
         wanted_shards = self.config.index_shards
         self.config = config_for_store(meta, self.config)
         if wanted_shards != self.config.index_shards:
@@ -195,7 +201,10 @@ class Supervisor:
 
     def _recover(self) -> None:
         shutdown = detect_shutdown(self.root)
-        log.info("recovering store %s after a %s shutdown", self.root, shutdown.value)
+        if self._new_store:
+            log.info("new store %s: created, nothing to recover", self.root)
+        else:
+            log.info("recovering store %s after a %s shutdown", self.root, shutdown.value)
         parts = open_parts(self.root, self.config, Access.READ_WRITE)
         last = [0.0]
 
@@ -213,7 +222,7 @@ class Supervisor:
             for shard in parts.shards:
                 shard.close()
             raise
-        for line in self.report.summary_lines():
+        for line in [] if self._new_store else self.report.summary_lines():
             log.info("%s", line)
         self._next_offsets = {(q.topic, q.queue_id): q.max_offset for q in parts.queues}
         parts.queues.close()
@@ -465,9 +474,9 @@ class Supervisor:
                 log.exception("could not unlink the wakeup of %s", child.name)
             child.close()
         self.children = []
-        # the dispatcher's key ring: its children remove it when they can, but the supervisor
-        # outlives them all, so it makes sure nothing of the store stays in /dev/shm
-        unlink_stale(region_name(self.root, KEY_RING_KIND))
         if self._shared is not None:
+            # the dispatcher's key ring: its children remove it when they can, but the supervisor
+            # outlives them all, so it makes sure nothing of the store stays in /dev/shm
+            unlink_stale(region_name(self.root, KEY_RING_KIND))
             self._shared.destroy()
             self._shared = None

@@ -8,11 +8,13 @@
       "index_entry_count": 20000000,     entries per index file
       "index_shards": 2,                 index shard count (1..64)
       "index_slot_count": 5000000,       hash slots per index file
+      "queue_count": 8,                  queues per topic (optional: absent in older stores)
       "store_host": "127.0.0.1:10911"    STOREHOST written into records
     }
 
 JSON with sorted keys, 2-space indent and a trailing newline, so diffs and `cat` read well.
-Unknown keys are ignored (forward compatibility within a version); missing ones are an error.
+Unknown keys are ignored (forward compatibility within a version); missing ones are an error,
+except queue_count, which stores created before it was recorded lack (then it is not frozen).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ FORMAT_VERSION = 1
 CHECKSUM_CRC32C = "crc32c"
 MAX_INDEX_SHARDS = 64
 _INT_FIELDS = ("format_version", "commitlog_file_size", "consume_queue_entries", "index_slot_count",
-               "index_entry_count", "index_shards")
+               "index_entry_count", "index_shards", "queue_count")
+_OPTIONAL_FIELDS = ("queue_count",)
+MAX_QUEUE_COUNT = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,7 @@ class StoreMeta:
     index_shards: int
     checksum: str = CHECKSUM_CRC32C
     store_host: str = "127.0.0.1:10911"
+    queue_count: int | None = None
 
 
 def from_config(config: StoreConfig) -> StoreMeta:
@@ -54,12 +59,14 @@ def from_config(config: StoreConfig) -> StoreMeta:
                      consume_queue_entries=config.consume_queue_entries,
                      index_slot_count=config.index_slot_count, index_entry_count=config.index_entry_count,
                      index_shards=config.index_shards, checksum=CHECKSUM_CRC32C,
-                     store_host=config.store_host)
+                     store_host=config.store_host, queue_count=config.queue_count)
 
 
 def encode_store_meta(meta: StoreMeta) -> bytes:
-    """store.json bytes: sorted keys, indented, trailing newline."""
-    return (json.dumps(dataclasses.asdict(meta), sort_keys=True, indent=2) + "\n").encode("utf-8")
+    """store.json bytes: sorted keys, indented, trailing newline (an unrecorded queue_count is left out)."""
+    data = {k: v for k, v in dataclasses.asdict(meta).items()
+            if not (k in _OPTIONAL_FIELDS and v is None)}
+    return (json.dumps(data, sort_keys=True, indent=2) + "\n").encode("utf-8")
 
 
 def decode_store_meta(raw: bytes | str, *, path: str | None = None) -> StoreMeta:
@@ -70,10 +77,13 @@ def decode_store_meta(raw: bytes | str, *, path: str | None = None) -> StoreMeta
         raise NotAStoreError(f"store.json is not valid JSON: {exc}", path=path) from None
     if not isinstance(data, dict):
         raise NotAStoreError("store.json is not a JSON object", path=path)
-    missing = sorted(f.name for f in dataclasses.fields(StoreMeta) if f.name not in data)
+    missing = sorted(f.name for f in dataclasses.fields(StoreMeta)
+                     if f.name not in data and f.name not in _OPTIONAL_FIELDS)
     if missing:
         raise NotAStoreError(f"store.json lacks {missing}", path=path)
     for name in _INT_FIELDS:
+        if name not in data:
+            continue
         value = data[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise NotAStoreError(f"store.json {name} = {value!r} is not a positive integer", path=path)
@@ -84,7 +94,10 @@ def decode_store_meta(raw: bytes | str, *, path: str | None = None) -> StoreMeta
     if data["index_shards"] > MAX_INDEX_SHARDS:
         raise NotAStoreError(f"store.json index_shards {data['index_shards']} > {MAX_INDEX_SHARDS}",
                              path=path)
-    return StoreMeta(**{f.name: data[f.name] for f in dataclasses.fields(StoreMeta)})
+    if data.get("queue_count", 1) > MAX_QUEUE_COUNT:
+        raise NotAStoreError(f"store.json queue_count {data['queue_count']} > {MAX_QUEUE_COUNT}",
+                             path=path)
+    return StoreMeta(**{f.name: data[f.name] for f in dataclasses.fields(StoreMeta) if f.name in data})
 
 
 def _check_str_fields(data: dict, path: str | None) -> None:

@@ -42,11 +42,19 @@ def test_round_trip():
 
 def test_from_config_copies_layout_sizes():
     config = StoreConfig(commitlog_file_size=8192, consume_queue_entries=10, index_slot_count=5,
-                         index_entry_count=9, index_shards=3, store_host="10.0.0.1:1234")
+                         index_entry_count=9, index_shards=3, store_host="10.0.0.1:1234", queue_count=6)
     meta = from_config(config)
     assert meta == StoreMeta(format_version=FORMAT_VERSION, commitlog_file_size=8192,
                              consume_queue_entries=10, index_slot_count=5, index_entry_count=9,
-                             index_shards=3, checksum="crc32c", store_host="10.0.0.1:1234")
+                             index_shards=3, checksum="crc32c", store_host="10.0.0.1:1234",
+                             queue_count=6)
+    assert json.loads(encode_store_meta(meta))["queue_count"] == 6
+
+
+def test_queue_count_is_optional_for_stores_made_before_it_was_recorded():
+    assert "queue_count" not in json.loads(encode_store_meta(META))
+    assert decode_store_meta(encode_store_meta(META)).queue_count is None
+    assert decode_store_meta(json.dumps(meta_dict(queue_count=16))).queue_count == 16
 
 
 def test_newer_format_version_is_refused():
@@ -69,6 +77,9 @@ def test_unknown_keys_are_ignored():
     json.dumps(meta_dict(commitlog_file_size="big")),
     json.dumps(meta_dict(index_shards=0)),
     json.dumps(meta_dict(index_shards=65)),
+    json.dumps(meta_dict(queue_count=0)),
+    json.dumps(meta_dict(queue_count="8")),
+    json.dumps(meta_dict(queue_count=1025)),
     json.dumps(meta_dict(index_slot_count=True)),
     json.dumps(meta_dict(checksum="md5")),
     json.dumps(meta_dict(store_host="nohost")),

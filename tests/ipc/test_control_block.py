@@ -27,7 +27,7 @@ from ipc.control_block import (
     process_slot_index,
     remove_stale,
 )
-from ipc.shm import SharedRegion, region_name, unlink_stale_regions
+from ipc.shm import SharedRegion, issue_shm_token, region_name, unlink_stale_regions
 from ipc.wakeup import unlink_all
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -41,6 +41,7 @@ POSITION_COUNT = 20_000
 
 @pytest.fixture
 def store_dir(tmp_path):
+    issue_shm_token(tmp_path)  # what a supervisor does before creating its regions
     yield tmp_path
     unlink_stale_regions(tmp_path)
     unlink_all(tmp_path)

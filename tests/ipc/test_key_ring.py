@@ -19,7 +19,7 @@ from ipc.key_ring import (
     region_size_bytes,
 )
 from ipc.seqlock import store_word
-from ipc.shm import SHM_DIR, region_name, unlink_stale_regions
+from ipc.shm import SHM_DIR, issue_shm_token, region_name, unlink_stale_regions
 
 SPAWN = multiprocessing.get_context("spawn")
 GENERATION = 7
@@ -28,6 +28,7 @@ SPAN = 100  # commitlog bytes per test block
 
 @pytest.fixture
 def store_dir(tmp_path):
+    issue_shm_token(tmp_path)  # what a supervisor does before creating its regions
     yield tmp_path
     unlink_stale_regions(tmp_path)
 

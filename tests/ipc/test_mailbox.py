@@ -22,7 +22,7 @@ from ipc.mailbox import (
     RequestFlag,
     split_records,
 )
-from ipc.shm import SHM_DIR, store_prefix, unlink_stale_regions
+from ipc.shm import SHM_DIR, issue_shm_token, store_prefix, unlink_stale_regions
 from ipc.slot_claim import is_slot_owner_alive
 from ipc.wakeup import unlink_all
 
@@ -35,6 +35,7 @@ SMALL = {"slot_count": 8, "data_bytes": 256 * 1024, "max_batch": 64}
 
 @pytest.fixture
 def store_dir(tmp_path):
+    issue_shm_token(tmp_path)  # what a supervisor does before creating its regions
     yield tmp_path
     unlink_stale_regions(tmp_path)
     unlink_all(tmp_path)

@@ -14,7 +14,9 @@ from engine.errors import BadInputError, ServiceNotAvailableError, StoreError, S
 from ipc.shm import (
     SHM_DIR,
     SharedRegion,
+    issue_shm_token,
     region_name,
+    token_path,
     unlink_stale,
     unlink_stale_regions,
 )
@@ -28,6 +30,7 @@ CHILD_OFFSET = 8192
 
 @pytest.fixture
 def store_dir(tmp_path):
+    issue_shm_token(tmp_path)  # what a supervisor does before creating its regions
     yield tmp_path
     unlink_stale_regions(tmp_path)
     unlink_all(tmp_path)
@@ -89,16 +92,38 @@ def child_attach_own_region_as_nobody(name: str) -> None:
 
 # -- tests -----------------------------------------------------------------------------------------
 
-def test_region_name_same_directory_is_stable_and_distinct_per_store(tmp_path):
+def test_region_names_come_from_a_random_token_in_an_owner_only_file(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
+    with pytest.raises(ServiceNotAvailableError, match="no supervisor runs"):
+        region_name(tmp_path / "a", "ctl")  # no token: nothing to attach, nothing to guess
+    issue_shm_token(tmp_path / "a")
+    issue_shm_token(tmp_path / "b")
     name = region_name(tmp_path / "a", "ctl")
     assert re.fullmatch(r"/mqstore-[0-9a-f]{16}-ctl", name)
+    assert stat.S_IMODE(os.stat(token_path(tmp_path / "a")).st_mode) == 0o600
     assert region_name(tmp_path / "b" / ".." / "a", "ctl") == name
     assert region_name(tmp_path / "b", "ctl") != name
     assert region_name(tmp_path / "a", "mbox") != name
+    issue_shm_token(tmp_path / "a")  # the next start: a name nobody could have known before
+    assert region_name(tmp_path / "a", "ctl") != name
     with pytest.raises(BadInputError):
-        region_name(tmp_path, "../etc")
+        region_name(tmp_path / "a", "../etc")
+
+
+def test_a_name_another_user_created_first_is_refused_naming_that_user(store_dir):
+    name = region_name(store_dir, "ctl")
+    squatter = SharedRegion.create(name, 4096)
+    os.chown(shm_path(name), NOBODY_UID, NOBODY_UID)
+    try:
+        with pytest.raises(StorePermissionError) as caught:
+            SharedRegion.create(name, 4096)
+        text = str(caught.value)
+        assert f"uid {NOBODY_UID} (nobody)" in text and "another user created it first" in text
+        assert shm_path(name).stat().st_uid == NOBODY_UID  # the squatter's object is untouched
+    finally:
+        squatter.unlink()
+        squatter.close()
 
 
 def test_region_create_then_attach_in_other_process_shares_bytes(store_dir):

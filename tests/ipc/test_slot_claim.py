@@ -12,7 +12,7 @@ import time
 import pytest
 
 from engine.errors import StoreError
-from ipc.shm import SharedRegion, region_name, unlink_stale_regions
+from ipc.shm import SharedRegion, issue_shm_token, region_name, unlink_stale_regions
 from ipc.slot_claim import claim_slot, is_slot_owner_alive, release_slot, slot_lock_path
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -26,6 +26,7 @@ READY_OFFSET = 256  # per-claimer "started" bytes: a start barrier so the claime
 
 @pytest.fixture
 def store_dir(tmp_path):
+    issue_shm_token(tmp_path)  # what a supervisor does before creating its regions
     yield tmp_path
     unlink_stale_regions(tmp_path)
 

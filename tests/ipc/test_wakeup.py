@@ -13,7 +13,7 @@ import pytest
 from engine.errors import ServiceNotAvailableError, StoreError
 from ipc.control_block import ControlBlock, FlushCode
 from ipc.mailbox import MailboxServer
-from ipc.shm import SHM_DIR, store_prefix, unlink_stale_regions
+from ipc.shm import SHM_DIR, issue_shm_token, store_prefix, unlink_stale_regions
 from ipc.wakeup import (
     ConsumerWaiter,
     WaiterTable,
@@ -29,6 +29,7 @@ CONSUMER_TIMEOUT_S = 30.0
 
 @pytest.fixture
 def store_dir(tmp_path):
+    issue_shm_token(tmp_path)  # what a supervisor does before creating its regions
     yield tmp_path
     unlink_stale_regions(tmp_path)
     unlink_all(tmp_path)
@@ -154,6 +155,7 @@ def test_unlink_all_removes_every_semaphore_of_the_store_and_no_other(store_dir,
     table = WaiterTable.create(store_dir, entry_count=2)
     waiter = ConsumerWaiter.register(table, store_dir / "run")
     other_store = tmp_path_factory.mktemp("other")
+    issue_shm_token(other_store)
     other = Wakeup.create(supervisor_wakeup_name(other_store))
     try:
         names = store_semaphores(store_dir)

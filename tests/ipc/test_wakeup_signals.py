@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ipc.shm import issue_shm_token
 from ipc.wakeup import WAIT_SLICE_S, Wakeup, supervisor_wakeup_name, unlink_all
 from tests.conftest import REPO_ROOT
 
@@ -37,6 +38,7 @@ print("woken", wakeup.wait(3600), flush=True)
 @pytest.fixture
 def sleeper(tmp_path):
     """(the parent's Wakeup, the child asleep in its wait)."""
+    issue_shm_token(tmp_path)
     wakeup = Wakeup.create(supervisor_wakeup_name(tmp_path))
     child = subprocess.Popen([sys.executable, "-c", CHILD, wakeup.name], cwd=REPO_ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -92,6 +94,7 @@ def test_a_handler_that_returns_runs_during_the_wait_which_goes_on_to_its_post(s
 
 
 def test_wait_times_out_in_slices_and_takes_a_pending_post_at_once(tmp_path):
+    issue_shm_token(tmp_path)
     wakeup = Wakeup.create(supervisor_wakeup_name(tmp_path))
     try:
         started = time.monotonic()

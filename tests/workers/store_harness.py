@@ -18,7 +18,7 @@ from pathlib import Path
 
 from engine.check import check
 from ipc.control_block import ControlBlock, Role, StoreState, process_slot_index
-from ipc.shm import SHM_DIR, store_prefix
+from ipc.shm import NAME_PREFIX, SHM_DIR, token_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 30.0
@@ -88,8 +88,20 @@ def spawn_python(code: str, *args: str, env: dict | None = None, **kwargs) -> su
                             **kwargs)
 
 
+_tokens_seen: dict[str, str] = {}
+
+
 def store_shm_names(root: Path) -> list[str]:
-    prefix = store_prefix(root)[1:]
+    """The store's names in /dev/shm, under its current token or (once a stop removed the token
+    file) the last one this test saw, so a leak after a stop is still found."""
+    key = os.path.realpath(root)
+    try:
+        _tokens_seen[key] = token_path(root).read_text().strip()
+    except FileNotFoundError:
+        pass
+    if key not in _tokens_seen:
+        return []
+    prefix = f"{NAME_PREFIX}{_tokens_seen[key]}-"
     return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix) or n.startswith("sem." + prefix))
 
 
@@ -133,6 +145,7 @@ class RunningStore:
                 return False
 
         wait_for(ready, "the supervisor to be ready", timeout_s)
+        store_shm_names(self.root)  # remembers the token for the checks after a stop
 
     def ctl(self) -> ControlBlock:
         return ControlBlock.attach(self.root)

@@ -14,6 +14,7 @@ from engine.commitlog import CommitLog
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.mapped_file import Access
 from ipc.key_ring import KeyRing
+from ipc.shm import issue_shm_token
 from tools.bench_check_stamp import QUEUES, append_requests, make_requests
 from workers.dispatcher import FEW_RECORDS_BYTES, Dispatcher
 from workers.request_check import RecordChecker
@@ -39,6 +40,7 @@ def dispatcher_over(root, tag: str) -> Dispatcher:
     dispatcher.commitlog = CommitLog.open(root, SEGMENT_BYTES, Access.READ_ONLY)
     dispatcher.queues = ConsumeQueueTable.load(root, CQ_ENTRIES, Access.READ_WRITE)
     dispatcher.shard_count = SHARDS
+    issue_shm_token(root / f"ring-{tag}")  # what a supervisor does before any region is made
     dispatcher.ring = KeyRing.create(root / f"ring-{tag}", SHARDS, generation=1)
     dispatcher.ring_writers = [dispatcher.ring.writer(shard) for shard in range(SHARDS)]
     dispatcher.blocks_dropped = 0

@@ -12,6 +12,7 @@ import os
 import pytest
 
 from ipc.control_block import ControlBlock, FlushCode
+from ipc.shm import issue_shm_token
 from ipc.wakeup import ConsumerWaiter, WaiterTable, Wakeup
 from tests.workers.test_dispatch_few import SHARDS, close_dispatcher, dispatcher_over, write_log
 from workers.child import HEARTBEAT_INTERVAL_S, MAX_STEP_BYTES
@@ -119,6 +120,7 @@ def test_pacing_holds_a_backlog_at_most_pace_max_wait_s_and_never_a_whole_window
 def paced_dispatcher(tmp_path):
     """A Dispatcher with only the state _plan_hold reads, a step of STEP_S just ended, and a real
     waiter table."""
+    issue_shm_token(tmp_path)
     table = WaiterTable.create(tmp_path, entry_count=2)
     dispatcher = Dispatcher.__new__(Dispatcher)
     dispatcher.waiters = table
@@ -168,6 +170,7 @@ def stepping(tmp_path, monkeypatch):
     stepped on a FakeClock; each dispatch takes STEP_S."""
     ends = write_log(tmp_path, 120)
     dispatcher = dispatcher_over(tmp_path, "pace")
+    issue_shm_token(tmp_path)
     dispatcher.ctl = ControlBlock.create(tmp_path, SHARDS, FlushCode.SYNC)
     dispatcher.waiters = WaiterTable.create(tmp_path, entry_count=2)
     dispatcher.sync_flush, dispatcher.published_pos, dispatcher._stopping = True, 0, False

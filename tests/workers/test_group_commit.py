@@ -14,7 +14,7 @@ from engine.config import FlushPolicy, StoreConfig
 from engine.formats.record import encode_record
 from engine.mapped_file import Access
 from ipc.control_block import ControlBlock, FlushCode
-from ipc.shm import unlink_stale_regions
+from ipc.shm import issue_shm_token, unlink_stale_regions
 from ipc.wakeup import unlink_all
 from workers.group_commit import GroupCommit
 
@@ -31,6 +31,7 @@ def fill(log: CommitLog, count: int) -> None:
 @pytest.fixture
 def rig(tmp_path):
     log = CommitLog.open(tmp_path, SEG, Access.READ_WRITE)
+    issue_shm_token(tmp_path)
     ctl = ControlBlock.create(tmp_path, 1, FlushCode.SYNC)
     flushed_in: list[str] = []
     stall = tmp_path / "stall"

@@ -181,9 +181,12 @@ def flush_figures(first: tuple[int, object], last: tuple[int, object]) -> dict:
 
 
 def _store_figures(store_dir: str) -> dict:
+    from engine.errors import ServiceNotAvailableError
     from workers.status_report import collect_status
 
     status = collect_status(store_dir, sample_s=STATUS_SAMPLE_S)
+    if not status["running"]:
+        raise ServiceNotAvailableError(status["detail"], path=store_dir)
     lag = status["lag_ms"]
     index_lags = [v for v in lag["index"] if v is not None]
     rss, cpu, restarts = {}, {}, {}

@@ -1,0 +1,74 @@
+"""Settings that shape a store's files, frozen in store.json when the store is created.
+
+Segment and index sizes, the index shard count and the queue count decide where every byte and
+every key lives; a store restarted with other values would hide queues or look keys up in the
+wrong shard. So a later start or recover that asks for another value is refused with both values
+named, before anything is written, and a store.json edited to disagree with the files on disk
+is refused rather than trusted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.checkpoint import load_checkpoint
+from engine.errors import FrozenSettingError, StoreMetaMismatchError
+from engine.formats.store_meta import StoreMeta
+from engine.naming import CONSUMEQUEUE_DIR, INDEX_DIR, is_topic_name
+
+FROZEN_SETTINGS = ("commitlog_file_size", "consume_queue_entries", "index_slot_count",
+                   "index_entry_count", "index_shards", "queue_count")
+_RESTORE_HINT = "put store.json back as it was when the store was created"
+
+
+def refuse_changed_settings(meta: StoreMeta, asked: dict[str, tuple[object, str]],
+                            root: Path) -> None:
+    """Raise FrozenSettingError when a setting the caller gave explicitly (name -> (value,
+    where it was given)) differs from what store.json froze. Settings not given are fine."""
+    conflicts = []
+    for name in FROZEN_SETTINGS:
+        if name not in asked:
+            continue
+        stored = getattr(meta, name)
+        value, source = asked[name]
+        if stored is not None and value != stored:
+            conflicts.append((name, stored, value, source))
+    if conflicts:
+        raise FrozenSettingError(conflicts, path=str(root))
+
+
+def refuse_inconsistent_meta(root: Path, meta: StoreMeta) -> None:
+    """Raise StoreMetaMismatchError when store.json's shard or queue count disagrees with the
+    index shard directories, the checkpoint's shard count or the consume-queue directories."""
+    root = Path(root)
+    shard_dirs = _numbered_dirs(root / INDEX_DIR)
+    extra = [n for n in shard_dirs if n >= meta.index_shards and any((root / INDEX_DIR / str(n)).iterdir())]
+    if extra:
+        raise StoreMetaMismatchError(
+            f"store.json says index_shards = {meta.index_shards}, but {INDEX_DIR}/{extra[0]}/ holds "
+            f"index files of shard {extra[0]}", path=str(root / "store.json"), hint=_RESTORE_HINT)
+    checkpoint = load_checkpoint(root).checkpoint
+    recorded = len(checkpoint.index_durable_pos) if checkpoint is not None else 0
+    if recorded and recorded != meta.index_shards:
+        raise StoreMetaMismatchError(
+            f"store.json says index_shards = {meta.index_shards}, but the checkpoint records "
+            f"{recorded} index shards", path=str(root / "store.json"), hint=_RESTORE_HINT)
+    if meta.queue_count is not None:
+        _refuse_hidden_queues(root, meta.queue_count)
+
+
+def _refuse_hidden_queues(root: Path, queue_count: int) -> None:
+    top = root / CONSUMEQUEUE_DIR
+    topics = sorted(p for p in top.iterdir() if is_topic_name(p.name)) if top.is_dir() else []
+    for topic_dir in topics:
+        beyond = [n for n in _numbered_dirs(topic_dir) if n >= queue_count]
+        if beyond:
+            raise StoreMetaMismatchError(
+                f"store.json says queue_count = {queue_count}, but topic {topic_dir.name} has "
+                f"queue {beyond[0]}", path=str(root / "store.json"), hint=_RESTORE_HINT)
+
+
+def _numbered_dirs(directory: Path) -> list[int]:
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
