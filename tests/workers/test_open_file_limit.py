@@ -83,29 +83,6 @@ def test_many_queues_under_a_low_open_file_limit_keep_the_store_running(tmp_path
     assert_check_clean(store.root)
 
 
-def test_child_that_fails_to_boot_leaves_its_cause_in_the_log(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
-    with Producer(store.root) as producer:
-        assert producer.send("T1", b"x", keys=("k",)).ok
-    store.wait_caught_up()
-    foreign = store.root / "index" / "0" / "not-an-index-file"
-    foreign.write_bytes(b"junk")
-    builder = store.child_pid(Role.INDEX_BUILDER, 0)
-    os.kill(builder, signal.SIGKILL)
-    assert store.proc.wait(30) == 1
-    log = (store.root / "mqstore.log").read_text()
-    restarted = [line for line in log.splitlines() if "index builder 0 (pid " in line
-                 and "BOOT_FAILED" in line]
-    assert len(restarted) >= 1, log
-    failed = restarted[-1]
-    assert "stopping the store; it logged: index_builder-0[" in failed, failed
-    assert "failed to boot: " in failed and "not-an-index-file" in failed, failed
-    assert f"index builder 0 (pid {builder}) killed by SIGKILL (perhaps out of memory)" in log
-    foreign.unlink()
-    assert RunningStore.start(store.root).stop() == 0
-    assert_check_clean(store.root)
-
-
 def test_start_detach_names_the_cause_of_a_supervisor_that_fails_to_start(tmp_path):
     root = tmp_path / "store"
     store = RunningStore.start(root, store={"index_shards": 1})

@@ -149,18 +149,24 @@ def test_restart_budget_exceeded_stops_the_store(tmp_path):
     assert_check_clean(store.root)
 
 
-def test_child_that_cannot_boot_is_not_restarted(tmp_path):
+def test_child_that_cannot_boot_is_not_restarted_and_its_cause_is_in_the_log(tmp_path):
     store = RunningStore.start(tmp_path / "store")
     with Producer(store.root) as producer:
         assert producer.send("T1", b"x", keys=("k",)).ok
     store.wait_caught_up()
     foreign = store.root / "index" / "0" / "not-an-index-file"
     foreign.write_bytes(b"junk")
-    os.kill(store.child_pid(Role.INDEX_BUILDER, 0), signal.SIGKILL)
+    builder = store.child_pid(Role.INDEX_BUILDER, 0)
+    os.kill(builder, signal.SIGKILL)
     assert store.proc.wait(30) == 1
     err = store.stderr
     assert "index builder 0" in err and "BOOT_FAILED" in err and "not restarting" in err
     assert err.count("index builder 0 started") == 2  # started, restarted once, failed to boot
+    log = (store.root / "mqstore.log").read_text()
+    failed = [line for line in log.splitlines() if "index builder 0 (pid " in line and "BOOT_FAILED" in line]
+    assert failed and "stopping the store; it logged: index_builder-0[" in failed[-1], log
+    assert "failed to boot: " in failed[-1] and "not-an-index-file" in failed[-1], failed[-1]
+    assert f"index builder 0 (pid {builder}) killed by SIGKILL (perhaps out of memory)" in log
     foreign.unlink()
     restarted = RunningStore.start(store.root)
     assert restarted.stop() == 0
