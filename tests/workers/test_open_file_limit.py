@@ -78,7 +78,8 @@ def test_many_queues_under_a_low_open_file_limit_keep_the_store_running(tmp_path
         assert store.stop() == 0
     log = (store.root / "mqstore.log").read_text()
     assert "Too many open files" not in log and " ERROR " not in log
-    restarted = RunningStore.start(store.root, preexec_fn=nofile_limit(NOFILE))  # recovery too
+    restarted = RunningStore.start(store.root, store={"index_shards": 1},
+                                     preexec_fn=nofile_limit(NOFILE))  # recovery too
     assert restarted.stop() == 0
     assert_check_clean(store.root)
 
@@ -101,7 +102,7 @@ def test_start_detach_names_the_cause_of_a_supervisor_that_fails_to_start(tmp_pa
     assert any("supervisor failed: " in line and "Too many open files" in line
                for line in log.splitlines()), log
     wait_for(lambda: not (root / "lock").exists() or _unlocked(root), "the lock to be free")
-    assert RunningStore.start(root).stop() == 0
+    assert RunningStore.start(root, store={"index_shards": 1}).stop() == 0
     assert_check_clean(root)
 
 
