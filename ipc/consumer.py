@@ -136,7 +136,8 @@ class _Span(NamedTuple):
 
 
 class Consumer:
-    """A consumer group member reading one store; not thread-safe (one per thread)."""
+    """A consumer group member reading one store; not thread-safe (one per thread). Usable in a
+    child made by os.fork(): the child waits on a waiter entry of its own."""
 
     def __init__(self, store_dir: str | os.PathLike, group: str, *,
                  reattach_timeout_s: float = DEFAULT_REATTACH_TIMEOUT_S):
@@ -157,6 +158,7 @@ class Consumer:
         self._waiter: ConsumerWaiter | None = None
         self._closed = False
         self._uncommitted: dict[tuple[str, int], int] = {}  # (topic, queue id): iterate's, unwritten
+        self._pid = os.getpid()  # a forked child adopts the consumer on its first call
         self._supervisor_seen_s = -SUPERVISOR_CHECK_INTERVAL_S  # when it was last seen alive
 
     # ------------------------------------------------------------------------------ pull
@@ -339,6 +341,8 @@ class Consumer:
         """When the supervisor is gone (see _supervisor_gone), wait up to reattach_timeout_s for
         the next one and attach to it; ServiceNotAvailableError naming the bound if none came.
         The files stay mapped: a restart keeps them, and reads look for new segments anyway."""
+        if self._pid != os.getpid():
+            self._adopt_after_fork()
         if not self._supervisor_gone():
             return
         self._detach()
@@ -350,6 +354,16 @@ class Consumer:
                                            path=str(self.root), hint=exc.hint) from None
         self._watch = SupervisorWatch(self._ctl.supervisor_pid)
         self._supervisor_seen_s = time.monotonic()
+
+    def _adopt_after_fork(self) -> None:
+        """In a forked child: the waiter entry and the unwritten offsets are the parent's; the
+        child registers its own waiter when it first waits, and starts from what is on disk."""
+        if self._waiter is not None:
+            self._waiter.forget()
+            self._table.close()
+            self._waiter = self._table = None
+        self._uncommitted.clear()
+        self._pid = os.getpid()
 
     def _detach(self) -> None:
         """Leave the waiter table and the control block of a supervisor that is gone."""
@@ -428,6 +442,8 @@ class Consumer:
     def committed(self, topic: str, queue_id: int) -> int | None:
         """The group's committed next offset of a queue (one `iterate` consumed but has not
         written yet included), or None."""
+        if self._pid != os.getpid():
+            self._adopt_after_fork()
         pending = self._uncommitted.get((topic, queue_id))
         return pending if pending is not None else self.offsets.get(topic, self.group, queue_id)
 
@@ -448,6 +464,8 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
+        if self._pid != os.getpid():
+            self._adopt_after_fork()
         self.flush_offsets()
         self._detach()
         self.queues.close()

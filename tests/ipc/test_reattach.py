@@ -217,3 +217,35 @@ def test_fork_child_closing_the_inherited_producer_leaves_the_parent_slot_alone(
     finally:
         assert running.stop() == 0
     assert_check_clean(running.root)
+
+
+def test_fork_child_consumer_waits_on_its_own_entry_and_leaves_the_parents(tmp_path):
+    running = RunningStore.start(tmp_path / "store")
+    try:
+        with Consumer(running.root, "forkc") as consumer, Producer(running.root) as producer:
+            assert consumer.wait_for_more(consumer.dispatched_pos, 10) is False  # registers
+            parent_entry = consumer._waiter.index
+
+            def child_work():
+                bound = consumer.dispatched_pos
+                with Producer(running.root) as child_producer:
+                    timer = threading.Timer(0.2, lambda: child_producer.send("FORKC", b"child", queue_id=0))
+                    timer.start()
+                    woke = consumer.wait_for_more(bound, 10_000)
+                    timer.join()
+                entry = consumer._waiter.index
+                consumer.close()
+                return {"woke": woke, "entry": entry}
+
+            read_fd, pid = _fork_child(child_work)
+            report = _read_child_report(read_fd, pid)
+            assert report == {"woke": True, "entry": report["entry"]} and report["entry"] != parent_entry
+            bound = consumer.dispatched_pos
+            timer = threading.Timer(0.2, lambda: producer.send("FORKC", b"parent", queue_id=0))
+            timer.start()
+            assert consumer.wait_for_more(bound, 10_000) is True  # its own entry still wakes it
+            timer.join()
+            assert consumer._waiter.index == parent_entry
+    finally:
+        assert running.stop() == 0
+    assert_check_clean(running.root)
