@@ -91,14 +91,18 @@ from engine.store_dir import StoreKind, inspect_store_dir, read_meta, refuse_for
 from ipc.batch_result import BatchResult, BatchResultBuilder
 from ipc.control_block import ControlBlock
 from ipc.mailbox import Mailbox
-from ipc.reattach import DEFAULT_REATTACH_TIMEOUT_S, SupervisorWatch, validate_reattach_timeout
+from ipc.reattach import (
+    DEFAULT_REATTACH_TIMEOUT_S,
+    SupervisorWatch,
+    validate_reattach_timeout,
+    wait_for_supervisor,
+)
 from ipc.run_info import RunInfo, read_run_info
-from ipc.slot_sender import RESPONSE_MARGIN_S, Pending, SlotSender, StoreLink
+from ipc.slot_sender import Pending, SlotSender, StoreLink
 
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
 BORN_IP = "127.0.0.1"
 MAX_TOPIC_CACHE = 4096
-__all__ = ["RESPONSE_MARGIN_S", "Producer", "attach_running_store"]
 
 
 def _new_fork_lock() -> None:
@@ -245,7 +249,8 @@ class Producer:
         return self._sender.mailbox
 
     def _live_sender(self) -> SlotSender:
-        """The sender of this process: after a fork, the child's first call makes its own."""
+        """The sender of this process: after a fork, the child's first call makes its own
+        (ServiceNotAvailableError when no supervisor serves the store within the reattach bound)."""
         if self._pid != os.getpid():
             with _FORK_LOCK:
                 if self._pid != os.getpid():
@@ -258,8 +263,8 @@ class Producer:
         self._sender.forget()
         self._round_robin_lock = threading.Lock()
         self._born_host = (BORN_IP, os.getpid() & 0x7FFFFFFF)
-        if not self._closed:
-            self._sender = self._new_sender()
+        if not self._closed:  # the bounded wait, as for a restart; then ServiceNotAvailableError
+            self._sender = wait_for_supervisor(self.root, self._new_sender, self._reattach_timeout_s)
         self._pid = os.getpid()
 
     # ------------------------------------------------------------------------------ public API

@@ -221,7 +221,7 @@ class SlotSender:
 
     def _ensure_link(self) -> None:
         """A link to a serving supervisor: the current one, or the next one (bounded wait)."""
-        if self.link is not None and self.link.serving():
+        if self.link is not None and self.slot is not None and self.link.serving():
             return
         self._drop_link()
         link = wait_for_supervisor(self.root, self._connect, self._reattach_timeout_s)
