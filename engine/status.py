@@ -7,7 +7,12 @@ from enum import IntEnum
 
 
 class PutStatus(IntEnum):
-    """Outcome of one put; the numbers travel through shared memory, so they are fixed."""
+    """Outcome of one put; the numbers travel through shared memory, so they are fixed.
+
+    OUTCOME_UNKNOWN is not RocketMQ's: the supervisor exited (crash, kill -9) with the request
+    published and unanswered, so the message may or may not be stored, and the producer does
+    not send it again (never stored twice by it). Unlike FLUSH_DISK_TIMEOUT (stored, not yet
+    durable) it claims nothing, so it has no positions and `is_stored` is False."""
 
     PUT_OK = 0
     FLUSH_DISK_TIMEOUT = 1
@@ -17,6 +22,7 @@ class PutStatus(IntEnum):
     DISK_FULL = 5
     OS_PAGE_CACHE_BUSY = 6
     UNKNOWN_ERROR = 7
+    OUTCOME_UNKNOWN = 8  # made by the client, never by the supervisor; see the docstring
 
     @property
     def is_stored(self) -> bool:

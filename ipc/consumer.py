@@ -34,9 +34,15 @@ sleeps in `wait_for_more(bound)` with the `dispatched_pos` it read before the sw
 
 Long polling waits on the published position through the waiter table (ipc.wakeup): the
 dispatcher posts the consumer's own semaphore after each batch; no busy loop. Committed offsets
-live in config/consumerOffset.json (ipc.consumer_offsets). Statuses are RocketMQ's
+live in config/consumerOffset.json (ipc.consumer_offsets); `iterate` writes them on a timer
+(`commit_interval_ms`) and when it ends, not after every batch. Statuses are RocketMQ's
 (engine.status.GetStatus); the constructor raises ServiceNotAvailableError at once when no
 supervisor runs on the store.
+
+Restarts (ipc.reattach): when the supervisor exits (a clean stop or a crash), the next pull,
+wait or iteration step waits up to `reattach_timeout_s` for the next one and goes on there; a
+long poll in progress survives it (its own timeout still counts), and ServiceNotAvailableError
+names the bound when no supervisor came back.
 """
 
 from __future__ import annotations
@@ -70,6 +76,12 @@ from engine.status import GetResult, GetStatus, SkippedRecord
 from engine.store_dir import read_meta
 from ipc.consumer_offsets import ConsumerOffsets, validate_group
 from ipc.producer import attach_running_store
+from ipc.reattach import (
+    DEFAULT_REATTACH_TIMEOUT_S,
+    SupervisorWatch,
+    validate_reattach_timeout,
+    wait_for_supervisor,
+)
 from ipc.run_info import run_dir
 from ipc.wakeup import ConsumerWaiter, WaiterTable
 
@@ -78,6 +90,7 @@ _MOVES = (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE, GetStatus.OFFSET_TOO_SM
           GetStatus.OFFSET_OVERFLOW_BADLY)
 MAX_PULL_COUNT = 4096
 SUPERVISOR_CHECK_INTERVAL_S = 0.05
+DEFAULT_COMMIT_INTERVAL_MS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +136,17 @@ class _Span(NamedTuple):
 
 
 class Consumer:
-    """A consumer group member reading one store; not thread-safe (one per thread)."""
+    """A consumer group member reading one store; not thread-safe (one per thread). Usable in a
+    child made by os.fork(): the child waits on a waiter entry of its own."""
 
-    def __init__(self, store_dir: str | os.PathLike, group: str):
+    def __init__(self, store_dir: str | os.PathLike, group: str, *,
+                 reattach_timeout_s: float = DEFAULT_REATTACH_TIMEOUT_S):
         self.group = validate_group(group)
         self.root = Path(store_dir)
+        self._reattach_timeout_s = validate_reattach_timeout(reattach_timeout_s)
         self._ctl, self.info = attach_running_store(self.root)
         try:
+            self._watch = SupervisorWatch(self._ctl.supervisor_pid)
             meta = read_meta(self.root)
             self.commitlog = CommitLog.open(self.root, meta.commitlog_file_size, Access.READ_ONLY)
             self.queues = ConsumeQueueTable(self.root, meta.consume_queue_entries, Access.READ_ONLY)
@@ -140,6 +157,8 @@ class Consumer:
         self._table: WaiterTable | None = None
         self._waiter: ConsumerWaiter | None = None
         self._closed = False
+        self._uncommitted: dict[tuple[str, int], int] = {}  # (topic, queue id): iterate's, unwritten
+        self._pid = os.getpid()  # a forked child adopts the consumer on its first call
         self._supervisor_seen_s = -SUPERVISOR_CHECK_INTERVAL_S  # when it was last seen alive
 
     # ------------------------------------------------------------------------------ pull
@@ -292,6 +311,7 @@ class Consumer:
     @property
     def dispatched_pos(self) -> int:
         """The dispatcher's published position: every record below it can be read."""
+        self._require_supervisor()
         return self._ctl.dispatched_pos
 
     def wait_for_more(self, bound: int, timeout_ms: int) -> bool:
@@ -300,6 +320,7 @@ class Consumer:
         True if it passed. No busy loop: the dispatcher posts this consumer's semaphore."""
         _require_count("timeout_ms", timeout_ms, 0, 2**31)
         deadline = time.monotonic() + timeout_ms / 1000.0
+        self._require_supervisor()
         while self._ctl.dispatched_pos <= bound:
             self._require_supervisor()
             remaining = deadline - time.monotonic()
@@ -317,10 +338,43 @@ class Consumer:
                           min(timeout_s, 1.0))
 
     def _require_supervisor(self) -> None:
-        """ServiceNotAvailableError if the supervisor is gone (see _supervisor_gone)."""
-        if self._supervisor_gone():
-            raise ServiceNotAvailableError("the store's supervisor is gone", path=str(self.root),
-                                           hint="start it with `mqstore start`")
+        """When the supervisor is gone (see _supervisor_gone), wait up to reattach_timeout_s for
+        the next one and attach to it; ServiceNotAvailableError naming the bound if none came.
+        The files stay mapped: a restart keeps them, and reads look for new segments anyway."""
+        if self._pid != os.getpid():
+            self._adopt_after_fork()
+        if not self._supervisor_gone():
+            return
+        self._detach()
+        try:
+            self._ctl, self.info = wait_for_supervisor(
+                self.root, lambda: attach_running_store(self.root), self._reattach_timeout_s)
+        except ServiceNotAvailableError as exc:
+            raise ServiceNotAvailableError(f"the store's supervisor is gone: {exc.message}",
+                                           path=str(self.root), hint=exc.hint) from None
+        self._watch = SupervisorWatch(self._ctl.supervisor_pid)
+        self._supervisor_seen_s = time.monotonic()
+
+    def _adopt_after_fork(self) -> None:
+        """In a forked child: the waiter entry and the unwritten offsets are the parent's; the
+        child registers its own waiter when it first waits, and starts from what is on disk."""
+        if self._waiter is not None:
+            self._waiter.forget()
+            self._table.close()
+            self._waiter = self._table = None
+        self._uncommitted.clear()
+        self._pid = os.getpid()
+
+    def _detach(self) -> None:
+        """Leave the waiter table and the control block of a supervisor that is gone."""
+        if self._waiter is not None:
+            self._waiter.close()
+            self._table.close()
+            self._waiter = self._table = None
+        if self._ctl is not None:
+            self._watch.close()
+            self._ctl.close()
+            self._ctl = None
 
     def _supervisor_gone(self) -> bool:
         """True if the supervisor's process is gone, looked at once per
@@ -329,7 +383,7 @@ class Consumer:
         now = time.monotonic()
         if now - self._supervisor_seen_s < SUPERVISOR_CHECK_INTERVAL_S:
             return False
-        if not self._ctl.supervisor_alive():
+        if self._ctl is None or not self._watch.alive():
             return True
         self._supervisor_seen_s = now
         return False
@@ -337,58 +391,85 @@ class Consumer:
     # ------------------------------------------------------------------------------ iterate
     def iterate(self, topic: str, *, follow: bool = False, poll_timeout_ms: int = 1000,
                 max_count: int = DEFAULT_MAX_COUNT, auto_commit: bool = True,
-                on_skipped: Callable[[SkippedRecord], None] | None = None) -> Iterator[Record]:
+                on_skipped: Callable[[SkippedRecord], None] | None = None,
+                commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS) -> Iterator[Record]:
         """Every message of `topic` across its queues, from the committed offsets; a corrupt
         record is passed over (logged at WARNING, and handed to `on_skipped` when given).
 
         Without `follow` it stops when no queue moves on (every one drained); with it, it
-        long-polls for more. A committed offset below a queue's min offset moves up to it at once.
-        With `auto_commit`, a queue's offset is committed once its batch was consumed (at least
-        once: a consumer killed mid-batch sees that batch again)."""
+        long-polls for more, across a restart of the store (see `reattach_timeout_s`). A
+        committed offset below a queue's min offset moves up to it at once.
+
+        With `auto_commit`, a queue's offset is marked once its batch was consumed and the marks
+        are written together at most every `commit_interval_ms` (RocketMQ persists offsets on a
+        timer too), before each long-poll wait, when the iteration ends or is closed (a `break`
+        out of the loop), and by `flush_offsets` / `close`. A consumer killed in between sees
+        again what it read since the last write: delivery is at least once."""
         validate_topic(topic)
+        _require_count("commit_interval_ms", commit_interval_ms, 0, 2**31)
         offsets = {qid: self.committed(topic, qid) for qid in range(self.info.queue_count)}
-        while True:
-            self._require_supervisor()
-            bound = self._ctl.dispatched_pos
-            moved = False
-            for queue_id, offset in offsets.items():
-                result = self._read(topic, queue_id, offset, max_count, bound)
-                if on_skipped is not None:
-                    for skipped in result.skipped:
-                        on_skipped(skipped)
-                yield from result.messages
-                if result.status in _MOVES and result.next_offset != offset:
-                    moved = True
-                    offsets[queue_id] = result.next_offset
-                    if auto_commit:
-                        self.commit(topic, queue_id, result.next_offset)
-            if moved:
-                continue
-            if not follow:
-                return
-            self._wait_past(bound, poll_timeout_ms / 1000.0)
+        interval_s = commit_interval_ms / 1000.0
+        written_at = time.monotonic()
+        try:
+            while True:
+                self._require_supervisor()
+                bound = self._ctl.dispatched_pos
+                moved = False
+                for queue_id, offset in offsets.items():
+                    result = self._read(topic, queue_id, offset, max_count, bound)
+                    if on_skipped is not None:
+                        for skipped in result.skipped:
+                            on_skipped(skipped)
+                    yield from result.messages
+                    if result.status in _MOVES and result.next_offset != offset:
+                        moved = True
+                        offsets[queue_id] = result.next_offset
+                        if auto_commit:
+                            self._uncommitted[(topic, queue_id)] = result.next_offset
+                if self._uncommitted and (not moved or time.monotonic() - written_at >= interval_s):
+                    self.flush_offsets()
+                    written_at = time.monotonic()
+                if moved:
+                    continue
+                if not follow:
+                    return
+                self._wait_past(bound, poll_timeout_ms / 1000.0)
+        finally:
+            if not self._closed:
+                self.flush_offsets()
 
     # ------------------------------------------------------------------------------ offsets
     def committed(self, topic: str, queue_id: int) -> int | None:
-        """The group's committed next offset of a queue, or None."""
-        return self.offsets.get(topic, self.group, queue_id)
+        """The group's committed next offset of a queue (one `iterate` consumed but has not
+        written yet included), or None."""
+        if self._pid != os.getpid():
+            self._adopt_after_fork()
+        pending = self._uncommitted.get((topic, queue_id))
+        return pending if pending is not None else self.offsets.get(topic, self.group, queue_id)
 
     def commit(self, topic: str, queue_id: int, offset: int) -> None:
         """Persist the group's next offset of a queue (atomic replace, previous kept as .bak)."""
         validate_queue_id(queue_id, self.info.queue_count)
         self.offsets.commit(topic, self.group, queue_id, offset)
+        self._uncommitted.pop((topic, queue_id), None)  # an explicit commit wins over iterate's
+
+    def flush_offsets(self) -> None:
+        """Write the offsets `iterate` consumed since its last write, in one atomic replace."""
+        if self._uncommitted:
+            self.offsets.commit_many(self.group, self._uncommitted)
+            self._uncommitted.clear()
 
     # ------------------------------------------------------------------------------ lifetime
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._waiter is not None:
-            self._waiter.close()
-            self._table.close()
+        if self._pid != os.getpid():
+            self._adopt_after_fork()
+        self.flush_offsets()
+        self._detach()
         self.queues.close()
         self.commitlog.close()
-        self._ctl.close()
 
     def __enter__(self) -> Consumer:
         return self

@@ -439,6 +439,18 @@ class ProducerSlot:
         slot_claim.release_slot(self._lock_fd)
         self._lock_fd = -1
 
+    def forget(self) -> None:
+        """In a forked child: close this process's handles to an inherited slot. Writes nothing
+        shared and does not unlock: the flock belongs to the open file description the parent
+        shares, so an unlock here would free the parent's slot under it."""
+        if self._lock_fd < 0:
+            return
+        self._wakeup.close()
+        self._supervisor_wakeup.close()
+        self._data = None
+        os.close(self._lock_fd)
+        self._lock_fd = -1
+
     def __enter__(self) -> ProducerSlot:
         return self
 

@@ -34,10 +34,20 @@ sender thread and back. The queue is bounded in bytes: when the store is
 behind, send_async blocks up to `enqueue_timeout_s` and then answers OS_PAGE_CACHE_BUSY (not
 stored) -- memory never grows without bound.
 
-Failure statuses: SERVICE_NOT_AVAILABLE when the supervisor is gone (never a hang); the
-supervisor's FLUSH_DISK_TIMEOUT (stored, not yet durable); UNKNOWN_ERROR when no answer came
-within sync_flush_timeout + 5 s (the messages may still be stored). A producer process killed
-mid-request leaves nothing: a request becomes visible only when complete.
+Restarts and forks: a producer outlives its supervisor. When the store is stopped and started
+again, or its supervisor crashes and a new one starts, the next send waits up to
+`reattach_timeout_s` (default 30 s; 0 = no wait) for a READY supervisor and sends there; the
+constructor itself never waits. A request is sent again only when certainly not stored (see
+ipc.slot_sender). In a child made by `os.fork()` the first call attaches on its own slot; the
+inherited slot stays the parent's, untouched.
+
+Failure statuses: SERVICE_NOT_AVAILABLE when no supervisor serves the store within the reattach
+bound (never a hang); OUTCOME_UNKNOWN when the supervisor died with the request unanswered (may
+or may not be stored, never sent twice); the supervisor's FLUSH_DISK_TIMEOUT (stored, not yet
+durable); UNKNOWN_ERROR when a live supervisor gave no answer within sync_flush_timeout + 5 s
+(the messages may still be stored). Async sends in flight at a crash get the same statuses:
+the one published gets OUTCOME_UNKNOWN, those still queued go to the next supervisor. A
+producer process killed mid-request leaves nothing: a request becomes visible only when complete.
 """
 
 from __future__ import annotations
@@ -81,14 +91,27 @@ from engine.store_dir import StoreKind, inspect_store_dir, read_meta, refuse_for
 from ipc.batch_result import BatchResult, BatchResultBuilder
 from ipc.control_block import ControlBlock
 from ipc.mailbox import Mailbox
+from ipc.reattach import (
+    DEFAULT_REATTACH_TIMEOUT_S,
+    SupervisorWatch,
+    validate_reattach_timeout,
+    wait_for_supervisor,
+)
 from ipc.run_info import RunInfo, read_run_info
-from ipc.slot_sender import Pending, SlotSender
+from ipc.slot_sender import Pending, SlotSender, StoreLink
 
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
-RESPONSE_MARGIN_S = 5.0
 BORN_IP = "127.0.0.1"
 MAX_TOPIC_CACHE = 4096
 
+
+def _new_fork_lock() -> None:
+    global _FORK_LOCK
+    _FORK_LOCK = threading.Lock()
+
+
+_FORK_LOCK = threading.Lock()  # one thread of a forked child adopts; new in every child
+os.register_at_fork(after_in_child=_new_fork_lock)
 
 
 def attach_running_store(store_dir: str | os.PathLike) -> tuple[ControlBlock, RunInfo]:
@@ -171,28 +194,23 @@ def _resolve(future: Future, convert: Callable[[BatchResult], object]) -> Callab
 
 
 class Producer:
-    """A co-located producer; one mailbox slot, one sender thread. Use as a context manager."""
+    """A co-located producer; one mailbox slot, one sender thread. Use as a context manager.
+
+    It survives a restart of the store (ipc.reattach): after a `stop` + `start` or a crash the
+    next send waits up to `reattach_timeout_s` for the new supervisor and goes on there. After
+    `os.fork()` the child's first call gives the child a slot of its own and a sender thread
+    (the parent's slot and queue stay the parent's); the parent is not disturbed."""
 
     def __init__(self, store_dir: str | os.PathLike, *,
                  max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-                 enqueue_timeout_s: float | None = None):
+                 enqueue_timeout_s: float | None = None,
+                 reattach_timeout_s: float = DEFAULT_REATTACH_TIMEOUT_S):
         self.root = Path(store_dir)
-        self._ctl, self.info = attach_running_store(self.root)
-        response_timeout_s = self.info.sync_flush_timeout_ms / 1000.0 + RESPONSE_MARGIN_S
-        try:
-            self._mailbox = Mailbox.attach(self.root)
-            try:
-                self._sender = SlotSender(self.root, self._ctl, self._mailbox,
-                                          response_timeout_s=response_timeout_s,
-                                          max_pending_bytes=max_pending_bytes,
-                                          enqueue_timeout_s=(response_timeout_s if enqueue_timeout_s is None
-                                                             else enqueue_timeout_s))
-            except BaseException:
-                self._mailbox.close()
-                raise
-        except BaseException:
-            self._ctl.close()
-            raise
+        self._reattach_timeout_s = validate_reattach_timeout(reattach_timeout_s)
+        self._max_pending_bytes = max_pending_bytes
+        self._enqueue_timeout_s = enqueue_timeout_s
+        self._sender = self._new_sender()
+        self._pid = os.getpid()
         self._closed = False
         self._store_host = self.info.store_ip_port
         self._msg_id_prefix = make_msg_id(self._store_host, 0)[:-16]
@@ -201,20 +219,68 @@ class Producer:
         self._round_robin_lock = threading.Lock()
         self._topics: dict[str, bytes] = {}  # validated topics, UTF-8
 
+    def _new_sender(self) -> SlotSender:
+        """Attach to the supervisor serving the store now (ServiceNotAvailableError at once when
+        none does: only a producer that was attached waits for a restart)."""
+        return SlotSender(self.root, self._connect, reattach_timeout_s=self._reattach_timeout_s,
+                          max_pending_bytes=self._max_pending_bytes,
+                          enqueue_timeout_s=self._enqueue_timeout_s)
+
+    def _connect(self) -> StoreLink:
+        ctl, info = attach_running_store(self.root)
+        try:
+            watch = SupervisorWatch(ctl.supervisor_pid)
+            try:
+                return StoreLink(ctl, info, Mailbox.attach(self.root), watch)
+            except BaseException:
+                watch.close()
+                raise
+        except BaseException:
+            ctl.close()
+            raise
+
+    @property
+    def info(self) -> RunInfo:
+        """The run info of the supervisor last attached to."""
+        return self._sender.info
+
+    @property
+    def _mailbox(self) -> Mailbox:
+        return self._sender.mailbox
+
+    def _live_sender(self) -> SlotSender:
+        """The sender of this process: after a fork, the child's first call makes its own
+        (ServiceNotAvailableError when no supervisor serves the store within the reattach bound)."""
+        if self._pid != os.getpid():
+            with _FORK_LOCK:
+                if self._pid != os.getpid():
+                    self._adopt_after_fork()
+        return self._sender
+
+    def _adopt_after_fork(self) -> None:
+        """Let go of the parent's slot without touching it, then attach on our own. The locks
+        are new: a parent thread may have held one at the fork, and it has no thread here."""
+        self._sender.forget()
+        self._round_robin_lock = threading.Lock()
+        self._born_host = (BORN_IP, os.getpid() & 0x7FFFFFFF)
+        if not self._closed:  # the bounded wait, as for a restart; then ServiceNotAvailableError
+            self._sender = wait_for_supervisor(self.root, self._new_sender, self._reattach_timeout_s)
+        self._pid = os.getpid()
+
     # ------------------------------------------------------------------------------ public API
     def send(self, topic: str, body: bytes, *, tags: str | None = None, keys: Iterable[str] | str = (),
              queue_id: int | None = None, properties: Mapping[str, str] | None = None,
              wait: bool = True) -> PutResult:
         """Put one message; blocks until the store answers (PUT_OK after the flush under sync)."""
         message = _message(topic, body, tags, keys, queue_id, properties, wait)
-        return self._send_one(message, self._sender.send_or_enqueue).result()
+        return self._send_one(message, self._live_sender().send_or_enqueue).result()
 
     def send_async(self, topic: str, body: bytes, *, tags: str | None = None,
                    keys: Iterable[str] | str = (), queue_id: int | None = None,
                    properties: Mapping[str, str] | None = None, wait: bool = True) -> Future:
         """Like send, returning a Future that resolves to the PutResult."""
         return self._send_one(_message(topic, body, tags, keys, queue_id, properties, wait),
-                              self._sender.enqueue)
+                              self._live_sender().enqueue)
 
     def _send_one(self, message: Message, submit: Callable[[list[Pending]], None]) -> Future:
         future: Future = Future()
@@ -223,11 +289,11 @@ class Producer:
 
     def send_batch(self, messages: Sequence[Message]) -> list[PutResult]:
         """Put many messages (one request per slot-full); one result each, in order."""
-        return self._send_batch(messages, self._sender.send_or_enqueue).result()
+        return self._send_batch(messages, self._live_sender().send_or_enqueue).result()
 
     def send_batch_async(self, messages: Sequence[Message]) -> Future:
         """Like send_batch, returning a Future of the result list."""
-        return self._send_batch(messages, self._sender.enqueue)
+        return self._send_batch(messages, self._live_sender().enqueue)
 
     def _send_batch(self, messages: Sequence[Message], submit: Callable[[list[Pending]], None]) -> Future:
         """By send_columns when the messages fit it, else message by message."""
@@ -253,14 +319,14 @@ class Producer:
 
         Bad input (a body that is not bytes or too large, a bad key, columns of different
         lengths, ...) raises BadInputError naming it, and nothing of the call is sent."""
-        submit = self._sender.send_or_enqueue
+        submit = self._live_sender().send_or_enqueue
         return self._columns_future(topic, bodies, keys, tags, queue_ids, submit).result()
 
     def send_columns_async(self, topic: str, bodies: Sequence[bytes], *,
                            keys: Sequence[str] | None = None, tags: str | None = None,
                            queue_ids: Sequence[int] | int | None = None) -> Future:
         """Like send_columns, returning a Future of the BatchResult (BadInputError at once)."""
-        return self._columns_future(topic, bodies, keys, tags, queue_ids, self._sender.enqueue)
+        return self._columns_future(topic, bodies, keys, tags, queue_ids, self._live_sender().enqueue)
 
     def _columns_future(self, topic: str, bodies: Sequence[bytes], keys: Sequence[str] | None,
                         tags: str | None, queue_ids: Sequence[int] | int | None,
@@ -273,10 +339,12 @@ class Producer:
         """Send what is queued, then give the mailbox slot back. Idempotent."""
         if self._closed:
             return
-        self._sender.close()
         self._closed = True
-        self._mailbox.close()
-        self._ctl.close()
+        if self._pid != os.getpid():  # a forked child that never sent: the slot is the parent's
+            with _FORK_LOCK:
+                self._adopt_after_fork()
+            return
+        self._sender.close()
 
     def __enter__(self) -> Producer:
         return self

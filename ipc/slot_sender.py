@@ -9,9 +9,18 @@ next batch accumulates. Many threads calling send() therefore cost one request p
 one per message. The queue is bounded in bytes: when the store is behind, enqueueing blocks up
 to `enqueue_timeout_s` and then answers OS_PAGE_CACHE_BUSY (not stored).
 
-Failure statuses: SERVICE_NOT_AVAILABLE when the supervisor is gone (never a hang); UNKNOWN_ERROR
-when no answer came within the response timeout (the records may still be stored; the slot is
-replaced); MESSAGE_ILLEGAL when the supervisor refused the request as a whole.
+Restarts (ipc.reattach): before publishing a request the sender looks whether its supervisor is
+still alive and READY; when it is not, it waits up to `reattach_timeout_s` for the next one,
+claims a slot in the new mailbox and sends there. A request is sent again only when it is
+certain that nothing of it was stored: it was never published to the old supervisor, or the old
+one answered it SERVICE_NOT_AVAILABLE because it was stopping (it refuses before appending).
+
+Failure statuses: SERVICE_NOT_AVAILABLE when no supervisor came back within the reattach bound
+(the queued records fail with it at once, not one bound each); OUTCOME_UNKNOWN when the
+supervisor exited with the request published and unanswered (it may or may not be stored, and
+it is not sent again, so it is never stored twice); UNKNOWN_ERROR when a live supervisor gave no
+answer within the response timeout (the records may still be stored; the slot is replaced);
+MESSAGE_ILLEGAL when the supervisor refused the request as a whole.
 """
 
 from __future__ import annotations
@@ -30,11 +39,15 @@ from engine.errors import ServiceNotAvailableError, StoreClosedError, StoreError
 from engine.formats.record_batch import EncodedRecords
 from engine.status import PutStatus
 from ipc.batch_result import failed_rows
-from ipc.control_block import ControlBlock
+from ipc.control_block import ControlBlock, StoreState
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
-from ipc.run_info import run_dir
+from ipc.reattach import SupervisorWatch, wait_for_supervisor
+from ipc.run_info import RunInfo, run_dir
 
 log = logging.getLogger(__name__)
+
+RESPONSE_MARGIN_S = 5.0
+MAX_RESENDS = 3  # a request the store refused while stopping, sent again to the next supervisors
 
 
 class Pending:
@@ -66,6 +79,25 @@ class Pending:
     def places(self, first: int, end: int) -> slice | np.ndarray:
         """Where records first..end-1 belong in the caller's batch."""
         return slice(first, end) if self.indexes is None else self.indexes[first:end]
+
+
+class StoreLink(NamedTuple):
+    """One attached supervisor: its control block, run info, mailbox and a watch on its process."""
+
+    ctl: ControlBlock
+    info: RunInfo
+    mailbox: Mailbox
+    watch: SupervisorWatch
+
+    def serving(self) -> bool:
+        """The supervisor is alive and READY (a stopping one refuses every request)."""
+        return self.watch.alive() and self.ctl.store_state is StoreState.READY
+
+    def close(self) -> None:
+        """Unmap and close this process's handles; nothing shared is written."""
+        self.watch.close()
+        self.mailbox.close()
+        self.ctl.close()
 
 
 class _Request(NamedTuple):
@@ -116,16 +148,21 @@ def _fitting_end(pending: Pending, first: int, max_records: int, room_bytes: int
 
 
 class SlotSender:
-    """Sends Pending records through one claimed mailbox slot; see the module docstring."""
+    """Sends Pending records through one claimed mailbox slot; see the module docstring.
 
-    def __init__(self, root: Path, ctl: ControlBlock, mailbox: Mailbox, *, response_timeout_s: float,
-                 max_pending_bytes: int, enqueue_timeout_s: float):
+    `connect()` attaches to the supervisor serving the store now (ServiceNotAvailableError when
+    none does); it is called once here and again after each restart, with the wait around it."""
+
+    def __init__(self, root: Path, connect: Callable[[], StoreLink], *, reattach_timeout_s: float,
+                 max_pending_bytes: int, enqueue_timeout_s: float | None):
         self.root = root
-        self._ctl = ctl
-        self.mailbox = mailbox
-        self.slot = ProducerSlot.claim(mailbox, run_dir(root), alive=ctl.supervisor_alive)
-        self._response_timeout_s = response_timeout_s
-        self._enqueue_timeout_s = enqueue_timeout_s
+        self._connect = connect
+        self._reattach_timeout_s = reattach_timeout_s
+        self.link: StoreLink | None = None  # None between a lost supervisor and the next one
+        self.slot: ProducerSlot | None = None
+        self._attach(connect())
+        self._enqueue_timeout_s = (self._response_timeout_s if enqueue_timeout_s is None
+                                   else enqueue_timeout_s)
         self._max_pending_bytes = max_pending_bytes
         self.queue: collections.deque[Pending] = collections.deque()
         self._pending_bytes = 0
@@ -133,7 +170,6 @@ class SlotSender:
         self._closing = False
         self._busy = False  # a request is in flight (the sender thread's, or a caller's: send_or_enqueue)
         self._unanswered_seq: int | None = None  # written, its answer not yet taken
-        self._broken: str | None = None
         self._thread = threading.Thread(target=self._send_loop, name="mqstore-producer", daemon=True)
         self._thread.start()
 
@@ -149,8 +185,50 @@ class SlotSender:
             while self._busy:  # a caller's request in flight still uses the slot
                 self._cond.wait()
         self._thread.join()
-        self.slot.release()
+        self._drop_link()
 
+    def forget(self) -> None:
+        """In a forked child: let go of the inherited slot and mappings without writing anything
+        shared or unlocking the parent's slot claim; the sender thread did not survive the fork."""
+        if self.slot is not None:
+            self.slot.forget()
+        if self.link is not None:
+            self.link.close()
+        self.link = self.slot = None
+        self._closing = True
+
+    # ------------------------------------------------------------------------------ the link
+    def _attach(self, link: StoreLink) -> None:
+        """Claim a slot in `link`'s mailbox and make it the current link (closes it on failure)."""
+        self.info, self.mailbox = link.info, link.mailbox
+        self._response_timeout_s = link.info.sync_flush_timeout_ms / 1000.0 + RESPONSE_MARGIN_S
+        try:
+            self.slot = ProducerSlot.claim(link.mailbox, run_dir(self.root), alive=link.watch.alive,
+                                           timeout_s=self._response_timeout_s)
+        except BaseException:
+            link.close()
+            raise
+        self.link = link
+
+    def _drop_link(self) -> None:
+        """Give the slot back and detach from a supervisor that is gone or stopping."""
+        if self.slot is not None:
+            self.slot.release()
+        if self.link is not None:
+            self.link.close()
+        self.link = self.slot = None
+        self._unanswered_seq = None
+
+    def _ensure_link(self) -> None:
+        """A link to a serving supervisor: the current one, or the next one (bounded wait)."""
+        if self.link is not None and self.slot is not None and self.link.serving():
+            return
+        self._drop_link()
+        link = wait_for_supervisor(self.root, self._connect, self._reattach_timeout_s)
+        self._attach(link)
+        log.info("producer reattached to the supervisor (pid %d)", link.info.supervisor_pid)
+
+    # ------------------------------------------------------------------------------ queueing
     def enqueue(self, pendings: list[Pending]) -> None:
         """Queue the records for the sender thread."""
         for pending in pendings:
@@ -172,7 +250,7 @@ class SlotSender:
 
     def _claim_idle_slot(self) -> bool:
         with self._cond:
-            if self.queue or self._busy or self._closing or self._broken is not None:
+            if self.queue or self._busy or self._closing:
                 return False
             self._busy = True
             return True
@@ -180,9 +258,6 @@ class SlotSender:
     def _enqueue_one(self, pending: Pending) -> None:
         if self._closing:
             raise StoreClosedError("the producer is closed", path=str(self.root))
-        if self._broken is not None:
-            self._fail_pending(pending, PutStatus.SERVICE_NOT_AVAILABLE, self._broken)
-            return
         deadline = time.monotonic() + self._enqueue_timeout_s
         with self._cond:
             while (self._pending_bytes and
@@ -205,6 +280,16 @@ class SlotSender:
     def _fail_pending(pending: Pending, status: PutStatus, reason: str) -> None:
         first, end = pending.cursor, pending.count
         pending.deliver(pending.places(first, end), failed_rows(end - first, status), reason)
+
+    def _fail_queued(self, reason: str) -> None:
+        """No supervisor came back: everything queued fails now rather than one wait each."""
+        with self._cond:
+            pendings = list(self.queue)
+            self.queue.clear()
+            self._pending_bytes = 0
+            self._cond.notify_all()
+        for pending in pendings:
+            self._fail_pending(pending, PutStatus.SERVICE_NOT_AVAILABLE, reason)
 
     def _take_request(self) -> _Request | None:
         """Block for queued records; take up to one request's worth (None once closing with
@@ -239,6 +324,7 @@ class SlotSender:
             if self.queue or self._closing:
                 self._cond.notify_all()
 
+    # ------------------------------------------------------------------------------ requests
     def _perform(self, request: _Request) -> None:
         """Send one request, wait for its answer and deliver the rows to their senders."""
         try:
@@ -250,39 +336,66 @@ class SlotSender:
         for pending, first, end in request.runs:
             pending.deliver(pending.places(first, end), rows[at:at + end - first], reason)
             at += end - first
+        if reason is not None and rows["status"][0] == PutStatus.SERVICE_NOT_AVAILABLE:
+            self._fail_queued(reason)
 
     def _request(self, pieces: list[memoryview], count: int, wait: bool) -> tuple[np.ndarray, str | None]:
         """The answer rows of one request (mailbox.RESULT_DTYPE), and the reason when they were
-        made here rather than by the supervisor."""
-        if self._broken is not None:
-            return failed_rows(count, PutStatus.SERVICE_NOT_AVAILABLE), self._broken
+        made here rather than by the supervisor. Sent again to the next supervisor only while
+        nothing of it can have been stored (see the module docstring)."""
         flags = RequestFlag.WAIT_FOR_FLUSH if wait else RequestFlag.NONE
-        alive = self._ctl.supervisor_alive
         data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        try:
-            if self._unanswered_seq is not None:  # a caller was interrupted (Ctrl-C) waiting for it
+        for _ in range(MAX_RESENDS + 1):
+            try:
+                self._ensure_link()
+            except StoreError as exc:  # none came back, or no slot is free in the new mailbox
+                return failed_rows(count, PutStatus.SERVICE_NOT_AVAILABLE), str(exc)
+            answer = self._exchange(data, count, flags)
+            if answer is not None:
+                return answer
+        reason = f"the store stopped {MAX_RESENDS + 1} times while this request waited; not stored"
+        return failed_rows(count, PutStatus.SERVICE_NOT_AVAILABLE), reason
+
+    def _exchange(self, data: bytes | memoryview, count: int, flags: RequestFlag
+                  ) -> tuple[np.ndarray, str | None] | None:
+        """One request through the current slot; None when it was certainly not stored and the
+        supervisor is gone or stopping (send it to the next one)."""
+        link, alive = self.link, self.link.watch.alive
+        if self._unanswered_seq is not None:  # a caller was interrupted (Ctrl-C) waiting for it
+            try:
                 self.slot.wait_answered(self._unanswered_seq, self._response_timeout_s, alive)
                 self._unanswered_seq = None
+            except ServiceNotAvailableError:
+                if not alive():
+                    self._drop_link()
+                    return None  # this request was not published yet
+                self._replace_slot()
+        try:
             seq = self._unanswered_seq = self.slot.write_request(data, count=count, flags=flags)
             rows = self.slot.wait_response(seq, self._response_timeout_s, alive)
             self._unanswered_seq = None
-            return rows, None
         except ServiceNotAvailableError as exc:
             if alive():
                 self._replace_slot()
                 reason = (f"no answer within {self._response_timeout_s:g} s; the messages may "
                           f"still be stored ({exc})")
                 return failed_rows(count, PutStatus.UNKNOWN_ERROR), reason
-            self._broken = f"the supervisor is gone: {exc}"
-            return failed_rows(count, PutStatus.SERVICE_NOT_AVAILABLE), self._broken
+            self._drop_link()
+            reason = (f"the supervisor (pid {link.info.supervisor_pid}) exited with this request "
+                      f"unanswered: the messages may or may not be stored ({exc})")
+            return failed_rows(count, PutStatus.OUTCOME_UNKNOWN), reason
         except StoreError as exc:  # the supervisor refused the request as a whole
             self._unanswered_seq = None
             return failed_rows(count, PutStatus.MESSAGE_ILLEGAL), str(exc)
+        if (rows["status"] == PutStatus.SERVICE_NOT_AVAILABLE).all() \
+                and link.ctl.store_state is not StoreState.READY:
+            self._drop_link()  # refused by a stopping supervisor, before any append
+            return None
+        return rows, None
 
     def _replace_slot(self) -> None:
         """After a timeout the old request is still in flight: take a fresh slot."""
         self._unanswered_seq = None
         self.slot.release()
-        self.slot = ProducerSlot.claim(self.mailbox, run_dir(self.root),
-                                       alive=self._ctl.supervisor_alive,
+        self.slot = ProducerSlot.claim(self.mailbox, run_dir(self.root), alive=self.link.watch.alive,
                                        timeout_s=self._response_timeout_s)

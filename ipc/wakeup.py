@@ -338,6 +338,15 @@ class ConsumerWaiter:
         slot_claim.release_slot(self._lock_fd)
         self._lock_fd = -1
 
+    def forget(self) -> None:
+        """In a forked child: close this process's handles to an inherited entry. The entry,
+        its semaphore and the flock (shared with the parent's open file) stay the parent's."""
+        if self._lock_fd < 0:
+            return
+        self.wakeup.close()
+        os.close(self._lock_fd)
+        self._lock_fd = -1
+
     def __enter__(self) -> ConsumerWaiter:
         return self
 

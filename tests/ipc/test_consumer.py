@@ -150,6 +150,35 @@ def test_iterate_all_queues_and_commit(store):
 
 
 @pytest.mark.slow
+def test_iterate_writes_offsets_on_its_timer_and_when_it_ends(store):
+    """Offsets are written on the timer, not per batch, and never lost on a clean end: a break
+    out of the loop and a close write what was consumed (whole batches: at least once)."""
+    with Producer(store.root) as producer:
+        assert producer.send_columns("ITER_TIMER", [b"m%d" % i for i in range(600)], queue_ids=0).ok
+    store.wait_caught_up()
+    on_disk = ConsumerOffsets(store.root)
+    with Consumer(store.root, "timer") as consumer:
+        for seen, _record in enumerate(consumer.iterate("ITER_TIMER", commit_interval_ms=3_600_000), 1):
+            if seen == 400:
+                assert on_disk.get("ITER_TIMER", "timer", 0) is None  # 12 batches, no write yet
+            if seen == 500:
+                break  # inside the 16th batch of 32: the 15 whole ones count
+        assert on_disk.get("ITER_TIMER", "timer", 0) == 480
+        suspended = consumer.iterate("ITER_TIMER", commit_interval_ms=3_600_000)
+        bodies = [next(suspended).body for _ in range(33)]
+        assert bodies[0] == b"m480" and bodies[-1] == b"m512"
+    assert on_disk.get("ITER_TIMER", "timer", 0) == 512  # written by close()
+    with Consumer(store.root, "timer") as consumer:
+        every_batch = consumer.iterate("ITER_TIMER", commit_interval_ms=0)
+        assert [next(every_batch).body for _ in range(40)][-1] == b"m551"
+        assert on_disk.get("ITER_TIMER", "timer", 0) == 544  # the first batch, written at once
+        assert len(list(every_batch)) == 48
+    assert on_disk.get("ITER_TIMER", "timer", 0) == 600
+    with Consumer(store.root, "timer") as consumer, pytest.raises(BadInputError, match="commit_interval_ms"):
+        next(consumer.iterate("ITER_TIMER", commit_interval_ms=-1))
+
+
+@pytest.mark.slow
 def test_consumer_never_sees_what_is_not_flushed(tmp_path):
     store = RunningStore.start(tmp_path / "slow", env={"MQSTORE_FAULT_FSYNC_DELAY_MS": "700"})
     try:

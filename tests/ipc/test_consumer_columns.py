@@ -186,9 +186,10 @@ def test_an_entry_that_does_not_match_its_record_is_corrupt(tmp_path):
 
 def test_wait_for_more_gives_up_when_the_supervisor_dies_unreaped(tmp_path):
     """SIGKILLed and not yet reaped by its parent (a zombie, which still takes signals): a
-    consumer sleeping in wait_for_more says SERVICE_NOT_AVAILABLE instead of sleeping on."""
+    consumer sleeping in wait_for_more says SERVICE_NOT_AVAILABLE instead of sleeping on
+    (at once with reattach_timeout_s = 0: no new supervisor is waited for)."""
     running = RunningStore.start(tmp_path / "store")
-    with Consumer(running.root, "gone") as consumer:
+    with Consumer(running.root, "gone", reattach_timeout_s=0) as consumer:
         running.wait_caught_up()
         bound = consumer.dispatched_pos
         assert consumer.wait_for_more(bound, 50) is False  # registered as a waiter

@@ -199,12 +199,13 @@ def test_blocking_and_async_calls_from_many_threads_keep_each_threads_order(stor
 
 def test_status_counts_of_a_batch_into_a_stopping_store(tmp_path):
     running = RunningStore.start(tmp_path / "store")
-    producer = Producer(running.root)
+    producer = Producer(running.root, reattach_timeout_s=0)
     try:
         assert producer.send_columns("COLS_STOP", [b"x"] * 3).ok
         assert running.stop() == 0
         result = producer.send_columns("COLS_STOP", [b"y"] * 4)
         assert result.status_counts() == {PutStatus.SERVICE_NOT_AVAILABLE: 4}
+        assert "reattach_timeout_s = 0 s" in result[0].reason
         assert all(r.reason for r in result) and result.msg_ids() == [None] * 4
     finally:
         producer.close()

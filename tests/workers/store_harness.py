@@ -206,7 +206,7 @@ from engine.message import Message
 from ipc.producer import Producer
 store, tag, count, batch, topic = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 acks = []
-with Producer(store) as producer:
+with Producer(store, reattach_timeout_s=0) as producer:  # exits once its store is gone
     i = 0
     while i < count:
         n = min(batch, count - i)

@@ -11,8 +11,11 @@ unknown, so any identity found twice in the store is a duplicate made by the sto
 
 It may be started before the store is ready: it polls until it can attach. It runs until
 SIGTERM (finishes the batch in flight, then exits 0), or until the store is gone
-(SERVICE_NOT_AVAILABLE; exits 0 as well -- the driver killed it on purpose). The last line on
-stdout is a JSON object with the counts of every status it was answered.
+(SERVICE_NOT_AVAILABLE; exits 0 as well -- the driver killed it on purpose). It does not wait
+for a restarted supervisor (`--reattach-timeout-s`, default 0: the driver starts new producers
+with each store), but one already READY when it looks is taken up. A batch in flight at a
+supervisor kill is answered OUTCOME_UNKNOWN: not ledgered, like any lost answer. The last line
+on stdout is a JSON object with the counts of every status it was answered.
 """
 
 from __future__ import annotations
@@ -121,7 +124,7 @@ class LoadProducer:
         deadline = time.monotonic() + self.args.attach_timeout_s
         while not self.stopping:
             try:
-                return Producer(self.args.store)
+                return Producer(self.args.store, reattach_timeout_s=self.args.reattach_timeout_s)
             except StoreError as exc:
                 if time.monotonic() > deadline:
                     print(f"load {self.args.tag}: {exc}", file=sys.stderr)
@@ -157,6 +160,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-body-bytes", type=int, default=6000)
     parser.add_argument("--refusal-pause-ms", type=float, default=20.0)
     parser.add_argument("--attach-timeout-s", type=float, default=120.0)
+    parser.add_argument("--reattach-timeout-s", type=float, default=0.0,
+                        help="how long to wait for a restarted supervisor (0: exit at once)")
     return parser.parse_args(argv)
 
 
