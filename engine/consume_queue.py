@@ -21,7 +21,8 @@ the first invalid entry (zeros: never written) ends the queue. Rules mqstore add
   a full disk gives DiskFullError before any byte of the batch is written, never SIGBUS.
 
 `min_offset` is kept in memory; `load` puts it after the leading fillers of the first file and
-`correct_min_offset` moves it past entries whose records retention has deleted.
+`correct_min_offset` moves it past entries whose records retention has deleted (recovery and
+retention in the writer; a reader before each read, as its view loads the file start).
 """
 
 from __future__ import annotations
@@ -358,10 +359,12 @@ class ConsumeQueue:
     def _clamp(self, queue_offset: int) -> int:
         return min(max(queue_offset, self._min_offset), self._max_offset)
 
-    def _first_at_or_after(self, min_commit_pos: int) -> int:
-        """First offset in [min, max) whose commit_pos >= min_commit_pos (positions ascend)."""
+    def _first_at_or_after(self, min_commit_pos: int, end: int | None = None) -> int:
+        """First offset in [min, end) whose commit_pos >= min_commit_pos, `end` if none
+        (default max_offset); a binary search, as positions ascend with offsets."""
+        end = self._max_offset if end is None else end
         lo = max(self._min_offset, self.segments.min_pos // CQ_ENTRY_SIZE)
-        return lo + bisect.bisect_left(range(lo, self._max_offset), min_commit_pos,
+        return lo + bisect.bisect_left(range(lo, end), min_commit_pos,
                                        key=lambda o: self._entry_at(o).commit_pos)
 
     # ---------------------------------------------------- recover and retain
@@ -439,15 +442,17 @@ class ConsumeQueue:
         self._confirmed_end = min(self._confirmed_end, end)
         self._update_commit_end()
 
-    def correct_min_offset(self, min_commit_pos: int) -> int:
-        """Move min_offset to the first entry whose record is still at or past
-        `min_commit_pos`; min = max when all are stale (RocketMQ §3.5). Returns min_offset."""
-        if self._min_offset >= self._max_offset:
+    def correct_min_offset(self, min_commit_pos: int, end: int | None = None) -> int:
+        """Move min_offset to the first entry below `end` (default max_offset) whose record is
+        still at or past `min_commit_pos` (the commitlog's min position), by binary search; to
+        `end` when every entry below it is stale (RocketMQ §3.5). Returns min_offset.
+
+        A reader passes the end its published position covers: an entry past it may be half
+        written. One entry read when the first entry's record still exists (the common case)."""
+        end = self._max_offset if end is None else min(end, self._max_offset)
+        if self._min_offset >= end or self._entry_at(self._min_offset).commit_pos >= min_commit_pos:
             return self._min_offset
-        if self._entry_at(self._max_offset - 1).commit_pos < min_commit_pos:
-            self._min_offset = self._max_offset  # every entry is stale
-        else:
-            self._min_offset = self._first_at_or_after(min_commit_pos)
+        self._min_offset = self._first_at_or_after(min_commit_pos, end)
         return self._min_offset
 
     def delete_expired_files(self, min_commit_pos: int) -> int:

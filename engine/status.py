@@ -55,11 +55,25 @@ class PutResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedRecord:
+    """A record a read passed over because its bytes are bad (a checksum fails, a torn header):
+    where it is and why. Its queue is None when an index hit led to it (unknown then)."""
+
+    commit_pos: int
+    reason: str
+    topic: str | None = None
+    queue_id: int | None = None
+    queue_offset: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class GetResult:
-    """Messages read from one queue and where to continue."""
+    """Messages read from one queue and where to continue; `skipped`: the corrupt records
+    among them, not delivered (next_offset is past them)."""
 
     status: GetStatus
     messages: list = field(default_factory=list)
     next_offset: int = 0
     min_offset: int = 0
     max_offset: int = 0
+    skipped: list[SkippedRecord] = field(default_factory=list)

@@ -49,6 +49,7 @@ from engine.message import (
     validate_queue_id,
 )
 from engine.naming import QUARANTINE_DIR, index_shard_dir, validate_topic
+from engine.record_reads import read_key_records, read_queue_records
 from engine.recovery import RecoveryMode, RecoveryReport, StoreParts, detect_shutdown, recover
 from engine.shard_index import ShardIndex
 from engine.status import GetResult, GetStatus, PutResult, PutStatus
@@ -311,28 +312,22 @@ class MessageStore:
                            GetStatus.OFFSET_OVERFLOW_BADLY: high}[status]
             return GetResult(status, next_offset=next_offset, min_offset=low, max_offset=high)
         entries = queue.entries(offset, max_count)
-        messages = [self.commitlog.read_at(int(e["commit_pos"]), verify=Verify.MQSTORE)
-                    for e in entries]
-        status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
-        return GetResult(status, messages, offset + len(entries), low, high)
+        read = read_queue_records(self.commitlog, queue, offset, entries["commit_pos"].tolist())
+        status = GetStatus.FOUND if read.records else GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, read.records, offset + len(entries), low, high, read.skipped)
 
     def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int | None = None,
                      max_count: int = 64) -> list[Record]:
-        """Messages of `topic` with this key (or UNIQ_KEY), oldest first; collisions filtered out."""
+        """Messages of `topic` with this key (or UNIQ_KEY), oldest first; collisions filtered out,
+        a corrupt record skipped and logged at WARNING (engine.record_reads)."""
         self._require_open()
         validate_topic(topic)
         normalize_keys(key)  # a str, UTF-8, no separators: BadInputError rather than a codec error
         end_ms = 2**63 - 1 if end_ms is None else end_ms
         shard = self.shards[shard_of(topic, key, len(self.shards))]
-        found = []
-        for pos in sorted(shard.query(topic, key, begin_ms, end_ms, max_count)):
-            if pos < self.commitlog.min_pos:
-                continue
-            record = self.commitlog.read_at(pos, verify=Verify.MQSTORE)
-            if record.topic == topic and (key == record.uniq_key or key in record.keys) \
-                    and begin_ms <= record.store_ts_ms <= end_ms:
-                found.append(record)
-        return found[:max_count]
+        positions = shard.query(topic, key, begin_ms, end_ms, max_count)
+        return read_key_records(self.commitlog, positions, topic, key, begin_ms, end_ms,
+                                max_count=max_count, end_pos=self._dispatch_limit()).records
 
     def offset_for_time(self, topic: str, queue_id: int, ts_ms: int,
                         boundary: Boundary = Boundary.LOWER) -> int:

@@ -14,7 +14,13 @@ files as they appear. It only ever reads records below the dispatcher's publishe
 `dispatched_pos`, which under sync flush never passes the flushed position: a consumer never
 sees a message that a crash could take back. Each record read is checked against the entry
 that led to it (topic, queue id, queue offset), so a torn entry can never hand out a wrong
-message.
+message. A record whose own bytes are bad (a checksum fails, a torn header) is passed over and
+reported (engine.record_reads: a WARNING and the result's `skipped`), so the good records
+around it are delivered and the next offset moves past it.
+
+A queue's min offset is the first entry whose record still exists: each read looks whether
+retention deleted the commitlog's first segment and skips the entries pointing below what
+remains at once (ConsumeQueue.correct_min_offset, a binary search).
 
 `pull_columns` is the batch read (bar 5: well under 1 us per message): the records of a pull
 are gathered as numpy columns (engine.formats.record_view), bodies are views of the mapping and
@@ -38,7 +44,7 @@ from __future__ import annotations
 import bisect
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -48,13 +54,19 @@ import numpy as np
 from engine.commitlog import CommitLog
 from engine.consume_queue import ConsumeQueue
 from engine.consume_queue_table import ConsumeQueueTable
-from engine.errors import BadInputError, CorruptConsumeQueueError, ServiceNotAvailableError
-from engine.formats.record import Record, Verify
+from engine.errors import (
+    BadInputError,
+    CorruptConsumeQueueError,
+    CorruptRecordError,
+    ServiceNotAvailableError,
+)
+from engine.formats.record import Record, Verify, decode_record
 from engine.formats.record_view import RecordView, entry_mismatches, gather_records
 from engine.mapped_file import Access
 from engine.message import validate_queue_id
 from engine.naming import validate_topic
-from engine.status import GetResult, GetStatus
+from engine.record_reads import read_queue_records, skip
+from engine.status import GetResult, GetStatus, SkippedRecord
 from engine.store_dir import read_meta
 from ipc.consumer_offsets import ConsumerOffsets, validate_group
 from ipc.producer import attach_running_store
@@ -71,21 +83,33 @@ SUPERVISOR_CHECK_INTERVAL_S = 0.05
 @dataclass(frozen=True, slots=True)
 class ColumnsResult:
     """What `Consumer.pull_columns` read from one queue: GetResult's status and offsets, the
-    records as one RecordView per commitlog segment they lie in (in queue order)."""
+    records as one RecordView per commitlog segment they lie in (in queue order), and the
+    records passed over because they have no sound frame (not delivered, next_offset past them)."""
 
     status: GetStatus
     views: list[RecordView] = field(default_factory=list)
     next_offset: int = 0
     min_offset: int = 0
     max_offset: int = 0
+    skipped: list[SkippedRecord] = field(default_factory=list)
 
     @property
     def count(self) -> int:
         return sum(view.count for view in self.views)
 
     def records(self, verify: Verify = Verify.MQSTORE) -> list[Record]:
-        """The records as Record objects, decoded and checked at `verify` (as `pull` does)."""
-        return [record for view in self.views for record in view.to_records(verify)]
+        """The records as Record objects, decoded and checked at `verify` (as `pull` does); one
+        that fails the check is passed over and reported (a WARNING, and added to `skipped`)."""
+        records = []
+        for view in self.views:
+            for i, pos in enumerate((view.commit_pos - view.base_pos).tolist()):
+                try:
+                    records.append(decode_record(view.buf, pos, verify=verify, base_pos=view.base_pos))
+                except CorruptRecordError as exc:
+                    if all(s.commit_pos != exc.pos for s in self.skipped):
+                        skip(self.skipped, SkippedRecord(exc.pos, exc.reason, view.topic(i),
+                                                         int(view.queue_id[i]), int(view.queue_offset[i])))
+        return records
 
 
 class _Span(NamedTuple):
@@ -164,11 +188,11 @@ class Consumer:
         if queue is None:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, next_offset=offset or 0)
         queue.refresh()
-        low = queue.min_offset
         high = _visible_max(queue, bound)
+        low = queue.correct_min_offset(self._log_min_pos(), high)
         if offset is None:
             offset = low
-        if high <= low and offset <= low:
+        if high <= low and offset == low:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, next_offset=offset, min_offset=low,
                              max_offset=high)
         if offset < low:
@@ -186,21 +210,11 @@ class Consumer:
         span = self._span(topic, queue_id, offset, max_count, bound)
         if isinstance(span, GetResult):
             return span
-        offset, entries = span.offset, span.entries
-        messages: list[Record] = []
-        min_pos = self.commitlog.min_pos
-        for i, commit_pos in enumerate(entries["commit_pos"].tolist()):
-            if commit_pos < min_pos:
-                continue  # expired by retention
-            record = self.commitlog.read_at(commit_pos, verify=Verify.MQSTORE)
-            if (record.topic, record.queue_id, record.queue_offset) != (topic, queue_id, offset + i):
-                raise CorruptConsumeQueueError(
-                    f"entry {offset + i} of {topic}/{queue_id} points at a record of "
-                    f"{record.topic}/{record.queue_id} offset {record.queue_offset}",
-                    path=str(span.queue.segments.directory), queue_offset=offset + i)
-            messages.append(record)
-        status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
-        return GetResult(status, messages, offset + len(entries), span.low, span.high)
+        read = read_queue_records(self.commitlog, span.queue, span.offset,
+                                  span.entries["commit_pos"].tolist())
+        status = GetStatus.FOUND if read.records else GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, read.records, span.offset + len(span.entries), span.low, span.high,
+                         read.skipped)
 
     def _read_columns(self, topic: str, queue_id: int, offset: int | None, max_count: int,
                       bound: int) -> ColumnsResult:
@@ -216,20 +230,50 @@ class Consumer:
         segment_bytes = self.commitlog.segment_bytes
         segment_no = commit_pos // segment_bytes
         cuts = (np.flatnonzero(segment_no[1:] != segment_no[:-1]) + 1).tolist()
-        views = []
+        views: list[RecordView] = []
+        skipped: list[SkippedRecord] = []
         for lo, hi in zip([0, *cuts], [*cuts, len(commit_pos)], strict=True):
             base_pos = int(segment_no[lo]) * segment_bytes
             buf = self._segment_buf(span.queue, base_pos, int(queue_offsets[lo]))
             view = gather_records(buf, commit_pos[lo:hi] - base_pos, base_pos)
             bad = entry_mismatches(view, sizes[lo:hi], topic.encode(), queue_id, queue_offsets[lo:hi])
             if len(bad):
-                at = int(queue_offsets[lo + bad[0]])
-                raise CorruptConsumeQueueError(
-                    f"entry {at} of {topic}/{queue_id} points at {view.describe(int(bad[0]))}",
-                    path=str(span.queue.segments.directory), queue_offset=at)
-            views.append(view)
-        status = GetStatus.FOUND if len(commit_pos) else GetStatus.NO_MATCHED_MESSAGE
-        return ColumnsResult(status, views, span.offset + len(span.entries), span.low, span.high)
+                view = self._drop_torn(span.queue, view, bad, queue_offsets[lo:hi], skipped)
+            if view.count:
+                views.append(view)
+        count = sum(view.count for view in views)
+        status = GetStatus.FOUND if count else GetStatus.NO_MATCHED_MESSAGE
+        return ColumnsResult(status, views, span.offset + len(span.entries), span.low, span.high,
+                             skipped)
+
+    @staticmethod
+    def _drop_torn(queue: ConsumeQueue, view: RecordView, bad: np.ndarray,
+                   queue_offsets: np.ndarray, skipped: list[SkippedRecord]) -> RecordView:
+        """`view` without its records that have no sound frame (torn or overwritten bytes: skipped
+        and reported); a sound record that is not its entry's means the consume queue is wrong
+        (CorruptConsumeQueueError)."""
+        framed = view.framed[bad]
+        if framed.any():
+            i = int(bad[np.argmax(framed)])
+            raise CorruptConsumeQueueError(
+                f"entry {int(queue_offsets[i])} of {queue.topic}/{queue.queue_id} points at "
+                f"{view.describe(i)}", path=str(queue.segments.directory),
+                queue_offset=int(queue_offsets[i]))
+        for i in bad.tolist():
+            skip(skipped, SkippedRecord(int(view.commit_pos[i]), "no sound record frame", queue.topic,
+                                        queue.queue_id, int(queue_offsets[i])))
+        keep = np.ones(view.count, dtype=bool)
+        keep[bad] = False
+        return gather_records(view.buf, view.commit_pos[keep] - view.base_pos, view.base_pos)
+
+    def _log_min_pos(self) -> int:
+        """The commitlog's first position still on disk. Retention deletes segments from the
+        front, so the first mapped segment's file is looked at (one stat) and the view refreshed
+        when it is gone: a read never starts below what still exists."""
+        segments = self.commitlog.segments.segments
+        if segments and not os.path.exists(segments[0].path):
+            self.commitlog.refresh()
+        return self.commitlog.min_pos
 
     def _segment_buf(self, queue: ConsumeQueue, base_pos: int, queue_offset: int) -> memoryview:
         """The mapping of the commitlog segment starting at `base_pos` (adopted if new)."""
@@ -292,10 +336,13 @@ class Consumer:
 
     # ------------------------------------------------------------------------------ iterate
     def iterate(self, topic: str, *, follow: bool = False, poll_timeout_ms: int = 1000,
-                max_count: int = DEFAULT_MAX_COUNT, auto_commit: bool = True) -> Iterator[Record]:
-        """Every message of `topic` across its queues, from the committed offsets.
+                max_count: int = DEFAULT_MAX_COUNT, auto_commit: bool = True,
+                on_skipped: Callable[[SkippedRecord], None] | None = None) -> Iterator[Record]:
+        """Every message of `topic` across its queues, from the committed offsets; a corrupt
+        record is passed over (logged at WARNING, and handed to `on_skipped` when given).
 
-        Without `follow` it stops when every queue is drained; with it, it long-polls for more.
+        Without `follow` it stops when no queue moves on (every one drained); with it, it
+        long-polls for more. A committed offset below a queue's min offset moves up to it at once.
         With `auto_commit`, a queue's offset is committed once its batch was consumed (at least
         once: a consumer killed mid-batch sees that batch again)."""
         validate_topic(topic)
@@ -303,17 +350,19 @@ class Consumer:
         while True:
             self._require_supervisor()
             bound = self._ctl.dispatched_pos
-            found = False
+            moved = False
             for queue_id, offset in offsets.items():
                 result = self._read(topic, queue_id, offset, max_count, bound)
-                if result.status is GetStatus.FOUND:
-                    found = True
-                    yield from result.messages
+                if on_skipped is not None:
+                    for skipped in result.skipped:
+                        on_skipped(skipped)
+                yield from result.messages
                 if result.status in _MOVES and result.next_offset != offset:
+                    moved = True
                     offsets[queue_id] = result.next_offset
                     if auto_commit:
                         self.commit(topic, queue_id, result.next_offset)
-            if found:
+            if moved:
                 continue
             if not follow:
                 return

@@ -3,6 +3,11 @@
 send and consume go through a running supervisor (ipc.Producer, ipc.Consumer); query reads the
 files read-only and works with or without one (bounded by the published positions when one
 runs, so it never shows what a crash could take back under sync flush).
+
+A corrupt record (a checksum fails, a torn header) does not stop consume or query: the records
+around it are printed, a WARNING line on stderr names its commit position (and queue offset),
+consume commits past it, and the command exits 1 (FAILED) once everything readable is printed,
+so a script sees that something was lost; 0 when nothing was skipped.
 """
 
 from __future__ import annotations
@@ -170,7 +175,13 @@ def cmd_consume(args: argparse.Namespace) -> int:
     if args.max_messages is not None and args.max_messages < 1:
         raise BadInputError("max", f"{args.max_messages} must be >= 1")
     printed = 0
+    skipped: list = []  # corrupt records passed over, each logged at WARNING on stderr
     pending: dict[int, int] = {}
+
+    def passed_over(record) -> None:
+        skipped.append(record)
+        pending[record.queue_id] = max(pending.get(record.queue_id, 0), record.queue_offset + 1)
+
     with Consumer(args.store, args.group) as consumer:
         last_commit = time.monotonic()
 
@@ -187,6 +198,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                     want = 32 if args.max_messages is None else min(32, args.max_messages - printed)
                     result = consumer.pull(args.topic, args.queue_id, offset, want,
                                            timeout_ms=args.timeout_ms)
+                    skipped.extend(result.skipped)
                     for record in result.messages:
                         _print_record(record, args.json)
                         printed += 1
@@ -199,10 +211,12 @@ def cmd_consume(args: argparse.Namespace) -> int:
                     commit()
             else:
                 for record in consumer.iterate(args.topic, follow=args.follow,
-                                               poll_timeout_ms=args.timeout_ms, auto_commit=False):
+                                               poll_timeout_ms=args.timeout_ms, auto_commit=False,
+                                               on_skipped=passed_over):
                     _print_record(record, args.json)
                     printed += 1
-                    pending[record.queue_id] = record.queue_offset + 1
+                    pending[record.queue_id] = max(pending.get(record.queue_id, 0),
+                                                   record.queue_offset + 1)
                     if time.monotonic() - last_commit >= COMMIT_EVERY_S:
                         commit()
                         last_commit = time.monotonic()
@@ -210,9 +224,16 @@ def cmd_consume(args: argparse.Namespace) -> int:
                         break
         finally:
             commit()
-    if not args.json:
-        print(f"{printed} message(s)", file=sys.stderr)
-    return CliExit.OK
+    return _summary(printed, skipped, args.json)
+
+
+def _summary(printed: int, skipped: list, as_json: bool) -> CliExit:
+    """The closing count on stderr; exit 1 (FAILED) when a corrupt record was passed over,
+    after everything readable was printed, so a script notices the loss."""
+    if not as_json:
+        extra = f", {len(skipped)} corrupt record(s) skipped" if skipped else ""
+        print(f"{printed} message(s){extra}", file=sys.stderr)
+    return CliExit.FAILED if skipped else CliExit.OK
 
 
 # ---------------------------------------------------------------------------------- query
@@ -237,15 +258,14 @@ def cmd_query(args: argparse.Namespace) -> int:
                 raise BadInputError("topic", "--key needs --topic")
             begin = parse_time_ms(args.begin, "begin") if args.begin else 0
             end = parse_time_ms(args.end, "end") if args.end else 2**63 - 1
-            records = view.by_key(args.topic, args.key, begin, end, args.max_messages)
+            records, skipped = view.by_key(args.topic, args.key, begin, end, args.max_messages)
         else:
             pos = args.commit_pos if args.commit_pos is not None else parse_msg_id(args.msg_id)[1]
-            records = [view.at(pos)]
+            records, skipped = [view.at(pos)], []
     for record in records:
         _print_record(record, args.json)
-    if not args.json:
-        print(f"{len(records)} message(s)", file=sys.stderr)
-    return CliExit.OK if records else CliExit.FAILED
+    code = _summary(len(records), skipped, args.json)
+    return code if records else CliExit.FAILED
 
 
 class _ReadView:
@@ -284,10 +304,12 @@ class _ReadView:
         except CorruptRecordError as exc:
             raise BadInputError("commit_pos", f"no record at {commit_pos} ({exc.reason})") from None
 
-    def by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[Record]:
+    def by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int):
+        """(records, corrupt records skipped) of `topic` with `key` (engine.record_reads)."""
         from engine.formats.index_file import shard_of
         from engine.mapped_file import Access
         from engine.naming import validate_topic
+        from engine.record_reads import read_key_records
         from engine.shard_index import ShardIndex
 
         validate_topic(topic)
@@ -300,15 +322,9 @@ class _ReadView:
             candidates = shard.query(topic, key, begin_ms, end_ms, max_count * 4)
         finally:
             shard.close()
-        found = []
-        for pos in sorted(set(candidates)):
-            if pos < self.commitlog.min_pos or (self.limit is not None and pos >= self.limit):
-                continue
-            record = self.commitlog.read_at(pos, verify=Verify.MQSTORE)
-            if record.topic == topic and (key == record.uniq_key or key in record.keys) \
-                    and begin_ms <= record.store_ts_ms <= end_ms:
-                found.append(record)
-        return found[:max_count]
+        end_pos = self.commitlog.segments.end_pos if self.limit is None else self.limit
+        return read_key_records(self.commitlog, candidates, topic, key, begin_ms, end_ms,
+                                max_count=max_count, end_pos=end_pos)
 
     def __enter__(self) -> _ReadView:
         return self

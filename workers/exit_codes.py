@@ -79,7 +79,8 @@ def cli_epilog() -> str:
     lines = ["exit codes:"]
     words = {
         CliExit.OK: "success",
-        CliExit.FAILED: "the command ran and failed (store error, check findings, put not stored)",
+        CliExit.FAILED: "the command ran and failed (store error, check findings, put not stored, "
+                        "a corrupt record skipped by consume or query)",
         CliExit.BAD_INPUT: "bad arguments or input; nothing was changed",
         CliExit.NOT_RUNNING: "no supervisor runs on the store",
         CliExit.LOCKED: "another supervisor holds the store",

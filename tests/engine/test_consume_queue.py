@@ -276,6 +276,25 @@ def test_consume_queue_correct_min_offset(tmp_path):  # testCorrectMinOffset
     assert queue.entry(9999) is None
 
 
+def test_a_reader_corrects_its_min_offset_within_the_end_it_may_read(tmp_path):
+    """A reader loads the min offset from the file start; correct_min_offset moves it to the
+    first entry whose record still exists, never past the end the reader passes (an entry past
+    the published position may be half written)."""
+    writer = load(tmp_path)
+    put_range(writer, 0, 25)
+    reader = load(tmp_path, access=Access.READ_ONLY)
+    assert reader.min_offset == 0  # the file start: load knows nothing of the commitlog
+    assert reader.correct_min_offset(1250, end=8) == 8  # all stale below the end: min = end
+    assert reader.correct_min_offset(1250, end=20) == 13  # 13 * MSG is the first at/past 1250
+    assert reader.correct_min_offset(0) == 13  # never moves back
+    with open(qdir(tmp_path) / offset_to_name(FILE_BYTES), "r+b") as f:
+        f.write(encode_cq_entry(0, MSG, 0) * 3)  # entries 10..12, now below the min: never read
+    assert reader.correct_min_offset(1250) == 13
+    assert reader.entries(13, 1)["commit_pos"][0] == 1300
+    reader.close()
+    writer.close()
+
+
 def test_consume_queue_initialize_with_offset_survives_reload(tmp_path):  # testFillBank...
     for epf in (1000, EPF):  # fillers inside the file, and a start on a file boundary
         root = tmp_path / str(epf)
