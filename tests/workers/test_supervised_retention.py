@@ -201,3 +201,58 @@ def test_the_line_is_published_at_start(tmp_path):
             assert block.child_clean(Role.DISPATCHER).clean_pos == 0
     finally:
         assert running.stop() == 0
+
+
+@pytest.mark.slow
+def test_mqstore_clean_without_a_supervisor_runs_the_pass_offline(tmp_path):
+    settings = {**EXPIRE_AT_ONCE, "delete_when_hour": _hour_far_from_now(),
+                "disk_warn_ratio": 0.999, "disk_clean_force_ratio": 0.999, "disk_full_ratio": 1.0}
+    running = RunningStore.start(tmp_path / "store", store=settings)
+    try:
+        for wave in range(3):
+            send_wave(running.root, wave * PER_WAVE)
+    finally:
+        assert running.stop() == 0
+    before = segment_bases(running.root)
+    config = tmp_path / "store.toml"  # the harness's config file, with the retention settings
+    wait_for(lambda: time.time() - max(p.stat().st_mtime for p in commitlog_dir(running.root).iterdir()
+                                       if name_to_offset(p.name) < before[-2]) > 1.2,
+             "the sealed segments to expire")
+    done = cli("clean", "--store", str(running.root), "--config", str(config), "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    report = json.loads(done.stdout)
+    assert report["mode"] == "offline" and report["reason"] == "manual"
+    assert report["segments_removed"] >= 3 and report["cq_files_removed"] >= 1
+    assert segment_bases(running.root)[0] == report["min_commit_pos"] > before[0]
+    assert_check_clean(running.root)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--timeout", "0"], "invalid --timeout"),
+    (["--timeout", "-1"], "invalid --timeout"),
+])
+def test_mqstore_clean_refuses_bad_input_and_changes_nothing(tmp_path, args, message):
+    root = tmp_path / "store"
+    done = cli("clean", "--store", str(root), *args)
+    assert done.returncode == 2 and message in done.stderr.decode()
+    assert not root.exists()
+
+
+def test_mqstore_clean_of_no_store_says_so_and_creates_nothing(tmp_path):
+    root = tmp_path / "nothing"
+    done = cli("clean", "--store", str(root))
+    assert done.returncode == 2 and "no store here" in done.stderr.decode()
+    assert not root.exists()
+
+
+def test_mqstore_clean_refuses_a_store_left_unclean(tmp_path):
+    running = RunningStore.start(tmp_path / "store")
+    send_wave(running.root, 0, 10)
+    running.kill()
+    listing = sorted(p.name for p in running.root.rglob("*"))
+    done = cli("clean", "--store", str(running.root))
+    assert done.returncode == 1 and "did not stop cleanly" in done.stderr.decode()
+    assert sorted(p.name for p in running.root.rglob("*")) == listing
+    restarted = RunningStore.start(running.root)  # recovers, and removes the crash's shared memory
+    assert restarted.stop() == 0
+    assert_check_clean(running.root)
