@@ -140,6 +140,18 @@ def test_expired_segments_go_and_every_part_follows_the_line(tmp_path):
                     (GetStatus.OFFSET_TOO_SMALL, first, first)
                 found = consumer.pull(TOPIC, 0, small.next_offset, max_count=3)
                 assert [r.body for r in found.messages] == [body(first + i) for i in range(3)]
+
+        status = cli("status", "--store", str(running.root), "--json")
+        assert status.returncode == 0, status.stderr.decode()
+        retained = json.loads(status.stdout)["retention"]
+        assert retained["min_commit_pos"] == min_pos
+        assert retained["oldest_retained_ms"] == found.messages[0].store_ts_ms
+        assert retained["segments_removed"] == line.segments_removed
+        used = retained["bytes_used"]
+        assert 0 < used["commitlog"] <= 2 * segment_bytes  # the active segment (and the next, sparse)
+        assert used["consumequeue"] > 0 and used["index"] > 0
+        text = cli("status", "--store", str(running.root))
+        assert "oldest retained" in text.stdout.decode()
     finally:
         assert running.stop() == 0
     assert_check_clean(running.root)
