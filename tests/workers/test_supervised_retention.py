@@ -25,7 +25,7 @@ from engine.message import Message
 from engine.naming import commitlog_dir, index_shard_dir, name_to_offset
 from engine.status import GetStatus
 from ipc.consumer import Consumer
-from ipc.control_block import Role
+from ipc.control_block import Role, pid_alive
 from ipc.producer import Producer
 from ipc.retention_block import RetentionBlock
 
@@ -287,7 +287,10 @@ def test_mqstore_clean_of_no_store_says_so_and_creates_nothing(tmp_path):
 def test_mqstore_clean_refuses_a_store_left_unclean(tmp_path):
     running = RunningStore.start(tmp_path / "store")
     send_wave(running.root, 0, 10)
+    children = [running.child_pid(Role.DISPATCHER)] + [running.child_pid(Role.INDEX_BUILDER, shard)
+                                                       for shard in range(SMALL_STORE["index_shards"])]
     running.kill()
+    wait_for(lambda: not any(pid_alive(pid) for pid in children), "the orphaned children to exit")
     listing = sorted(p.name for p in running.root.rglob("*"))
     done = cli("clean", "--store", str(running.root))
     assert done.returncode == 1 and "did not stop cleanly" in done.stderr.decode()
