@@ -186,6 +186,9 @@ def _read_lines(path: Path) -> list[list[str]]:
 
 
 def _verify(settings: SoakSettings, workdir: Path, root: Path, samples) -> dict:
+    """The figures; the store still runs (and its passes go on), so the line is read after the
+    read-back: a message at or above that line was in the store during the whole read-back."""
+    stored = _read_back(root, settings.queue_count)
     with ControlBlock.attach(root) as ctl:
         line = RetentionBlock(ctl).line()
         cleans = RetentionBlock(ctl).cleans()
@@ -195,7 +198,6 @@ def _verify(settings: SoakSettings, workdir: Path, root: Path, samples) -> dict:
         placed[int(seq)] = (int(queue_id), int(offset))
         if status == "PUT_OK":
             acked[(int(queue_id), int(offset))] = (int(seq), int(commit_pos), int(ack_ms))
-    stored = _read_back(root, settings.queue_count)
     young_ms = (line_read_s - settings.reserved_s + YOUNG_SLACK_S) * 1000
     lost_retained = sum(1 for key, (seq, pos, _) in acked.items()
                         if pos >= line.min_commit_pos and stored.get(key) != seq)
