@@ -10,6 +10,8 @@ counter with a deadline.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -297,4 +299,34 @@ def test_mqstore_clean_refuses_a_store_left_unclean(tmp_path):
     assert sorted(p.name for p in running.root.rglob("*")) == listing
     restarted = RunningStore.start(running.root)  # recovers, and removes the crash's shared memory
     assert restarted.stop() == 0
+    assert_check_clean(running.root)
+
+
+@pytest.mark.slow
+def test_no_segment_goes_that_a_child_has_not_made_durable(tmp_path):
+    """An index builder that stops (SIGSTOP) holds the line at its durable position; once it
+    goes on, so does retention."""
+    running = RunningStore.start(tmp_path / "store", store={**FAST_PASSES, **EXPIRE_AT_ONCE, **ANY_HOUR},
+                                 supervisor={"child_timeout_s": 120.0})
+    builder = running.child_pid(Role.INDEX_BUILDER, 0)
+    try:
+        send_wave(running.root, 0)
+        running.wait_caught_up()
+        os.kill(builder, signal.SIGSTOP)
+        held = running.positions().shard_durable_pos[0]
+        for wave in range(1, 4):
+            send_wave(running.root, wave * PER_WAVE)
+        passes = line_of(running).passes
+        wait_for(lambda: line_of(running).passes >= passes + 30, "passes while the builder is stopped")
+        segment_bytes = SMALL_STORE["commitlog_file_size"]
+        assert line_of(running).min_commit_pos <= held - held % segment_bytes
+        with running.ctl() as ctl:
+            written = ctl.written_pos
+        assert written - held > 3 * segment_bytes  # there was much more to delete
+    finally:
+        os.kill(builder, signal.SIGCONT)
+    try:
+        wait_for(lambda: line_of(running).min_commit_pos > held, "retention to go on")
+    finally:
+        assert running.stop() == 0
     assert_check_clean(running.root)
