@@ -21,6 +21,7 @@ test: $(VENV)/.installed
 
 soak: $(VENV)/.installed
 	$(PY) -m tools.torture soak --rounds 200 --json soak.json
+	$(PY) -m tools.retention_soak run --duration-s 600 --json soak-retention.json
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

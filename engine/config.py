@@ -49,6 +49,7 @@ class StoreConfig:
     # consume-queue files a process keeps mapped (2 fds each when written); the least recently
     # used beyond are synced and closed, and reopened when used (engine.open_files)
     max_open_queue_files: int = 4096
+    clean_resource_interval_ms: int = 10_000  # retention pass of a running store (cleanResourceInterval)
 
     def __post_init__(self) -> None:
         if isinstance(self.flush, str) and not isinstance(self.flush, FlushPolicy):
@@ -62,6 +63,7 @@ class StoreConfig:
         _require(self.max_body_bytes >= 1, "max_body_bytes", "must be >= 1")
         _require(self.index_flush_interval_ms >= 1, "index_flush_interval_ms", "must be >= 1")
         _require(self.max_open_queue_files >= 1, "max_open_queue_files", "must be >= 1")
+        _require(self.clean_resource_interval_ms >= 1, "clean_resource_interval_ms", "must be >= 1")
         _require(0 <= self.delete_when_hour <= 23, "delete_when_hour", "must be in 0..23")
         _require(0 < self.disk_warn_ratio <= self.disk_clean_force_ratio <= self.disk_full_ratio
                  <= 1.0, "disk ratios", "need 0 < warn <= clean_force <= full <= 1")

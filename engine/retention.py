@@ -7,6 +7,7 @@ When segments may go, judged on the used fraction of the store's filesystem:
     usage >= disk_clean_force_ratio (85%)  delete regardless of age
     usage >= disk_warn_ratio (75%)         delete expired segments at any hour
     local hour == delete_when_hour         delete expired segments
+    a manual pass (`mqstore clean`)        delete expired segments at any hour
     otherwise                              delete nothing
 
 A segment is expired when now >= its mtime + file_reserved_hours. The walk goes oldest to
@@ -32,7 +33,7 @@ short after step 1 is finished by the next one.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -42,8 +43,10 @@ from engine.errors import BadInputError
 from engine.mapped_file import disk_usage_ratio
 
 if TYPE_CHECKING:
-    from engine.commitlog import SegmentInfo
+    from engine.commitlog import CommitLog, SegmentInfo
+    from engine.consume_queue import ConsumeQueue
     from engine.recovery import StoreParts
+    from engine.shard_index import ShardIndex
 
 MS_PER_HOUR = 3_600_000
 DEFAULT_MAX_FILES = 10
@@ -56,6 +59,14 @@ class RetentionReason(Enum):
     TIME_UP = "time_up"  # the delete hour: expired segments go
     SPACE_WARN = "space_warn"  # usage >= warn ratio: expired segments go at any hour
     SPACE_FORCE = "space_force"  # usage >= clean-force (or full) ratio: oldest segments go regardless of age
+    MANUAL = "manual"  # asked for (`mqstore clean`): expired segments go at any hour
+
+
+class PassKind(Enum):
+    """Who started a pass: the schedule, or an operator (RocketMQ's executeDeleteFilesManually)."""
+
+    SCHEDULED = "scheduled"
+    MANUAL = "manual"
 
 
 @dataclass
@@ -81,7 +92,8 @@ def local_hour(now_ms: int) -> int:
     return time.localtime(now_ms / 1000).tm_hour
 
 
-def retention_reason(now_ms: int, usage_ratio: float, config: StoreConfig) -> RetentionReason:
+def retention_reason(now_ms: int, usage_ratio: float, config: StoreConfig,
+                     kind: PassKind = PassKind.SCHEDULED) -> RetentionReason:
     """The trigger that holds now, strongest first (pure)."""
     if usage_ratio >= config.disk_clean_force_ratio:
         return RetentionReason.SPACE_FORCE
@@ -89,7 +101,7 @@ def retention_reason(now_ms: int, usage_ratio: float, config: StoreConfig) -> Re
         return RetentionReason.SPACE_WARN
     if local_hour(now_ms) == config.delete_when_hour:
         return RetentionReason.TIME_UP
-    return RetentionReason.NONE
+    return RetentionReason.MANUAL if kind is PassKind.MANUAL else RetentionReason.NONE
 
 
 def is_disk_full(usage_ratio: float, config: StoreConfig) -> bool:
@@ -98,14 +110,14 @@ def is_disk_full(usage_ratio: float, config: StoreConfig) -> bool:
 
 
 def plan_retention(segments_info: Sequence[SegmentInfo], now_ms: int, usage_ratio: float,
-                   config: StoreConfig, max_files: int = DEFAULT_MAX_FILES
-                   ) -> tuple[list[int], RetentionReason]:
+                   config: StoreConfig, max_files: int = DEFAULT_MAX_FILES,
+                   kind: PassKind = PassKind.SCHEDULED) -> tuple[list[int], RetentionReason]:
     """Base positions of the segments to delete this pass, oldest first, and the trigger (pure).
 
     `segments_info` lists the segments oldest first up to the active one, which is last and
     never chosen (`plan_pass` builds the list for an open store).
     """
-    reason = retention_reason(now_ms, usage_ratio, config)
+    reason = retention_reason(now_ms, usage_ratio, config, kind)
     if reason is RetentionReason.NONE:
         return [], reason
     regardless_of_age = reason is RetentionReason.SPACE_FORCE
@@ -130,41 +142,65 @@ def delete_segments(parts: StoreParts, base_positions: Sequence[int]) -> list[st
     Each base must be the log's current first segment (the plan is a prefix of the log);
     `CommitLog.remove_oldest_segment` refuses the active segment.
     """
+    return remove_segments(parts.commitlog, base_positions)
+
+
+def remove_segments(log: CommitLog, base_positions: Sequence[int]) -> list[str]:
+    """Step 1 on a commitlog (the supervisor's, which alone writes it); file names removed."""
     removed = []
     for base_pos in base_positions:
-        if base_pos != parts.commitlog.min_pos:
-            raise BadInputError("segment", f"{base_pos} is not the oldest ({parts.commitlog.min_pos}); "
+        if base_pos != log.min_pos:
+            raise BadInputError("segment", f"{base_pos} is not the oldest ({log.min_pos}); "
                                 "retention never deletes from the middle")
-        removed.append(parts.commitlog.remove_oldest_segment().name)
+        removed.append(log.remove_oldest_segment().name)
     return removed
 
 
 def clean_consume_queues(parts: StoreParts, min_commit_pos: int) -> int:
     """Step 2: drop consume-queue files wholly below `min_commit_pos`, correct min offsets."""
-    return sum(queue.delete_expired_files(min_commit_pos) for queue in parts.queues)
+    return expire_queues(parts.queues, min_commit_pos)
 
 
 def clean_index(parts: StoreParts, min_commit_pos: int) -> int:
     """Step 3: drop index files wholly below `min_commit_pos` in every shard."""
-    return sum(shard.delete_expired(min_commit_pos) for shard in parts.shards)
+    return expire_shards(parts.shards, min_commit_pos)
+
+
+def expire_queues(queues: Iterable[ConsumeQueue], min_commit_pos: int) -> int:
+    """Step 2 over the queues a process owns (the dispatcher's); files deleted."""
+    return sum(queue.delete_expired_files(min_commit_pos) for queue in queues)
+
+
+def expire_shards(shards: Iterable[ShardIndex], min_commit_pos: int) -> int:
+    """Step 3 over the shards a process owns (an index builder's one); files deleted."""
+    return sum(shard.delete_expired(min_commit_pos) for shard in shards)
 
 
 def plan_pass(parts: StoreParts, config: StoreConfig, *, now_ms: int, usage_ratio: float,
-              max_files: int = DEFAULT_MAX_FILES) -> tuple[list[int], RetentionReason]:
-    """`plan_retention` over an open store's segments.
+              max_files: int = DEFAULT_MAX_FILES, kind: PassKind = PassKind.SCHEDULED
+              ) -> tuple[list[int], RetentionReason]:
+    """`plan_retention` over an open store's segments (see `plan_log`)."""
+    return plan_log(parts.commitlog, config, now_ms=now_ms, usage_ratio=usage_ratio,
+                    max_files=max_files, end_pos=parts.commitlog.written_pos, kind=kind)
 
-    The active segment is the one holding the write position; segments after it (the
-    preallocated next one) are left out, so "never the last one" means never the active one.
+
+def plan_log(log: CommitLog, config: StoreConfig, *, now_ms: int, usage_ratio: float, end_pos: int,
+             max_files: int = DEFAULT_MAX_FILES, kind: PassKind = PassKind.SCHEDULED
+             ) -> tuple[list[int], RetentionReason]:
+    """`plan_retention` over the segments of `log` that lie wholly below `end_pos`.
+
+    `end_pos` is the write position in one process; the supervisor passes the lowest position
+    every process has made durable, so no segment goes that a child still has to read. The
+    segment holding `end_pos` stands for the active one: never chosen, as are those after it.
     """
-    log = parts.commitlog
     infos = log.segments_info()
-    sealed = sum(1 for s in infos if s.base_pos + log.segment_bytes <= log.written_pos)
-    return plan_retention(infos[:sealed + 1], now_ms, usage_ratio, config, max_files)
+    sealed = sum(1 for s in infos if s.base_pos + log.segment_bytes <= end_pos)
+    return plan_retention(infos[:sealed + 1], now_ms, usage_ratio, config, max_files, kind)
 
 
 def run_retention(parts: StoreParts, config: StoreConfig, *, now_ms: int | None = None,
-                  usage_ratio: float | None = None, max_files: int = DEFAULT_MAX_FILES
-                  ) -> RetentionReport:
+                  usage_ratio: float | None = None, max_files: int = DEFAULT_MAX_FILES,
+                  kind: PassKind = PassKind.SCHEDULED) -> RetentionReport:
     """One retention pass over an open, writable store (see the module doc for the rules).
 
     `usage_ratio` defaults to the measured usage of the store's filesystem; a caller that has
@@ -173,7 +209,8 @@ def run_retention(parts: StoreParts, config: StoreConfig, *, now_ms: int | None 
     """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     ratio = disk_usage_ratio(parts.root) if usage_ratio is None else usage_ratio
-    bases, reason = plan_pass(parts, config, now_ms=now_ms, usage_ratio=ratio, max_files=max_files)
+    bases, reason = plan_pass(parts, config, now_ms=now_ms, usage_ratio=ratio, max_files=max_files,
+                              kind=kind)
     removed = delete_segments(parts, bases)
     min_commit_pos = parts.commitlog.min_pos
     return RetentionReport(segments_removed=removed,

@@ -34,7 +34,9 @@ class SegmentQueue:
     def load(cls, directory: Path, segment_bytes: int, access: Access,
              read_ahead: ReadAhead = ReadAhead.KERNEL, budget: OpenFileBudget | None = None) -> SegmentQueue:
         """Map every segment; a wrong size, a misaligned name, a gap or a foreign file is an error
-        (a `.tmp` file is none of these: settled_names)."""
+        (a `.tmp` file is none of these: settled_names). A reader that finds a listed segment
+        gone when it opens it lost a race with retention, which deletes from the front: that
+        segment and every one before it are forgotten, and the load goes on."""
         queue = cls(directory, segment_bytes, access, read_ahead, budget)
         if not queue.directory.is_dir():
             return queue
@@ -54,7 +56,14 @@ class SegmentQueue:
             if expected_base is not None and base_pos != expected_base:
                 raise SegmentLayoutError(
                     f"gap in segments: expected {offset_to_name(expected_base)}", path=str(path))
-            queue._append(MappedFile.open(path, access, segment_bytes, read_ahead, budget))
+            try:
+                queue._append(MappedFile.open(path, access, segment_bytes, read_ahead, budget))
+            except FileNotFoundError:
+                if access is not Access.READ_ONLY:
+                    raise
+                queue.close()  # behind the retention line, with all before it
+                expected_base = None
+                continue
             expected_base = base_pos + segment_bytes
         return queue
 

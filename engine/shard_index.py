@@ -71,7 +71,9 @@ class ShardIndex:
              clock_ms: Callable[[], int] | None = None) -> ShardIndex:
         """Open the shard's files in name order. A last file left blank by a crash inside
         create() is removed (read-write) or ignored (read-only), and so is a `.tmp` file
-        (settled_names); any other bad file raises."""
+        (settled_names); any other bad file raises. A reader that finds a listed file gone
+        lost a race with retention (it deletes from the front): that file and the ones before
+        it are forgotten."""
         index = cls(index_shard_dir(root, shard), shard, slot_count, entry_count, access, clock_ms)
         if not index.directory.is_dir():
             return index
@@ -86,7 +88,13 @@ class ShardIndex:
             names.pop()
         try:
             for name in names:
-                index._files.append(IndexFile.open(index.directory / name, slot_count, entry_count, access))
+                try:
+                    index._files.append(IndexFile.open(index.directory / name, slot_count,
+                                                       entry_count, access))
+                except FileNotFoundError:
+                    if access is not Access.READ_ONLY:
+                        raise
+                    index.forget_opened()
         except BaseException:
             index.close()
             raise
@@ -299,6 +307,12 @@ class ShardIndex:
             self._files.pop(0).delete()
             deleted += 1
         return deleted
+
+    def forget_opened(self) -> None:
+        """Close and drop every file opened so far (a reader's load, behind the retention line)."""
+        for index_file in self._files:
+            index_file.close()
+        self._files.clear()
 
     def close(self) -> None:
         for index_file in self._files:

@@ -277,14 +277,15 @@ class MessageStore:
             self._disk_full = disk_usage_ratio(self.root) >= self.config.disk_full_ratio
         return self._disk_full
 
-    def clean_expired(self, *, now_ms: int | None = None) -> retention.RetentionReport:
-        """Run one retention pass (by age at the delete hour, or by disk usage).
+    def clean_expired(self, *, now_ms: int | None = None,
+                      kind: retention.PassKind = retention.PassKind.SCHEDULED) -> retention.RetentionReport:
+        """Run one retention pass (by age at the delete hour or on demand, or by disk usage).
 
         The pass's DISK_FULL verdict is adopted at once (as RocketMQ's cleaner sets the bit),
         so puts refuse or resume without waiting for the next periodic disk check.
         """
         self._require_open()
-        report = retention.run_retention(self._parts, self.config, now_ms=now_ms)
+        report = retention.run_retention(self._parts, self.config, now_ms=now_ms, kind=kind)
         self._disk_full = report.disk_full
         self._disk_checked_ms = _now_ms()
         return report

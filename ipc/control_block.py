@@ -1,6 +1,6 @@
 """The control block: one shared region per running store with positions and process slots.
 
-Region kind 'ctl', layout version 1, 8512 bytes, all little-endian, every group 64-byte aligned
+Region kind 'ctl', layout version 2, 12800 bytes, all little-endian, every group 64-byte aligned
 (one cache line per writer). Each seqlocked group = 8-byte seq word + payload (see seqlock.py).
 
     offset  size  what                       fields                                   writer
@@ -19,6 +19,13 @@ Region kind 'ctl', layout version 1, 8512 bytes, all little-endian, every group 
                                              generation u32, started_ns i64,            (claims)
                                              restarts u32, pad 4 | state u32 (@40),     process
                                              pad 4 | heartbeat_ns i64 (@48) | pad 8     (state, beat)
+    8512    64    retention group (seqlock)  min_commit_pos, passes, segments_removed,  supervisor
+                                             bytes_removed, last_pass_ms, manual_done
+    8576    64    clean request              manual_requested i64 (one aligned word)    `mqstore clean`
+    8640    64    dispatcher retention       clean_pos, files_removed (i64)             dispatcher
+    8704    64x64 shard retention i          clean_pos, files_removed (i64)             builder i
+
+Version 2 added the retention area (ipc/retention_block.py reads and writes it).
 
 The magic is written last at create, so an attacher never sees a half-initialised header.
 Process slots: 0 = supervisor, 1 = dispatcher, 2 + i = index builder of shard i.
@@ -42,7 +49,7 @@ from ipc import seqlock
 from ipc.shm import SharedRegion, region_name, unlink_stale
 
 MAGIC = b"MQSTCTL1"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 REGION_KIND = "ctl"
 MAX_SHARDS = 64
 PROCESS_SLOT_COUNT = 2 + MAX_SHARDS
@@ -67,7 +74,9 @@ SUPERVISOR_GROUP_OFFSET = HEADER_OFFSET + HEADER_SIZE
 DISPATCHER_GROUP_OFFSET = SUPERVISOR_GROUP_OFFSET + GROUP_SIZE
 SHARD_GROUPS_OFFSET = DISPATCHER_GROUP_OFFSET + GROUP_SIZE
 PROCESS_SLOTS_OFFSET = SHARD_GROUPS_OFFSET + MAX_SHARDS * GROUP_SIZE
-TOTAL_SIZE = PROCESS_SLOTS_OFFSET + PROCESS_SLOT_COUNT * SLOT_SIZE
+RETENTION_AREA_OFFSET = PROCESS_SLOTS_OFFSET + PROCESS_SLOT_COUNT * SLOT_SIZE
+RETENTION_AREA_SIZE = (3 + MAX_SHARDS) * GROUP_SIZE  # supervisor, request, dispatcher, shards
+TOTAL_SIZE = RETENTION_AREA_OFFSET + RETENTION_AREA_SIZE
 SLOT_STATE_OFFSET = seqlock.SEQ_SIZE + SLOT_IDENTITY.size
 SLOT_HEARTBEAT_OFFSET = SLOT_STATE_OFFSET + 8
 
@@ -79,7 +88,7 @@ assert HEADER.size <= HEADER_SIZE
 assert max(seqlock.seqlock_size(g) for g in (SUPERVISOR_GROUP, DISPATCHER_GROUP,
                                              SHARD_GROUP)) <= GROUP_SIZE
 assert SLOT_HEARTBEAT_OFFSET + I64_WORD.size <= SLOT_SIZE and SLOT_HEARTBEAT_OFFSET % 8 == 0
-assert (TOTAL_SIZE, HEADER_STATE_OFFSET, SLOT_STATE_OFFSET) == (8512, 24, 40)
+assert (TOTAL_SIZE, HEADER_STATE_OFFSET, SLOT_STATE_OFFSET) == (12800, 24, 40)
 
 
 StoreState = IntEnum("StoreState", "STARTING READY STOPPING STOPPED FAILED")  # 1..5

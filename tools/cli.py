@@ -1,7 +1,7 @@
 """The `mqstore` command line: thin commands over engine, ipc and workers.
 
     mqstore start [--store DIR] [--config FILE.toml] [--index-shards N] [--flush sync|async] [--detach]
-    mqstore stop | status [--json] | send | consume [--follow] | query | check | recover
+    mqstore stop | status [--json] | send | consume [--follow] | query | clean | check | recover
     mqstore bench | torture | spark      (delegated to tools.bench, tools.torture, tools.spark)
 
 Every command takes --store (default ./data). Errors are one line on stderr (no traceback) with
@@ -31,7 +31,7 @@ from engine.errors import (
     StorePermissionError,
 )
 from engine.owners import refuse_unsafe_parents
-from tools import client_commands
+from tools import client_commands, retention_commands
 from tools.logging_setup import setup_logging
 from workers.exit_codes import CliExit, cli_epilog
 from workers.fatal_log import last_error, log_fatal_signals
@@ -313,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
 
     client_commands.add_parsers(command)
+    retention_commands.add_parsers(command)
 
     p = command("check", "verify a store offline (engine.check); exit 1 on findings", cmd_check)
     p.add_argument("--json", action="store_true")

@@ -51,10 +51,12 @@ from engine.formats.record import Verify
 from engine.formats.record_scan import DispatchColumns, columns_from_headers
 from engine.mapped_file import Access
 from engine.open_files import queue_file_budget
+from engine.retention import expire_queues
 from ipc.control_block import DISPATCHER_GROUP, DISPATCHER_GROUP_OFFSET, Role, process_slot_index
 from ipc.key_ring import KeyRing, RingWriter
 from ipc.wakeup import WaiterTable, Wakeup
 from workers.child import MAX_STEP_BYTES, ChildProcess, child_main, child_wakeup_name, read_own_group
+from workers.child_retention import LineFollower
 
 log = logging.getLogger(__name__)
 COALESCE_S = 0.002  # a small backlog within this long of the last step waits for the rest of it
@@ -175,6 +177,8 @@ class Dispatcher(ChildProcess):
         self._consumers_waited = False  # its new position woke a long-polling consumer
         self._held: Hold | None = None  # the backlog's hold (coalesced or paced), if any
         self.blocks_dropped = 0  # blocks too big for the ring (their builders scan instead)
+        self.retention = LineFollower(self.ctl, Role.DISPATCHER, 0, self.commitlog,
+                                      lambda min_pos: expire_queues(self.queues, min_pos))
         log.info("dispatcher resumes at commit_pos %d (%d consume queues, key ring %s)", self.pos,
                  len(self.queues), "on" if self.ring is not None else "off")
 
@@ -326,6 +330,11 @@ class Dispatcher(ChildProcess):
             keys = per_shard[shard] if per_shard is not None else _NO_KEYS
             if not writer.publish(start_pos, end_pos, *keys):
                 self.blocks_dropped += 1
+
+    def flush_step(self) -> None:
+        """The periodic flush; before it, the consume-queue files below the retention line go."""
+        self.retention.follow()
+        self.flush()
 
     def flush(self) -> None:
         if self.durable_pos >= self.pos:

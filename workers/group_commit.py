@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
@@ -47,6 +48,7 @@ IDLE_POLL_S = 0.02  # how often an idle flush thread calls on_idle
 STALL_POLL_S = 0.005
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def fault_fsync_delay_s(environ=os.environ) -> float:
@@ -186,6 +188,16 @@ class GroupCommit:
                     last_thorough = now
             if stopping:
                 return
+
+    def run_between_flushes(self, action: Callable[[], T], wait_s: float) -> T | None:
+        """`action()` while no flush runs (retention removes segments from the list a flush
+        walks); None when a flush held the disk for `wait_s` (try again later)."""
+        if not self._flush_lock.acquire(timeout=wait_s):
+            return None
+        try:
+            return action()
+        finally:
+            self._flush_lock.release()
 
     def flush_now(self) -> int:
         """One flush of everything written; publishes and returns the new flushed position."""

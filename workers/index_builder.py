@@ -42,10 +42,12 @@ from engine.dispatch import KeyColumns, dispatch_columns_to_shard, key_hashes_an
 from engine.errors import DiskFullError, StoreError
 from engine.formats.record import Verify
 from engine.mapped_file import Access
+from engine.retention import expire_shards
 from engine.shard_index import ShardIndex
 from ipc.control_block import GROUP_SIZE, SHARD_GROUP, SHARD_GROUPS_OFFSET, Role
 from ipc.key_ring import KeyBlock, KeyRing, RingReader
 from workers.child import MAX_STEP_BYTES, ChildProcess, child_main, read_own_group
+from workers.child_retention import LineFollower
 from workers.dispatcher import scan_window
 
 RING_PATIENCE_S = 0.5  # no dispatcher progress for this long while there is work: scan
@@ -86,6 +88,8 @@ class IndexBuilder(ChildProcess):
         self._dispatched_seen = -1
         self._write_failed = False  # the last step met a full disk
         self.ring_bytes = self.scanned_bytes = 0  # commitlog bytes indexed each way
+        self.retention = LineFollower(self.ctl, Role.INDEX_BUILDER, self.shard, self.commitlog,
+                                      lambda min_pos: expire_shards([self.index], min_pos))
         self._attach_ring()
         log.info("index builder %d resumes at commit_pos %d (%d entries trimmed, key ring %s)",
                  self.shard, durable, trimmed, "on" if self.reader is not None else "off")
@@ -213,7 +217,9 @@ class IndexBuilder(ChildProcess):
 
     def flush_step(self) -> None:
         """One piece of the paced sync under way, or a new one when it is due and there are
-        keys not durable yet; publishes the durable position when a sync's last piece is done."""
+        keys not durable yet; publishes the durable position when a sync's last piece is done.
+        First the index files below the retention line go (a sync under way is cancelled)."""
+        self.retention.follow()
         if not self.index.syncing:
             now = time.monotonic()
             if now < self._next_sync_at or self.durable_pos >= self.index.processed_pos:

@@ -27,6 +27,7 @@ from engine.naming import ABORT_FILE
 from engine.store_dir import StoreKind, holder_pid, inspect_store_dir, read_meta
 from ipc.control_block import ControlBlock, Positions, ProcessSlot
 from ipc.run_info import read_run_info
+from workers.retention_status import describe_retention, render_retention
 
 DEFAULT_SAMPLE_S = 0.5
 STOPPED = "STOPPED"
@@ -69,6 +70,7 @@ def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S)
         processes = [_describe_slot(slot, procs.get(slot.pid)) for slot in ctl.process_slots()]
         state = ctl.store_state.name
         sync = ctl.flush_policy.value == "sync"
+        retention = describe_retention(root, ctl)
     finally:
         ctl.close()
     p = second
@@ -106,6 +108,7 @@ def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S)
         },
         "totals": {"appended_msgs": p.appended_msgs, "dispatched_msgs": p.dispatched_msgs},
         "restart_history": info.restart_history,
+        "retention": retention,
     }
 
 
@@ -259,6 +262,7 @@ def render_status(status: dict) -> str:
                   f"last flush {flush['last_latency_ms']:.2f} ms ({flush['last_bytes']} B), "
                   f"{flush['window_msgs_per_flush']:.1f} msgs = {flush['window_bytes_per_flush']:.0f} B "
                   f"per flush"]
+    lines += render_retention(status["retention"])
     history = status["restart_history"]
     lines.append("")
     lines.append(f"restart history: {len(history)} event(s)" if history else "restart history: none")

@@ -68,6 +68,7 @@ from workers.fatal_log import last_error
 from workers.group_commit import GroupCommit, fault_fsync_delay_s, fault_fsync_stall_path
 from workers.metadata_writer import MetadataWriter
 from workers.restart_policy import RestartSettings
+from workers.retention_runner import RetentionRunner
 from workers.shared_state import SharedState, cleanup_stale
 
 SUPERVISE_INTERVAL_S = 0.1
@@ -119,6 +120,7 @@ class Supervisor:
         self._appender: Appender | None = None
         self._deadlines: DeadlineWatch | None = None
         self._metadata: MetadataWriter | None = None
+        self._retention: RetentionRunner | None = None
         self._commitlog = None
         self._started_at = time.time()
         self._new_store = False
@@ -176,6 +178,9 @@ class Supervisor:
         self._group_commit.start()
         self._deadlines = DeadlineWatch(self._appender)
         self._deadlines.start()
+        self._retention = RetentionRunner(self.root, self._commitlog, self.config, ctl,
+                                          self._group_commit)
+        self._retention.publish_start()
         self._start_children()
         self.run_info = RunInfo(
             supervisor_pid=os.getpid(), generation=generation, store_host=meta.store_host,
@@ -292,6 +297,7 @@ class Supervisor:
             if now >= next_supervise:
                 ctl.heartbeat(0)
                 self._supervise_children(now)
+                self._retention.run_if_due(now)
                 next_supervise = now + SUPERVISE_INTERVAL_S
 
     def _on_flushed(self) -> None:
