@@ -12,12 +12,13 @@ import pytest
 from engine.retention import RetentionReason
 from ipc.control_block import LAYOUT_VERSION, TOTAL_SIZE, ControlBlock, FlushCode, Role
 from ipc.retention_block import SHARD_CLEAN_OFFSET, ChildClean, RetentionBlock, RetentionLine
-from ipc.shm import unlink_stale_regions
+from ipc.shm import issue_shm_token, unlink_stale_regions
 from ipc.wakeup import unlink_all
 
 
 @pytest.fixture
 def ctl(tmp_path):
+    issue_shm_token(tmp_path)  # what a supervisor does before creating its regions
     block = ControlBlock.create(tmp_path, 3, FlushCode.SYNC)
     yield block
     block.close()
