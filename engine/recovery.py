@@ -24,6 +24,7 @@ import numpy as np
 
 from engine.checkpoint import load_checkpoint, write_checkpoint
 from engine.commitlog import CommitLog
+from engine.config import StoreConfig
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import (
     consumable_rows,
@@ -32,14 +33,19 @@ from engine.dispatch import (
     key_hashes_and_shards,
     queue_groups,
 )
-from engine.durable_line import durable_line, refuse_loss_below
-from engine.errors import CorruptConsumeQueueError, CorruptRecordError, StoreCorruptError
+from engine.durable_line import durable_line, refuse_loss_below, refuse_short_segments
+from engine.errors import (
+    CorruptConsumeQueueError,
+    CorruptIndexError,
+    CorruptRecordError,
+    StoreCorruptError,
+)
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
 from engine.formats.record_scan import DispatchColumns
 from engine.log_walk import valid_records_between
-from engine.mapped_file import ensure_dir, write_new_file
+from engine.mapped_file import Access, ensure_dir, write_new_file
 from engine.naming import ABORT_FILE, QUARANTINE_DIR, quarantine_name
 from engine.shard_index import ShardIndex
 from engine.written_extent import written_end_estimate
@@ -176,6 +182,38 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
     _finish(parts, report, cut_pos)
     report.duration_ms = (time.monotonic() - started) * 1000
     return report
+
+
+def refuse_damage_before_opening(root: Path, config: StoreConfig) -> None:
+    """Routine recovery's durable-line refusal (refuse_loss_below, over the range recovery would
+    scan) on a read-only view, before a writer opens the store: opening for writing already
+    settles temp files and moves unreadable index shards aside, and a refused start must
+    leave every file as it was. `recover` checks the same range again once open."""
+    refuse_short_segments(root, config.commitlog_file_size)
+    commitlog = CommitLog.open(root, config.commitlog_file_size, Access.READ_ONLY)
+    queues = ConsumeQueueTable.load(root, config.consume_queue_entries, Access.READ_ONLY)
+    try:
+        cp = load_checkpoint(root).checkpoint
+        shard_positions = _shard_durable_positions(cp, config.index_shards)
+        for shard_no in _unreadable_shards(root, config):
+            shard_positions[shard_no] = 0  # recovery rebuilds it: the scan starts lower
+        start_pos = _scan_start(cp, shard_positions, commitlog.min_pos, _last_dispatched_pos(queues))
+        refuse_loss_below(commitlog, queues, durable_line(cp, queues), start_pos)
+    finally:
+        commitlog.close()
+        queues.close()
+
+
+def _unreadable_shards(root: Path, config: StoreConfig) -> list[int]:
+    """The index shards a writer's open would quarantine (engine.store.open_parts)."""
+    unreadable = []
+    for shard_no in range(config.index_shards):
+        try:
+            ShardIndex.load(root, shard_no, config.index_slot_count, config.index_entry_count,
+                            Access.READ_ONLY).close()
+        except CorruptIndexError:
+            unreadable.append(shard_no)
+    return unreadable
 
 
 def _shard_durable_positions(cp: Checkpoint | None, shard_count: int) -> list[int]:

@@ -7,6 +7,7 @@ dispatcher process does, so both build identical files.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -52,7 +53,14 @@ from engine.message import (
 from engine.naming import QUARANTINE_DIR, index_shard_dir, validate_topic
 from engine.open_files import queue_file_budget
 from engine.record_reads import read_key_records, read_queue_records
-from engine.recovery import RecoveryMode, RecoveryReport, StoreParts, detect_shutdown, recover
+from engine.recovery import (
+    RecoveryMode,
+    RecoveryReport,
+    StoreParts,
+    detect_shutdown,
+    recover,
+    refuse_damage_before_opening,
+)
 from engine.shard_index import ShardIndex
 from engine.status import GetResult, GetStatus, PutResult, PutStatus
 from engine.store_dir import (
@@ -69,6 +77,8 @@ from engine.store_dir import (
 
 DISK_CHECK_INTERVAL_MS = 1000
 _TOPIC_BYTES: dict[str, bytes] = {}  # validated topics, UTF-8
+
+log = logging.getLogger(__name__)
 
 
 def _topic_bytes(topic: str) -> bytes:
@@ -126,9 +136,7 @@ class MessageStore:
         config = config_for_store(meta, config)
         lock = StoreLock.acquire(root)
         try:
-            if recovery is RecoveryMode.REBUILD:
-                pad_short_segments(root, config.commitlog_file_size)
-            parts = open_parts(root, config, Access.READ_WRITE)
+            parts = open_for_recovery(root, config, recovery)
             report = recover(parts, detect_shutdown(root), mode=recovery, progress=progress)
             mark_running(root)
         except BaseException:
@@ -377,6 +385,18 @@ class MessageStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def open_for_recovery(root: Path, config: StoreConfig, mode: RecoveryMode) -> StoreParts:
+    """The writable parts `recover` works on, opened only once the mode allows writing: a routine
+    recovery first refuses damage below the durable line on a read-only view; a rebuild first
+    pads short segments with zeros (each logged at WARNING)."""
+    if mode is RecoveryMode.REBUILD:
+        for path, size_bytes in pad_short_segments(root, config.commitlog_file_size):
+            log.warning("extended short segment %s from %d bytes with zeros", path, size_bytes)
+    else:
+        refuse_damage_before_opening(root, config)
+    return open_parts(root, config, Access.READ_WRITE)
 
 
 def open_parts(root: Path, config: StoreConfig, access: Access) -> StoreParts:

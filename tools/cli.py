@@ -229,10 +229,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from engine.durable_line import pad_short_segments
-    from engine.mapped_file import Access
     from engine.recovery import RecoveryMode, detect_shutdown, recover
-    from engine.store import close_parts, open_parts
+    from engine.store import close_parts, open_for_recovery
     from engine.store_dir import (
         StoreKind,
         StoreLock,
@@ -257,11 +255,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     try:
         cleanup_stale(root)  # a dead supervisor's shared memory goes with its recovery
         mode = RecoveryMode(args.mode)
-        if mode is RecoveryMode.REBUILD:
-            for path, size_bytes in pad_short_segments(root, config.commitlog_file_size):
-                print(f"  extended short segment {path} from {size_bytes} bytes with zeros",
-                      file=sys.stderr)
-        parts = open_parts(root, config, Access.READ_WRITE)
+        parts = open_for_recovery(root, config, mode)
         try:
             last = [0.0]
 

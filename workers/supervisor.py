@@ -5,7 +5,7 @@ Start order (each step only after the previous one succeeded):
 1. classify the directory (new, mqstore store; a RocketMQ store or anything else is refused),
    create a new store's layout, then take the store lock (a second supervisor is refused);
 2. wait out and remove what a crashed previous supervisor left (children, shared memory);
-3. recover (engine.recovery.recover over engine.store.open_parts), logging progress and the
+3. recover (engine.recovery.recover over engine.store.open_for_recovery), logging progress and the
    report; keep the commitlog open for writing, hand the derived files to the children;
 4. create `abort` (present until a clean stop removes it);
 5. create the shared memory (owner-only) with every position at the recovery cut;
@@ -41,10 +41,9 @@ from engine.config import FlushPolicy, StoreConfig
 from engine.errors import DiskFullError, StoreError
 from engine.formats.checkpoint import Checkpoint
 from engine.frozen_settings import refuse_inconsistent_meta
-from engine.mapped_file import Access
 from engine.open_files import raise_open_file_limit
-from engine.recovery import RecoveryReport, detect_shutdown, recover
-from engine.store import open_parts
+from engine.recovery import RecoveryMode, RecoveryReport, detect_shutdown, recover
+from engine.store import open_for_recovery
 from engine.store_dir import (
     StoreKind,
     StoreLock,
@@ -210,7 +209,7 @@ class Supervisor:
             log.info("new store %s: created, nothing to recover", self.root)
         else:
             log.info("recovering store %s after a %s shutdown", self.root, shutdown.value)
-        parts = open_parts(self.root, self.config, Access.READ_WRITE)
+        parts = open_for_recovery(self.root, self.config, RecoveryMode.ROUTINE)
         last = [0.0]
 
         def progress(done: int, total: int) -> None:

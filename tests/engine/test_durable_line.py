@@ -91,6 +91,23 @@ def test_flip_below_the_line_after_a_crash_is_refused_unchanged_and_rebuild_cuts
     assert check(tmp_path) == []
 
 
+def test_a_refused_start_leaves_a_crash_s_temp_files_and_an_unreadable_index_shard_alone(tmp_path):
+    """Opening for writing removes `.tmp` leftovers and moves an unreadable index shard to
+    quarantine/; a start refused for damage below the line must do neither (it did: the
+    refusal came only after the store was opened for writing)."""
+    results = crashed_store(tmp_path, 60, checkpoint_after=50)
+    lag_derived_positions(tmp_path, results[20].commit_pos)
+    flip_body(tmp_path, results[30].commit_pos)
+    leftovers = [tmp_path / "index" / "0" / "00000000000000000000.tmp",
+                 next((tmp_path / "consumequeue" / TOPIC).iterdir()) / "00000000000000000000.tmp"]
+    for path in leftovers:
+        path.write_bytes(b"half made")
+    shard_file = next(p for p in sorted((tmp_path / "index" / "1").iterdir()) if p.suffix != ".tmp")
+    patch(shard_file, 0, b"\xff" * 40)  # an unreadable index header
+    open_refused(tmp_path)  # every file byte for byte, the leftovers and the shard included
+    assert all(path.exists() for path in leftovers) and not (tmp_path / "quarantine").exists()
+
+
 def test_torn_tail_past_the_line_is_still_cut_by_routine_recovery(tmp_path):
     results = crashed_store(tmp_path, 60, checkpoint_after=50)
     pos = results[55].commit_pos

@@ -64,8 +64,10 @@ def expect_refused_start(store: StoreProcess, commit_pos: int) -> None:
             or "recover --rebuild" not in text:
         raise TortureError(f"start on damage at commit_pos {commit_pos}, below the durable line, "
                            f"exited {store.proc.returncode} without refusing it:\n{text[-3000:]}")
-    if data_files(store.root) != before:
-        raise TortureError("the refused start changed the store's data files")
+    after = data_files(store.root)
+    if after != before:
+        changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+        raise TortureError(f"the refused start changed the store's data files: {changed}")
 
 
 def rebuild_and_compare(store: StoreProcess, commit_pos: int) -> int:
