@@ -113,7 +113,8 @@ def _check_queue(topic: str, queue_id: int, entries: np.ndarray, first: int, sca
                 f"past the end of valid data {scan.data_end}", int(cp[i]))
     _match_entries(topic, queue_id, first, live_idx[~past & ~at_bad], cp, size, tags, scan, path, out)
     positions, counts = np.unique(cp[live_idx], return_counts=True)
-    for pos in positions[counts > 1]:
+    dup = (counts > 1) & ~np.isin(positions, np.fromiter(scan.bad_starts, dtype=np.int64))
+    for pos in positions[dup]:  # placeholders of a salvage share their damaged span's start
         offsets = (first + live_idx[cp[live_idx] == pos]).tolist()
         out.add(FindingKind.CQ_DUPLICATE, path, f"offsets {offsets} all point at {pos}", int(pos))
     _report_missing(topic, queue_id, first, cp, live, scan, path, out)

@@ -78,6 +78,17 @@ class StoreCorruptError(StoreError):
                  "moves everything from there to quarantine/ and rebuilds consume queues and index")
 
 
+class AcceptedDamageError(StoreError):
+    """The record of accepted damage (quarantine/accepted-damage.json) cannot be read: without
+    it the durable-line check cannot tell accepted damage from new damage."""
+
+    def __init__(self, reason: str, *, path: str):
+        self.reason = reason
+        super().__init__(f"accepted damage record unreadable: {reason}", path=path,
+                         hint="put the file back from a copy, or run `mqstore recover --salvage` "
+                              "again to record the damage anew")
+
+
 class CorruptConsumeQueueError(StoreError):
     """A consume queue is inconsistent (gap, bad entry); rebuild it from the commitlog."""
 

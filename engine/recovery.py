@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.accepted_damage import AcceptedSpan, ScanPastAccepted, load_accepted, save_accepted
 from engine.checkpoint import load_checkpoint, write_checkpoint
 from engine.commitlog import CommitLog
 from engine.consume_queue_table import ConsumeQueueTable
@@ -41,6 +42,7 @@ from engine.formats.record_scan import DispatchColumns
 from engine.log_walk import valid_records_between
 from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import ABORT_FILE, QUARANTINE_DIR, quarantine_name
+from engine.salvage import accept_new_damage, fill_queue_gaps, keep_damaged_entry
 from engine.shard_index import ShardIndex
 from engine.written_extent import written_end_estimate
 
@@ -59,10 +61,13 @@ class RecoveryMode(Enum):
     """ROUTINE: bounded by the checkpoint (after any stop or crash); cuts only past the durable
     line and refuses (StoreCorruptError) to cut below it. REBUILD: the operator's choice after
     such a refusal or a `check` finding: verify the whole log, cut at the first invalid record
-    wherever it is, and rebuild consume queues and index from what is kept."""
+    wherever it is, and rebuild consume queues and index from what is kept. SALVAGE: the other
+    choice: keep every valid record in place, accept the damaged spans between them
+    (engine.salvage) and rebuild consume queues and index past them."""
 
     ROUTINE = "routine"
     REBUILD = "rebuild"
+    SALVAGE = "salvage"
 
 
 def detect_shutdown(root: Path) -> ShutdownState:
@@ -92,6 +97,8 @@ class RecoveryReport:
     quarantined_bytes: int = 0  # every byte from cut_pos to the last non-zero byte of the log
     quarantined_records: int = 0  # valid records inside them, after the invalid bytes at cut_pos
     segments_removed: list[str] = field(default_factory=list)
+    damage_accepted: list[dict] = field(default_factory=list)  # spans a salvage accepted (new ones)
+    placeholder_entries: int = 0  # consume-queue entries put for records a damaged span hides
     queues_rebuilt: list[str] = field(default_factory=list)
     duration_ms: float = 0.0
 
@@ -118,6 +125,11 @@ class RecoveryReport:
             lines.append(f"  trimmed {self.cq_entries_trimmed} consume-queue entries, "
                          f"{self.index_entries_trimmed} index entries past the cut")
         lines += [f"  removed segment {s}" for s in self.segments_removed]
+        lines += [f"  accepted damage at {d['start_pos']}..{d['end_pos']} ({d['reason']}), kept in "
+                  f"place; its bytes copied to {d['copy_path']}" for d in self.damage_accepted]
+        if self.placeholder_entries:
+            lines.append(f"  {self.placeholder_entries} consume-queue entries point at damaged spans "
+                         "(readers report them as skipped)")
         lines += [f"  rebuilt consume queue {q}" for q in self.queues_rebuilt]
         lines += [f"  rebuilt index shard {n} (its files were unreadable and were quarantined)"
                   for n in self.index_shards_rebuilt]
@@ -146,7 +158,8 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
                             checkpoint_problems=[] if fresh else list(loaded.problems))
     report.mode = mode.value
     report.index_shards_rebuilt = list(parts.damaged_shards)
-    cp = None if mode is RecoveryMode.REBUILD else loaded.checkpoint
+    accepted = load_accepted(parts.root)
+    cp = loaded.checkpoint if mode is RecoveryMode.ROUTINE else None
     shard_positions = _shard_durable_positions(cp, len(parts.shards))
     for shard_no in parts.damaged_shards:
         shard_positions[shard_no] = 0
@@ -154,8 +167,14 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
         line = durable_line(loaded.checkpoint, parts.queues)
         report.durable_pos = line.pos
         refuse_loss_below(parts.commitlog, parts.queues, line, _scan_start(
-            cp, shard_positions, parts.commitlog.min_pos, _last_dispatched_pos(parts.queues)))
+            cp, shard_positions, parts.commitlog.min_pos, _last_dispatched_pos(parts.queues)), accepted)
+    if mode is RecoveryMode.SALVAGE:
+        known = accepted
+        accepted = accept_new_damage(parts.root, parts.commitlog, known, now_ms())
+        report.damage_accepted = [asdict(s) for s in accepted if s not in known]
     if mode is RecoveryMode.REBUILD:
+        accepted = []  # the rebuild cuts at the first invalid record, accepted or not
+    if mode is not RecoveryMode.ROUTINE:
         for queue in list(parts.queues):
             parts.queues.drop(queue.topic, queue.queue_id)
     parts.queues.recover_all()
@@ -165,7 +184,7 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
     start_pos = _scan_start(cp, shard_positions, parts.commitlog.min_pos,
                             _last_dispatched_pos(parts.queues))
     report.scan_start_pos = start_pos
-    cut_pos, reason = _scan_and_redispatch(parts, start_pos, report, progress)
+    cut_pos, reason = _scan_and_redispatch(parts, start_pos, report, progress, accepted)
     report.cut_pos = cut_pos
     if reason is not None:
         report.cut_reason = reason
@@ -173,7 +192,7 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
         raise StoreCorruptError(f"recovery stopped below the durable line ({reason or 'zeros'})",
                                 commit_pos=cut_pos, durable_pos=report.durable_pos)
     _cut(parts, cut_pos, report, now_ms())
-    _finish(parts, report, cut_pos)
+    _finish(parts, report, cut_pos, [s for s in accepted if s.end_pos <= cut_pos])
     report.duration_ms = (time.monotonic() - started) * 1000
     return report
 
@@ -203,10 +222,12 @@ def _last_dispatched_pos(queues: ConsumeQueueTable) -> int | None:
 
 
 def _scan_and_redispatch(parts: StoreParts, start_pos: int, report: RecoveryReport,
-                         progress: Progress | None) -> tuple[int, str | None]:
-    """Walk valid records from start_pos, re-dispatching; return (cut_pos, reason or None)."""
+                         progress: Progress | None,
+                         accepted: list[AcceptedSpan]) -> tuple[int, str | None]:
+    """Walk valid records from start_pos past the accepted spans, re-dispatching; return
+    (cut_pos, reason or None)."""
     try:
-        return _scan_from(parts, start_pos, report, progress)
+        return _scan_from(parts, start_pos, report, progress, accepted)
     except CorruptRecordError as exc:
         if exc.pos != start_pos or start_pos == parts.commitlog.min_pos:
             raise
@@ -216,23 +237,31 @@ def _scan_and_redispatch(parts: StoreParts, start_pos: int, report: RecoveryRepo
     report.checkpoint_problems.append(f"no valid record at scan start {start_pos}; "
                                       f"rescanning from segment base {seg_base}")
     report.scan_start_pos = seg_base
-    return _scan_from(parts, seg_base, report, progress)
+    return _scan_from(parts, seg_base, report, progress, accepted)
 
 
 def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
-               progress: Progress | None) -> tuple[int, str | None]:
+               progress: Progress | None, accepted: list[AcceptedSpan]) -> tuple[int, str | None]:
     commitlog, shard_count = parts.commitlog, len(parts.shards)
     end_hint = max(written_end_estimate(commitlog.segments) - start_pos, 1)  # not preallocated bytes
     pos = start_pos
     broken: set[tuple[str, int]] = set()
     first = True
+    passed: list[AcceptedSpan] = []
+
+    def pass_span(span: AcceptedSpan) -> None:  # a damaged record keeps its entry (engine.salvage)
+        passed.append(span)
+        report.cq_entries_redispatched += keep_damaged_entry(parts.queues, commitlog, span)
+
     try:
-        for run in commitlog.scan_batches(start_pos, verify=Verify.MQSTORE):
+        for run in ScanPastAccepted(commitlog, start_pos, accepted, on_span=pass_span):
             first = False
             cols = run.columns()
             pos = cols.end_pos
             report.records_scanned += cols.count
             report.bytes_scanned += int(cols.total_size.sum())
+            if passed:
+                report.placeholder_entries += fill_queue_gaps(parts.queues, cols, passed)
             _redispatch(parts, cols, shard_count, report, broken)
             if progress is not None:
                 progress(pos - start_pos, max(end_hint, pos - start_pos))
@@ -359,8 +388,10 @@ def _zero_chunks(length_bytes: int) -> Iterator[bytes]:
         yield bytes(min(QUARANTINE_CHUNK_BYTES, length_bytes - start))
 
 
-def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int) -> None:
-    """Make every structure durable at cut_pos and record that in a fresh checkpoint."""
+def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int,
+            accepted: list[AcceptedSpan]) -> None:
+    """Make every structure durable at cut_pos, record the accepted damage below it (after the
+    queues that point at it), and record all that in a fresh checkpoint."""
     parts.commitlog.reset_positions(cut_pos, cut_pos)
     parts.queues.flush_all()
     for queue in parts.queues:
@@ -368,6 +399,8 @@ def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int) -> None:
     for shard in parts.shards:
         shard.mark_processed(cut_pos)
         shard.sync()
+    if accepted != load_accepted(parts.root):
+        save_accepted(parts.root, accepted)
     now = int(time.time() * 1000)
     write_checkpoint(parts.root, Checkpoint(
         physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now,

@@ -126,7 +126,7 @@ class MessageStore:
         config = config_for_store(meta, config)
         lock = StoreLock.acquire(root)
         try:
-            if recovery is RecoveryMode.REBUILD:
+            if recovery is not RecoveryMode.ROUTINE:
                 pad_short_segments(root, config.commitlog_file_size)
             parts = open_parts(root, config, Access.READ_WRITE)
             report = recover(parts, detect_shutdown(root), mode=recovery, progress=progress)

@@ -1,0 +1,125 @@
+"""The operator's salvage (`mqstore recover --salvage`, RecoveryMode.SALVAGE): keep every valid
+record after damage below the durable line in place, and accept the damage.
+
+- Damage is each bad region of a walk of the whole log (engine.log_walk) with a valid record
+  after it. Bad bytes after the last valid record are the tail: recovery cuts it as always.
+- Each damaged span's bytes are copied to quarantine/<start>.<ms>.damaged; the span is recorded
+  in quarantine/accepted-damage.json (engine.accepted_damage) once queues and index are rebuilt.
+- Consume queues and index are rebuilt from the log, passing over the spans; commit positions
+  and queue offsets of every kept record stay as they were. A span whose record still decodes
+  without its checksums, fills the span exactly and holds its queue's next offset keeps its
+  entry. An offset a later record skips (a record whose header is unreadable) gets a
+  placeholder entry pointing at the first accepted span after the queue's previous entry:
+  readers read there, fail the checks, and report the offset as skipped. A gap with no accepted
+  span before it stays an error. Damaged records get no index keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from engine.accepted_damage import AcceptedSpan, is_accepted
+from engine.commitlog import CommitLog
+from engine.consume_queue_table import ConsumeQueueTable
+from engine.dispatch import consumable_rows, enters_consume_queue, queue_groups
+from engine.errors import BadInputError, CorruptRecordError
+from engine.formats.cq_entry import FILLER_SIZE_MARK
+from engine.formats.record import Filler, Record, Verify
+from engine.formats.record_scan import DispatchColumns
+from engine.log_walk import BadRegion, decode_checked, walk_log
+from engine.mapped_file import ensure_dir, write_new_file
+from engine.naming import QUARANTINE_DIR, offset_to_name
+
+COPY_CHUNK_BYTES = 8 << 20
+_MAX_PLACEHOLDER_BYTES = FILLER_SIZE_MARK - 1  # the filler mark itself is not a size
+
+
+def find_damage(log: CommitLog) -> list[BadRegion]:
+    """The bad regions of the whole log with a valid record after them, in log order."""
+    bad: list[BadRegion] = []
+    data_end = log.min_pos
+    for item in walk_log(log, log.min_pos, Verify.MQSTORE):
+        if isinstance(item, BadRegion):
+            bad.append(item)
+        else:
+            data_end = item.end_pos
+    return [region for region in bad if region.start_pos < data_end]
+
+
+def accept_new_damage(root: Path, log: CommitLog, accepted: list[AcceptedSpan],
+                      now_ms: int) -> list[AcceptedSpan]:
+    """The accepted spans plus each new damaged region, its bytes copied to quarantine/.
+    BadInputError (nothing written) when there is no damage beyond what is accepted."""
+    new = [r for r in find_damage(log) if not is_accepted(accepted, r.start_pos, r.resume_pos)]
+    if not new:
+        raise BadInputError("--salvage", "the log has no damage followed by valid records "
+                            "(beyond damage already accepted): nothing to salvage, nothing changed")
+    directory = ensure_dir(Path(root) / QUARANTINE_DIR)
+    spans = list(accepted)
+    for region in new:
+        path = directory / f"{offset_to_name(region.start_pos)}.{now_ms}.damaged"
+        write_new_file(path, _span_chunks(log, region.start_pos, region.resume_pos))
+        spans.append(AcceptedSpan(region.start_pos, region.resume_pos, region.reason, now_ms, str(path)))
+    return sorted(spans, key=lambda s: s.start_pos)
+
+
+def keep_damaged_entry(queues: ConsumeQueueTable, log: CommitLog, span: AcceptedSpan) -> bool:
+    """Put the consume-queue entry of the damaged record at `span` when it can be identified
+    (see the module doc); True when an entry was put."""
+    record = _structure_at(log, span)
+    if record is None or not enters_consume_queue(record.sys_flag, record.queue_offset):
+        return False
+    try:
+        queue = queues.get(record.topic, record.queue_id)
+        if queue is None:
+            queue = queues.get_or_create(record.topic, record.queue_id)
+        elif queue.max_offset != record.queue_offset:
+            return False
+    except BadInputError:
+        return False  # the damage is in its topic or queue id
+    return queue.put(record.queue_offset, record.commit_pos, record.total_size, record.tags_code)
+
+
+def fill_queue_gaps(queues: ConsumeQueueTable, cols: DispatchColumns, passed: list[AcceptedSpan]) -> int:
+    """Placeholder entries for the offsets each queue of `cols` skips, when an accepted span
+    lies after the queue's last entry; returns how many were put."""
+    put = 0
+    for (topic, queue_id), rows in queue_groups(cols, consumable_rows(cols)):
+        queue = queues.get(topic, queue_id)
+        first = int(cols.queue_offset[rows[0]])
+        if queue is None or not 0 < queue.max_offset < first:
+            continue
+        next_pos = int(cols.commit_pos[rows[0]])
+        span = next((s for s in passed if queue.max_commit_end <= s.start_pos < next_pos), None)
+        if span is None:
+            continue  # not explained by accepted damage: dispatch refuses the gap
+        count = first - queue.max_offset
+        size = min(span.end_pos - span.start_pos, _MAX_PLACEHOLDER_BYTES)
+        put += queue.put_batch(np.arange(queue.max_offset, first), np.full(count, span.start_pos),
+                               np.full(count, size), np.zeros(count, dtype=np.int64))
+    return put
+
+
+def _structure_at(log: CommitLog, span: AcceptedSpan) -> Record | None:
+    """The record at the span's start decoded without checksums, if it fills the span."""
+    segment = log.segments.find(span.start_pos)
+    base = log.segments.base_of(segment)
+    try:
+        record = decode_checked(segment, span.start_pos - base, base, Verify.STRUCTURE)
+    except CorruptRecordError:
+        return None
+    if isinstance(record, Filler) or record.end_pos != span.end_pos:
+        return None
+    return record
+
+
+def _span_chunks(log: CommitLog, start_pos: int, end_pos: int) -> Iterator[bytes]:
+    """The log's bytes [start_pos, end_pos) (one segment: a bad region never crosses one)."""
+    segs = log.segments
+    segment = segs.find(start_pos)
+    base = segs.base_of(segment)
+    for pos in range(start_pos, end_pos, COPY_CHUNK_BYTES):
+        yield bytes(segment.read(pos - base, min(COPY_CHUNK_BYTES, end_pos - pos)))
