@@ -60,7 +60,8 @@ class CorruptRecordError(StoreError):
 
 class StoreCorruptError(StoreError):
     """Data the store already called durable is damaged or missing (below the durable line):
-    routine recovery refuses to cut it; the operator chooses (`mqstore recover --rebuild`)."""
+    routine recovery refuses to cut it; the operator chooses (`mqstore recover --rebuild` or
+    `--salvage`)."""
 
     def __init__(self, reason: str, *, commit_pos: int, durable_pos: int | None,
                  path: str | None = None, records_after: int = 0):
@@ -75,7 +76,9 @@ class StoreCorruptError(StoreError):
             "changed", path=path,
             hint="put back what is missing or damaged (from a copy) and start again, or run "
                  f"`mqstore recover --rebuild`: it keeps the log before commit_pos {commit_pos}, "
-                 "moves everything from there to quarantine/ and rebuilds consume queues and index")
+                 "moves everything from there to quarantine/ and rebuilds consume queues and index; "
+                 "or `mqstore recover --salvage`: it keeps every valid record in place and accepts "
+                 "the damaged bytes (readers skip and report their record)")
 
 
 class AcceptedDamageError(StoreError):
