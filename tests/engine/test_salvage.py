@@ -15,7 +15,7 @@ import pytest
 from engine.check import check, check_summary
 from engine.check_findings import FindingKind
 from engine.errors import BadInputError
-from engine.formats.record import MAGIC_OFFSET
+from engine.formats.record import MAGIC_OFFSET, TOTAL_SIZE_OFFSET
 from engine.message import Message
 from engine.naming import LOCK_FILE
 from engine.recovery import RecoveryMode
@@ -29,6 +29,7 @@ from tests.helpers import (
     log_bytes,
     open_refused,
     patch,
+    read,
     rebuild,
     reopen,
     segment_of,
@@ -70,6 +71,15 @@ def break_magic(root, commit_pos: int) -> None:
     """The record's header is unreadable: no record can be identified there."""
     path, file_pos = segment_of(root, commit_pos)
     patch(path, file_pos + MAGIC_OFFSET, b"\xde\xad\xbe\xef")
+
+
+def break_three(root, commit_pos: int) -> None:
+    """break_magic on the record at commit_pos and the two after it."""
+    for _ in range(3):
+        path, file_pos = segment_of(root, commit_pos)
+        size = int.from_bytes(read(path, file_pos + TOTAL_SIZE_OFFSET, 4), "big")
+        break_magic(root, commit_pos)
+        commit_pos += size
 
 
 def others(queue_id: int) -> list[bytes]:
@@ -187,3 +197,21 @@ def test_messages_of_other_topics_around_the_damage_keep_their_offsets(tmp_path)
             assert got.messages[0].body == body(i)
             assert got.messages[0].commit_pos == results[i].commit_pos
         assert store.put_batch([Message(TOPIC, b"x", queue_id=0)])[0].queue_offset == COUNT // 2
+
+
+def test_one_span_hiding_several_records_of_a_queue_gets_a_placeholder_for_each(tmp_path):
+    """Three records in a row with unreadable headers are one damaged span: queue 0 loses two
+    offsets to it, queue 1 one; each offset gets an entry pointing at the span's start."""
+    results, _ = damaged_crash(tmp_path, break_three)
+    pos = results[VICTIM].commit_pos
+    with salvage(tmp_path) as store:
+        assert store.recovery_report.placeholder_entries == 3
+        lost = range(VICTIM, VICTIM + 3)
+        bodies, skipped = read_queue(store, 0)
+        assert bodies == [body(i) for i in range(COUNT) if i % 2 == 0 and i not in lost]
+        assert [(s.commit_pos, s.queue_offset) for s in skipped] == \
+            [(pos, VICTIM // 2), (pos, VICTIM // 2 + 1)]
+        bodies, skipped = read_queue(store, 1)
+        assert bodies == [body(i) for i in range(COUNT) if i % 2 == 1 and i not in lost]
+        assert [(s.commit_pos, s.queue_offset) for s in skipped] == [(pos, VICTIM // 2)]
+    assert check(tmp_path) == []
