@@ -78,18 +78,20 @@ def is_accepted(spans: list[AcceptedSpan], start_pos: int, end_pos: int) -> bool
 
 class ScanPastAccepted:
     """CommitLog.scan_batches from `start_pos`, going on after each accepted span (`on_span`
-    hears of it); a CorruptRecordError outside every accepted span ends the scan as before.
+    hears of it) up to `end_pos`; a CorruptRecordError outside every accepted span ends the
+    scan as before.
     `pos` is the scanner's: where the next record would start, or the bad record's position."""
 
     def __init__(self, log: CommitLog, start_pos: int, spans: list[AcceptedSpan],
                  verify: Verify = Verify.MQSTORE,
-                 on_span: Callable[[AcceptedSpan], None] | None = None):
+                 on_span: Callable[[AcceptedSpan], None] | None = None, end_pos: int | None = None):
         self._log, self._spans, self._verify, self._on_span = log, spans, verify, on_span
+        self._end_pos = end_pos
         self.pos = start_pos
 
     def __iter__(self) -> Iterator[ScannedRun]:
         while True:
-            scanner = self._log.scan_batches(self.pos, verify=self._verify)
+            scanner = self._log.scan_batches(self.pos, self._end_pos, self._verify)
             try:
                 for run in scanner:
                     self.pos = scanner.pos

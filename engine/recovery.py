@@ -271,10 +271,10 @@ def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
             raise  # not known to be a record boundary: the caller rescans from the segment base
         pos = exc.pos
         if broken:
-            _rebuild_queues(parts, broken, pos, report)
+            _rebuild_queues(parts, broken, pos, report, accepted)
         return pos, None if _is_unwritten(commitlog, pos) else exc.reason
     if broken:
-        _rebuild_queues(parts, broken, pos, report)
+        _rebuild_queues(parts, broken, pos, report, accepted)
     return pos, None
 
 
@@ -294,13 +294,22 @@ def _redispatch(parts: StoreParts, cols: DispatchColumns, shard_count: int, repo
 
 
 def _rebuild_queues(parts: StoreParts, broken: set[tuple[str, int]], end_pos: int,
-                    report: RecoveryReport) -> None:
-    """A consume queue that disagrees with the commitlog is rebuilt from the commitlog."""
+                    report: RecoveryReport, accepted: list[AcceptedSpan]) -> None:
+    """A consume queue that disagrees with the commitlog is rebuilt from the commitlog (past
+    accepted damage as a salvage does; the other queues are complete, so this leaves them be)."""
     for topic, queue_id in sorted(broken):
         parts.queues.drop(topic, queue_id)
         report.queues_rebuilt.append(f"{topic}/{queue_id}")
-    for run in parts.commitlog.scan_batches(parts.commitlog.min_pos, end_pos, Verify.STRUCTURE):
+    passed: list[AcceptedSpan] = []
+
+    def pass_span(span: AcceptedSpan) -> None:
+        passed.append(span)
+        keep_damaged_entry(parts.queues, parts.commitlog, span)
+
+    for run in ScanPastAccepted(parts.commitlog, parts.commitlog.min_pos, accepted, Verify.STRUCTURE,
+                                on_span=pass_span, end_pos=end_pos):
         cols = run.columns()
+        fill_queue_gaps(parts.queues, cols, passed)
         for queue_key, rows in queue_groups(cols, consumable_rows(cols)):
             if queue_key in broken:
                 dispatch_columns_to_consume_queues(parts.queues, cols, rows)

@@ -7,6 +7,7 @@ clean (the span is listed as accepted damage, not as a finding).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import stat
 
@@ -14,7 +15,9 @@ import pytest
 
 from engine.check import check, check_summary
 from engine.check_findings import FindingKind
+from engine.checkpoint import load_checkpoint, write_checkpoint
 from engine.errors import BadInputError
+from engine.formats.cq_entry import encode_cq_entry
 from engine.formats.record import MAGIC_OFFSET, TOTAL_SIZE_OFFSET
 from engine.message import Message
 from engine.naming import LOCK_FILE
@@ -25,6 +28,7 @@ from tests.engine.test_durable_line import body, crashed_store, flip_body, lag_d
 from tests.helpers import (
     SMALL_CONFIG,
     TOPIC,
+    cq_entry_of,
     die,
     log_bytes,
     open_refused,
@@ -214,4 +218,28 @@ def test_one_span_hiding_several_records_of_a_queue_gets_a_placeholder_for_each(
         bodies, skipped = read_queue(store, 1)
         assert bodies == [body(i) for i in range(COUNT) if i % 2 == 1 and i not in lost]
         assert [(s.commit_pos, s.queue_offset) for s in skipped] == [(pos, VICTIM // 2)]
+    assert check(tmp_path) == []
+
+
+def test_a_queue_rebuilt_by_routine_recovery_keeps_its_placeholder_past_the_span(tmp_path):
+    """After a salvage, a later crash finds an entry of queue 0 that names another record: the
+    queue is rebuilt from the log, across the accepted span (unreadable header) and past it."""
+    results, _ = damaged_crash(tmp_path, break_magic)
+    salvage(tmp_path).close()
+    store = reopen(tmp_path)
+    end_pos = store.commitlog.written_pos
+    die(store)
+    cp = load_checkpoint(tmp_path).checkpoint  # queues durable to the end, the index lags
+    write_checkpoint(tmp_path, dataclasses.replace(cp, index_durable_pos=tuple(
+        results[20].commit_pos for _ in cp.index_durable_pos)))
+    wrong = results[VICTIM + 6]
+    patch(*cq_entry_of(tmp_path, 0, (VICTIM + 4) // 2),
+          encode_cq_entry(wrong.commit_pos, results[VICTIM + 7].commit_pos - wrong.commit_pos, 0))
+    with reopen(tmp_path) as store:
+        assert (store.recovery_report.queues_rebuilt, store.recovery_report.cut_pos) == \
+            ([f"{TOPIC}/0"], end_pos)
+        bodies, skipped = read_queue(store, 0)
+        assert bodies == others(0)
+        assert [(s.commit_pos, s.queue_offset) for s in skipped] == \
+            [(results[VICTIM].commit_pos, VICTIM // 2)]
     assert check(tmp_path) == []
