@@ -42,7 +42,14 @@ from engine.formats.record_scan import DispatchColumns
 from engine.log_walk import valid_records_between
 from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import ABORT_FILE, QUARANTINE_DIR, quarantine_name
-from engine.salvage import accept_new_damage, fill_queue_gaps, keep_damaged_entry
+from engine.salvage import (
+    HiddenTails,
+    accept_new_damage,
+    fill_queue_gaps,
+    hidden_tails,
+    keep_damaged_entry,
+    restore_hidden_tails,
+)
 from engine.shard_index import ShardIndex
 from engine.written_extent import written_end_estimate
 
@@ -168,10 +175,12 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
         report.durable_pos = line.pos
         refuse_loss_below(parts.commitlog, parts.queues, line, _scan_start(
             cp, shard_positions, parts.commitlog.min_pos, _last_dispatched_pos(parts.queues)), accepted)
+    hidden: HiddenTails = {}
     if mode is RecoveryMode.SALVAGE:
         known = accepted
         accepted = accept_new_damage(parts.root, parts.commitlog, known, now_ms())
         report.damage_accepted = [asdict(s) for s in accepted if s not in known]
+        hidden = hidden_tails(parts.queues, accepted)
     if mode is RecoveryMode.REBUILD:
         accepted = []  # the rebuild cuts at the first invalid record, accepted or not
     if mode is not RecoveryMode.ROUTINE:
@@ -185,6 +194,8 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
                             _last_dispatched_pos(parts.queues))
     report.scan_start_pos = start_pos
     cut_pos, reason = _scan_and_redispatch(parts, start_pos, report, progress, accepted)
+    if mode is RecoveryMode.SALVAGE:
+        report.placeholder_entries += restore_hidden_tails(parts.queues, hidden, accepted)
     report.cut_pos = cut_pos
     if reason is not None:
         report.cut_reason = reason

@@ -11,7 +11,10 @@ record after damage below the durable line in place, and accept the damage.
   entry. An offset a later record skips (a record whose header is unreadable) gets a
   placeholder entry pointing at the first accepted span after the queue's previous entry:
   readers read there, fail the checks, and report the offset as skipped. A gap with no accepted
-  span before it stays an error. Damaged records get no index keys.
+  span before it stays an error. The last offsets of a queue have no later record to show them:
+  those the consume queue held before the salvage, pointing into an accepted span, get a
+  placeholder too (else the next message would reuse an offset a consumer may have passed).
+  Damaged records get no index keys.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.accepted_damage import AcceptedSpan, is_accepted
+from engine.accepted_damage import AcceptedSpan, is_accepted, span_at
 from engine.commitlog import CommitLog
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import consumable_rows, enters_consume_queue, queue_groups
@@ -100,6 +103,43 @@ def fill_queue_gaps(queues: ConsumeQueueTable, cols: DispatchColumns, passed: li
         size = min(span.end_pos - span.start_pos, _MAX_PLACEHOLDER_BYTES)
         put += queue.put_batch(np.arange(queue.max_offset, first), np.full(count, span.start_pos),
                                np.full(count, size), np.zeros(count, dtype=np.int64))
+    return put
+
+
+HiddenTails = dict[tuple[str, int], list[int]]  # queue -> offsets whose entries pointed into a span
+
+
+def hidden_tails(queues: ConsumeQueueTable, spans: list[AcceptedSpan]) -> HiddenTails:
+    """Before the queues are rebuilt: each queue's trailing offsets whose entries point into an
+    accepted span (the entries after the queue's last one outside every span)."""
+    hidden: HiddenTails = {}
+    for queue in queues:
+        offsets = []
+        for offset in range(queue.max_offset - 1, queue.min_offset - 1, -1):
+            entry = queue.entry(offset)
+            if entry is None or span_at(spans, entry.commit_pos) is None:
+                break
+            offsets.append(offset)
+        if offsets:
+            hidden[(queue.topic, queue.queue_id)] = offsets[::-1]
+    return hidden
+
+
+def restore_hidden_tails(queues: ConsumeQueueTable, hidden: HiddenTails, spans: list[AcceptedSpan]) -> int:
+    """After the rebuild: a placeholder for each hidden offset the rebuilt queue still ends
+    before, pointing at the first accepted span after its last entry; returns how many."""
+    put = 0
+    for (topic, queue_id), offsets in sorted(hidden.items()):
+        queue = queues.get(topic, queue_id)
+        if queue is None or queue.max_offset not in offsets:
+            continue
+        span = next((s for s in spans if queue.max_commit_end <= s.start_pos), None)
+        if span is None:
+            continue
+        missing = offsets[offsets.index(queue.max_offset):]
+        size = min(span.end_pos - span.start_pos, _MAX_PLACEHOLDER_BYTES)
+        put += queue.put_batch(np.array(missing), np.full(len(missing), span.start_pos),
+                               np.full(len(missing), size), np.zeros(len(missing), dtype=np.int64))
     return put
 
 

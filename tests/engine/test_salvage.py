@@ -243,3 +243,25 @@ def test_a_queue_rebuilt_by_routine_recovery_keeps_its_placeholder_past_the_span
         assert [(s.commit_pos, s.queue_offset) for s in skipped] == \
             [(results[VICTIM].commit_pos, VICTIM // 2)]
     assert check(tmp_path) == []
+
+
+def test_an_unreadable_last_record_of_a_queue_keeps_its_offset(tmp_path):
+    """No later record of queue 0 shows the offset the damaged record held; the entry the queue
+    had for it does, so the next message of queue 0 does not reuse that offset."""
+    store = MessageStore.open(tmp_path, SMALL_CONFIG)
+    results = store.put_batch([Message(TOPIC, body(i), queue_id=0) for i in range(20)])
+    results += store.put_batch([Message(TOPIC, body(i), queue_id=1) for i in range(20, 40)])
+    assert all(r.ok for r in results)
+    store.checkpoint()
+    die(store)
+    lag_derived_positions(tmp_path, results[10].commit_pos)
+    break_magic(tmp_path, results[19].commit_pos)
+    assert open_refused(tmp_path).commit_pos == results[19].commit_pos
+    with salvage(tmp_path) as store:
+        assert store.recovery_report.placeholder_entries == 1
+        bodies, skipped = read_queue(store, 0)
+        assert bodies == [body(i) for i in range(19)]
+        assert [(s.commit_pos, s.queue_offset) for s in skipped] == [(results[19].commit_pos, 19)]
+        assert store.put(TOPIC, b"next", queue_id=0).queue_offset == 20
+        assert read_queue(store, 1) == ([body(i) for i in range(20, 40)], [])
+    assert check(tmp_path) == []
