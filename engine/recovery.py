@@ -165,24 +165,13 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
                             checkpoint_problems=[] if fresh else list(loaded.problems))
     report.mode = mode.value
     report.index_shards_rebuilt = list(parts.damaged_shards)
-    accepted = load_accepted(parts.root)
     cp = loaded.checkpoint if mode is RecoveryMode.ROUTINE else None
     shard_positions = _shard_durable_positions(cp, len(parts.shards))
     for shard_no in parts.damaged_shards:
         shard_positions[shard_no] = 0
-    if mode is RecoveryMode.ROUTINE:  # before anything on disk changes
-        line = durable_line(loaded.checkpoint, parts.queues)
-        report.durable_pos = line.pos
-        refuse_loss_below(parts.commitlog, parts.queues, line, _scan_start(
-            cp, shard_positions, parts.commitlog.min_pos, _last_dispatched_pos(parts.queues)), accepted)
-    hidden: HiddenTails = {}
-    if mode is RecoveryMode.SALVAGE:
-        known = accepted
-        accepted = accept_new_damage(parts.root, parts.commitlog, known, now_ms())
-        report.damage_accepted = [asdict(s) for s in accepted if s not in known]
-        hidden = hidden_tails(parts.queues, accepted)
-    if mode is RecoveryMode.REBUILD:
-        accepted = []  # the rebuild cuts at the first invalid record, accepted or not
+    accepted, hidden = _damage_rule(parts, mode, loaded.checkpoint, _scan_start(
+        cp, shard_positions, parts.commitlog.min_pos, _last_dispatched_pos(parts.queues)), report,
+        now_ms())
     if mode is not RecoveryMode.ROUTINE:
         for queue in list(parts.queues):
             parts.queues.drop(queue.topic, queue.queue_id)
@@ -206,6 +195,24 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
     _finish(parts, report, cut_pos, [s for s in accepted if s.end_pos <= cut_pos])
     report.duration_ms = (time.monotonic() - started) * 1000
     return report
+
+
+def _damage_rule(parts: StoreParts, mode: RecoveryMode, checkpoint: Checkpoint | None, scan_start: int,
+                 report: RecoveryReport, now_ms: int) -> tuple[list[AcceptedSpan], HiddenTails]:
+    """Before anything on disk changes, the damage the scan may pass over: ROUTINE refuses damage
+    below the durable line that no salvage accepted; SALVAGE accepts the new damage (and notes
+    the queue offsets hidden in it); REBUILD passes over none (it cuts at the first)."""
+    accepted = load_accepted(parts.root)
+    if mode is RecoveryMode.ROUTINE:
+        line = durable_line(checkpoint, parts.queues)
+        report.durable_pos = line.pos
+        refuse_loss_below(parts.commitlog, parts.queues, line, scan_start, accepted)
+        return accepted, {}
+    if mode is RecoveryMode.REBUILD:
+        return [], {}
+    salvaged = accept_new_damage(parts.root, parts.commitlog, accepted, now_ms)
+    report.damage_accepted = [asdict(s) for s in salvaged if s not in accepted]
+    return salvaged, hidden_tails(parts.queues, salvaged)
 
 
 def _shard_durable_positions(cp: Checkpoint | None, shard_count: int) -> list[int]:
