@@ -45,6 +45,7 @@ class LogScan:
     keys: dict[str, array] = field(default_factory=lambda: {c: array("q") for c in _KEY_COLUMNS})
     filler_ends: list[int] = field(default_factory=list)
     bad_starts: set[int] = field(default_factory=set)  # reported as CORRUPT_RECORD / TORN_TAIL
+    accepted: list[tuple[int, int]] = field(default_factory=list)  # [start, end) noted ACCEPTED_DAMAGE
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     def add(self, record: Record, by_shard: dict[int, list[str]]) -> None:
@@ -75,6 +76,13 @@ class LogScan:
         bounds = self.arrays["boundaries"]
         i = int(np.searchsorted(bounds, pos))
         return i < len(bounds) and int(bounds[i]) == pos
+
+    def in_accepted(self, positions: np.ndarray) -> np.ndarray:
+        """Which positions lie inside accepted damage (a salvage's entries point there)."""
+        inside = np.zeros(len(positions), dtype=bool)
+        for start, end in self.accepted:
+            inside |= (positions >= start) & (positions < end)
+        return inside
 
     def topic_name(self, tid: int) -> str:
         return next((name for name, i in self.topic_ids.items() if i == tid), "?")
@@ -119,6 +127,7 @@ def _report_bad_regions(bad: list[BadRegion], scan: LogScan, out: FindingList,
         scan.bad_starts.add(start)
         if start < scan.data_end and is_accepted(accepted, start, region.resume_pos):
             span = span_at(accepted, start)
+            scan.accepted.append((start, region.resume_pos))
             noted.add(FindingKind.ACCEPTED_DAMAGE, region.path, f"{region.reason}; accepted by a "
                       f"salvage at {span.accepted_ms} ms (copy: {span.copy_path})", start)
         elif start >= scan.data_end:

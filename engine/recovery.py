@@ -47,7 +47,7 @@ from engine.salvage import (
     accept_new_damage,
     fill_queue_gaps,
     hidden_tails,
-    keep_damaged_entry,
+    keep_damaged_entries,
     restore_hidden_tails,
 )
 from engine.shard_index import ShardIndex
@@ -184,7 +184,7 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
     report.scan_start_pos = start_pos
     cut_pos, reason = _scan_and_redispatch(parts, start_pos, report, progress, accepted)
     if mode is RecoveryMode.SALVAGE:
-        report.placeholder_entries += restore_hidden_tails(parts.queues, hidden, accepted)
+        report.placeholder_entries += restore_hidden_tails(parts.queues, parts.commitlog, hidden, accepted)
     report.cut_pos = cut_pos
     if reason is not None:
         report.cut_reason = reason
@@ -269,7 +269,7 @@ def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
 
     def pass_span(span: AcceptedSpan) -> None:  # a damaged record keeps its entry (engine.salvage)
         passed.append(span)
-        report.cq_entries_redispatched += keep_damaged_entry(parts.queues, commitlog, span)
+        report.cq_entries_redispatched += keep_damaged_entries(parts.queues, commitlog, span)
 
     try:
         for run in ScanPastAccepted(commitlog, start_pos, accepted, on_span=pass_span):
@@ -279,7 +279,7 @@ def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
             report.records_scanned += cols.count
             report.bytes_scanned += int(cols.total_size.sum())
             if passed:
-                report.placeholder_entries += fill_queue_gaps(parts.queues, cols, passed)
+                report.placeholder_entries += fill_queue_gaps(parts.queues, commitlog, cols, passed)
             _redispatch(parts, cols, shard_count, report, broken)
             if progress is not None:
                 progress(pos - start_pos, max(end_hint, pos - start_pos))
@@ -322,12 +322,12 @@ def _rebuild_queues(parts: StoreParts, broken: set[tuple[str, int]], end_pos: in
 
     def pass_span(span: AcceptedSpan) -> None:
         passed.append(span)
-        keep_damaged_entry(parts.queues, parts.commitlog, span)
+        keep_damaged_entries(parts.queues, parts.commitlog, span)
 
     for run in ScanPastAccepted(parts.commitlog, parts.commitlog.min_pos, accepted, Verify.STRUCTURE,
                                 on_span=pass_span, end_pos=end_pos):
         cols = run.columns()
-        fill_queue_gaps(parts.queues, cols, passed)
+        fill_queue_gaps(parts.queues, parts.commitlog, cols, passed)
         for queue_key, rows in queue_groups(cols, consumable_rows(cols)):
             if queue_key in broken:
                 dispatch_columns_to_consume_queues(parts.queues, cols, rows)

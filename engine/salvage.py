@@ -6,11 +6,12 @@ record after damage below the durable line in place, and accept the damage.
 - Each damaged span's bytes are copied to quarantine/<start>.<ms>.damaged; the span is recorded
   in quarantine/accepted-damage.json (engine.accepted_damage) once queues and index are rebuilt.
 - Consume queues and index are rebuilt from the log, passing over the spans; commit positions
-  and queue offsets of every kept record stay as they were. A span whose record still decodes
-  without its checksums, fills the span exactly and holds its queue's next offset keeps its
-  entry. An offset a later record skips (a record whose header is unreadable) gets a
-  placeholder entry pointing at the first accepted span after the queue's previous entry:
-  readers read there, fail the checks, and report the offset as skipped. A gap with no accepted
+  and queue offsets of every kept record stay as they were. The records of a span are walked
+  without their checksums from its start: each that decodes, ends inside the span and holds its
+  queue's next offset keeps its entry. An offset a later record skips (a record whose header is
+  unreadable) gets a placeholder entry pointing at the first accepted span after the queue's
+  previous entry, at the span's first unreadable position (no record frame there, so every
+  reader, the columns read included, reports the offset as skipped). A gap with no accepted
   span before it stays an error. The last offsets of a queue have no later record to show them:
   those the consume queue held before the salvage, pointing into an accepted span, get a
   placeholder too (else the next message would reuse an offset a consumer may have passed).
@@ -26,6 +27,7 @@ import numpy as np
 
 from engine.accepted_damage import AcceptedSpan, is_accepted, span_at
 from engine.commitlog import CommitLog
+from engine.consume_queue import ConsumeQueue
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import consumable_rows, enters_consume_queue, queue_groups
 from engine.errors import BadInputError, CorruptRecordError
@@ -69,24 +71,27 @@ def accept_new_damage(root: Path, log: CommitLog, accepted: list[AcceptedSpan],
     return sorted(spans, key=lambda s: s.start_pos)
 
 
-def keep_damaged_entry(queues: ConsumeQueueTable, log: CommitLog, span: AcceptedSpan) -> bool:
-    """Put the consume-queue entry of the damaged record at `span` when it can be identified
-    (see the module doc); True when an entry was put."""
-    record = _structure_at(log, span)
-    if record is None or not enters_consume_queue(record.sys_flag, record.queue_offset):
-        return False
-    try:
-        queue = queues.get(record.topic, record.queue_id)
-        if queue is None:
-            queue = queues.get_or_create(record.topic, record.queue_id)
-        elif queue.max_offset != record.queue_offset:
-            return False
-    except BadInputError:
-        return False  # the damage is in its topic or queue id
-    return queue.put(record.queue_offset, record.commit_pos, record.total_size, record.tags_code)
+def keep_damaged_entries(queues: ConsumeQueueTable, log: CommitLog, span: AcceptedSpan) -> int:
+    """Put the consume-queue entries of the damaged records in `span` that can be identified
+    (see the module doc); returns how many were put."""
+    put = 0
+    for record in _structure_walk(log, span):
+        if not enters_consume_queue(record.sys_flag, record.queue_offset):
+            continue
+        try:
+            queue = queues.get(record.topic, record.queue_id)
+            if queue is None:
+                queue = queues.get_or_create(record.topic, record.queue_id)
+            elif queue.max_offset != record.queue_offset:
+                continue
+        except BadInputError:
+            continue  # the damage is in its topic or queue id
+        put += queue.put(record.queue_offset, record.commit_pos, record.total_size, record.tags_code)
+    return put
 
 
-def fill_queue_gaps(queues: ConsumeQueueTable, cols: DispatchColumns, passed: list[AcceptedSpan]) -> int:
+def fill_queue_gaps(queues: ConsumeQueueTable, log: CommitLog, cols: DispatchColumns,
+                    passed: list[AcceptedSpan]) -> int:
     """Placeholder entries for the offsets each queue of `cols` skips, when an accepted span
     lies after the queue's last entry; returns how many were put."""
     put = 0
@@ -99,10 +104,7 @@ def fill_queue_gaps(queues: ConsumeQueueTable, cols: DispatchColumns, passed: li
         span = next((s for s in passed if queue.max_commit_end <= s.start_pos < next_pos), None)
         if span is None:
             continue  # not explained by accepted damage: dispatch refuses the gap
-        count = first - queue.max_offset
-        size = min(span.end_pos - span.start_pos, _MAX_PLACEHOLDER_BYTES)
-        put += queue.put_batch(np.arange(queue.max_offset, first), np.full(count, span.start_pos),
-                               np.full(count, size), np.zeros(count, dtype=np.int64))
+        put += _put_placeholders(queue, list(range(queue.max_offset, first)), log, span)
     return put
 
 
@@ -125,7 +127,8 @@ def hidden_tails(queues: ConsumeQueueTable, spans: list[AcceptedSpan]) -> Hidden
     return hidden
 
 
-def restore_hidden_tails(queues: ConsumeQueueTable, hidden: HiddenTails, spans: list[AcceptedSpan]) -> int:
+def restore_hidden_tails(queues: ConsumeQueueTable, log: CommitLog, hidden: HiddenTails,
+                         spans: list[AcceptedSpan]) -> int:
     """After the rebuild: a placeholder for each hidden offset the rebuilt queue still ends
     before, pointing at the first accepted span after its last entry; returns how many."""
     put = 0
@@ -136,24 +139,39 @@ def restore_hidden_tails(queues: ConsumeQueueTable, hidden: HiddenTails, spans: 
         span = next((s for s in spans if queue.max_commit_end <= s.start_pos), None)
         if span is None:
             continue
-        missing = offsets[offsets.index(queue.max_offset):]
-        size = min(span.end_pos - span.start_pos, _MAX_PLACEHOLDER_BYTES)
-        put += queue.put_batch(np.array(missing), np.full(len(missing), span.start_pos),
-                               np.full(len(missing), size), np.zeros(len(missing), dtype=np.int64))
+        put += _put_placeholders(queue, offsets[offsets.index(queue.max_offset):], log, span)
     return put
 
 
-def _structure_at(log: CommitLog, span: AcceptedSpan) -> Record | None:
-    """The record at the span's start decoded without checksums, if it fills the span."""
+def _put_placeholders(queue: ConsumeQueue, offsets: list[int], log: CommitLog, span: AcceptedSpan) -> int:
+    """Entries at `offsets` (consecutive) pointing at the span's first unreadable position."""
+    pos = _unreadable_pos(log, span)
+    count = len(offsets)
+    size = min(span.end_pos - pos, _MAX_PLACEHOLDER_BYTES)
+    return queue.put_batch(np.array(offsets), np.full(count, pos), np.full(count, size),
+                           np.zeros(count, dtype=np.int64))
+
+
+def _structure_walk(log: CommitLog, span: AcceptedSpan) -> Iterator[Record]:
+    """The records from the span's start that decode without checksums and end inside it."""
     segment = log.segments.find(span.start_pos)
     base = log.segments.base_of(segment)
-    try:
-        record = decode_checked(segment, span.start_pos - base, base, Verify.STRUCTURE)
-    except CorruptRecordError:
-        return None
-    if isinstance(record, Filler) or record.end_pos != span.end_pos:
-        return None
-    return record
+    pos = span.start_pos
+    while pos < span.end_pos:
+        try:
+            record = decode_checked(segment, pos - base, base, Verify.STRUCTURE)
+        except CorruptRecordError:
+            return
+        if isinstance(record, Filler) or record.end_pos > span.end_pos:
+            return
+        yield record
+        pos = record.end_pos
+
+
+def _unreadable_pos(log: CommitLog, span: AcceptedSpan) -> int:
+    """The first position of the span where no record decodes even without checksums."""
+    ends = [record.end_pos for record in _structure_walk(log, span)]
+    return min(ends[-1] if ends else span.start_pos, span.end_pos - 1)
 
 
 def _span_chunks(log: CommitLog, start_pos: int, end_pos: int) -> Iterator[bytes]:

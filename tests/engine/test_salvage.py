@@ -265,3 +265,48 @@ def test_an_unreadable_last_record_of_a_queue_keeps_its_offset(tmp_path):
         assert store.put(TOPIC, b"next", queue_id=0).queue_offset == 20
         assert read_queue(store, 1) == ([body(i) for i in range(20, 40)], [])
     assert check(tmp_path) == []
+
+
+def flip_two(root, commit_pos: int) -> None:
+    """flip_body on the record at commit_pos and the one after it (one damaged span)."""
+    path, file_pos = segment_of(root, commit_pos)
+    flip_body(root, commit_pos)
+    flip_body(root, commit_pos + int.from_bytes(read(path, file_pos + TOTAL_SIZE_OFFSET, 4), "big"))
+
+
+def flip_then_break(root, commit_pos: int) -> None:
+    """flip_body on the record at commit_pos, break_magic on the one after it."""
+    path, file_pos = segment_of(root, commit_pos)
+    flip_body(root, commit_pos)
+    break_magic(root, commit_pos + int.from_bytes(read(path, file_pos + TOTAL_SIZE_OFFSET, 4), "big"))
+
+
+def test_every_record_of_a_span_that_still_decodes_keeps_its_own_entry(tmp_path):
+    results, _ = damaged_crash(tmp_path, flip_two)
+    with salvage(tmp_path) as store:
+        [span] = store.recovery_report.damage_accepted
+        assert (span["start_pos"], span["end_pos"]) == \
+            (results[VICTIM].commit_pos, results[VICTIM + 2].commit_pos)
+        assert store.recovery_report.placeholder_entries == 0
+        for queue_id in (0, 1):
+            bodies, skipped = read_queue(store, queue_id)
+            victim = VICTIM + queue_id
+            assert bodies == [body(i) for i in range(COUNT) if i % 2 == queue_id and i != victim]
+            assert [(s.commit_pos, s.queue_offset) for s in skipped] == \
+                [(results[victim].commit_pos, victim // 2)]
+    assert check(tmp_path) == []
+
+
+def test_a_placeholder_points_at_the_first_unreadable_position_of_its_span(tmp_path):
+    """A sound frame at the span's start belongs to another queue: the placeholder points past
+    it, where no record frame is, so no reader takes that record for the hidden one."""
+    results, _ = damaged_crash(tmp_path, flip_then_break)
+    hidden = results[VICTIM + 1]
+    with salvage(tmp_path) as store:
+        assert store.recovery_report.placeholder_entries == 1
+        assert store.queues.get(TOPIC, 1).entry(hidden.queue_offset).commit_pos == hidden.commit_pos
+        bodies, skipped = read_queue(store, 1)
+        assert bodies == [body(i) for i in range(COUNT) if i % 2 == 1 and i != VICTIM + 1]
+        assert [(s.commit_pos, s.queue_offset) for s in skipped] == [(hidden.commit_pos, hidden.queue_offset)]
+        assert read_queue(store, 0)[0] == others(0)
+    assert check(tmp_path) == []
