@@ -19,6 +19,9 @@ What is checked, and where
   resolves to a record key and carries that record's store time; slot heads and chains agree.
 - checkpoint (here; mqstore stores): readable, and every durable position is a record boundary
   at or before the end of valid data.
+- accepted damage (engine.accepted_damage): a corrupt record inside a span a salvage accepted
+  is listed in CheckSummary.accepted, not among the findings (it is known and kept on purpose);
+  damage outside every accepted span is a finding as before.
 
 Entries below the commitlog's min position are *expired* (retention deletes segments before
 the consume-queue and index files that point into them; see engine.retention), never corrupt.
@@ -34,12 +37,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.accepted_damage import AcceptedSpan, accepted_damage_path, load_accepted
 from engine.check_commitlog import LogScan, Progress, scan_log
 from engine.check_consume_queues import check_queues
 from engine.check_findings import MAX_FINDINGS_PER_FILE, Finding, FindingKind, FindingList, findings_to_json
 from engine.check_index import KeyProbe, check_index
 from engine.commitlog import CommitLog
-from engine.errors import CheckpointError, NotAStoreError, SegmentLayoutError
+from engine.errors import AcceptedDamageError, CheckpointError, NotAStoreError, SegmentLayoutError
 from engine.formats.checkpoint import decode_checkpoint, decode_rocketmq_checkpoint, is_rocketmq_checkpoint
 from engine.formats.record import Verify
 from engine.mapped_file import Access
@@ -62,6 +66,7 @@ class CheckSummary:
     min_pos: int
     end_pos: int
     findings: tuple[Finding, ...]
+    accepted: tuple[Finding, ...] = ()  # ACCEPTED_DAMAGE notes: not findings
 
 
 def check(root: Path | str, *, progress: Progress | None = None) -> list[Finding]:
@@ -76,6 +81,8 @@ def check_summary(root: Path | str, *, progress: Progress | None = None) -> Chec
     if kind is StoreKind.NEW:
         raise NotAStoreError("no store here (missing or empty directory)", path=str(root))
     out = FindingList(MAX_FINDINGS_PER_FILE)
+    noted = FindingList(MAX_FINDINGS_PER_FILE)
+    accepted = _load_accepted(root, out)
     if kind is StoreKind.MQSTORE:
         meta = read_meta(root)
         segment_bytes, verify = meta.commitlog_file_size, Verify.MQSTORE
@@ -93,7 +100,8 @@ def check_summary(root: Path | str, *, progress: Progress | None = None) -> Chec
     try:
         if meta is not None:
             keys = KeyProbe(root, meta.index_slot_count, meta.index_entry_count, shard_count)
-        scan = scan_log(log, verify, shard_count, None if keys is None else keys.probe, progress, out)
+        scan = scan_log(log, verify, shard_count, None if keys is None else keys.probe, progress, out,
+                        accepted, noted)
         if meta is not None:
             check_queues(root, meta.consume_queue_entries, scan, out)
             check_index(root, meta.index_slot_count, meta.index_entry_count, shard_count, scan, keys, out)
@@ -103,7 +111,16 @@ def check_summary(root: Path | str, *, progress: Progress | None = None) -> Chec
             keys.close()
         log.close()
     return CheckSummary(kind.value, scan.records, scan.bytes_scanned, scan.min_pos, scan.data_end,
-                        tuple(out.items))
+                        tuple(out.items), tuple(noted.items))
+
+
+def _load_accepted(root: Path, out: FindingList) -> list[AcceptedSpan]:
+    """The accepted spans; an unreadable list is a LAYOUT finding and accepts nothing."""
+    try:
+        return load_accepted(root)
+    except AcceptedDamageError as exc:
+        out.add(FindingKind.LAYOUT, exc.path or str(accepted_damage_path(root)), exc.message)
+        return []
 
 
 def _rocketmq_segment_bytes(root: Path) -> int:

@@ -2,7 +2,9 @@
 regions, and keep the valid records as columns for the consume-queue, index and checkpoint checks.
 
 Invalid bytes with valid records after them are CORRUPT_RECORD; invalid bytes after the last
-valid record are a TORN_TAIL, what a crash leaves until recovery cuts it.
+valid record are a TORN_TAIL, what a crash leaves until recovery cuts it. A corrupt record inside
+a span the operator accepted (`mqstore recover --salvage`, engine.accepted_damage) is noted as
+ACCEPTED_DAMAGE in a separate list: it is known and kept on purpose, not a finding.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.accepted_damage import AcceptedSpan, is_accepted, span_at
 from engine.check_findings import FindingKind, FindingList
 from engine.commitlog import CommitLog
 from engine.dispatch import enters_consume_queue, keys_by_shard
@@ -42,6 +45,7 @@ class LogScan:
     keys: dict[str, array] = field(default_factory=lambda: {c: array("q") for c in _KEY_COLUMNS})
     filler_ends: list[int] = field(default_factory=list)
     bad_starts: set[int] = field(default_factory=set)  # reported as CORRUPT_RECORD / TORN_TAIL
+    accepted: list[tuple[int, int]] = field(default_factory=list)  # [start, end) noted ACCEPTED_DAMAGE
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     def add(self, record: Record, by_shard: dict[int, list[str]]) -> None:
@@ -73,14 +77,22 @@ class LogScan:
         i = int(np.searchsorted(bounds, pos))
         return i < len(bounds) and int(bounds[i]) == pos
 
+    def in_accepted(self, positions: np.ndarray) -> np.ndarray:
+        """Which positions lie inside accepted damage (a salvage's entries point there)."""
+        inside = np.zeros(len(positions), dtype=bool)
+        for start, end in self.accepted:
+            inside |= (positions >= start) & (positions < end)
+        return inside
+
     def topic_name(self, tid: int) -> str:
         return next((name for name, i in self.topic_ids.items() if i == tid), "?")
 
 
 def scan_log(log: CommitLog, verify: Verify, shard_count: int, visit: RecordVisitor | None,
-             progress: Progress | None, out: FindingList) -> LogScan:
-    """Walk every record (each valid one also goes to `visit`); report bad regions; return the
-    valid records' columns."""
+             progress: Progress | None, out: FindingList, accepted: list[AcceptedSpan],
+             noted: FindingList) -> LogScan:
+    """Walk every record (each valid one also goes to `visit`); report bad regions (those inside
+    `accepted` spans go to `noted`); return the valid records' columns."""
     segs = log.segments
     scan = LogScan(min_pos=segs.min_pos, data_end=segs.min_pos)
     total = segs.end_pos - segs.min_pos
@@ -101,18 +113,24 @@ def scan_log(log: CommitLog, verify: Verify, shard_count: int, visit: RecordVisi
         if progress is not None and scan.data_end >= next_report:
             progress(scan.data_end - segs.min_pos, total)
             next_report = scan.data_end + _PROGRESS_STEP_BYTES
-    _report_bad_regions(bad, scan, out)
+    _report_bad_regions(bad, scan, out, accepted, noted)
     if progress is not None:
         progress(total, total)
     scan.freeze()
     return scan
 
 
-def _report_bad_regions(bad: list[BadRegion], scan: LogScan, out: FindingList) -> None:
+def _report_bad_regions(bad: list[BadRegion], scan: LogScan, out: FindingList,
+                        accepted: list[AcceptedSpan], noted: FindingList) -> None:
     for region in bad:
         start = region.start_pos
         scan.bad_starts.add(start)
-        if start >= scan.data_end:
+        if start < scan.data_end and is_accepted(accepted, start, region.resume_pos):
+            span = span_at(accepted, start)
+            scan.accepted.append((start, region.resume_pos))
+            noted.add(FindingKind.ACCEPTED_DAMAGE, region.path, f"{region.reason}; accepted by a "
+                      f"salvage at {span.accepted_ms} ms (copy: {span.copy_path})", start)
+        elif start >= scan.data_end:
             out.add(FindingKind.TORN_TAIL, region.path, f"bytes after the last valid record are not a "
                     f"record ({region.reason}); {region.resume_pos - start} bytes to the next record "
                     "or segment", start)

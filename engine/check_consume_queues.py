@@ -4,6 +4,8 @@ Every consumable record has exactly one entry, at its queue offset, with its com
 and tagsCode; every entry in [min_offset, max_offset) points at such a record; no entry points
 past the end of the log; offsets are contiguous; no two entries share a commit_pos. Entries
 below the log's min position are expired (retention deletes segments first), never corrupt.
+Entries pointing into damage a salvage accepted (the damaged records' own entries and
+placeholders, engine.salvage) are not matched against a record and may share a position.
 """
 
 from __future__ import annotations
@@ -106,14 +108,17 @@ def _check_queue(topic: str, queue_id: int, entries: np.ndarray, first: int, sca
         out.add(FindingKind.CQ_ENTRY_MISMATCH, path, f"offset {first + i}: entry ({cp[i]}, {size[i]}) "
                 "is not a live entry (negative, empty or below the log start)", int(cp[i]))
     live_idx = body[live[start:]]
-    at_bad = np.isin(cp[live_idx], np.fromiter(scan.bad_starts, dtype=np.int64))
+    at_bad = np.isin(cp[live_idx], np.fromiter(scan.bad_starts, dtype=np.int64)) \
+        | scan.in_accepted(cp[live_idx])  # a salvage's entries for damaged records point there
     past = cp[live_idx] + size[live_idx] > scan.data_end
     for i in live_idx[past & ~at_bad]:  # a reference to a reported bad record is not reported again
         out.add(FindingKind.CQ_PAST_END, path, f"offset {first + i}: entry [{cp[i]}, +{size[i]}) ends "
                 f"past the end of valid data {scan.data_end}", int(cp[i]))
     _match_entries(topic, queue_id, first, live_idx[~past & ~at_bad], cp, size, tags, scan, path, out)
     positions, counts = np.unique(cp[live_idx], return_counts=True)
-    for pos in positions[counts > 1]:
+    dup = (counts > 1) & ~np.isin(positions, np.fromiter(scan.bad_starts, dtype=np.int64)) \
+        & ~scan.in_accepted(positions)
+    for pos in positions[dup]:  # placeholders of a salvage share their damaged span's start
         offsets = (first + live_idx[cp[live_idx] == pos]).tolist()
         out.add(FindingKind.CQ_DUPLICATE, path, f"offsets {offsets} all point at {pos}", int(pos))
     _report_missing(topic, queue_id, first, cp, live, scan, path, out)

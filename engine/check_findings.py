@@ -30,6 +30,7 @@ class FindingKind(StrEnum):
     INDEX_KEY_MISSING = "index_key_missing"  # a record key that the index does not find
     CHECKPOINT_UNREADABLE = "checkpoint_unreadable"
     CHECKPOINT_INCONSISTENT = "checkpoint_inconsistent"  # a position past the data or mid-record
+    ACCEPTED_DAMAGE = "accepted_damage"  # inside a span a salvage accepted: noted, not a finding
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+from engine.accepted_damage import AcceptedSpan, ScanPastAccepted
 from engine.commitlog import CommitLog
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.errors import CorruptRecordError, StoreCorruptError
@@ -45,21 +46,22 @@ def durable_line(checkpoint: Checkpoint | None, queues: ConsumeQueueTable) -> Du
 
 
 def refuse_loss_below(commitlog: CommitLog, queues: ConsumeQueueTable, line: DurableLine,
-                      start_pos: int) -> None:
+                      start_pos: int, accepted: list[AcceptedSpan]) -> None:
     """Raise StoreCorruptError if recovery would cut below the line: a segment or the whole
     commitlog missing below it, or no valid record somewhere in [scan start, line), where the
     scan starts at recovery's `start_pos` or at the last record a consume queue points at below
     the line, whichever is first (so a zeroed segment the line falls in is seen even when
-    recovery's own scan starts at the line). Read-only: nothing on disk changes."""
+    recovery's own scan starts at the line). Damage the operator accepted (`accepted`, from a
+    salvage) is passed over. Read-only: nothing on disk changes."""
     _refuse_missing(commitlog, line)
     below = _last_record_start_below(queues, line.pos)
     scan_from = max(min(start_pos, below if below is not None else start_pos), commitlog.min_pos)
     if scan_from >= line.pos:
         return
-    bad = _first_bad_below(commitlog, scan_from, line.pos)
+    bad = _first_bad_below(commitlog, scan_from, line.pos, accepted)
     seg_base = scan_from - (scan_from - commitlog.min_pos) % commitlog.segment_bytes
-    if bad is not None and bad.pos == scan_from != seg_base:
-        bad = _first_bad_below(commitlog, seg_base, line.pos)  # scan_from may be no record boundary
+    if bad is not None and bad.pos == scan_from != seg_base:  # scan_from may be no record boundary
+        bad = _first_bad_below(commitlog, seg_base, line.pos, accepted)
     if bad is not None:
         raise _corrupt_at(commitlog, bad, line)
 
@@ -137,9 +139,11 @@ def _refuse_missing(commitlog: CommitLog, line: DurableLine) -> None:
             commit_pos=segs.end_pos, durable_pos=line.pos, path=str(missing))
 
 
-def _first_bad_below(commitlog: CommitLog, start_pos: int, line_pos: int) -> CorruptRecordError | None:
-    """The error of the first invalid record in [start_pos, line_pos), None if all are valid."""
-    scanner = commitlog.scan_batches(start_pos, verify=Verify.MQSTORE)
+def _first_bad_below(commitlog: CommitLog, start_pos: int, line_pos: int,
+                     accepted: list[AcceptedSpan]) -> CorruptRecordError | None:
+    """The error of the first invalid record in [start_pos, line_pos) outside the accepted
+    spans, None if all are valid."""
+    scanner = ScanPastAccepted(commitlog, start_pos, accepted)
     try:
         for _ in scanner:
             if scanner.pos >= line_pos:

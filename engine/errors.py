@@ -60,7 +60,8 @@ class CorruptRecordError(StoreError):
 
 class StoreCorruptError(StoreError):
     """Data the store already called durable is damaged or missing (below the durable line):
-    routine recovery refuses to cut it; the operator chooses (`mqstore recover --rebuild`)."""
+    routine recovery refuses to cut it; the operator chooses (`mqstore recover --rebuild` or
+    `--salvage`)."""
 
     def __init__(self, reason: str, *, commit_pos: int, durable_pos: int | None,
                  path: str | None = None, records_after: int = 0):
@@ -75,7 +76,20 @@ class StoreCorruptError(StoreError):
             "changed", path=path,
             hint="put back what is missing or damaged (from a copy) and start again, or run "
                  f"`mqstore recover --rebuild`: it keeps the log before commit_pos {commit_pos}, "
-                 "moves everything from there to quarantine/ and rebuilds consume queues and index")
+                 "moves everything from there to quarantine/ and rebuilds consume queues and index; "
+                 "or `mqstore recover --salvage`: it keeps every valid record in place and accepts "
+                 "the damaged bytes (readers skip and report their record)")
+
+
+class AcceptedDamageError(StoreError):
+    """The record of accepted damage (quarantine/accepted-damage.json) cannot be read: without
+    it the durable-line check cannot tell accepted damage from new damage."""
+
+    def __init__(self, reason: str, *, path: str):
+        self.reason = reason
+        super().__init__(f"accepted damage record unreadable: {reason}", path=path,
+                         hint="put the file back from a copy, or run `mqstore recover --salvage` "
+                              "again to record the damage anew")
 
 
 class CorruptConsumeQueueError(StoreError):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.accepted_damage import AcceptedSpan, ScanPastAccepted, load_accepted, save_accepted
 from engine.checkpoint import load_checkpoint, write_checkpoint
 from engine.commitlog import CommitLog
 from engine.config import StoreConfig
@@ -47,6 +48,14 @@ from engine.formats.record_scan import DispatchColumns
 from engine.log_walk import valid_records_between
 from engine.mapped_file import Access, ensure_dir, write_new_file
 from engine.naming import ABORT_FILE, QUARANTINE_DIR, quarantine_name
+from engine.salvage import (
+    HiddenTails,
+    accept_new_damage,
+    fill_queue_gaps,
+    hidden_tails,
+    keep_damaged_entries,
+    restore_hidden_tails,
+)
 from engine.shard_index import ShardIndex
 from engine.written_extent import written_end_estimate
 
@@ -65,10 +74,13 @@ class RecoveryMode(Enum):
     """ROUTINE: bounded by the checkpoint (after any stop or crash); cuts only past the durable
     line and refuses (StoreCorruptError) to cut below it. REBUILD: the operator's choice after
     such a refusal or a `check` finding: verify the whole log, cut at the first invalid record
-    wherever it is, and rebuild consume queues and index from what is kept."""
+    wherever it is, and rebuild consume queues and index from what is kept. SALVAGE: the other
+    choice: keep every valid record in place, accept the damaged spans between them
+    (engine.salvage) and rebuild consume queues and index past them."""
 
     ROUTINE = "routine"
     REBUILD = "rebuild"
+    SALVAGE = "salvage"
 
 
 def detect_shutdown(root: Path) -> ShutdownState:
@@ -98,6 +110,8 @@ class RecoveryReport:
     quarantined_bytes: int = 0  # every byte from cut_pos to the last non-zero byte of the log
     quarantined_records: int = 0  # valid records inside them, after the invalid bytes at cut_pos
     segments_removed: list[str] = field(default_factory=list)
+    damage_accepted: list[dict] = field(default_factory=list)  # spans a salvage accepted (new ones)
+    placeholder_entries: int = 0  # consume-queue entries put for records a damaged span hides
     queues_rebuilt: list[str] = field(default_factory=list)
     duration_ms: float = 0.0
 
@@ -124,6 +138,11 @@ class RecoveryReport:
             lines.append(f"  trimmed {self.cq_entries_trimmed} consume-queue entries, "
                          f"{self.index_entries_trimmed} index entries past the cut")
         lines += [f"  removed segment {s}" for s in self.segments_removed]
+        lines += [f"  accepted damage at {d['start_pos']}..{d['end_pos']} ({d['reason']}), kept in "
+                  f"place; its bytes copied to {d['copy_path']}" for d in self.damage_accepted]
+        if self.placeholder_entries:
+            lines.append(f"  {self.placeholder_entries} consume-queue entries point at damaged spans "
+                         "(readers report them as skipped)")
         lines += [f"  rebuilt consume queue {q}" for q in self.queues_rebuilt]
         lines += [f"  rebuilt index shard {n} (its files were unreadable and were quarantined)"
                   for n in self.index_shards_rebuilt]
@@ -152,16 +171,14 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
                             checkpoint_problems=[] if fresh else list(loaded.problems))
     report.mode = mode.value
     report.index_shards_rebuilt = list(parts.damaged_shards)
-    cp = None if mode is RecoveryMode.REBUILD else loaded.checkpoint
+    cp = loaded.checkpoint if mode is RecoveryMode.ROUTINE else None
     shard_positions = _shard_durable_positions(cp, len(parts.shards))
     for shard_no in parts.damaged_shards:
         shard_positions[shard_no] = 0
-    if mode is RecoveryMode.ROUTINE:  # before anything on disk changes
-        line = durable_line(loaded.checkpoint, parts.queues)
-        report.durable_pos = line.pos
-        refuse_loss_below(parts.commitlog, parts.queues, line, _scan_start(
-            cp, shard_positions, parts.commitlog.min_pos, _last_dispatched_pos(parts.queues)))
-    if mode is RecoveryMode.REBUILD:
+    accepted, hidden = _damage_rule(parts, mode, loaded.checkpoint, _scan_start(
+        cp, shard_positions, parts.commitlog.min_pos, _last_dispatched_pos(parts.queues)), report,
+        now_ms())
+    if mode is not RecoveryMode.ROUTINE:
         for queue in list(parts.queues):
             parts.queues.drop(queue.topic, queue.queue_id)
     parts.queues.recover_all()
@@ -171,7 +188,9 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
     start_pos = _scan_start(cp, shard_positions, parts.commitlog.min_pos,
                             _last_dispatched_pos(parts.queues))
     report.scan_start_pos = start_pos
-    cut_pos, reason = _scan_and_redispatch(parts, start_pos, report, progress)
+    cut_pos, reason = _scan_and_redispatch(parts, start_pos, report, progress, accepted)
+    if mode is RecoveryMode.SALVAGE:
+        report.placeholder_entries += restore_hidden_tails(parts.queues, parts.commitlog, hidden, accepted)
     report.cut_pos = cut_pos
     if reason is not None:
         report.cut_reason = reason
@@ -179,7 +198,7 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
         raise StoreCorruptError(f"recovery stopped below the durable line ({reason or 'zeros'})",
                                 commit_pos=cut_pos, durable_pos=report.durable_pos)
     _cut(parts, cut_pos, report, now_ms())
-    _finish(parts, report, cut_pos)
+    _finish(parts, report, cut_pos, [s for s in accepted if s.end_pos <= cut_pos])
     report.duration_ms = (time.monotonic() - started) * 1000
     return report
 
@@ -198,7 +217,8 @@ def refuse_damage_before_opening(root: Path, config: StoreConfig) -> None:
         for shard_no in _unreadable_shards(root, config):
             shard_positions[shard_no] = 0  # recovery rebuilds it: the scan starts lower
         start_pos = _scan_start(cp, shard_positions, commitlog.min_pos, _last_dispatched_pos(queues))
-        refuse_loss_below(commitlog, queues, durable_line(cp, queues), start_pos)
+        refuse_loss_below(commitlog, queues, durable_line(cp, queues), start_pos,
+                          load_accepted(root))
     finally:
         commitlog.close()
         queues.close()
@@ -214,6 +234,24 @@ def _unreadable_shards(root: Path, config: StoreConfig) -> list[int]:
         except CorruptIndexError:
             unreadable.append(shard_no)
     return unreadable
+
+
+def _damage_rule(parts: StoreParts, mode: RecoveryMode, checkpoint: Checkpoint | None, scan_start: int,
+                 report: RecoveryReport, now_ms: int) -> tuple[list[AcceptedSpan], HiddenTails]:
+    """Before anything on disk changes, the damage the scan may pass over: ROUTINE refuses damage
+    below the durable line that no salvage accepted; SALVAGE accepts the new damage (and notes
+    the queue offsets hidden in it); REBUILD passes over none (it cuts at the first)."""
+    accepted = load_accepted(parts.root)
+    if mode is RecoveryMode.ROUTINE:
+        line = durable_line(checkpoint, parts.queues)
+        report.durable_pos = line.pos
+        refuse_loss_below(parts.commitlog, parts.queues, line, scan_start, accepted)
+        return accepted, {}
+    if mode is RecoveryMode.REBUILD:
+        return [], {}
+    salvaged = accept_new_damage(parts.root, parts.commitlog, accepted, now_ms)
+    report.damage_accepted = [asdict(s) for s in salvaged if s not in accepted]
+    return salvaged, hidden_tails(parts.queues, salvaged)
 
 
 def _shard_durable_positions(cp: Checkpoint | None, shard_count: int) -> list[int]:
@@ -241,10 +279,12 @@ def _last_dispatched_pos(queues: ConsumeQueueTable) -> int | None:
 
 
 def _scan_and_redispatch(parts: StoreParts, start_pos: int, report: RecoveryReport,
-                         progress: Progress | None) -> tuple[int, str | None]:
-    """Walk valid records from start_pos, re-dispatching; return (cut_pos, reason or None)."""
+                         progress: Progress | None,
+                         accepted: list[AcceptedSpan]) -> tuple[int, str | None]:
+    """Walk valid records from start_pos past the accepted spans, re-dispatching; return
+    (cut_pos, reason or None)."""
     try:
-        return _scan_from(parts, start_pos, report, progress)
+        return _scan_from(parts, start_pos, report, progress, accepted)
     except CorruptRecordError as exc:
         if exc.pos != start_pos or start_pos == parts.commitlog.min_pos:
             raise
@@ -254,23 +294,31 @@ def _scan_and_redispatch(parts: StoreParts, start_pos: int, report: RecoveryRepo
     report.checkpoint_problems.append(f"no valid record at scan start {start_pos}; "
                                       f"rescanning from segment base {seg_base}")
     report.scan_start_pos = seg_base
-    return _scan_from(parts, seg_base, report, progress)
+    return _scan_from(parts, seg_base, report, progress, accepted)
 
 
 def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
-               progress: Progress | None) -> tuple[int, str | None]:
+               progress: Progress | None, accepted: list[AcceptedSpan]) -> tuple[int, str | None]:
     commitlog, shard_count = parts.commitlog, len(parts.shards)
     end_hint = max(written_end_estimate(commitlog.segments) - start_pos, 1)  # not preallocated bytes
     pos = start_pos
     broken: set[tuple[str, int]] = set()
     first = True
+    passed: list[AcceptedSpan] = []
+
+    def pass_span(span: AcceptedSpan) -> None:  # a damaged record keeps its entry (engine.salvage)
+        passed.append(span)
+        report.cq_entries_redispatched += keep_damaged_entries(parts.queues, commitlog, span)
+
     try:
-        for run in commitlog.scan_batches(start_pos, verify=Verify.MQSTORE):
+        for run in ScanPastAccepted(commitlog, start_pos, accepted, on_span=pass_span):
             first = False
             cols = run.columns()
             pos = cols.end_pos
             report.records_scanned += cols.count
             report.bytes_scanned += int(cols.total_size.sum())
+            if passed:
+                report.placeholder_entries += fill_queue_gaps(parts.queues, commitlog, cols, passed)
             _redispatch(parts, cols, shard_count, report, broken)
             if progress is not None:
                 progress(pos - start_pos, max(end_hint, pos - start_pos))
@@ -280,10 +328,10 @@ def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
             raise  # not known to be a record boundary: the caller rescans from the segment base
         pos = exc.pos
         if broken:
-            _rebuild_queues(parts, broken, pos, report)
+            _rebuild_queues(parts, broken, pos, report, accepted)
         return pos, None if _is_unwritten(commitlog, pos) else exc.reason
     if broken:
-        _rebuild_queues(parts, broken, pos, report)
+        _rebuild_queues(parts, broken, pos, report, accepted)
     return pos, None
 
 
@@ -303,13 +351,22 @@ def _redispatch(parts: StoreParts, cols: DispatchColumns, shard_count: int, repo
 
 
 def _rebuild_queues(parts: StoreParts, broken: set[tuple[str, int]], end_pos: int,
-                    report: RecoveryReport) -> None:
-    """A consume queue that disagrees with the commitlog is rebuilt from the commitlog."""
+                    report: RecoveryReport, accepted: list[AcceptedSpan]) -> None:
+    """A consume queue that disagrees with the commitlog is rebuilt from the commitlog (past
+    accepted damage as a salvage does; the other queues are complete, so this leaves them be)."""
     for topic, queue_id in sorted(broken):
         parts.queues.drop(topic, queue_id)
         report.queues_rebuilt.append(f"{topic}/{queue_id}")
-    for run in parts.commitlog.scan_batches(parts.commitlog.min_pos, end_pos, Verify.STRUCTURE):
+    passed: list[AcceptedSpan] = []
+
+    def pass_span(span: AcceptedSpan) -> None:
+        passed.append(span)
+        keep_damaged_entries(parts.queues, parts.commitlog, span)
+
+    for run in ScanPastAccepted(parts.commitlog, parts.commitlog.min_pos, accepted, Verify.STRUCTURE,
+                                on_span=pass_span, end_pos=end_pos):
         cols = run.columns()
+        fill_queue_gaps(parts.queues, parts.commitlog, cols, passed)
         for queue_key, rows in queue_groups(cols, consumable_rows(cols)):
             if queue_key in broken:
                 dispatch_columns_to_consume_queues(parts.queues, cols, rows)
@@ -397,8 +454,10 @@ def _zero_chunks(length_bytes: int) -> Iterator[bytes]:
         yield bytes(min(QUARANTINE_CHUNK_BYTES, length_bytes - start))
 
 
-def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int) -> None:
-    """Make every structure durable at cut_pos and record that in a fresh checkpoint."""
+def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int,
+            accepted: list[AcceptedSpan]) -> None:
+    """Make every structure durable at cut_pos, record the accepted damage below it (after the
+    queues that point at it), and record all that in a fresh checkpoint."""
     parts.commitlog.reset_positions(cut_pos, cut_pos)
     parts.queues.flush_all()
     for queue in parts.queues:
@@ -406,6 +465,8 @@ def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int) -> None:
     for shard in parts.shards:
         shard.mark_processed(cut_pos)
         shard.sync()
+    if accepted != load_accepted(parts.root):
+        save_accepted(parts.root, accepted)
     now = int(time.time() * 1000)
     write_checkpoint(parts.root, Checkpoint(
         physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now,

@@ -389,9 +389,9 @@ class MessageStore:
 
 def open_for_recovery(root: Path, config: StoreConfig, mode: RecoveryMode) -> StoreParts:
     """The writable parts `recover` works on, opened only once the mode allows writing: a routine
-    recovery first refuses damage below the durable line on a read-only view; a rebuild first
-    pads short segments with zeros (each logged at WARNING)."""
-    if mode is RecoveryMode.REBUILD:
+    recovery first refuses damage below the durable line on a read-only view; a rebuild or a
+    salvage first pads short segments with zeros (each logged at WARNING)."""
+    if mode is not RecoveryMode.ROUTINE:
         for path, size_bytes in pad_short_segments(root, config.commitlog_file_size):
             log.warning("extended short segment %s from %d bytes with zeros", path, size_bytes)
     else:

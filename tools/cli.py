@@ -216,15 +216,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------- offline
 def cmd_check(args: argparse.Namespace) -> int:
-    from engine.check import check, findings_to_json
+    from engine.check import check_summary, findings_to_json
 
-    findings = check(Path(args.store))
+    summary = check_summary(Path(args.store))
+    findings = list(summary.findings)
     if args.json:
         print(json.dumps(findings_to_json(findings), indent=2))
     else:
         for data in findings_to_json(findings):
             print("  ".join(f"{k}={v}" for k, v in data.items() if v not in (None, "")))
         print(f"{len(findings)} finding(s)" if findings else "store is consistent")
+    for data in findings_to_json(list(summary.accepted)):  # known damage, kept on purpose: no finding
+        print("  ".join(f"{k}={v}" for k, v in data.items() if v not in (None, "")), file=sys.stderr)
     return CliExit.FAILED if findings else CliExit.OK
 
 
@@ -316,10 +319,17 @@ def build_parser() -> argparse.ArgumentParser:
                 cmd_recover)
     p.add_argument("--config", help="TOML file with [store] settings")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--rebuild", dest="mode", action="store_const", const="rebuild", default="routine",
-                   help="after a STORE_CORRUPT refusal: verify the whole log, cut it at the first "
-                   "invalid record (everything from there goes to quarantine/), rebuild consume "
-                   "queues and index from what is kept")
+    choice = p.add_mutually_exclusive_group()
+    choice.add_argument("--rebuild", dest="mode", action="store_const", const="rebuild",
+                        default="routine",
+                        help="after a STORE_CORRUPT refusal: verify the whole log, cut it at the "
+                        "first invalid record (everything from there goes to quarantine/), "
+                        "rebuild consume queues and index from what is kept")
+    choice.add_argument("--salvage", dest="mode", action="store_const", const="salvage",
+                        help="after a STORE_CORRUPT refusal: keep every valid record in place, "
+                        "accept each damaged span between them (copied to quarantine/, listed in "
+                        "quarantine/accepted-damage.json; readers skip and report its record), "
+                        "rebuild consume queues and index past them")
 
     for name, help_text in DELEGATED.items():
         sub.add_parser(name, help=help_text, add_help=False)

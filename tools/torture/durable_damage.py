@@ -6,10 +6,14 @@ calls flushed, then check what an operator would see and do:
    rebuild command, and leaves the data files (commitlog, queues, index, checkpoint, abort,
    quarantine) byte-identical;
 2. `mqstore recover --rebuild` cuts the log at that record: the log before it is unchanged and
-   the quarantine file holds the log's bytes from it on, byte for byte (zeros past its end).
+   the quarantine file holds the log's bytes from it on, byte for byte (zeros past its end);
+   or, when a valid record follows the damaged one, the caller may choose `mqstore recover
+   --salvage`: it accepts a damaged span starting at that record and keeps every byte before
+   its cut (the torn tail past the last valid record, if any) in place.
 
-The acknowledged messages from the cut on are then lost by the operator's choice: the caller
-records an OperatorCut so that verification counts them apart from real losses.
+The acknowledged messages from the cut on (rebuild), or inside the accepted spans (salvage),
+are then lost by the operator's choice: the caller records an OperatorCut or AcceptedDamage so
+that verification counts them apart from real losses.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from engine.checkpoint import load_checkpoint
 from engine.config import StoreConfig
@@ -38,19 +43,28 @@ from tools.torture.processes import (
 DATA_DIRS = ("commitlog", "consumequeue", "index", "quarantine")
 
 
-def damage_below_line(root: Path, config: StoreConfig, rng: random.Random) -> int | None:
+class Damage(NamedTuple):
+    """The damaged record's commit position, and whether a valid record follows it (what a
+    salvage needs: without one, the damage is a tail and there is nothing to salvage)."""
+
+    commit_pos: int
+    followed: bool
+
+
+def damage_below_line(root: Path, config: StoreConfig, rng: random.Random) -> Damage | None:
     """Flip one byte (random place, random mask) in the last record ending at or before the
-    checkpoint's flushed position; its commit_pos, or None when there is no such record.
-    Recovery verifies that record whatever it scans: it is the last one below the line."""
+    checkpoint's flushed position; None when there is no such record. Recovery verifies that
+    record whatever it scans: it is the last one below the line."""
     loaded = load_checkpoint(root).checkpoint
     if loaded is None:
         return None
-    below = [s for s in record_spans(root, config) if s[3] + s[2] <= loaded.commitlog_flushed_pos]
+    spans = record_spans(root, config)
+    below = [s for s in spans if s[3] + s[2] <= loaded.commitlog_flushed_pos]
     if not below:
         return None
     path, file_pos, size, commit_pos = below[-1]
     flip_byte(path, file_pos + rng.randrange(size), rng.randrange(1, 256))
-    return commit_pos
+    return Damage(commit_pos, len(spans) > len(below))
 
 
 def expect_refused_start(store: StoreProcess, commit_pos: int) -> None:
@@ -91,6 +105,27 @@ def rebuild_and_compare(store: StoreProcess, commit_pos: int) -> int:
         raise TortureError(f"the rebuild at {commit_pos} did not keep the log before it and "
                            "quarantine the rest byte for byte")
     return len(quarantined)
+
+
+def salvage_and_compare(store: StoreProcess, commit_pos: int) -> tuple[int, list[tuple[int, int]]]:
+    """`mqstore recover --salvage`; check that it accepted damage from `commit_pos` and kept
+    the log before its cut in place; return (cut_pos, the accepted spans as (start, end))."""
+    base, damaged = log_bytes(store.root)
+    done = subprocess.run([sys.executable, "-m", "tools.cli", "recover", "--store", str(store.root),
+                           "--config", str(store.config_path), "--salvage", "--json"],
+                          cwd=REPO_ROOT, env=child_env(store.env), capture_output=True, text=True,
+                          timeout=START_TIMEOUT_S)
+    if done.returncode != 0:
+        raise TortureError(f"mqstore recover --salvage exited {done.returncode}: {done.stderr}")
+    report = json.loads(done.stdout)
+    spans = [(d["start_pos"], d["end_pos"]) for d in report["damage_accepted"]]
+    if report["mode"] != "salvage" or commit_pos not in [start for start, _ in spans]:
+        raise TortureError(f"the salvage accepted {spans}, not the damage at {commit_pos}")
+    cut = report["cut_pos"] - base
+    if log_bytes(store.root)[1][:cut] != damaged[:cut]:
+        raise TortureError(f"the salvage of the damage at {commit_pos} changed the log before "
+                           f"its cut at {report['cut_pos']}")
+    return report["cut_pos"], spans
 
 
 def data_files(root: Path) -> dict[str, str]:

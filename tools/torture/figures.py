@@ -54,6 +54,8 @@ class Figures:
     lost_unflushed: int = 0
     lost_to_rebuild: int = 0
     rebuilds: int = 0  # damage below the durable line: start refused, the operator rebuilt
+    lost_to_salvage: int = 0
+    salvages: int = 0  # damage below the durable line: start refused, the operator salvaged
     duplicated: int = 0
     mismatched: int = 0
     index_missing: int = 0
@@ -98,7 +100,8 @@ class Figures:
             "stores": self.stores, "kills": dict(self.kills), "restarts": dict(self.restarts),
             "acked": self.acked, "timed_out": self.timed_out, "lost": self.lost,
             "lost_unflushed": self.lost_unflushed, "lost_to_rebuild": self.lost_to_rebuild,
-            "rebuilds": self.rebuilds, "duplicated": self.duplicated,
+            "rebuilds": self.rebuilds, "salvages": self.salvages,
+            "lost_to_salvage": self.lost_to_salvage, "duplicated": self.duplicated,
             "mismatched": self.mismatched, "index_missing": self.index_missing,
             "check_findings": self.check_findings, "unclean_stops": self.unclean_stops,
             "recovery_ms": self.latency_summary(self.recovery_ms),
@@ -132,6 +135,10 @@ class Figures:
         if self.rebuilds:
             out.append(f"  damage below the durable line: {self.rebuilds} refused start(s), each "
                        f"then rebuilt; acknowledged messages cut by the rebuilds {self.lost_to_rebuild}")
+        if self.salvages:
+            out.append(f"  damage below the durable line: {self.salvages} refused start(s), each "
+                       f"then salvaged; acknowledged messages in the accepted damage "
+                       f"{self.lost_to_salvage}")
         out += [
             f"  mismatched {self.mismatched}, index misses {self.index_missing}, check findings "
             f"{self.check_findings}, unclean stops {self.unclean_stops}",

@@ -13,7 +13,8 @@ One round:
      control block, then everything is killed and tools.torture.faults drops what the page
      cache had not written back before the restart; every `damage_every`th power loss also
      flips a byte below the durable line (tools.torture.durable_damage): the start must refuse
-     it and the operator's `mqstore recover --rebuild` cut there before the restart;
+     it and the operator's `mqstore recover --rebuild` cut there before the restart (every
+     second such damage that a valid record follows: `mqstore recover --salvage` instead);
    - dispatcher / index (a random shard): the supervisor restarts it; we wait for the new pid
      to run;
    - producer: one producer process dies mid-request; a new one takes its place;
@@ -54,7 +55,12 @@ from ipc.control_block import (
     SUPERVISOR_GROUP_OFFSET,
     Role,
 )
-from tools.torture.durable_damage import damage_below_line, expect_refused_start, rebuild_and_compare
+from tools.torture.durable_damage import (
+    damage_below_line,
+    expect_refused_start,
+    rebuild_and_compare,
+    salvage_and_compare,
+)
 from tools.torture.faults import DurablePositions, Tear, simulate_power_loss
 from tools.torture.figures import Figures, RoundRecord
 from tools.torture.hostile import acks_path, attack, verify_hostile_acks
@@ -67,7 +73,14 @@ from tools.torture.processes import (
     wait_until,
     write_store_config,
 )
-from tools.torture.verify import OperatorCut, PowerLoss, VerifyState, store_config, verify_store
+from tools.torture.verify import (
+    AcceptedDamage,
+    OperatorCut,
+    PowerLoss,
+    VerifyState,
+    store_config,
+    verify_store,
+)
 
 KILL_TARGETS = ("supervisor", "dispatcher", "index", "producer")  # what `random` picks from
 TARGETS = (*KILL_TARGETS, "hostile")
@@ -134,6 +147,7 @@ class TortureRun:
         self.figures = Figures(seed=self.seed, flush=s.flush, fault=s.fault, target=s.target)
         self._tag_seq = 0
         self._power_loss_count = 0
+        self._damages = 0  # damages below the durable line so far: every second one is salvaged
         self._acked_in_old_stores = self._timed_out_in_old_stores = 0
         self._statuses_in_old_stores: Counter[str] = Counter()
         self._round_tags: list[str] = []
@@ -291,18 +305,35 @@ class TortureRun:
         self.state.log.invalidate_from(int(match.group(1)) if match else 0)
 
     def _damage_below_line(self, record: RoundRecord) -> None:
-        """Flip a byte below the durable line: start must refuse, the operator's rebuild cut there
-        and quarantine the rest byte for byte (tools.torture.durable_damage)."""
-        commit_pos = damage_below_line(self.root, store_config(self.root), self.rng)
-        if commit_pos is None:
+        """Flip a byte below the durable line: start must refuse; the operator's rebuild cut there
+        and quarantine the rest byte for byte, or (every second damage a valid record follows)
+        the operator's salvage keep everything else in place (tools.torture.durable_damage)."""
+        damage = damage_below_line(self.root, store_config(self.root), self.rng)
+        if damage is None:
             return
+        commit_pos = damage.commit_pos
         expect_refused_start(self.store, commit_pos)
+        self._damages += 1
+        if damage.followed and self._damages % 2 == 0:
+            self._salvage(record, commit_pos)
+            return
         quarantined = rebuild_and_compare(self.store, commit_pos)
         self.state.operator_cuts.append(OperatorCut(time.time_ns() // 1_000_000, commit_pos))
         self.state.log.invalidate_from(commit_pos)
         self.figures.rebuilds += 1
         record.power_loss += (f"; damage at {commit_pos} below the durable line: start refused, "
                               f"rebuild quarantined {quarantined} bytes")
+
+    def _salvage(self, record: RoundRecord, commit_pos: int) -> None:
+        cut_pos, spans = salvage_and_compare(self.store, commit_pos)
+        at_ms = time.time_ns() // 1_000_000
+        for start, end in spans:
+            self.state.salvages.append(AcceptedDamage(at_ms, start, end))
+            self.state.log.forget_span(start, end)
+        self.state.log.invalidate_from(cut_pos)
+        self.figures.salvages += 1
+        record.power_loss += (f"; damage at {commit_pos} below the durable line: start refused, "
+                              f"salvage accepted {spans}, cut at {cut_pos}")
 
     def _freeze(self, children: list[int]) -> DurablePositions:
         """SIGSTOP the supervisor and its children; the durable positions at that instant."""
@@ -369,6 +400,7 @@ class TortureRun:
         f.lost = len(report.lost)
         f.lost_unflushed += len(report.lost_unflushed)
         f.lost_to_rebuild += len(report.lost_to_rebuild)
+        f.lost_to_salvage += len(report.lost_to_salvage)
         f.duplicated = len(report.duplicated)
         f.mismatched = len(report.mismatched)
         f.index_missing = len(report.index_missing)

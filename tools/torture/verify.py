@@ -17,8 +17,10 @@ Under async flush a power loss may take acknowledged messages that were not flus
 those whose record ends past the flushed position of a power loss that came after their
 acknowledgement are counted as `lost_unflushed` (reported, allowed). Those from the cut of an
 operator's rebuild on (after damage below the durable line, tools.torture.durable_damage) are
-`lost_to_rebuild` (reported, chosen). Every other loss counts as `lost` (a failure under any
-flush policy).
+`lost_to_rebuild` (reported, chosen). A record inside a span an operator's salvage accepted
+(`mqstore recover --salvage`) is `lost_to_salvage` (reported, chosen: exactly the damaged
+records; the log scan goes on past the span). Every other loss counts as `lost` (a failure
+under any flush policy).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from engine.accepted_damage import AcceptedSpan, load_accepted, span_at
 from engine.check import check
 from engine.commitlog import CommitLog
 from engine.config import StoreConfig
@@ -72,6 +75,14 @@ class OperatorCut(NamedTuple):
     cut_pos: int
 
 
+class AcceptedDamage(NamedTuple):
+    """An operator's salvage accepted [start_pos, end_pos) as damaged at `at_ms`."""
+
+    at_ms: int
+    start_pos: int
+    end_pos: int
+
+
 @dataclass
 class LogIndex:
     """Identity -> where it occurs in the commitlog, kept across rounds."""
@@ -91,23 +102,41 @@ class LogIndex:
                 del self.by_identity[identity]
         self.scanned_end = cut_pos
 
-    def scan(self, commitlog: CommitLog) -> int:
-        """Read records from where the last scan ended to the end of the log; returns how many."""
-        start = max(self.scanned_end, commitlog.min_pos)
+    def forget_span(self, start_pos: int, end_pos: int) -> None:
+        """A salvage accepted [start_pos, end_pos) as damaged: what was seen there is gone."""
+        for identity in list(self.by_identity):
+            kept = [s for s in self.by_identity[identity] if not start_pos <= s.commit_pos < end_pos]
+            if kept:
+                self.by_identity[identity] = kept
+            else:
+                del self.by_identity[identity]
+
+    def scan(self, commitlog: CommitLog, accepted: list[AcceptedSpan]) -> int:
+        """Read records from where the last scan ended to the end of the log, past the accepted
+        damaged spans; returns how many."""
+        pos = max(self.scanned_end, commitlog.min_pos)
         count = 0
-        scanner = commitlog.scan(start, verify=Verify.MQSTORE)
-        try:
-            for record in scanner:
-                count += 1
-                identity = record.properties.get(IDENTITY_PROPERTY)
-                if identity is not None:
-                    self.by_identity[identity].append(Seen(
-                        record.commit_pos, record.total_size, record.topic, record.queue_id,
-                        record.queue_offset, body_digest(record.body), record.keys, record.tags))
-        except CorruptRecordError:
-            pass  # the end of written data (check() has already judged what lies there)
+        while True:
+            scanner = commitlog.scan(pos, verify=Verify.MQSTORE)
+            try:
+                for record in scanner:
+                    count += 1
+                    self._add(record)
+            except CorruptRecordError:
+                span = span_at(accepted, scanner.pos)
+                if span is not None:
+                    pos = span.end_pos
+                    continue
+            break  # the end of written data (check() has already judged what lies there)
         self.scanned_end = scanner.pos
         return count
+
+    def _add(self, record) -> None:
+        identity = record.properties.get(IDENTITY_PROPERTY)
+        if identity is not None:
+            self.by_identity[identity].append(Seen(
+                record.commit_pos, record.total_size, record.topic, record.queue_id,
+                record.queue_offset, body_digest(record.body), record.keys, record.tags))
 
 
 @dataclass
@@ -117,6 +146,7 @@ class VerifyState:
     log: LogIndex = field(default_factory=LogIndex)
     power_losses: list[PowerLoss] = field(default_factory=list)
     operator_cuts: list[OperatorCut] = field(default_factory=list)
+    salvages: list[AcceptedDamage] = field(default_factory=list)
     lost_accounted: set[str] = field(default_factory=set)
     index_verified: set[str] = field(default_factory=set)
 
@@ -131,6 +161,7 @@ class VerifyReport:
     lost: list[str] = field(default_factory=list)
     lost_unflushed: list[str] = field(default_factory=list)
     lost_to_rebuild: list[str] = field(default_factory=list)  # cut by an OperatorCut: chosen
+    lost_to_salvage: list[str] = field(default_factory=list)  # inside an AcceptedDamage: chosen
     duplicated: list[str] = field(default_factory=list)
     mismatched: list[str] = field(default_factory=list)
     index_missing: list[str] = field(default_factory=list)
@@ -160,7 +191,7 @@ def verify_store(root: Path, entries: list[LedgerEntry], state: VerifyState) -> 
     shards = [ShardIndex.load(root, n, config.index_slot_count, config.index_entry_count,
                               Access.READ_ONLY) for n in range(config.index_shards)]
     try:
-        report.records_scanned = state.log.scan(commitlog)
+        report.records_scanned = state.log.scan(commitlog, load_accepted(root))
         report.duplicated = sorted(i for i, seen in state.log.by_identity.items() if len(seen) > 1)
         found = _verify_entries(entries, state, report)
         _verify_queue_entries(found, queues, report)
@@ -205,6 +236,10 @@ def _account_loss(entry: LedgerEntry, state: VerifyState, report: VerifyReport) 
         state.lost_accounted.add(entry.identity)
     elif any(cut.at_ms >= entry.ack_ms and entry.end_pos > cut.cut_pos for cut in state.operator_cuts):
         report.lost_to_rebuild.append(entry.identity)
+        state.lost_accounted.add(entry.identity)
+    elif any(s.at_ms >= entry.ack_ms and s.start_pos <= entry.commit_pos < s.end_pos
+             for s in state.salvages):
+        report.lost_to_salvage.append(entry.identity)
         state.lost_accounted.add(entry.identity)
     else:
         report.lost.append(entry.identity)
