@@ -15,12 +15,10 @@ Step order (each step leaves a state the next run of recovery can finish):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-
-import numpy as np
 
 from engine.accepted_damage import AcceptedSpan, ScanPastAccepted, load_accepted, save_accepted
 from engine.checkpoint import load_checkpoint, write_checkpoint
@@ -45,9 +43,9 @@ from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
 from engine.formats.record_scan import DispatchColumns
-from engine.log_walk import valid_records_between
-from engine.mapped_file import Access, ensure_dir, write_new_file
-from engine.naming import ABORT_FILE, QUARANTINE_DIR, quarantine_name
+from engine.log_tail import data_segments_after, is_unwritten, quarantine_tail, segment_base
+from engine.mapped_file import Access
+from engine.naming import ABORT_FILE, QUARANTINE_DIR
 from engine.salvage import (
     HiddenTails,
     accept_new_damage,
@@ -60,7 +58,6 @@ from engine.shard_index import ShardIndex
 from engine.written_extent import written_end_estimate
 
 Progress = Callable[[int, int], None]
-QUARANTINE_CHUNK_BYTES = 8 << 20  # the cut-off tail is copied to its quarantine file this much at a time
 
 
 class ShutdownState(Enum):
@@ -323,13 +320,13 @@ def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
             if progress is not None:
                 progress(pos - start_pos, max(end_hint, pos - start_pos))
     except CorruptRecordError as exc:
-        if first and exc.pos == start_pos and start_pos != _segment_base(commitlog, start_pos) \
-                and not _is_unwritten(commitlog, exc.pos):
+        if first and exc.pos == start_pos and start_pos != segment_base(commitlog, start_pos) \
+                and not is_unwritten(commitlog, exc.pos):
             raise  # not known to be a record boundary: the caller rescans from the segment base
         pos = exc.pos
         if broken:
             _rebuild_queues(parts, broken, pos, report, accepted)
-        return pos, None if _is_unwritten(commitlog, pos) else exc.reason
+        return pos, None if is_unwritten(commitlog, pos) else exc.reason
     if broken:
         _rebuild_queues(parts, broken, pos, report, accepted)
     return pos, None
@@ -372,86 +369,19 @@ def _rebuild_queues(parts: StoreParts, broken: set[tuple[str, int]], end_pos: in
                 dispatch_columns_to_consume_queues(parts.queues, cols, rows)
 
 
-def _is_unwritten(commitlog: CommitLog, pos: int) -> bool:
-    """True when every byte from pos to the end of the log is zero: a clean end, not a tear."""
-    segments = commitlog.segments
-    segment = segments.find(pos)
-    if segment is None:
-        return True
-    base = segments.base_of(segment)
-    if not segment.is_zero(pos - base):
-        return False
-    return all(s.is_zero() for s in segments.segments if segments.base_of(s) > base)
-
-
 def _cut(parts: StoreParts, cut_pos: int, report: RecoveryReport, now_ms: int) -> None:
     """Quarantine whatever lies past cut_pos, then truncate every structure there."""
     commitlog = parts.commitlog
-    if not _is_unwritten(commitlog, cut_pos):
-        tail_end = _tail_end(commitlog, cut_pos)
-        directory = ensure_dir(parts.root / QUARANTINE_DIR)
-        path = directory / quarantine_name(cut_pos, now_ms)
-        write_new_file(path, _tail_chunks(commitlog, cut_pos, tail_end))
-        report.quarantine_path = str(path)
-        report.quarantined_bytes = tail_end - cut_pos
-        report.quarantined_records = valid_records_between(commitlog, cut_pos, tail_end, Verify.MQSTORE).count
-    seg = commitlog.segments
-    cut_base = _segment_base(commitlog, cut_pos)
-    report.segments_removed = [s.path.name for s in seg.segments
-                               if seg.base_of(s) > cut_base and _holds_data(s)]
+    tail = quarantine_tail(commitlog, parts.root / QUARANTINE_DIR, cut_pos, now_ms)
+    if tail is not None:
+        report.quarantine_path = str(tail.path)
+        report.quarantined_bytes = tail.size_bytes
+        report.quarantined_records = tail.valid_records
+    report.segments_removed = [path.name for path in data_segments_after(commitlog, cut_pos)]
     commitlog.truncate_to(cut_pos)
     report.cq_entries_trimmed += parts.queues.truncate_all_from(cut_pos)
     for shard in parts.shards:
         report.index_entries_trimmed += shard.trim_from(cut_pos)
-
-
-def _holds_data(segment) -> bool:
-    """A preallocated (all-zero) segment is not data; removing it is not worth reporting."""
-    return not segment.is_zero()
-
-
-def _segment_base(commitlog: CommitLog, pos: int) -> int:
-    seg = commitlog.segments
-    return pos - (pos - seg.min_pos) % seg.segment_bytes if seg.segments else 0
-
-
-def _tail_end(commitlog: CommitLog, cut_pos: int) -> int:
-    """The position after the last non-zero byte at or past cut_pos (cut_pos if there is none):
-    the end of what the cut removes. Read backwards a chunk at a time, holes skipped."""
-    seg = commitlog.segments
-    for segment in reversed(seg.segments):
-        base = seg.base_of(segment)
-        if base + segment.size_bytes <= cut_pos:
-            break
-        for lo, hi in reversed(segment.data_ranges(max(cut_pos - base, 0))):
-            for stop in range(hi, lo, -QUARANTINE_CHUNK_BYTES):
-                start = max(stop - QUARANTINE_CHUNK_BYTES, lo)
-                chunk = np.frombuffer(segment.read(start, stop - start), dtype=np.uint8)
-                if chunk.any():
-                    return base + stop - int(np.argmax(chunk[::-1] != 0))
-    return cut_pos
-
-
-def _tail_chunks(commitlog: CommitLog, cut_pos: int, end_pos: int) -> Iterator[memoryview | bytes]:
-    """The log's bytes [cut_pos, end_pos) in order, at most QUARANTINE_CHUNK_BYTES at a time
-    (views of the segments; a hole of a sparse segment, or a missing segment, reads as zeros)."""
-    seg = commitlog.segments
-    pos = cut_pos
-    for segment in seg.segments:
-        base = seg.base_of(segment)
-        if base + segment.size_bytes <= pos or base >= end_pos:
-            continue
-        for lo, hi in segment.data_ranges(max(pos - base, 0), end_pos - base):
-            yield from _zero_chunks(base + lo - pos)
-            for start in range(lo, hi, QUARANTINE_CHUNK_BYTES):
-                yield segment.read(start, min(QUARANTINE_CHUNK_BYTES, hi - start))
-            pos = base + hi
-    yield from _zero_chunks(end_pos - pos)
-
-
-def _zero_chunks(length_bytes: int) -> Iterator[bytes]:
-    for start in range(0, length_bytes, QUARANTINE_CHUNK_BYTES):
-        yield bytes(min(QUARANTINE_CHUNK_BYTES, length_bytes - start))
 
 
 def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int,

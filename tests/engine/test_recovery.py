@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import recovery as recovery_module
+from engine import log_tail
 from engine.check import FindingKind, check
 from engine.checkpoint import CheckpointSource, write_checkpoint
 from engine.formats.checkpoint import MQSTORE_PART_POS, Checkpoint
@@ -229,7 +229,7 @@ def test_quarantine_is_streamed_in_chunks_byte_identical_with_the_same_count(tmp
     copy_store(tmp_path / "a", tmp_path / "b")  # a plain copy: no holes in its last segment
     with reopen(tmp_path / "b") as store:
         default = store.recovery_report
-    monkeypatch.setattr(recovery_module, "QUARANTINE_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(log_tail, "QUARANTINE_CHUNK_BYTES", chunk_bytes)
     with reopen(tmp_path / "a") as store:
         chunked = store.recovery_report
     assert quarantined(tmp_path / "a") == quarantined(tmp_path / "b") == [removed]
