@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from engine.accepted_damage import load_accepted
 from engine.checkpoint import load_checkpoint
 from engine.config import StoreConfig
 from engine.naming import ABORT_FILE, CHECKPOINT_FILE, commitlog_dir, is_segment_name, name_to_offset
@@ -84,9 +85,11 @@ def expect_refused_start(store: StoreProcess, commit_pos: int) -> None:
         raise TortureError(f"the refused start changed the store's data files: {changed}")
 
 
-def rebuild_and_compare(store: StoreProcess, commit_pos: int) -> int:
-    """`mqstore recover --rebuild`; check the cut and the quarantine against the log's bytes
-    before it; return the quarantined byte count."""
+def rebuild_and_compare(store: StoreProcess, commit_pos: int) -> tuple[int, int]:
+    """`mqstore recover --rebuild`; check the cut (at the damage, or at the first span an earlier
+    salvage accepted before it: a rebuild keeps no damage) and the quarantine against the log's
+    bytes before it; return (cut_pos, quarantined byte count)."""
+    cut_pos = min([commit_pos, *(span.start_pos for span in load_accepted(store.root))])
     base, damaged = log_bytes(store.root)
     done = subprocess.run([sys.executable, "-m", "tools.cli", "recover", "--store", str(store.root),
                            "--config", str(store.config_path), "--rebuild", "--json"],
@@ -95,16 +98,17 @@ def rebuild_and_compare(store: StoreProcess, commit_pos: int) -> int:
     if done.returncode != 0:
         raise TortureError(f"mqstore recover --rebuild exited {done.returncode}: {done.stderr}")
     report = json.loads(done.stdout)
-    if (report["mode"], report["cut_pos"]) != ("rebuild", commit_pos):
-        raise TortureError(f"the rebuild cut at {report['cut_pos']}, not at the damage {commit_pos}")
-    cut = commit_pos - base
+    if (report["mode"], report["cut_pos"]) != ("rebuild", cut_pos):
+        raise TortureError(f"the rebuild cut at {report['cut_pos']}, not at {cut_pos} (damage at "
+                           f"{commit_pos})")
+    cut = cut_pos - base
     kept = log_bytes(store.root)[1][:cut]
     quarantined = Path(report["quarantine_path"]).read_bytes() if report["quarantine_path"] else b""
     end = cut + len(quarantined)
     if kept != damaged[:cut] or quarantined != damaged[cut:end] or damaged[end:].strip(b"\0"):
-        raise TortureError(f"the rebuild at {commit_pos} did not keep the log before it and "
+        raise TortureError(f"the rebuild at {cut_pos} did not keep the log before it and "
                            "quarantine the rest byte for byte")
-    return len(quarantined)
+    return cut_pos, len(quarantined)
 
 
 def salvage_and_compare(store: StoreProcess, commit_pos: int) -> tuple[int, list[tuple[int, int]]]:

@@ -317,12 +317,12 @@ class TortureRun:
         if damage.followed and self._damages % 2 == 0:
             self._salvage(record, commit_pos)
             return
-        quarantined = rebuild_and_compare(self.store, commit_pos)
-        self.state.operator_cuts.append(OperatorCut(time.time_ns() // 1_000_000, commit_pos))
-        self.state.log.invalidate_from(commit_pos)
+        cut_pos, quarantined = rebuild_and_compare(self.store, commit_pos)
+        self.state.operator_cuts.append(OperatorCut(time.time_ns() // 1_000_000, cut_pos))
+        self.state.log.invalidate_from(cut_pos)
         self.figures.rebuilds += 1
         record.power_loss += (f"; damage at {commit_pos} below the durable line: start refused, "
-                              f"rebuild quarantined {quarantined} bytes")
+                              f"rebuild cut at {cut_pos} and quarantined {quarantined} bytes")
 
     def _salvage(self, record: RoundRecord, commit_pos: int) -> None:
         cut_pos, spans = salvage_and_compare(self.store, commit_pos)
