@@ -246,7 +246,9 @@ def _damage_rule(parts: StoreParts, mode: RecoveryMode, checkpoint: Checkpoint |
         return accepted, {}
     if mode is RecoveryMode.REBUILD:
         return [], {}
-    salvaged = accept_new_damage(parts.root, parts.commitlog, accepted, now_ms)
+    line = durable_line(checkpoint, parts.queues)
+    report.durable_pos = line.pos
+    salvaged = accept_new_damage(parts.root, parts.commitlog, accepted, line.pos, now_ms)
     report.damage_accepted = [asdict(s) for s in salvaged if s not in accepted]
     return salvaged, hidden_tails(parts.queues, salvaged)
 

@@ -1,8 +1,9 @@
 """The operator's salvage (`mqstore recover --salvage`, RecoveryMode.SALVAGE): keep every valid
 record after damage below the durable line in place, and accept the damage.
 
-- Damage is each bad region of a walk of the whole log (engine.log_walk) with a valid record
-  after it. Bad bytes after the last valid record are the tail: recovery cuts it as always.
+- Damage is each bad region of a walk of the whole log (engine.log_walk) that starts below the
+  durable line with a valid record after it. Bad bytes past the line, or after the last valid
+  record, are the tail: recovery cuts it as always.
 - Each damaged span's bytes are copied to quarantine/<start>.<ms>.damaged; the span is recorded
   in quarantine/accepted-damage.json (engine.accepted_damage) once queues and index are rebuilt.
 - Consume queues and index are rebuilt from the log, passing over the spans; commit positions
@@ -42,23 +43,28 @@ COPY_CHUNK_BYTES = 8 << 20
 _MAX_PLACEHOLDER_BYTES = FILLER_SIZE_MARK - 1  # the filler mark itself is not a size
 
 
-def find_damage(log: CommitLog) -> list[BadRegion]:
-    """The bad regions of the whole log with a valid record after them, in log order."""
+def find_damage(log: CommitLog, durable_pos: int) -> list[BadRegion]:
+    """The bad regions of the log that start below the durable line with a valid record after
+    them, in log order. Past the line a bad region is a crash's torn tail (a power loss may tear
+    pages out of order there, leaving records after a hole): recovery cuts it, as always."""
     bad: list[BadRegion] = []
     data_end = log.min_pos
     for item in walk_log(log, log.min_pos, Verify.MQSTORE):
         if isinstance(item, BadRegion):
+            if item.start_pos >= durable_pos:
+                break
             bad.append(item)
         else:
             data_end = item.end_pos
     return [region for region in bad if region.start_pos < data_end]
 
 
-def accept_new_damage(root: Path, log: CommitLog, accepted: list[AcceptedSpan],
+def accept_new_damage(root: Path, log: CommitLog, accepted: list[AcceptedSpan], durable_pos: int,
                       now_ms: int) -> list[AcceptedSpan]:
-    """The accepted spans plus each new damaged region, its bytes copied to quarantine/.
-    BadInputError (nothing written) when there is no damage beyond what is accepted."""
-    new = [r for r in find_damage(log) if not is_accepted(accepted, r.start_pos, r.resume_pos)]
+    """The accepted spans plus each new damaged region below the durable line, its bytes copied
+    to quarantine/. BadInputError (nothing written) when there is none beyond what is accepted."""
+    new = [r for r in find_damage(log, durable_pos)
+           if not is_accepted(accepted, r.start_pos, r.resume_pos)]
     if not new:
         raise BadInputError("--salvage", "the log has no damage followed by valid records "
                             "(beyond damage already accepted): nothing to salvage, nothing changed")
@@ -80,12 +86,11 @@ def keep_damaged_entries(queues: ConsumeQueueTable, log: CommitLog, span: Accept
             continue
         try:
             queue = queues.get(record.topic, record.queue_id)
-            if queue is None:
-                queue = queues.get_or_create(record.topic, record.queue_id)
-            elif queue.max_offset != record.queue_offset:
-                continue
         except BadInputError:
             continue  # the damage is in its topic or queue id
+        # no queue is made for a damaged record: the damage may lie in its topic or queue id
+        if queue is None or queue.max_offset != record.queue_offset:
+            continue
         put += queue.put(record.queue_offset, record.commit_pos, record.total_size, record.tags_code)
     return put
 

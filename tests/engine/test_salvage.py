@@ -18,7 +18,7 @@ from engine.check_findings import FindingKind
 from engine.checkpoint import load_checkpoint, write_checkpoint
 from engine.errors import BadInputError
 from engine.formats.cq_entry import encode_cq_entry
-from engine.formats.record import MAGIC_OFFSET, TOTAL_SIZE_OFFSET
+from engine.formats.record import MAGIC_OFFSET, QUEUE_ID_OFFSET, TOTAL_SIZE_OFFSET
 from engine.message import Message
 from engine.naming import LOCK_FILE
 from engine.recovery import RecoveryMode
@@ -309,4 +309,37 @@ def test_a_placeholder_points_at_the_first_unreadable_position_of_its_span(tmp_p
         assert bodies == [body(i) for i in range(COUNT) if i % 2 == 1 and i != VICTIM + 1]
         assert [(s.commit_pos, s.queue_offset) for s in skipped] == [(hidden.commit_pos, hidden.queue_offset)]
         assert read_queue(store, 0)[0] == others(0)
+    assert check(tmp_path) == []
+
+
+def test_a_hole_past_the_durable_line_is_cut_as_the_tail_not_accepted(tmp_path):
+    """A power loss may tear pages out of order past the line, leaving records after a hole: a
+    salvage accepts only damage below the line, and the hole is where the log is cut (it once
+    accepted the hole too, and the queues' offsets behind it could not be rebuilt)."""
+    results, _ = damaged_crash(tmp_path, flip_body)
+    hole = results[LINE_AFTER + 3].commit_pos
+    path, file_pos = segment_of(tmp_path, hole)
+    patch(path, file_pos, bytes(results[LINE_AFTER + 4].commit_pos - hole))  # records after it stay
+    pos = results[VICTIM].commit_pos
+    with salvage(tmp_path) as store:
+        report = store.recovery_report
+        assert [d["start_pos"] for d in report.damage_accepted] == [pos]
+        assert report.cut_pos == hole and report.durable_pos <= hole
+        assert store.commitlog.written_pos == hole
+    assert check(tmp_path) == []
+
+
+def test_a_damaged_record_whose_queue_id_is_wrong_makes_no_queue(tmp_path):
+    """The damage may lie in the queue id: a salvage keeps entries in existing queues only (it
+    once made consume-queue directories for queue ids the store never had)."""
+    def wrong_queue(root, commit_pos: int) -> None:
+        path, file_pos = segment_of(root, commit_pos)
+        patch(path, file_pos + QUEUE_ID_OFFSET, (0x00DD0001).to_bytes(4, "big"))
+
+    damaged_crash(tmp_path, wrong_queue)
+    with salvage(tmp_path):
+        pass
+    assert sorted(p.name for p in (tmp_path / "consumequeue" / TOPIC).iterdir()) == ["0", "1"]
+    with reopen(tmp_path):  # a start accepts the store (no queue beyond queue_count)
+        pass
     assert check(tmp_path) == []
