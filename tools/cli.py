@@ -65,13 +65,6 @@ def exit_code_for(exc: BaseException) -> CliExit:
 
 
 # ---------------------------------------------------------------------------------- config
-def load_settings(args: argparse.Namespace):
-    """StoreConfig and SupervisorSettings from --config (tables [store], [supervisor]) and flags."""
-    from tools.start_settings import load_settings as load
-
-    return load(args)
-
-
 def refuse_changes_to(root: Path, args: argparse.Namespace):
     """store.json of an existing store we may write, once no asked setting and no file
     contradicts it."""
@@ -94,6 +87,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         inspect_store_dir,
         refuse_foreign_store,
     )
+    from tools.start_settings import load_settings
     from workers.supervisor import Supervisor
 
     os.umask(0o077)
@@ -126,21 +120,12 @@ def cmd_start(args: argparse.Namespace) -> int:
                       f"(Ctrl-C or `mqstore stop --store {root}` stops it)", flush=True)
 
         return Supervisor(root, config, settings, on_ready=on_ready).run()
-    except StoreError as exc:
-        log.error("supervisor failed: %s", exc)
-        _tell_start_failed(ready_fd, exc)
-        raise
-    except Exception as exc:  # EMFILE, a bug: the log and `start --detach` name it all the same
-        log.exception("supervisor failed: %s: %s", type(exc).__name__, exc)
-        _tell_start_failed(ready_fd, exc)
-        raise
-
-
-def _tell_start_failed(ready_fd: int | None, exc: Exception) -> None:
-    """Write the error line `start --detach` waits for on its pipe (if it waits)."""
-    if ready_fd is not None:
+    except Exception as exc:  # a StoreError, EMFILE, a bug: the log and `start --detach` name it
         message = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
-        os.write(ready_fd, f"error {int(exit_code_for(exc))} {message}\n".encode())
+        log.error("supervisor failed: %s", message, exc_info=not isinstance(exc, StoreError))
+        if ready_fd is not None:  # the error line `start --detach` waits for on its pipe
+            os.write(ready_fd, f"error {int(exit_code_for(exc))} {message}\n".encode())
+        raise
 
 
 def _start_detached(args: argparse.Namespace, root: Path) -> int:
@@ -220,14 +205,17 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     summary = check_summary(Path(args.store))
     findings = list(summary.findings)
+    def line(data: dict) -> str:
+        return "  ".join(f"{k}={v}" for k, v in data.items() if v not in (None, ""))
+
     if args.json:
         print(json.dumps(findings_to_json(findings), indent=2))
     else:
         for data in findings_to_json(findings):
-            print("  ".join(f"{k}={v}" for k, v in data.items() if v not in (None, "")))
+            print(line(data))
         print(f"{len(findings)} finding(s)" if findings else "store is consistent")
     for data in findings_to_json(list(summary.accepted)):  # known damage, kept on purpose: no finding
-        print("  ".join(f"{k}={v}" for k, v in data.items() if v not in (None, "")), file=sys.stderr)
+        print(line(data), file=sys.stderr)
     return CliExit.FAILED if findings else CliExit.OK
 
 
@@ -242,6 +230,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         mark_clean_stop,
         refuse_foreign_store,
     )
+    from tools.start_settings import load_settings
     from workers.shared_state import cleanup_stale
 
     os.umask(0o077)
