@@ -73,7 +73,7 @@ PACE_MAX_WAIT_S = 0.005
 # cost goes by records, the backlog is known in bytes: 4 KiB holds at most ~32 of the smallest
 # records (~128 B: a few-byte body, no keys), 9 of 256-byte bodies with a key.
 FEW_RECORDS_BYTES = 4 << 10
-BUILDER_POST_INTERVAL_S = 0.005  # index lag may be 50 ms (bar 4); fewer wake-ups, bigger batches
+BUILDER_POST_INTERVAL_S = 0.005  # the load test allows 50 ms of index lag; fewer wake-ups, bigger batches
 _EMPTY = np.zeros(0, dtype=np.int64)
 _NO_KEYS = (_EMPTY, _EMPTY, _EMPTY)
 
@@ -100,8 +100,8 @@ def coalesce_wait_s(backlog_bytes: int, since_last_step_s: float) -> float:
 def pace_wait_s(backlog_bytes: int, since_last_step_s: float, last_step_s: float) -> float:
     """How long a dispatcher no consumer waits for holds `backlog_bytes` (0: not at all),
     `since_last_step_s` after the start of a step that took `last_step_s`: until its duty since
-    that start is down to MAX_DUTY, at most PACE_MAX_WAIT_S after it. At bar 1 a step per flush
-    took 60 % of a core, ~0.4 ms of it fixed cost per step. A whole step window is not held
+    that start is down to MAX_DUTY, at most PACE_MAX_WAIT_S after it. Under full batched load a
+    step per flush took 60 % of a core, ~0.4 ms of it fixed cost per step. A whole step window is not held
     (a hold that began on less is slept out: at most PACE_MAX_WAIT_S)."""
     if backlog_bytes >= MAX_STEP_BYTES:
         return 0.0
@@ -111,7 +111,7 @@ def pace_wait_s(backlog_bytes: int, since_last_step_s: float, last_step_s: float
 class HoldWake(enum.Enum):
     """What ends a hold early. A consumer that keeps up is owed a big backlog at once, so each
     flush's post looks again (ON_POST); with none, the dispatcher sleeps the hold out (AT_END):
-    at bar 1 (~600 flushes a second) the wake-ups that found it still held cost it as much as
+    under full batched load (~600 flushes a second) the wake-ups that found it still held cost it as much as
     the steps it saved."""
     ON_POST = "on post"
     AT_END = "at end"

@@ -26,7 +26,7 @@ Every `index_flush_interval_ms` the builder starts a paced sync of its index fil
 and when the last piece is synced it publishes the position the sync began at as durable. The
 slot table takes random writes, so a second's keys dirty nearly all of it: one msync of
 everything each second wrote ~20 MB a builder in one burst and held the commitlog's group
-commit behind it (docs/BENCHMARKS.md, tenth pass). On stop everything is synced at once.
+commit behind it (docs/history/benchmark-passes.md). On stop everything is synced at once.
 Restart: ShardIndex.load, trim_from(durable_pos) (entries past it go, slot heads repaired),
 mark_processed(durable_pos), and continue; re-putting the trimmed keys rebuilds the same bytes.
 """
