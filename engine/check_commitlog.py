@@ -77,9 +77,10 @@ class LogScan:
         i = int(np.searchsorted(bounds, pos))
         return i < len(bounds) and int(bounds[i]) == pos
 
-    def in_accepted(self, positions: np.ndarray) -> np.ndarray:
-        """Which positions lie inside accepted damage (a salvage's entries point there)."""
-        inside = np.zeros(len(positions), dtype=bool)
+    def at_damage(self, positions: np.ndarray) -> np.ndarray:
+        """Which positions are a reported bad record's start or lie inside accepted damage (a
+        salvage's entries point there): entries there are not matched against a record."""
+        inside = np.isin(positions, np.fromiter(self.bad_starts, dtype=np.int64))
         for start, end in self.accepted:
             inside |= (positions >= start) & (positions < end)
         return inside

@@ -108,16 +108,14 @@ def _check_queue(topic: str, queue_id: int, entries: np.ndarray, first: int, sca
         out.add(FindingKind.CQ_ENTRY_MISMATCH, path, f"offset {first + i}: entry ({cp[i]}, {size[i]}) "
                 "is not a live entry (negative, empty or below the log start)", int(cp[i]))
     live_idx = body[live[start:]]
-    at_bad = np.isin(cp[live_idx], np.fromiter(scan.bad_starts, dtype=np.int64)) \
-        | scan.in_accepted(cp[live_idx])  # a salvage's entries for damaged records point there
+    at_bad = scan.at_damage(cp[live_idx])
     past = cp[live_idx] + size[live_idx] > scan.data_end
     for i in live_idx[past & ~at_bad]:  # a reference to a reported bad record is not reported again
         out.add(FindingKind.CQ_PAST_END, path, f"offset {first + i}: entry [{cp[i]}, +{size[i]}) ends "
                 f"past the end of valid data {scan.data_end}", int(cp[i]))
     _match_entries(topic, queue_id, first, live_idx[~past & ~at_bad], cp, size, tags, scan, path, out)
     positions, counts = np.unique(cp[live_idx], return_counts=True)
-    dup = (counts > 1) & ~np.isin(positions, np.fromiter(scan.bad_starts, dtype=np.int64)) \
-        & ~scan.in_accepted(positions)
+    dup = (counts > 1) & ~scan.at_damage(positions)
     for pos in positions[dup]:  # placeholders of a salvage share their damaged span's start
         offsets = (first + live_idx[cp[live_idx] == pos]).tolist()
         out.add(FindingKind.CQ_DUPLICATE, path, f"offsets {offsets} all point at {pos}", int(pos))

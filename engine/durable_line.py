@@ -27,6 +27,7 @@ from engine.errors import CorruptRecordError, StoreCorruptError
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
+from engine.log_tail import segment_base
 from engine.log_walk import is_zero_from, valid_records_between
 from engine.naming import commitlog_dir, is_segment_name, name_to_offset, offset_to_name
 
@@ -59,7 +60,7 @@ def refuse_loss_below(commitlog: CommitLog, queues: ConsumeQueueTable, line: Dur
     if scan_from >= line.pos:
         return
     bad = _first_bad_below(commitlog, scan_from, line.pos, accepted)
-    seg_base = scan_from - (scan_from - commitlog.min_pos) % commitlog.segment_bytes
+    seg_base = segment_base(commitlog, scan_from)
     if bad is not None and bad.pos == scan_from != seg_base:  # scan_from may be no record boundary
         bad = _first_bad_below(commitlog, seg_base, line.pos, accepted)
     if bad is not None:

@@ -39,7 +39,7 @@ def quarantine_tail(commitlog: CommitLog, directory: Path, cut_pos: int, now_ms:
         return None
     end_pos = _tail_end(commitlog, cut_pos)
     path = ensure_dir(directory) / quarantine_name(cut_pos, now_ms)
-    write_new_file(path, _tail_chunks(commitlog, cut_pos, end_pos))
+    write_new_file(path, log_chunks(commitlog, cut_pos, end_pos))
     records = valid_records_between(commitlog, cut_pos, end_pos, Verify.MQSTORE).count
     return QuarantinedTail(path, end_pos - cut_pos, records)
 
@@ -87,11 +87,12 @@ def _tail_end(commitlog: CommitLog, cut_pos: int) -> int:
     return cut_pos
 
 
-def _tail_chunks(commitlog: CommitLog, cut_pos: int, end_pos: int) -> Iterator[memoryview | bytes]:
-    """The log's bytes [cut_pos, end_pos) in order, at most QUARANTINE_CHUNK_BYTES at a time
-    (views of the segments; a hole of a sparse segment, or a missing segment, reads as zeros)."""
+def log_chunks(commitlog: CommitLog, start_pos: int, end_pos: int) -> Iterator[memoryview | bytes]:
+    """The log's bytes [start_pos, end_pos) in order, at most QUARANTINE_CHUNK_BYTES at a time
+    (views of the segments; a hole of a sparse segment, or a missing segment, reads as zeros):
+    what a copy to quarantine/ streams, a cut tail or a salvaged span alike."""
     seg = commitlog.segments
-    pos = cut_pos
+    pos = start_pos
     for segment in seg.segments:
         base = seg.base_of(segment)
         if base + segment.size_bytes <= pos or base >= end_pos:

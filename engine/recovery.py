@@ -238,16 +238,14 @@ def _damage_rule(parts: StoreParts, mode: RecoveryMode, checkpoint: Checkpoint |
     """Before anything on disk changes, the damage the scan may pass over: ROUTINE refuses damage
     below the durable line that no salvage accepted; SALVAGE accepts the new damage (and notes
     the queue offsets hidden in it); REBUILD passes over none (it cuts at the first)."""
-    accepted = load_accepted(parts.root)
-    if mode is RecoveryMode.ROUTINE:
-        line = durable_line(checkpoint, parts.queues)
-        report.durable_pos = line.pos
-        refuse_loss_below(parts.commitlog, parts.queues, line, scan_start, accepted)
-        return accepted, {}
+    accepted = load_accepted(parts.root)  # in every mode: a malformed file raises even for a rebuild
     if mode is RecoveryMode.REBUILD:
         return [], {}
     line = durable_line(checkpoint, parts.queues)
     report.durable_pos = line.pos
+    if mode is RecoveryMode.ROUTINE:
+        refuse_loss_below(parts.commitlog, parts.queues, line, scan_start, accepted)
+        return accepted, {}
     salvaged = accept_new_damage(parts.root, parts.commitlog, accepted, line.pos, now_ms)
     report.damage_accepted = [asdict(s) for s in salvaged if s not in accepted]
     return salvaged, hidden_tails(parts.queues, salvaged)

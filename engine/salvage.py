@@ -35,11 +35,11 @@ from engine.errors import BadInputError, CorruptRecordError
 from engine.formats.cq_entry import FILLER_SIZE_MARK
 from engine.formats.record import Filler, Record, Verify
 from engine.formats.record_scan import DispatchColumns
+from engine.log_tail import log_chunks
 from engine.log_walk import BadRegion, decode_checked, walk_log
 from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import QUARANTINE_DIR, offset_to_name
 
-COPY_CHUNK_BYTES = 8 << 20
 _MAX_PLACEHOLDER_BYTES = FILLER_SIZE_MARK - 1  # the filler mark itself is not a size
 
 
@@ -72,7 +72,7 @@ def accept_new_damage(root: Path, log: CommitLog, accepted: list[AcceptedSpan], 
     spans = list(accepted)
     for region in new:
         path = directory / f"{offset_to_name(region.start_pos)}.{now_ms}.damaged"
-        write_new_file(path, _span_chunks(log, region.start_pos, region.resume_pos))
+        write_new_file(path, log_chunks(log, region.start_pos, region.resume_pos))
         spans.append(AcceptedSpan(region.start_pos, region.resume_pos, region.reason, now_ms, str(path)))
     return sorted(spans, key=lambda s: s.start_pos)
 
@@ -178,11 +178,3 @@ def _unreadable_pos(log: CommitLog, span: AcceptedSpan) -> int:
     ends = [record.end_pos for record in _structure_walk(log, span)]
     return min(ends[-1] if ends else span.start_pos, span.end_pos - 1)
 
-
-def _span_chunks(log: CommitLog, start_pos: int, end_pos: int) -> Iterator[bytes]:
-    """The log's bytes [start_pos, end_pos) (one segment: a bad region never crosses one)."""
-    segs = log.segments
-    segment = segs.find(start_pos)
-    base = segs.base_of(segment)
-    for pos in range(start_pos, end_pos, COPY_CHUNK_BYTES):
-        yield bytes(segment.read(pos - base, min(COPY_CHUNK_BYTES, end_pos - pos)))

@@ -91,13 +91,7 @@ def rebuild_and_compare(store: StoreProcess, commit_pos: int) -> tuple[int, int]
     bytes before it; return (cut_pos, quarantined byte count)."""
     cut_pos = min([commit_pos, *(span.start_pos for span in load_accepted(store.root))])
     base, damaged = log_bytes(store.root)
-    done = subprocess.run([sys.executable, "-m", "tools.cli", "recover", "--store", str(store.root),
-                           "--config", str(store.config_path), "--rebuild", "--json"],
-                          cwd=REPO_ROOT, env=child_env(store.env), capture_output=True, text=True,
-                          timeout=START_TIMEOUT_S)
-    if done.returncode != 0:
-        raise TortureError(f"mqstore recover --rebuild exited {done.returncode}: {done.stderr}")
-    report = json.loads(done.stdout)
+    report = run_recover(store, "rebuild")
     if (report["mode"], report["cut_pos"]) != ("rebuild", cut_pos):
         raise TortureError(f"the rebuild cut at {report['cut_pos']}, not at {cut_pos} (damage at "
                            f"{commit_pos})")
@@ -115,13 +109,7 @@ def salvage_and_compare(store: StoreProcess, commit_pos: int) -> tuple[int, list
     """`mqstore recover --salvage`; check that it accepted damage from `commit_pos` and kept
     the log before its cut in place; return (cut_pos, the accepted spans as (start, end))."""
     base, damaged = log_bytes(store.root)
-    done = subprocess.run([sys.executable, "-m", "tools.cli", "recover", "--store", str(store.root),
-                           "--config", str(store.config_path), "--salvage", "--json"],
-                          cwd=REPO_ROOT, env=child_env(store.env), capture_output=True, text=True,
-                          timeout=START_TIMEOUT_S)
-    if done.returncode != 0:
-        raise TortureError(f"mqstore recover --salvage exited {done.returncode}: {done.stderr}")
-    report = json.loads(done.stdout)
+    report = run_recover(store, "salvage")
     spans = [(d["start_pos"], d["end_pos"]) for d in report["damage_accepted"]]
     if report["mode"] != "salvage" or commit_pos not in [start for start, _ in spans]:
         raise TortureError(f"the salvage accepted {spans}, not the damage at {commit_pos}")
@@ -130,6 +118,18 @@ def salvage_and_compare(store: StoreProcess, commit_pos: int) -> tuple[int, list
         raise TortureError(f"the salvage of the damage at {commit_pos} changed the log before "
                            f"its cut at {report['cut_pos']}")
     return report["cut_pos"], spans
+
+
+def run_recover(store: StoreProcess, mode: str) -> dict:
+    """Run `mqstore recover --<mode> --json` on the stopped store and return its parsed report;
+    a non-zero exit is a torture failure."""
+    done = subprocess.run([sys.executable, "-m", "tools.cli", "recover", "--store", str(store.root),
+                           "--config", str(store.config_path), f"--{mode}", "--json"],
+                          cwd=REPO_ROOT, env=child_env(store.env), capture_output=True, text=True,
+                          timeout=START_TIMEOUT_S)
+    if done.returncode != 0:
+        raise TortureError(f"mqstore recover --{mode} exited {done.returncode}: {done.stderr}")
+    return json.loads(done.stdout)
 
 
 def data_files(root: Path) -> dict[str, str]:

@@ -94,12 +94,7 @@ class LogIndex:
         """Recovery cut the log at `cut_pos`: forget what was seen there or later."""
         if cut_pos >= self.scanned_end:
             return
-        for identity in list(self.by_identity):
-            kept = [s for s in self.by_identity[identity] if s.commit_pos < cut_pos]
-            if kept:
-                self.by_identity[identity] = kept
-            else:
-                del self.by_identity[identity]
+        self.forget_span(cut_pos, 1 << 63)  # commit positions are int64: this is "to the end"
         self.scanned_end = cut_pos
 
     def forget_span(self, start_pos: int, end_pos: int) -> None:
