@@ -216,10 +216,7 @@ def _uid_of(path: Path) -> int | None:
 
 
 def _owner_uid(name: str) -> int | None:
-    try:
-        return os.stat(SHM_DIR / name.lstrip("/")).st_uid
-    except OSError:
-        return None
+    return _uid_of(SHM_DIR / name.lstrip("/"))
 
 
 def _permission_error(name: str, owner_uid: int | None) -> StorePermissionError:
