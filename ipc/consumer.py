@@ -289,8 +289,7 @@ class Consumer:
         """The commitlog's first position still on disk. Retention deletes segments from the
         front, so the first mapped segment's file is looked at (one stat) and the view refreshed
         when it is gone: a read never starts below what still exists."""
-        segments = self.commitlog.segments.segments
-        if segments and not os.path.exists(segments[0].path):
+        if self.commitlog.segments.front_deleted():
             self.commitlog.refresh()
         return self.commitlog.min_pos
 
