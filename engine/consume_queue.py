@@ -482,7 +482,7 @@ class ConsumeQueue:
         entry being written at that moment may be seen torn: bound reads by the dispatcher's
         published position, not by this max_offset alone."""
         segments = self.segments
-        listed = not segments.segments or not os.path.exists(segments.segments[0].path)
+        listed = not segments.segments or segments.front_deleted()
         if listed:
             segments.refresh()
             if not segments.segments:

@@ -60,6 +60,11 @@ class Access(Enum):
     READ_WRITE = "rw"
     READ_ONLY = "ro"
 
+    @property
+    def open_flags(self) -> int:
+        """The os.open flags of a file mapped with this access."""
+        return os.O_RDWR if self is Access.READ_WRITE else os.O_RDONLY
+
 
 def page_floor(pos: int) -> int:
     return pos - pos % PAGE_BYTES
@@ -123,9 +128,8 @@ class MappedFile:
             self._budget.touch(self)
 
     def _remap(self) -> None:
-        flags = os.O_RDWR if self.access is Access.READ_WRITE else os.O_RDONLY
         try:
-            fd = os.open(self.path, flags)
+            fd = os.open(self.path, self.access.open_flags)
         except FileNotFoundError:
             raise SegmentLayoutError("file was removed while it was closed to bound open files",
                                      path=str(self.path)) from None
@@ -179,9 +183,8 @@ class MappedFile:
              read_ahead: ReadAhead = ReadAhead.KERNEL, budget: OpenFileBudget | None = None) -> MappedFile:
         """Map an existing file; a size other than `expected_bytes` is a layout error."""
         path = Path(path)
-        flags = os.O_RDWR if access is Access.READ_WRITE else os.O_RDONLY
         try:
-            fd = os.open(path, flags)
+            fd = os.open(path, access.open_flags)
         except PermissionError:
             raise StorePermissionError("no permission to open store file", path=str(path),
                                        hint=permission_hint(path)) from None

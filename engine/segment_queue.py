@@ -8,6 +8,7 @@ caller's business.
 from __future__ import annotations
 
 import bisect
+import os
 from pathlib import Path
 
 from engine.errors import SegmentLayoutError
@@ -84,6 +85,11 @@ class SegmentQueue:
     def end_pos(self) -> int:
         """Position just past the last segment."""
         return self._bases[-1] + self.segment_bytes if self._bases else 0
+
+    def front_deleted(self) -> bool:
+        """Whether the first mapped segment's file is gone: retention deletes from the front, so
+        this one stat tells a read-only view when a refresh must list the directory."""
+        return bool(self.segments) and not os.path.exists(self.segments[0].path)
 
     def base_of(self, segment: MappedFile) -> int:
         return name_to_offset(segment.path.name)

@@ -289,8 +289,7 @@ class Consumer:
         """The commitlog's first position still on disk. Retention deletes segments from the
         front, so the first mapped segment's file is looked at (one stat) and the view refreshed
         when it is gone: a read never starts below what still exists."""
-        segments = self.commitlog.segments.segments
-        if segments and not os.path.exists(segments[0].path):
+        if self.commitlog.segments.front_deleted():
             self.commitlog.refresh()
         return self.commitlog.min_pos
 
@@ -341,8 +340,7 @@ class Consumer:
         """When the supervisor is gone (see _supervisor_gone), wait up to reattach_timeout_s for
         the next one and attach to it; ServiceNotAvailableError naming the bound if none came.
         The files stay mapped: a restart keeps them, and reads look for new segments anyway."""
-        if self._pid != os.getpid():
-            self._adopt_after_fork()
+        self._adopt_if_forked()
         if not self._supervisor_gone():
             return
         self._detach()
@@ -355,9 +353,11 @@ class Consumer:
         self._watch = SupervisorWatch(self._ctl.supervisor_pid)
         self._supervisor_seen_s = time.monotonic()
 
-    def _adopt_after_fork(self) -> None:
+    def _adopt_if_forked(self) -> None:
         """In a forked child: the waiter entry and the unwritten offsets are the parent's; the
         child registers its own waiter when it first waits, and starts from what is on disk."""
+        if self._pid == os.getpid():
+            return
         if self._waiter is not None:
             self._waiter.forget()
             self._table.close()
@@ -442,8 +442,7 @@ class Consumer:
     def committed(self, topic: str, queue_id: int) -> int | None:
         """The group's committed next offset of a queue (one `iterate` consumed but has not
         written yet included), or None."""
-        if self._pid != os.getpid():
-            self._adopt_after_fork()
+        self._adopt_if_forked()
         pending = self._uncommitted.get((topic, queue_id))
         return pending if pending is not None else self.offsets.get(topic, self.group, queue_id)
 
@@ -464,8 +463,7 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
-        if self._pid != os.getpid():
-            self._adopt_after_fork()
+        self._adopt_if_forked()
         self.flush_offsets()
         self._detach()
         self.queues.close()

@@ -46,7 +46,7 @@ import numpy as np
 from engine.errors import ServiceNotAvailableError, StoreError
 from ipc.control_block import pid_alive
 from ipc.seqlock import order_fence, store_word
-from ipc.shm import SHM_DIR, SharedRegion, region_name, unlink_stale
+from ipc.shm import SHM_DIR, SharedRegion, region_name, region_path, unlink_stale
 
 MAGIC = b"MQSTKEYR"
 LAYOUT_VERSION = 1
@@ -336,7 +336,7 @@ def _read_wrapped(ring: _Ring, lo: int, count: int) -> tuple[np.ndarray, ...]:
 
 
 def _allocate(name: str, size_bytes: int) -> None:
-    fd = os.open(SHM_DIR / name.lstrip("/"), os.O_RDWR)
+    fd = os.open(region_path(name), os.O_RDWR)
     try:
         os.posix_fallocate(fd, 0, size_bytes)
     finally:

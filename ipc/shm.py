@@ -90,6 +90,11 @@ def region_name(store_dir: str | os.PathLike, kind: str) -> str:
     return store_prefix(store_dir) + kind
 
 
+def region_path(name: str) -> Path:
+    """The file under /dev/shm that holds the region named `name`."""
+    return SHM_DIR / name.lstrip("/")
+
+
 def unlink_stale(name: str) -> bool:
     """Remove a leftover region named `name`; True if one existed. The caller proves it is stale."""
     try:
@@ -129,7 +134,7 @@ class SharedRegion:
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=REGION_MODE, size=size_bytes)
         except posix_ipc.ExistentialError:
-            raise name_taken_error(f"shared memory region {name}", SHM_DIR / name.lstrip("/"),
+            raise name_taken_error(f"shared memory region {name}", region_path(name),
                                    "a crashed supervisor left it; unlink_stale() it after "
                                    "taking the store lock") from None
         except posix_ipc.PermissionsError as exc:
@@ -149,7 +154,7 @@ class SharedRegion:
             raise ServiceNotAvailableError(f"shared memory region {name} does not exist",
                                            hint=_START_HINT) from None
         except posix_ipc.PermissionsError:
-            raise _permission_error(name, _owner_uid(name)) from None
+            raise _permission_error(name, _uid_of(region_path(name))) from None
         try:
             info = os.fstat(shm.fd)
             if info.st_uid != os.geteuid():
@@ -215,20 +220,13 @@ def _uid_of(path: Path) -> int | None:
         return None
 
 
-def _owner_uid(name: str) -> int | None:
-    try:
-        return os.stat(SHM_DIR / name.lstrip("/")).st_uid
-    except OSError:
-        return None
-
-
 def _permission_error(name: str, owner_uid: int | None) -> StorePermissionError:
     mode = ""
     try:
-        mode = f", mode {stat.filemode(os.stat(SHM_DIR / name.lstrip('/')).st_mode)}"
+        mode = f", mode {stat.filemode(os.stat(region_path(name)).st_mode)}"
     except OSError:
         pass
     return StorePermissionError(
         f"shared memory region {name} belongs to uid {owner_uid}{mode}; this process runs as "
-        f"uid {os.geteuid()}", path=str(SHM_DIR / name.lstrip("/")),
+        f"uid {os.geteuid()}", path=str(region_path(name)),
         hint="run the client as the user that started the store")

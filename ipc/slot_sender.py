@@ -203,12 +203,16 @@ class SlotSender:
         self.info, self.mailbox = link.info, link.mailbox
         self._response_timeout_s = link.info.sync_flush_timeout_ms / 1000.0 + RESPONSE_MARGIN_S
         try:
-            self.slot = ProducerSlot.claim(link.mailbox, run_dir(self.root), alive=link.watch.alive,
-                                           timeout_s=self._response_timeout_s)
+            self.slot = self._claim_slot(link)
         except BaseException:
             link.close()
             raise
         self.link = link
+
+    def _claim_slot(self, link: StoreLink) -> ProducerSlot:
+        """A free slot in `link`'s mailbox, waiting up to the response timeout for one."""
+        return ProducerSlot.claim(link.mailbox, run_dir(self.root), alive=link.watch.alive,
+                                  timeout_s=self._response_timeout_s)
 
     def _drop_link(self) -> None:
         """Give the slot back and detach from a supervisor that is gone or stopping."""
@@ -397,5 +401,4 @@ class SlotSender:
         """After a timeout the old request is still in flight: take a fresh slot."""
         self._unanswered_seq = None
         self.slot.release()
-        self.slot = ProducerSlot.claim(self.mailbox, run_dir(self.root), alive=self.link.watch.alive,
-                                       timeout_s=self._response_timeout_s)
+        self.slot = self._claim_slot(self.link)

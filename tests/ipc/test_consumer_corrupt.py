@@ -8,8 +8,10 @@ Bytes of a sealed record are changed on disk while the store runs and put back b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,19 +42,6 @@ def running(tmp_path_factory):
     assert_check_clean(store.root)
 
 
-class Damage:
-    """Changes bytes of one record on disk; `undo` puts them back."""
-
-    def __init__(self, root: Path, commit_pos: int, change: tuple[int, bytes]):
-        self.path, file_pos = segment_of(root, commit_pos, SEGMENT_BYTES)
-        self.file_pos = file_pos + change[0]
-        self.old = read(self.path, self.file_pos, len(change[1]))
-        patch(self.path, self.file_pos, change[1])
-
-    def undo(self) -> None:
-        patch(self.path, self.file_pos, self.old)
-
-
 def fill(running: RunningStore, topic: str) -> list:
     with Producer(running.root) as producer:
         acks = list(producer.send_batch([Message(topic, b"body-%d" % i, keys=(KEY, f"k{i}"), queue_id=0)
@@ -62,65 +51,65 @@ def fill(running: RunningStore, topic: str) -> list:
     return acks
 
 
+@contextlib.contextmanager
+def damaged(running: RunningStore, topic: str, change: tuple[int, bytes]) -> Iterator[int]:
+    """Fill `topic`, change bytes of its record at offset BAD on disk and yield that record's
+    commit_pos; the bytes are put back afterwards, so the store still checks clean."""
+    bad_pos = fill(running, topic)[BAD].commit_pos
+    path, file_pos = segment_of(running.root, bad_pos, SEGMENT_BYTES)
+    file_pos += change[0]
+    old = read(path, file_pos, len(change[1]))
+    patch(path, file_pos, change[1])
+    try:
+        yield bad_pos
+    finally:
+        patch(path, file_pos, old)
+
+
 @pytest.mark.slow
 def test_pull_and_iterate_deliver_the_records_around_a_bad_checksum(running):
-    acks = fill(running, "CRC")
-    bad_pos = acks[BAD].commit_pos
-    damage = Damage(running.root, bad_pos, FLIPPED_BODY)
-    try:
-        with Consumer(running.root, "crc") as consumer:
-            result = consumer.pull("CRC", 0, 0)
-            assert result.status is GetStatus.FOUND and result.next_offset == COUNT
-            assert [r.queue_offset for r in result.messages] == [0, 1, 3, 4, 5]
-            assert [(s.commit_pos, s.topic, s.queue_id, s.queue_offset, s.reason)
-                    for s in result.skipped] == [(bad_pos, "CRC", 0, BAD, "BODYCRC mismatch")]
-            alone = consumer.pull("CRC", 0, BAD, max_count=1)
-            assert (alone.status, alone.next_offset, len(alone.skipped)) == \
+    with damaged(running, "CRC", FLIPPED_BODY) as bad_pos, Consumer(running.root, "crc") as consumer:
+        result = consumer.pull("CRC", 0, 0)
+        assert result.status is GetStatus.FOUND and result.next_offset == COUNT
+        assert [r.queue_offset for r in result.messages] == [0, 1, 3, 4, 5]
+        assert [(s.commit_pos, s.topic, s.queue_id, s.queue_offset, s.reason)
+                for s in result.skipped] == [(bad_pos, "CRC", 0, BAD, "BODYCRC mismatch")]
+        alone = consumer.pull("CRC", 0, BAD, max_count=1)
+        assert (alone.status, alone.next_offset, len(alone.skipped)) == \
                 (GetStatus.NO_MATCHED_MESSAGE, BAD + 1, 1)
-            seen = []
-            records = list(consumer.iterate("CRC", on_skipped=seen.append))
-            assert [r.queue_offset for r in records] == [0, 1, 3, 4, 5]
-            assert [s.commit_pos for s in seen] == [bad_pos]
-            assert consumer.committed("CRC", 0) == COUNT  # went on past it
-            # the columns read checks frames, not checksums (ipc.consumer): all six come back,
-            # and asking for checked Records passes the bad one over
-            columns = consumer.pull_columns("CRC", 0, 0)
-            assert (columns.count, columns.skipped) == (COUNT, [])
-            assert [r.queue_offset for r in columns.records()] == [0, 1, 3, 4, 5]
-            assert [(s.commit_pos, s.queue_offset) for s in columns.skipped] == [(bad_pos, BAD)]
-            assert len(columns.records()) == COUNT - 1 and len(columns.skipped) == 1  # reported once
-    finally:
-        damage.undo()
+        seen = []
+        records = list(consumer.iterate("CRC", on_skipped=seen.append))
+        assert [r.queue_offset for r in records] == [0, 1, 3, 4, 5]
+        assert [s.commit_pos for s in seen] == [bad_pos]
+        assert consumer.committed("CRC", 0) == COUNT  # went on past it
+        # the columns read checks frames, not checksums (ipc.consumer): all six come back,
+        # and asking for checked Records passes the bad one over
+        columns = consumer.pull_columns("CRC", 0, 0)
+        assert (columns.count, columns.skipped) == (COUNT, [])
+        assert [r.queue_offset for r in columns.records()] == [0, 1, 3, 4, 5]
+        assert [(s.commit_pos, s.queue_offset) for s in columns.skipped] == [(bad_pos, BAD)]
+        assert len(columns.records()) == COUNT - 1 and len(columns.skipped) == 1  # reported once
 
 
 @pytest.mark.slow
 def test_pull_and_pull_columns_pass_over_a_torn_header(running):
-    acks = fill(running, "TORN")
-    bad_pos = acks[BAD].commit_pos
-    damage = Damage(running.root, bad_pos, TORN_HEADER)
-    try:
-        with Consumer(running.root, "torn") as consumer:
-            pulled = consumer.pull("TORN", 0, 0)
-            assert [r.queue_offset for r in pulled.messages] == [0, 1, 3, 4, 5]
-            assert [s.commit_pos for s in pulled.skipped] == [bad_pos]
-            columns = consumer.pull_columns("TORN", 0, 0)
-            assert (columns.status, columns.next_offset, columns.count) == (GetStatus.FOUND, COUNT, 5)
-            assert [r.queue_offset for r in columns.records()] == [0, 1, 3, 4, 5]
-            assert [(s.commit_pos, s.queue_offset) for s in columns.skipped] == [(bad_pos, BAD)]
-            alone = consumer.pull_columns("TORN", 0, BAD, max_count=1)
-            assert (alone.status, alone.next_offset, alone.count) == \
+    with damaged(running, "TORN", TORN_HEADER) as bad_pos, Consumer(running.root, "torn") as consumer:
+        pulled = consumer.pull("TORN", 0, 0)
+        assert [r.queue_offset for r in pulled.messages] == [0, 1, 3, 4, 5]
+        assert [s.commit_pos for s in pulled.skipped] == [bad_pos]
+        columns = consumer.pull_columns("TORN", 0, 0)
+        assert (columns.status, columns.next_offset, columns.count) == (GetStatus.FOUND, COUNT, 5)
+        assert [r.queue_offset for r in columns.records()] == [0, 1, 3, 4, 5]
+        assert [(s.commit_pos, s.queue_offset) for s in columns.skipped] == [(bad_pos, BAD)]
+        alone = consumer.pull_columns("TORN", 0, BAD, max_count=1)
+        assert (alone.status, alone.next_offset, alone.count) == \
                 (GetStatus.NO_MATCHED_MESSAGE, BAD + 1, 0)
-    finally:
-        damage.undo()
 
 
 @pytest.mark.slow
 def test_cli_consume_and_query_print_the_good_records_and_warn_of_the_bad_one(running):
-    acks = fill(running, "CLI")
-    bad_pos = acks[BAD].commit_pos
     store = str(running.root)
-    damage = Damage(running.root, bad_pos, FLIPPED_BODY)
-    try:
+    with damaged(running, "CLI", FLIPPED_BODY) as bad_pos:
         for extra in ([], ["--queue-id", "0"]):
             group = f"cli{len(extra)}"
             consumed = cli("consume", "--store", store, "--topic", "CLI", "--group", group, "--json", *extra)
@@ -137,7 +126,5 @@ def test_cli_consume_and_query_print_the_good_records_and_warn_of_the_bad_one(ru
         assert len(queried.stdout.decode().splitlines()) == COUNT - 1
         assert f"commit position {bad_pos}" in queried.stderr.decode()
         assert "5 message(s), 1 corrupt record(s) skipped" in queried.stderr.decode()
-    finally:
-        damage.undo()
     whole = cli("query", "--store", store, "--topic", "CLI", "--key", KEY)
     assert whole.returncode == 0 and len(whole.stdout.decode().splitlines()) == COUNT
