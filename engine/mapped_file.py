@@ -216,7 +216,7 @@ class MappedFile:
         with SIGBUS; allocating first turns that into DiskFullError while nothing is written.
         The pages are not brought into the page cache here: a WILLNEED over each new step (4 MiB of
         zeros per consume queue at once) cost the dispatcher 30-70 ms steps; the writer's own
-        writes fill them a page at a time (docs/BENCHMARKS.md, seventh pass).
+        writes fill them a page at a time (docs/history/benchmark-passes.md).
         """
         if end_file_pos <= self._reserved_until:
             return
@@ -233,14 +233,14 @@ class MappedFile:
 
         Unlike reserve() (posix_fallocate: unwritten extents), the fdatasync that later makes
         records here durable finds allocated, written blocks and does not have to convert extents
-        in a journal commit: 1.8x faster syncs on ext4 here (docs/BENCHMARKS.md, fourth pass).
+        in a journal commit: 1.8x faster syncs on ext4 here (docs/history/benchmark-passes.md).
         The price is that these blocks are written twice. PostgreSQL zero-fills its WAL segments
         for the same reason. The group commit's fdatasync (of the whole file) waits for whatever
-        zeros are in flight: 4 MiB ahead stalled it for 25 ms (bar 3's p99 doubled). A top-up
+        zeros are in flight: 4 MiB ahead stalled it for 25 ms (the publish p99 at 50k msg/s doubled). A top-up
         runs when a write passes the zeros' end and reaches ZERO_AHEAD_BYTES past the write,
         rounded up to ZERO_STEP_BYTES: about 1.25 MiB each time, not one step (topping up a
-        step at a time measured the same at bars 1 and 3; neither did writing them from a thread
-        pay: docs/BENCHMARKS.md, ninth pass). DiskFullError when the disk has no room for
+        step at a time measured the same at full and at fixed-rate load; neither did writing them
+        from a thread pay). DiskFullError when the disk has no room for
         [write_file_pos, end_file_pos); the zeros beyond are best effort.
         """
         if end_file_pos <= self._reserved_until:
@@ -274,7 +274,7 @@ class MappedFile:
 
         Not a copy into the mapping: a store into a mapped page can block for tens of ms in
         the page fault (ext4 waits there for the journal or for writeback of that page), and
-        pwrite does not (docs/BENCHMARKS.md, "mmap stalls"). Blocks must be reserved first."""
+        pwrite does not (docs/history/benchmark-passes.md, "mmap stalls"). Blocks must be reserved first."""
         with _disk_full_as_error(self.path, "write store file"):
             self._pwrite_all(data, file_pos)
 

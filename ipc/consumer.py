@@ -22,7 +22,7 @@ A queue's min offset is the first entry whose record still exists: each read loo
 retention deleted the commitlog's first segment and skips the entries pointing below what
 remains at once (ConsumeQueue.correct_min_offset, a binary search).
 
-`pull_columns` is the batch read (bar 5: well under 1 us per message): the records of a pull
+`pull_columns` is the batch read (well under 1 us of consumer CPU per message): the records of a pull
 are gathered as numpy columns (engine.formats.record_view), bodies are views of the mapping and
 the checks against the entries run on whole arrays. It checks structure, not CRCs: the
 dispatcher scans at Verify.STRUCTURE too, so below `dispatched_pos` the checksums were checked
