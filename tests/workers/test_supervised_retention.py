@@ -159,16 +159,22 @@ def test_expired_segments_go_and_every_part_follows_the_line(tmp_path):
     assert_check_clean(running.root)
 
 
+def _three_waves_removed_for(running: RunningStore, reason: str, what: str) -> None:
+    """Send three waves, wait for a pass to remove three segments for `reason`; the store then
+    starts at the line."""
+    for wave in range(3):
+        send_wave(running.root, wave * PER_WAVE)
+    line = wait_removed(running, 3, what)
+    assert line.last_reason.value == reason
+    assert segment_bases(running.root)[0] == line_of(running).min_commit_pos
+
+
 @pytest.mark.slow
 def test_disk_pressure_deletes_regardless_of_age(tmp_path):
     pressure = {"disk_warn_ratio": 0.001, "disk_clean_force_ratio": 0.001, "disk_full_ratio": 1.0}
     running = RunningStore.start(tmp_path / "store", store={**FAST_PASSES, **pressure})
     try:
-        for wave in range(3):
-            send_wave(running.root, wave * PER_WAVE)
-        line = wait_removed(running, 3, "disk pressure to delete segments of any age")
-        assert line.last_reason.value == "space_force"
-        assert segment_bases(running.root)[0] == line_of(running).min_commit_pos
+        _three_waves_removed_for(running, "space_force", "disk pressure to delete segments of any age")
     finally:
         assert running.stop() == 0
     assert_check_clean(running.root)
@@ -191,11 +197,7 @@ def test_at_the_delete_hour_expired_segments_go(tmp_path):
     running = RunningStore.start(tmp_path / "store", store={**FAST_PASSES, **EXPIRE_AT_ONCE, **at_hour},
                                  env={"TZ": tz})
     try:
-        for wave in range(3):
-            send_wave(running.root, wave * PER_WAVE)
-        line = wait_removed(running, 3, "the delete hour to delete expired segments")
-        assert line.last_reason.value == "time_up"
-        assert segment_bases(running.root)[0] == line_of(running).min_commit_pos
+        _three_waves_removed_for(running, "time_up", "the delete hour to delete expired segments")
     finally:
         assert running.stop() == 0
     assert_check_clean(running.root)
