@@ -102,10 +102,14 @@ def read_config_tables(path: str | Path) -> dict:
 
 def store_table(path: str | Path) -> dict:
     """The StoreConfig settings of a TOML file (its [store] table, or its top level)."""
-    data = read_config_tables(path)
-    if "store" in data:
-        return data["store"]
-    return {k: v for k, v in data.items() if k != "supervisor"}
+    return store_part(read_config_tables(path))
+
+
+def store_part(tables: dict) -> dict:
+    """The StoreConfig settings of parsed TOML tables: [store], or the top level."""
+    if "store" in tables:
+        return tables["store"]
+    return {k: v for k, v in tables.items() if k != "supervisor"}
 
 
 def check_setting_types(table: dict, types: dict[str, type], where: str, path: str | Path) -> None:
@@ -140,6 +144,12 @@ def store_setting_types() -> dict[str, type]:
 
 def load_config_file(path: str | Path, base: StoreConfig | None = None) -> StoreConfig:
     """Read a TOML file of StoreConfig fields (top level or a [store] table)."""
-    data = store_table(path)
+    return config_from_tables(read_config_tables(path), path, base)
+
+
+def config_from_tables(tables: dict, path: str | Path, base: StoreConfig | None = None) -> StoreConfig:
+    """StoreConfig from the parsed TOML of `path` (types checked first), for a caller that
+    also reads its other tables."""
+    data = store_part(tables)
     check_setting_types(data, store_setting_types(), "[store]", path)
     return dataclasses.replace(base or StoreConfig(), **data)

@@ -14,7 +14,7 @@ import typing
 from engine.config import (
     StoreConfig,
     check_setting_types,
-    load_config_file,
+    config_from_tables,
     parse_flush_policy,
     read_config_tables,
     store_table,
@@ -48,8 +48,9 @@ def load_settings(args: argparse.Namespace) -> tuple[StoreConfig, SupervisorSett
     settings = SupervisorSettings()
     path = getattr(args, "config", None)
     if path:
-        config = load_config_file(path)
-        settings = supervisor_settings(read_config_tables(path).get("supervisor", {}), path)
+        tables = read_config_tables(path)  # read once: both tables come from the same file contents
+        config = config_from_tables(tables, path)
+        settings = supervisor_settings(tables.get("supervisor", {}), path)
     if getattr(args, "index_shards", None) is not None:
         config = config.replace(index_shards=args.index_shards)
     if getattr(args, "flush", None) is not None:

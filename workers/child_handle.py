@@ -28,6 +28,12 @@ from workers.restart_policy import RestartPolicy, RestartSettings
 MODULES = {Role.DISPATCHER: "workers.dispatcher", Role.INDEX_BUILDER: "workers.index_builder"}
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+
+def child_name(role: Role, shard: int) -> str:
+    """A child's name in the supervisor's and the children's log lines."""
+    return "dispatcher" if role is Role.DISPATCHER else f"index builder {shard}"
+
+
 log = logging.getLogger(__name__)
 
 
@@ -52,7 +58,7 @@ class ChildHandle:
 
     @property
     def name(self) -> str:
-        return "dispatcher" if self.role is Role.DISPATCHER else f"index builder {self.shard}"
+        return child_name(self.role, self.shard)
 
     @property
     def pid(self) -> int | None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from engine.commitlog import CommitLog
 from ipc.control_block import ControlBlock, Role
 from ipc.retention_block import ChildClean, RetentionBlock
+from workers.child_handle import child_name
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,6 @@ class LineFollower:
         self.clean = ChildClean(line, self.clean.files_removed + removed)
         self.block.publish_clean(self.role, self.shard, self.clean)
         if removed:
-            log.info("%s: removed %d file(s) below the retention line %d", self._name(), removed, line)
+            log.info("%s: removed %d file(s) below the retention line %d", child_name(self.role, self.shard),
+                     removed, line)
         return removed
-
-    def _name(self) -> str:
-        return "dispatcher" if self.role is Role.DISPATCHER else f"index builder {self.shard}"

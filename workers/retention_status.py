@@ -28,7 +28,7 @@ PARTS = {"commitlog": COMMITLOG_DIR, "consumequeue": CONSUMEQUEUE_DIR, "index": 
 def describe_retention(root: Path, ctl: ControlBlock) -> dict:
     """JSON-ready retention facts of a running store."""
     block = RetentionBlock(ctl)
-    line = block.line()
+    line, cleans = block.line(), block.cleans()
     oldest_ms = oldest_store_ts_ms(root, line.min_commit_pos, ctl.written_pos)
     return {
         "min_commit_pos": line.min_commit_pos,
@@ -41,8 +41,8 @@ def describe_retention(root: Path, ctl: ControlBlock) -> dict:
         "bytes_removed": line.bytes_removed,
         "last_pass_ms": line.last_pass_ms or None,
         "last_reason": line.last_reason.value,
-        "cleaned_to": {part: clean.clean_pos for part, clean in block.cleans().items()},
-        "files_removed": {part: clean.files_removed for part, clean in block.cleans().items()},
+        "cleaned_to": {part: clean.clean_pos for part, clean in cleans.items()},
+        "files_removed": {part: clean.files_removed for part, clean in cleans.items()},
     }
 
 

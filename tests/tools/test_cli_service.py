@@ -20,6 +20,7 @@ from store_harness import (
     SMALL_STORE,
     RunningStore,
     assert_check_clean,
+    checked_store,
     child_env,
     cli,
     store_shm_names,
@@ -195,17 +196,13 @@ for producer in held:
 def test_the_producer_past_the_last_mailbox_slot_is_told_about_mailbox_slots(tmp_path):
     from store_harness import run_python
 
-    store = RunningStore.start(tmp_path / "store", supervisor={"mailbox_slots": 2})
-    try:
+    with checked_store(tmp_path / "store", supervisor={"mailbox_slots": 2}) as store:
         result = run_python(EXTRA_PRODUCER, str(store.root))
         assert result.returncode == 0, result.stderr.decode()
         said = result.stdout.decode()
         assert said.startswith("SlotsExhaustedError"), said
         assert "all 2 producer mailbox slots are in use" in said and "mailbox_slots" in said, said
         assert "slot slots" not in said
-    finally:
-        assert store.stop() == 0
-    assert_check_clean(store.root)
 
 
 AS_NOBODY = """
@@ -245,8 +242,7 @@ def test_a_read_only_store_is_called_read_only_not_another_users(public_tmp):
 
 
 def test_send_without_queue_id_round_robins_from_a_random_queue(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
-    try:
+    with checked_store(tmp_path / "store") as store:
         singles = [json.loads(out(cli("send", "--store", str(store.root), "--topic", "One",
                                       "--body", "x", "--json")))["queue_id"] for _ in range(12)]
         assert len(set(singles)) > 1, singles  # not always queue 0 (chance of that: 4 ** -11)
@@ -254,14 +250,10 @@ def test_send_without_queue_id_round_robins_from_a_random_queue(tmp_path):
                       "--count", "8", "--json")
         queues = [json.loads(line)["queue_id"] for line in out(counted).splitlines()]
         assert sorted(queues) == [0, 0, 1, 1, 2, 2, 3, 3]
-    finally:
-        assert store.stop() == 0
-    assert_check_clean(store.root)
 
 
 def test_ctrl_c_during_send_count_lists_what_was_stored_and_exits_130(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
-    try:
+    with checked_store(tmp_path / "store") as store:
         before = store.positions().appended_msgs
         with open(tmp_path / "sent.out", "wb") as sent_out:  # a file: a full pipe would block it
             sender = subprocess.Popen([sys.executable, "-m", "tools.cli", "send", "--store",
@@ -280,9 +272,6 @@ def test_ctrl_c_during_send_count_lists_what_was_stored_and_exits_130(tmp_path):
         assert len(printed) >= 1024 and "Traceback" not in said
         store.wait_caught_up()
         assert store.positions().appended_msgs - before == len(printed)  # none in doubt
-    finally:
-        assert store.stop() == 0
-    assert_check_clean(store.root)
 
 
 def test_root_refuses_a_store_under_a_world_writable_directory_of_another_user(public_tmp):

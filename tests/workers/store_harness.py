@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from engine.check import check
@@ -190,6 +191,18 @@ class RunningStore:
 def assert_check_clean(root: Path) -> None:
     findings = check(Path(root))
     assert findings == [], "\n".join(map(str, findings))
+
+
+@contextmanager
+def checked_store(root: Path, **start_kwargs) -> Iterator[RunningStore]:
+    """A test's store: started, yielded; it must stop cleanly even when the test failed, and
+    check clean when it passed."""
+    running = RunningStore.start(root, **start_kwargs)
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0
+    assert_check_clean(running.root)
 
 
 def module_store(root: Path, **start_kwargs) -> Iterator[RunningStore]:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from store_harness import SMALL_STORE, RunningStore, assert_check_clean, cli, wait_for
+from store_harness import SMALL_STORE, RunningStore, assert_check_clean, checked_store, cli, wait_for
 
 from engine.commitlog import CommitLog
 from engine.consume_queue_table import ConsumeQueueTable
@@ -105,8 +105,7 @@ def assert_parts_above(root: Path, min_pos: int) -> None:
 
 @pytest.mark.slow
 def test_expired_segments_go_and_every_part_follows_the_line(tmp_path):
-    running = RunningStore.start(tmp_path / "store", store={**FAST_PASSES, **EXPIRE_AT_ONCE, **ANY_HOUR})
-    try:
+    with checked_store(tmp_path / "store", store={**FAST_PASSES, **EXPIRE_AT_ONCE, **ANY_HOUR}) as running:
         acks = send_wave(running.root, 0)
         running.wait_caught_up()
         early = Consumer(running.root, "early")  # maps the first segment before it goes
@@ -154,24 +153,23 @@ def test_expired_segments_go_and_every_part_follows_the_line(tmp_path):
         assert used["consumequeue"] > 0 and used["index"] > 0
         text = cli("status", "--store", str(running.root))
         assert "oldest retained" in text.stdout.decode()
-    finally:
-        assert running.stop() == 0
-    assert_check_clean(running.root)
+
+
+def _three_waves_removed_for(running: RunningStore, reason: str, what: str) -> None:
+    """Send three waves, wait for a pass to remove three segments for `reason`; the store then
+    starts at the line."""
+    for wave in range(3):
+        send_wave(running.root, wave * PER_WAVE)
+    line = wait_removed(running, 3, what)
+    assert line.last_reason.value == reason
+    assert segment_bases(running.root)[0] == line_of(running).min_commit_pos
 
 
 @pytest.mark.slow
 def test_disk_pressure_deletes_regardless_of_age(tmp_path):
     pressure = {"disk_warn_ratio": 0.001, "disk_clean_force_ratio": 0.001, "disk_full_ratio": 1.0}
-    running = RunningStore.start(tmp_path / "store", store={**FAST_PASSES, **pressure})
-    try:
-        for wave in range(3):
-            send_wave(running.root, wave * PER_WAVE)
-        line = wait_removed(running, 3, "disk pressure to delete segments of any age")
-        assert line.last_reason.value == "space_force"
-        assert segment_bases(running.root)[0] == line_of(running).min_commit_pos
-    finally:
-        assert running.stop() == 0
-    assert_check_clean(running.root)
+    with checked_store(tmp_path / "store", store={**FAST_PASSES, **pressure}) as running:
+        _three_waves_removed_for(running, "space_force", "disk pressure to delete segments of any age")
 
 
 def _delete_hour_zone() -> tuple[int, str]:
@@ -188,17 +186,9 @@ def test_at_the_delete_hour_expired_segments_go(tmp_path):
     hour, tz = _delete_hour_zone()
     at_hour = {"delete_when_hour": hour, "disk_warn_ratio": 0.999, "disk_clean_force_ratio": 0.999,
                "disk_full_ratio": 1.0}
-    running = RunningStore.start(tmp_path / "store", store={**FAST_PASSES, **EXPIRE_AT_ONCE, **at_hour},
-                                 env={"TZ": tz})
-    try:
-        for wave in range(3):
-            send_wave(running.root, wave * PER_WAVE)
-        line = wait_removed(running, 3, "the delete hour to delete expired segments")
-        assert line.last_reason.value == "time_up"
-        assert segment_bases(running.root)[0] == line_of(running).min_commit_pos
-    finally:
-        assert running.stop() == 0
-    assert_check_clean(running.root)
+    with checked_store(tmp_path / "store", store={**FAST_PASSES, **EXPIRE_AT_ONCE, **at_hour},
+                       env={"TZ": tz}) as running:
+        _three_waves_removed_for(running, "time_up", "the delete hour to delete expired segments")
 
 
 def _hour_far_from_now() -> int:
@@ -209,8 +199,7 @@ def _hour_far_from_now() -> int:
 def test_off_the_delete_hour_nothing_goes_until_mqstore_clean(tmp_path):
     off_hour = {"delete_when_hour": _hour_far_from_now(), "disk_warn_ratio": 0.999,
                 "disk_clean_force_ratio": 0.999, "disk_full_ratio": 1.0}
-    running = RunningStore.start(tmp_path / "store", store={**FAST_PASSES, **EXPIRE_AT_ONCE, **off_hour})
-    try:
+    with checked_store(tmp_path / "store", store={**FAST_PASSES, **EXPIRE_AT_ONCE, **off_hour}) as running:
         for wave in range(3):
             send_wave(running.root, wave * PER_WAVE)
         running.wait_caught_up()
@@ -227,9 +216,6 @@ def test_off_the_delete_hour_nothing_goes_until_mqstore_clean(tmp_path):
         assert report["min_commit_pos"] == segment_bases(running.root)[0] > 0
         assert len(segment_bases(running.root)) == before - report["segments_removed"]
         assert all(c.clean_pos >= report["min_commit_pos"] for c in cleans_of(running).values())
-    finally:
-        assert running.stop() == 0
-    assert_check_clean(running.root)
 
 
 def test_the_line_is_published_at_start(tmp_path):

@@ -190,8 +190,8 @@ def _verify(settings: SoakSettings, workdir: Path, root: Path, samples) -> dict:
     read-back: a message at or above that line was in the store during the whole read-back."""
     stored = _read_back(root, settings.queue_count)
     with ControlBlock.attach(root) as ctl:
-        line = RetentionBlock(ctl).line()
-        cleans = RetentionBlock(ctl).cleans()
+        block = RetentionBlock(ctl)
+        line, cleans = block.line(), block.cleans()
     line_read_s = time.time()
     acked, placed = {}, {}
     for seq, status, queue_id, offset, commit_pos, ack_ms in _read_lines(workdir / "ledger.txt"):
