@@ -69,7 +69,7 @@ MAX_DUTY = 0.2
 PACE_MAX_WAIT_S = 0.005
 # A backlog this small is decoded record by record: the batch codec's whole-array calls cost
 # ~0.3 ms a step however few records it has, the reference decoder ~0.11 ms for 1 to 4 records
-# and ~0.28 ms for 16; they cross near 32 records (`python -m tools.bench_dispatch_step`). The
+# and ~0.28 ms for 16; they cross near 32 records (`python -m tools.bench.probes.dispatch_step`). The
 # cost goes by records, the backlog is known in bytes: 4 KiB holds at most ~32 of the smallest
 # records (~128 B: a few-byte body, no keys), 9 of 256-byte bodies with a key.
 FEW_RECORDS_BYTES = 4 << 10
