@@ -6,8 +6,8 @@ all 20 MB of it) and in its entries (appended; a trim zeroes some past the kept 
 changed and counts them synced, `untake` gives them back when the sync did not finish.
 `PacedSync` is a shard's sync of what it took from its files, one piece at a time
 (ShardIndex.begin_paced_sync), so the disk gets a little at a time instead of every changed
-page in one fdatasync that the commitlog's group commit queues behind (measured in
-docs/history/benchmark-passes.md).
+page in one fdatasync that the commitlog's group commit queues behind
+(see docs/DECISIONS.md#paced-index-sync).
 """
 
 from __future__ import annotations

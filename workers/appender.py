@@ -215,7 +215,7 @@ class Appender:
     def _private_copy(self, pieces: list[memoryview]) -> memoryview:
         """The requests' records copied out of their slots, back to back, so a producer cannot
         change a record between its check and its append. The buffer is kept across sweeps: a
-        new one each time (4 MiB at 64 KiB bodies) cost more in page faults than the copy."""
+        new one each time costs more in page faults than the copy (docs/DECISIONS.md#checksums-on-views)."""
         total = sum(len(piece) for piece in pieces)
         if len(self._copy_buf) < total:
             self._copy_buf = bytearray(total)

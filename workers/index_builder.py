@@ -23,10 +23,9 @@ BUILDER_POST_INTERVAL_S, an owed post also when the dispatcher is idle).
 
 Every `index_flush_interval_ms` the builder starts a paced sync of its index files
 (ShardIndex.begin_paced_sync): one piece of at most SYNC_PIECE_BYTES every SYNC_PIECE_GAP_S,
-and when the last piece is synced it publishes the position the sync began at as durable. The
-slot table takes random writes, so a second's keys dirty nearly all of it: one msync of
-everything each second wrote ~20 MB a builder in one burst and held the commitlog's group
-commit behind it (docs/history/benchmark-passes.md). On stop everything is synced at once.
+and when the last piece is synced it publishes the position the sync began at as durable: the
+slot table takes random writes, and one sync of it all would hold the commitlog's group commit
+behind it (see docs/DECISIONS.md#paced-index-sync). On stop everything is synced at once.
 Restart: ShardIndex.load, trim_from(durable_pos) (entries past it go, slot heads repaired),
 mark_processed(durable_pos), and continue; re-putting the trimmed keys rebuilds the same bytes.
 """

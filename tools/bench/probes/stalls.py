@@ -9,7 +9,7 @@ freezes are spans in which flushed_pos stood still while written_pos was ahead.
 
 Run it beside a load (`mqstore bench --store ./data ...`): it found the dispatcher frozen 46-110
 ms at every consume-queue file, which led to reserve() dropping its read-ahead
-(docs/BENCHMARKS.md, seventh pass). Reads only; costs the store nothing but one core's share.
+(docs/DECISIONS.md#reserve-blocks-ahead). Reads only; costs the store nothing but one core's share.
 """
 
 from __future__ import annotations
