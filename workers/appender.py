@@ -108,8 +108,6 @@ class Appender:
         self._disk_full = False
         self._copy_buf = bytearray()  # holds each request's private copy in turn (_private_copy)
         self.appended_msgs = 0
-        self.illegal_msgs = 0
-        self.timeouts = 0
         self.write_error: OSError | StoreError | None = None  # a failed commitlog write stops the store
 
     @property
@@ -234,14 +232,12 @@ class Appender:
             log.warning("slot %d (pid %d): malformed request: %s", request.slot_index,
                         request.owner_pid, exc)
             results["status"] = PutStatus.MESSAGE_ILLEGAL
-            self.illegal_msgs += request.count
             return None
         for i, reason in checked.reasons.items():
             log.warning("slot %d (pid %d): record %d refused: %s", request.slot_index,
                         request.owner_pid, i, reason)
         if checked.reasons:
             results["status"][~checked.ok] = PutStatus.MESSAGE_ILLEGAL
-            self.illegal_msgs += len(checked.reasons)
         return checked
 
     def _append(self, data: memoryview, batch: list[_Served]) -> int:
@@ -324,7 +320,6 @@ class Appender:
                 del self._waiting[slot_index]
                 self.server.complete(slot_index, waiting.seq, waiting.results)
         if timed_out:
-            self.timeouts += len(timed_out)
             log.warning("flush did not reach the records of %d request(s) within %d ms: "
                         "FLUSH_DISK_TIMEOUT (slots %s)", len(timed_out),
                         self.config.sync_flush_timeout_ms, timed_out)

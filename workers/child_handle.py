@@ -52,7 +52,6 @@ class ChildHandle:
         self.process: subprocess.Popen | None = None
         self.started_at = 0.0
         self.restart_at: float | None = None
-        self.last_returncode: int | None = None
         self.killed_for: str | None = None  # why the supervisor SIGKILLed the running process
         self.wakeup = Wakeup.create(child_wakeup_name(store_dir, self.slot_index))
 
@@ -86,7 +85,6 @@ class ChildHandle:
             return None
         code = self.process.poll()
         if code is not None:
-            self.last_returncode = code
             self.ctl.set_process_state(self.slot_index, ProcState.EXITED)
         return code
 
