@@ -2,7 +2,7 @@
 
 A mapped file costs file descriptors: the writer's own (pwrite, fallocate, fdatasync) and the
 dup that Python's mmap keeps. A process holding every queue's file open ran out of them at
-about 250 topics of 4 queues under the common soft limit of 1,024 (issue 19, item 4). So:
+about 250 topics of 4 queues under the common soft limit of 1,024. So:
 
 - `raise_open_file_limit` lifts the soft RLIMIT_NOFILE to the hard limit at start (an
   unprivileged process may);
