@@ -333,7 +333,7 @@ DELEGATED = {
     "torture": "kill rounds and fault injection against a ledger (`mqstore torture --help`)",
     "spark": "Spark jobs over store files (needs pyspark; `mqstore spark --help`)",
 }
-DELEGATE_MODULES = {"bench": "tools.bench", "torture": "tools.torture.cli", "spark": "tools.spark.cli"}
+DELEGATE_MODULES = {"bench": "tools.bench.cli", "torture": "tools.torture.cli", "spark": "tools.spark.cli"}
 
 
 def run_delegated(name: str, argv: list[str]) -> int:
