@@ -201,7 +201,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------- offline
 def cmd_check(args: argparse.Namespace) -> int:
-    from engine.check import check_summary, findings_to_json
+    from engine.check import check_summary
+    from engine.check_findings import findings_to_json
 
     summary = check_summary(Path(args.store))
     findings = list(summary.findings)
