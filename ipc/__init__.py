@@ -1,4 +1,8 @@
 """Shared-memory IPC between the supervisor, its children and co-located clients (DESIGN §1, §4).
 
-Every name lives in its defining module: import from there (`from ipc.control_block import ...`).
+Two sides (docs/ARCHITECTURE.md "Layers"; tests/test_layers.py holds them). The shared-memory
+primitives, used by everyone: shm, seqlock, slot_claim, control_block, retention_block, mailbox,
+wakeup, key_ring, run_info. The client side of co-located producers and consumers: producer,
+slot_sender, batch_result, reattach, consumer, consumer_offsets. A primitive never imports the
+client side, and neither does workers/. Import each name from the module that defines it.
 """
