@@ -16,7 +16,7 @@ show it. `phase` (0 <= phase < 1) places the producer's schedule within the batc
 harness gives every producer 0 (--schedule aligned, the default: every producer's batch j is
 due at the same instant), or spreads them evenly (--schedule spread), as independent clients
 would be.
-The body starts with BODY_HEADER (magic, producer id, intended_ns, seq), so a consumer
+The body starts with BODY_HEADER (tools.bench.bench_body), so a consumer
 measures end-to-end latency from the same intended time. At --rate max, intended = now.
 """
 
