@@ -201,7 +201,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------- offline
 def cmd_check(args: argparse.Namespace) -> int:
-    from engine.check import check_summary, findings_to_json
+    from engine.check import check_summary
+    from engine.check_findings import findings_to_json
 
     summary = check_summary(Path(args.store))
     findings = list(summary.findings)
@@ -333,7 +334,7 @@ DELEGATED = {
     "torture": "kill rounds and fault injection against a ledger (`mqstore torture --help`)",
     "spark": "Spark jobs over store files (needs pyspark; `mqstore spark --help`)",
 }
-DELEGATE_MODULES = {"bench": "tools.bench", "torture": "tools.torture.cli", "spark": "tools.spark.cli"}
+DELEGATE_MODULES = {"bench": "tools.bench.cli", "torture": "tools.torture.cli", "spark": "tools.spark.cli"}
 
 
 def run_delegated(name: str, argv: list[str]) -> int:

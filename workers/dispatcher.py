@@ -55,8 +55,9 @@ from engine.retention import expire_queues
 from ipc.control_block import DISPATCHER_GROUP, DISPATCHER_GROUP_OFFSET, Role, process_slot_index
 from ipc.key_ring import KeyRing, RingWriter
 from ipc.wakeup import WaiterTable, Wakeup
-from workers.child import MAX_STEP_BYTES, ChildProcess, child_main, child_wakeup_name, read_own_group
+from workers.child import ChildProcess, child_main, child_wakeup_name, read_own_group
 from workers.child_retention import LineFollower
+from workers.step_window import MAX_STEP_BYTES, scan_window
 
 log = logging.getLogger(__name__)
 COALESCE_S = 0.002  # a small backlog within this long of the last step waits for the rest of it
@@ -76,13 +77,6 @@ FEW_RECORDS_BYTES = 4 << 10
 BUILDER_POST_INTERVAL_S = 0.005
 _EMPTY = np.zeros(0, dtype=np.int64)
 _NO_KEYS = (_EMPTY, _EMPTY, _EMPTY)
-
-
-def scan_window(commitlog: CommitLog, start_pos: int, limit_pos: int) -> BatchScanner:
-    """A batch scanner (many records per step, structure checked) over at most MAX_STEP_BYTES
-    from start_pos; the caller rescans to limit_pos if one record or filler is bigger."""
-    return commitlog.scan_batches(start_pos, min(limit_pos, start_pos + MAX_STEP_BYTES),
-                                  Verify.STRUCTURE)
 
 
 def coalesce_wait_s(backlog_bytes: int, since_last_step_s: float) -> float:

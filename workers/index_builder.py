@@ -45,9 +45,9 @@ from engine.retention import expire_shards
 from engine.shard_index import ShardIndex
 from ipc.control_block import GROUP_SIZE, SHARD_GROUP, SHARD_GROUPS_OFFSET, Role
 from ipc.key_ring import KeyBlock, KeyRing, RingReader
-from workers.child import MAX_STEP_BYTES, ChildProcess, child_main, read_own_group
+from workers.child import ChildProcess, child_main, read_own_group
 from workers.child_retention import LineFollower
-from workers.dispatcher import scan_window
+from workers.step_window import MAX_STEP_BYTES, scan_window
 
 RING_PATIENCE_S = 0.5  # no dispatcher progress for this long while there is work: scan
 RING_ATTACH_RETRY_S = 0.5

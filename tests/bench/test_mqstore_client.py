@@ -12,8 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
 from store_harness import RunningStore, assert_check_clean
 
 from ipc.consumer import Consumer
-from tools.bench.loadgen import BODY_HEADER, BODY_MAGIC, BatchBuilder, WorkerSpec
+from tools.bench.bench_body import BODY_HEADER, BODY_MAGIC, BatchBuilder
 from tools.bench.mqstore_client import MqstoreSender, _topic_plans
+from tools.bench.worker_records import WorkerSpec
 
 STREAMS = (("bench-0", 0), ("bench-0", 1), ("bench-1", 0), ("bench-1", 1), ("bench-1", 2))
 

@@ -17,18 +17,11 @@ from store_harness import RunningStore, assert_check_clean
 
 from engine.status import PutStatus
 from ipc.producer import Producer
-from tools.bench.loadgen import (
-    BODY_HEADER,
-    NOTHING_RECEIVED,
-    IntervalRecorder,
-    Received,
-    WorkerSpec,
-    build_batch,
-    intended_times,
-    intended_times_of_heads,
-    run_consumer,
-)
+from tools.bench.bench_body import BODY_HEADER, build_batch, intended_times, intended_times_of_heads
+from tools.bench.interval_recorder import IntervalRecorder
+from tools.bench.loadgen import run_consumer
 from tools.bench.mqstore_client import MqstoreReceiver
+from tools.bench.worker_records import NOTHING_RECEIVED, Received, WorkerSpec
 
 STREAMS = (("bench-r", 0), ("bench-r", 1))
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from engine import log_tail
-from engine.check import FindingKind, check
+from engine.check import check
+from engine.check_findings import FindingKind
 from engine.checkpoint import CheckpointSource, write_checkpoint
 from engine.formats.checkpoint import MQSTORE_PART_POS, Checkpoint
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, encode_cq_entry

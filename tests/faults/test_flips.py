@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 from fault_harness import SCALE, SMALL_CONFIG, fill_store, verify_ledger
 
-from engine.check import FindingKind, check
+from engine.check import check
+from engine.check_findings import FindingKind
 from engine.checkpoint import CheckpointSource, checkpoint_path, load_checkpoint
 from engine.config import StoreConfig
 from engine.formats.checkpoint import CRC_SIZE, SHARD_POS_SIZE, SHARDS_POS

@@ -28,8 +28,9 @@ from pathlib import Path
 
 from engine.errors import BadInputError, StoreError
 from tools.bench import report
-from tools.bench.loadgen import MIN_BODY_BYTES, WorkerSpec
+from tools.bench.bench_body import MIN_BODY_BYTES
 from tools.bench.store_sampler import StoreSampler
+from tools.bench.worker_records import WorkerSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
