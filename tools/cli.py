@@ -221,7 +221,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_recover(args: argparse.Namespace) -> int:
     from engine.recovery import RecoveryMode, detect_shutdown, recover
-    from engine.store import close_parts, open_for_recovery
     from engine.store_dir import (
         StoreKind,
         StoreLock,
@@ -230,6 +229,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         mark_clean_stop,
         refuse_foreign_store,
     )
+    from engine.store_open import close_parts, open_for_recovery
     from tools.start_settings import load_settings
     from workers.shared_state import cleanup_stale
 
