@@ -33,11 +33,11 @@ from engine.errors import (
 from engine.owners import refuse_unsafe_parents
 from tools import client_commands, retention_commands
 from tools.logging_setup import setup_logging
+from workers.child_env import child_env
 from workers.exit_codes import CliExit, cli_epilog
 from workers.fatal_log import last_error, log_fatal_signals
 
 DEFAULT_STORE = "data"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DETACH_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 120.0
 
@@ -139,9 +139,7 @@ def _start_detached(args: argparse.Namespace, root: Path) -> int:
         argv += ["--index-shards", str(args.index_shards)]
     if args.flush is not None:
         argv += ["--flush", args.flush]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(argv, pass_fds=(write_fd,), start_new_session=True, env=env,
+    proc = subprocess.Popen(argv, pass_fds=(write_fd,), start_new_session=True, env=child_env(),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     os.close(write_fd)
@@ -222,7 +220,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_recover(args: argparse.Namespace) -> int:
     from engine.recovery import RecoveryMode, detect_shutdown, recover
-    from engine.store import close_parts, open_for_recovery
     from engine.store_dir import (
         StoreKind,
         StoreLock,
@@ -231,6 +228,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         mark_clean_stop,
         refuse_foreign_store,
     )
+    from engine.store_open import close_parts, open_for_recovery
     from tools.start_settings import load_settings
     from workers.shared_state import cleanup_stale
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ServiceNotAvailableError
-from tests.workers.store_harness import RunningStore
+from tests.workers.store_harness import start_store
 from tools.bench.probes import stalls
 
 MS = 0.001
@@ -28,7 +28,7 @@ def test_a_stage_that_stands_still_while_owed_work_is_a_freeze_and_an_idle_one_i
 
 
 def test_a_short_probe_of_a_running_store_reports_every_stage(tmp_path):
-    store = RunningStore.start(tmp_path / "store", store={"index_shards": 2})
+    store = start_store(tmp_path / "store", store={"index_shards": 2})
     try:
         out_path = tmp_path / "stalls.json"
         out = stalls.main(["--store", str(store.root), "--seconds", "0.3", "--json", str(out_path)])
@@ -48,7 +48,7 @@ def test_no_store_is_a_clear_error_and_writes_nothing(tmp_path):
 
 
 def test_under_async_flush_the_dispatcher_is_owed_what_is_written_not_what_is_flushed(tmp_path):
-    store = RunningStore.start(tmp_path / "store", store={"flush": "async"})
+    store = start_store(tmp_path / "store", store={"flush": "async"})
     try:
         with stalls.attach(store.root, 0.0) as ctl:
             columns = stalls.sample(ctl, 0.05, 0.001)

@@ -48,7 +48,8 @@ from engine.formats.record_batch import encode_records
 from engine.mapped_file import Access
 from engine.message import Message
 from engine.shard_index import ShardIndex
-from engine.store import MessageStore, close_parts, open_parts
+from engine.store import MessageStore
+from engine.store_open import close_parts, open_parts
 
 TOPIC = "BenchTopic"
 QUEUES = 8
