@@ -21,7 +21,7 @@ JVM. So `pyspark_mqstore` makes format("mqstore") work with no call, wherever mq
 installed normally or editable in compat/strict mode (a default, "lenient" setuptools editable
 install hides the module from iter_modules), or its directory is on PYTHONPATH. A discovered
 source cannot be registered again: `spark.dataSource.register(MqstoreDataSource)` then raises
-DATA_SOURCE_ALREADY_EXISTS, so call `register(spark)`, which registers only when needed.
+DATA_SOURCE_ALREADY_EXISTS, so call `register(spark)`, which takes that as done.
 """
 
 from __future__ import annotations
