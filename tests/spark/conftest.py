@@ -41,6 +41,7 @@ def spark() -> Iterator:
                .config("spark.default.parallelism", "2")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.python.filterPushdown.enabled", "true")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     yield session
