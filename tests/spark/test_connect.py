@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,14 +11,9 @@ import pytest
 
 from engine.check import check as engine_check
 from tests.spark.stores import REPO_ROOT
+from workers.child_env import child_env
 
-CONNECT_DEPS = ("grpc", "grpc_status", "google.rpc", "zstandard", "pandas")
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not all(importlib.util.find_spec(m.split(".")[0]) for m in CONNECT_DEPS),
-                       reason="PySpark's Connect client needs grpcio, grpcio-status, "
-                              "googleapis-common-protos, zstandard and pandas"),
-]
+pytestmark = pytest.mark.slow
 
 
 def test_register_check_rebuild_and_export_run_over_spark_connect(store_dir, records, tmp_path):
@@ -28,8 +21,7 @@ def test_register_check_rebuild_and_export_run_over_spark_connect(store_dir, rec
     copy.mkdir()
     shutil.copytree(store_dir / "commitlog", copy / "commitlog")
     shutil.copy(store_dir / "store.json", copy / "store.json")
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = child_env({"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable})
     done = subprocess.run([sys.executable, "-m", "tests.spark.connect_jobs", str(store_dir), str(copy),
                            str(tmp_path / "export")], env=env, cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=600)

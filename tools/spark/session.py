@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tools.spark.source import register
+from workers.child_env import python_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Filter pushdown into Python data sources is off by default in Spark 4.1+; the source
@@ -24,9 +25,7 @@ def prepare_worker_env() -> None:
     """Python workers must run this interpreter and import mqstore's packages."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(REPO_ROOT) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
+    os.environ["PYTHONPATH"] = python_path()
 
 
 def configured_master() -> str | None:
