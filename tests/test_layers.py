@@ -41,8 +41,6 @@ IPC_CLIENT = {
 # (test_allowed_cycles_still_exist fails once a listed cycle is gone).
 ALLOWED_CYCLES = {
     frozenset({"engine.commitlog", "engine.commitlog_scan"}),  # branch walker
-    frozenset({"tools.spark.source", "tools.spark.stream"}),  # branch spark
-    frozenset({"tools.spark.fsck", "tools.spark.jobs"}),  # branch spark
 }
 # Packages whose __init__ still re-exports, left to branch codec (it owns engine/formats/): the
 # integrator keeps an entry only if that branch's package is meant to export its scalar API.
