@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean, checked_store
+from store_harness import RunningStore, assert_check_clean, checked_store, wait_for
 
 from engine.errors import BadInputError, NotAStoreError
 from ipc.consumer import Consumer
@@ -142,3 +142,46 @@ def test_a_stopped_store_reads_the_same_as_the_live_one(tmp_path):
     assert snapshot(running.root) == before
     assert stopped[0] == live[0] and stopped[1] == live[1]
     assert [(r.queue_id, r.lag_messages) for r in stopped[2]] == [(0, 5), (1, 2)]
+
+
+@pytest.mark.slow
+def test_min_offsets_and_lag_follow_retention(tmp_path):
+    from engine.message import Message
+
+    expire_at_once = {"clean_resource_interval_ms": 100, "file_reserved_hours": 0.0003,
+                      "disk_warn_ratio": 0.001, "disk_clean_force_ratio": 0.999, "disk_full_ratio": 1.0}
+    with checked_store(tmp_path / "store", store=expire_at_once) as running:
+        with Producer(running.root) as producer:
+            acks = producer.send_batch([Message("Ret", b"r" * 300, queue_id=0) for _ in range(600)])
+        assert all(a.ok for a in acks)
+        with Consumer(running.root, "slow") as consumer:
+            consumer.commit("Ret", 0, 0)
+
+        def tables_under_one_line():
+            """The tables read while the retention line held still, and that line."""
+            line = retention_line(running)
+            if line == 0 or first_segment_pos(running.root) != line:
+                return None  # no pass yet, or one between removing files and publishing
+            tables = (topic_table(running.root), lag_table(running.root, "slow"))
+            held = retention_line(running) == line == first_segment_pos(running.root)
+            return (line, *tables) if held else None
+
+        min_pos, [row], [lag] = wait_for(tables_under_one_line, "a retention pass to delete segments")
+    first_kept = min(a.queue_offset for a in acks if a.commit_pos >= min_pos)
+    assert row.min_offset == first_kept > 0 and row.max_offset == 600
+    assert row.messages == 600 - first_kept
+    assert (lag.committed_offset, lag.min_offset, lag.lag_messages) == (0, first_kept, 600 - first_kept)
+
+
+def retention_line(running: RunningStore) -> int:
+    """The published retention line: the commitlog's first position still kept."""
+    from ipc.retention_block import RetentionBlock
+
+    with running.ctl() as ctl:
+        return RetentionBlock(ctl).line().min_commit_pos
+
+
+def first_segment_pos(root: Path) -> int:
+    from engine.naming import commitlog_dir, name_to_offset
+
+    return min(name_to_offset(p.name) for p in commitlog_dir(root).iterdir())
