@@ -332,3 +332,45 @@ def test_every_command_takes_log_level():
     for name in DELEGATED:
         result = cli(name, "--log-level", "INFO", "--help", timeout=60)
         assert result.returncode == 0 and b"unrecognized" not in result.stderr, (name, result.stderr)
+
+
+@pytest.mark.slow
+def test_tables_and_scrapes_under_load_only_grow_and_end_at_what_was_sent(tmp_path):
+    from store_harness import PRODUCER_SCRIPT, spawn_python
+
+    count = 4000
+    with checked_store(tmp_path / "store") as running:
+        root = str(running.root)
+        producer = spawn_python(PRODUCER_SCRIPT, root, "load", str(count), "20", "Load")
+        acks_out = Lines(producer)  # drained by a thread: a full pipe would stall the producer
+        exporter = spawn_cli("exporter", "--store", root, "--listen", "127.0.0.1:0")
+        try:
+            [line] = Lines(exporter).wait_for(lambda seen: seen, "the exporter to listen")
+            url = line.split()[3]
+            seen_max: dict[int, int] = {}
+            puts = []
+            while producer.poll() is None or len(puts) < 2:
+                for row in ok_json("topics", "--store", root):
+                    assert row["max_offset"] >= seen_max.get(row["queue_id"], 0), row
+                    seen_max[row["queue_id"]] = row["max_offset"]
+                with urllib.request.urlopen(url, timeout=30) as response:
+                    text = response.read().decode()
+                samples = {s.name: s.value for f in text_string_to_metric_families(text)
+                           for s in f.samples if not s.labels}
+                assert samples["mqstore_up"] == 1
+                puts.append(samples["mqstore_put_messages_total"])
+            assert producer.wait(60) == 0, producer.stderr.read().decode()
+        finally:
+            if producer.poll() is None:
+                producer.kill()
+            exporter.send_signal(signal.SIGTERM)
+            assert exporter.wait(30) == 0
+        acks = [json.loads(line) for line in acks_out.wait_for(lambda s: len(s) >= count, "every ack")]
+        assert puts == sorted(puts) and puts[-1] > 0
+        assert len(acks) == count and all(a[1] == "PUT_OK" for a in acks)
+        running.wait_caught_up()
+        final = {r["queue_id"]: r["messages"] for r in ok_json("topics", "--store", root)}
+        per_queue: dict[int, int] = {}
+        for ack in acks:
+            per_queue[ack[2]] = per_queue.get(ack[2], 0) + 1
+        assert final == per_queue
