@@ -6,8 +6,9 @@ through workers.status_report) and the files (tools.inventory, retention's disk 
 supervisor's hot path gains nothing. A stopped store still has its files: their metrics are
 served with `mqstore_up 0`.
 
-The control block publishes totals, not distributions: puts, dispatches and flushes are
-counters (rates are Prometheus's `rate()`), the last flush's duration and size are gauges.
+The control block publishes totals, not distributions: puts (by PutStatus), dispatches and
+flushes are counters (rates are Prometheus's `rate()`), the last flush's duration and size are
+gauges; there is no put latency histogram to export.
 Loopback by default: the metrics name topics and groups, so another address needs --allow-remote.
 """
 
@@ -129,6 +130,11 @@ class StoreCollector:
                        "since the supervisor started", totals["dispatched_msgs"])
         yield _counter("mqstore_flushes", "Group-commit flushes (fsync of the commitlog) since "
                        "the supervisor started", flush["count"])
+        answers = CounterMetricFamily("mqstore_put_results", "Put answers by PutStatus since the "
+                                      "supervisor started", labels=["status"])
+        for name, count in status["put_statuses"].items():
+            answers.add_metric([name], count)
+        yield answers
         yield _gauge("mqstore_last_flush_duration_seconds", "Duration of the last flush",
                      flush["last_latency_ms"] / 1000)
         yield _gauge("mqstore_last_flush_bytes", "Bytes made durable by the last flush",

@@ -374,3 +374,20 @@ def test_tables_and_scrapes_under_load_only_grow_and_end_at_what_was_sent(tmp_pa
         for ack in acks:
             per_queue[ack[2]] = per_queue.get(ack[2], 0) + 1
         assert final == per_queue
+
+
+@pytest.mark.slow
+def test_put_results_by_status_match_what_a_hostile_client_was_answered(tmp_path):
+    with checked_store(tmp_path / "store") as running:
+        hostile = subprocess.run(
+            [sys.executable, "-m", "tools.torture.hostile", "--store", str(running.root), "--seed", "7",
+             "--requests", "60", "--acks", str(tmp_path / "acks.jsonl")],
+            cwd=REPO_ROOT, env=child_env(), capture_output=True, timeout=120)
+        assert hostile.returncode == 0, hostile.stderr.decode()
+        answered = json.loads(hostile.stdout.decode().splitlines()[-1])["counts"]
+        assert answered["MESSAGE_ILLEGAL"] > 0 and answered["PUT_OK"] > 0
+        samples, _ = scrape(running.root)
+        status = ok_json("status", "--store", str(running.root))
+    for name in ("PUT_OK", "MESSAGE_ILLEGAL", "DISK_FULL", "UNKNOWN_ERROR"):
+        assert value(samples, "mqstore_put_results_total", status=name) == answered.get(name, 0), name
+        assert status["put_statuses"][name] == answered.get(name, 0), name
