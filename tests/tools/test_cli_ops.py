@@ -391,3 +391,18 @@ def test_put_results_by_status_match_what_a_hostile_client_was_answered(tmp_path
     for name in ("PUT_OK", "MESSAGE_ILLEGAL", "DISK_FULL", "UNKNOWN_ERROR"):
         assert value(samples, "mqstore_put_results_total", status=name) == answered.get(name, 0), name
         assert status["put_statuses"][name] == answered.get(name, 0), name
+
+
+def test_status_watch_of_a_directory_that_is_not_a_store_exits_2_at_once(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    result = cli("status", "--store", str(tmp_path), "--watch", timeout=30)
+    assert result.returncode == EXIT_BAD_INPUT and result.stdout == b""
+    assert "neither empty nor a store" in result.stderr.decode()
+
+
+@pytest.mark.parametrize("argv", [("bench", "--log-level", "LOUD"), ("spark", "--log-level=LOUD")])
+def test_a_delegated_command_refuses_a_bad_log_level(argv):
+    result = cli(*argv, timeout=60)
+    assert result.returncode == EXIT_BAD_INPUT
+    assert result.stderr.decode().splitlines() == [
+        "mqstore: error: --log-level 'LOUD' is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL"]
