@@ -222,7 +222,7 @@ def refuse_damage_before_opening(root: Path, config: StoreConfig) -> None:
 
 
 def _unreadable_shards(root: Path, config: StoreConfig) -> list[int]:
-    """The index shards a writer's open would quarantine (engine.store.open_parts)."""
+    """The index shards a writer's open would quarantine (engine.store_open.open_parts)."""
     unreadable = []
     for shard_no in range(config.index_shards):
         try:

@@ -28,7 +28,8 @@ the checks against the entries run on whole arrays. It checks structure, not CRC
 dispatcher scans at Verify.STRUCTURE too, so below `dispatched_pos` the checksums were checked
 only on the way in (the supervisor's request check verifies BODYCRC before the append, the store
 seals the CRC32C) and by recovery after a crash; a bit flipped on disk since then goes unseen
-unless the caller asks for Record objects (`ColumnsResult.records`, Verify.MQSTORE) or uses `pull`.
+unless the caller asks for Record objects (`ColumnsResult.records`, Verify.MQSTORE) or uses `pull`
+(see docs/DECISIONS.md#structure-checks-after-append).
 A caller reading many queues sweeps them with `pull_columns` and, when a sweep found nothing,
 sleeps in `wait_for_more(bound)` with the `dispatched_pos` it read before the sweep.
 

@@ -74,12 +74,12 @@ from engine.formats.msg_id import make_msg_id
 from engine.formats.record import MAX_PROPERTIES_BYTES, RECORD_FIXED_SIZE
 from engine.formats.record_batch import EncodedRecords, encode_records
 from engine.formats.record_columns import encode_columns
+from engine.formats.uniq_key import new_uniq_key_block
 from engine.message import (
     Message,
     body_column,
     encode_message_properties,
     key_column,
-    new_uniq_key_block,
     queue_id_column,
     tags_text,
     validate_body,

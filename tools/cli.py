@@ -35,12 +35,12 @@ from engine.errors import (
 from engine.owners import refuse_unsafe_parents
 from tools import client_commands, ops_commands, retention_commands
 from tools.logging_setup import setup_logging
+from workers.child_env import child_env
 from workers.exit_codes import CliExit, cli_epilog
 from workers.fatal_log import last_error, log_fatal_signals
 from workers.log_level import LOG_LEVEL_ENV, LOG_LEVEL_NAMES
 
 DEFAULT_STORE = "data"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DETACH_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 120.0
 
@@ -142,9 +142,7 @@ def _start_detached(args: argparse.Namespace, root: Path) -> int:
         argv += ["--index-shards", str(args.index_shards)]
     if args.flush is not None:
         argv += ["--flush", args.flush]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(argv, pass_fds=(write_fd,), start_new_session=True, env=env,
+    proc = subprocess.Popen(argv, pass_fds=(write_fd,), start_new_session=True, env=child_env(),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     os.close(write_fd)
@@ -206,7 +204,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------- offline
 def cmd_check(args: argparse.Namespace) -> int:
-    from engine.check import check_summary, findings_to_json
+    from engine.check import check_summary
+    from engine.check_findings import findings_to_json
 
     progress = None if args.json else progress_printer("checked")
     summary = check_summary(Path(args.store), progress=progress)
@@ -227,7 +226,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_recover(args: argparse.Namespace) -> int:
     from engine.recovery import RecoveryMode, detect_shutdown, recover
-    from engine.store import close_parts, open_for_recovery
     from engine.store_dir import (
         StoreKind,
         StoreLock,
@@ -236,6 +234,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         mark_clean_stop,
         refuse_foreign_store,
     )
+    from engine.store_open import close_parts, open_for_recovery
     from tools.start_settings import load_settings
     from workers.shared_state import cleanup_stale
 
@@ -352,7 +351,7 @@ DELEGATED = {
     "torture": "kill rounds and fault injection against a ledger (`mqstore torture --help`)",
     "spark": "Spark jobs over store files (needs pyspark; `mqstore spark --help`)",
 }
-DELEGATE_MODULES = {"bench": "tools.bench", "torture": "tools.torture.cli", "spark": "tools.spark.cli"}
+DELEGATE_MODULES = {"bench": "tools.bench.cli", "torture": "tools.torture.cli", "spark": "tools.spark.cli"}
 
 
 def run_delegated(name: str, argv: list[str]) -> int:

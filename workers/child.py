@@ -52,7 +52,6 @@ from workers.fatal_log import log_fatal_signals
 from workers.log_level import env_log_level
 
 HEARTBEAT_INTERVAL_S = 0.1
-MAX_STEP_BYTES = 16 * 1024 * 1024  # bounded work per step keeps the heartbeat fresh
 DISK_FULL_FIRST_RETRY_S = 0.05
 DISK_FULL_MAX_RETRY_S = 1.0
 CORRUPTION = (CorruptRecordError, CorruptConsumeQueueError, CorruptIndexError)

@@ -66,7 +66,7 @@ class UniqKeyBlock(NamedTuple):
         return chars.view(f"U{UNIQ_KEY_CHARS}").ravel().tolist()
 
 
-_NUMPY_TEXTS_MIN = 32  # below it a comprehension is faster than numpy's fixed cost
+_NUMPY_TEXTS_MIN = 32  # below it a comprehension is faster (docs/DECISIONS.md#small-batches-scalar)
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8).astype(np.uint32)
 _COUNTER_SHIFTS = np.arange(4 * (UNIQ_COUNTER_DIGITS - 1), -1, -4, dtype=np.int64)
 

@@ -11,16 +11,8 @@ import pytest
 
 from engine.errors import BadInputError
 from engine.formats.record import new_uniq_key, new_uniq_keys
-from engine.message import (
-    UNIQ_COUNTER_MASK,
-    UniqKeyBlock,
-    body_column,
-    key_column,
-    new_uniq_key_block,
-    normalize_keys,
-    queue_id_column,
-    tags_text,
-)
+from engine.formats.uniq_key import UNIQ_COUNTER_MASK, UniqKeyBlock, new_uniq_key_block
+from engine.message import body_column, key_column, normalize_keys, queue_id_column, tags_text
 
 UNIQ_KEY = re.compile(r"[0-9A-F]{32}")
 

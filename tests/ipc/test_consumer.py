@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean
 
 from engine.errors import BadInputError, StoreError
 from engine.status import GetStatus
@@ -24,6 +19,7 @@ from ipc.consumer_offsets import (
 )
 from ipc.producer import Producer
 from tests.conftest import ROCKETMQ_SAMPLES
+from tests.workers.store_harness import assert_check_clean, start_store
 
 SAMPLE = ROCKETMQ_SAMPLES / "store-2019" / "config" / "consumerOffset.json"
 
@@ -111,7 +107,7 @@ def test_concurrent_commits_lose_nothing(tmp_path):
 # ------------------------------------------------------------------ against a running store
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    running = RunningStore.start(tmp_path_factory.mktemp("consumer") / "store")
+    running = start_store(tmp_path_factory.mktemp("consumer") / "store")
     yield running
     if running.proc.poll() is None:
         assert running.stop() == 0
@@ -202,7 +198,7 @@ def test_iterate_writes_offsets_on_its_timer_and_when_it_ends(store):
 
 @pytest.mark.slow
 def test_consumer_never_sees_what_is_not_flushed(tmp_path):
-    store = RunningStore.start(tmp_path / "slow", env={"MQSTORE_FAULT_FSYNC_DELAY_MS": "700"})
+    store = start_store(tmp_path / "slow", env={"MQSTORE_FAULT_FSYNC_DELAY_MS": "700"})
     try:
         with Producer(store.root) as producer, Consumer(store.root, "v") as consumer:
             assert producer.send("VIS", b"warm-up", queue_id=0).ok
@@ -222,7 +218,7 @@ def test_consumer_never_sees_what_is_not_flushed(tmp_path):
 
 @pytest.mark.slow
 def test_committed_offsets_survive_a_restart(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
+    store = start_store(tmp_path / "store")
     with Producer(store.root) as producer:
         for i in range(6):
             producer.send("OFF", f"m{i}".encode(), queue_id=0)
@@ -231,7 +227,7 @@ def test_committed_offsets_survive_a_restart(tmp_path):
         result = consumer.pull("OFF", 0, max_count=4)
         consumer.commit("OFF", 0, result.next_offset)
     assert store.stop() == 0
-    store = RunningStore.start(store.root)
+    store = start_store(store.root)
     try:
         with Consumer(store.root, "keep") as consumer:
             assert consumer.committed("OFF", 0) == 4

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.check import FindingKind
 from engine.check import check as engine_check
+from engine.check_findings import FindingKind
 from engine.dispatch import index_keys
 from engine.formats.cq_entry import CQ_ENTRY_SIZE
 from engine.formats.record import BODY_OFFSET

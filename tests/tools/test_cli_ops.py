@@ -15,20 +15,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import (
-    REPO_ROOT,
-    RunningStore,
-    assert_check_clean,
-    checked_store,
-    child_env,
-    cli,
-    wait_for,
-)
-
 from ipc.consumer import Consumer
 from ipc.producer import Producer
 from tests.helpers import snapshot
+from tests.workers.store_harness import assert_check_clean, checked_store, cli, start_store, wait_for
+from workers.child_env import REPO_ROOT, child_env
 
 SENT = {("Orders", 0): 6, ("Orders", 1): 2, ("Audit", 3): 3}
 COMMITTED = {("Orders", 0): 4}  # group billing; Orders/1 never committed
@@ -56,14 +47,14 @@ def _dispatched_all(root: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    running = RunningStore.start(tmp_path_factory.mktemp("ops") / "store")
+    running = start_store(tmp_path_factory.mktemp("ops") / "store")
     running.records = produce(running.root)
     with Consumer(running.root, "billing") as consumer:
         for (topic, queue_id), offset in COMMITTED.items():
             consumer.commit(topic, queue_id, offset)
     running.wait_caught_up()
     yield running
-    if running.proc.poll() is None:
+    if running.running:
         assert running.stop() == 0
     assert_check_clean(running.root)
 
@@ -336,7 +327,7 @@ def test_every_command_takes_log_level():
 
 @pytest.mark.slow
 def test_tables_and_scrapes_under_load_only_grow_and_end_at_what_was_sent(tmp_path):
-    from store_harness import PRODUCER_SCRIPT, spawn_python
+    from tests.workers.store_harness import PRODUCER_SCRIPT, spawn_python
 
     count = 4000
     with checked_store(tmp_path / "store") as running:

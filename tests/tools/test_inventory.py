@@ -5,20 +5,18 @@ expected values come from what the consumer reads back (record sizes, store time
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean, checked_store, wait_for
-
 from engine.errors import BadInputError, NotAStoreError
 from ipc.consumer import Consumer
 from ipc.producer import Producer
 from tests.helpers import snapshot
+from tests.workers.store_harness import assert_check_clean, checked_store, start_store, wait_for
 from tools.inventory import group_table, lag_table, topic_table
+from tools.store_process import StoreProcess
 
 SENT = {("Orders", 0): 5, ("Orders", 1): 3, ("Audit", 2): 2}
 
@@ -43,7 +41,7 @@ def records_of(root: Path) -> dict[tuple[str, int], list]:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    running = RunningStore.start(tmp_path_factory.mktemp("inventory") / "store")
+    running = start_store(tmp_path_factory.mktemp("inventory") / "store")
     produce(running.root)
     running.wait_caught_up()
     before_ms = now_ms()
@@ -53,7 +51,7 @@ def store(tmp_path_factory):
         consumer.commit("Audit", 2, 2)
     running.commit_window_ms = (before_ms, now_ms())
     yield running
-    if running.proc.poll() is None:
+    if running.running:
         assert running.stop() == 0
     assert_check_clean(running.root)
 
@@ -173,7 +171,7 @@ def test_min_offsets_and_lag_follow_retention(tmp_path):
     assert (lag.committed_offset, lag.min_offset, lag.lag_messages) == (0, first_kept, 600 - first_kept)
 
 
-def retention_line(running: RunningStore) -> int:
+def retention_line(running: StoreProcess) -> int:
     """The published retention line: the commitlog's first position still kept."""
     from ipc.retention_block import RetentionBlock
 

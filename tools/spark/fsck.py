@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.check import Finding, FindingKind
+from engine.check_findings import Finding, FindingKind
 from engine.errors import CheckpointError
 from engine.formats.checkpoint import decode_checkpoint
 from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE, FILLER_SIZE_MARK

@@ -1,6 +1,6 @@
 """The engine alone, in one process: put_batch, append path, dispatch, verification, key queries.
 
-    .venv/bin/python -m tools.bench_engine [--records N] [--body-bytes 256] [--batch 64]
+    .venv/bin/python -m tools.bench.engine [--records N] [--body-bytes 256] [--batch 64]
         [--runs 3] [--json FILE] [--dir DIR] [--only put,append,dispatch,verify,query]
 
 Every message has a `--body-bytes` random body, one key (KEYS) and the UNIQ_KEY the store
@@ -48,7 +48,8 @@ from engine.formats.record_batch import encode_records
 from engine.mapped_file import Access
 from engine.message import Message
 from engine.shard_index import ShardIndex
-from engine.store import MessageStore, close_parts, open_parts
+from engine.store import MessageStore
+from engine.store_open import close_parts, open_parts
 
 TOPIC = "BenchTopic"
 QUEUES = 8
@@ -325,7 +326,7 @@ def bench_query(root: Path, inputs: Inputs, config: StoreConfig, queries: int, r
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tools.bench_engine", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.bench.engine", description=__doc__.split("\n")[0])
     p.add_argument("--records", type=int, default=200_000, help="records for put/append/dispatch")
     p.add_argument("--body-bytes", type=int, default=256)
     p.add_argument("--batch", type=int, default=64)

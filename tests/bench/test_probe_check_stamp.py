@@ -1,15 +1,15 @@
-"""tools.bench_check_stamp runs end to end on a few records (a smoke test, not a benchmark)."""
+"""tools.bench.probes.check_stamp runs end to end on a few records (a smoke test, not a benchmark)."""
 
 from __future__ import annotations
 
 import json
 
-from tools import bench_check_stamp
+from tools.bench.probes import check_stamp
 
 
 def test_bench_check_stamp_small_run_reports_every_batch_size(tmp_path, capsys):
     out_file = tmp_path / "bench.json"
-    out = bench_check_stamp.main(["--records", "400", "--batches", "1,8,40", "--runs", "1",
+    out = check_stamp.main(["--records", "400", "--batches", "1,8,40", "--runs", "1",
                                   "--dir", str(tmp_path), "--json", str(out_file)])
     for batch in (1, 8, 40):
         row = out[f"batch_{batch}"]

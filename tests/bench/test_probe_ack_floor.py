@@ -1,4 +1,4 @@
-"""tools.bench_ack_floor runs end to end, closed loop and at a fixed rate, and leaves nothing behind."""
+"""tools.bench.probes.ack_floor runs end to end, closed loop and at a fixed rate, and leaves nothing over."""
 
 from __future__ import annotations
 
@@ -6,16 +6,16 @@ import os
 
 import pytest
 
-from tools import bench_ack_floor
+from tools.bench.probes import ack_floor
 
 
 def own_semaphores() -> set[str]:
-    prefix = "sem." + bench_ack_floor.NAME_PREFIX[1:]
+    prefix = "sem." + ack_floor.NAME_PREFIX[1:]
     return {name for name in os.listdir("/dev/shm") if name.startswith(prefix)}
 
 
 def test_closed_loop_acknowledges_batches_and_cleans_up(tmp_path):
-    out = bench_ack_floor.main(["--producers", "2", "--batch", "4", "--seconds", "0.5", "--runs", "1",
+    out = ack_floor.main(["--producers", "2", "--batch", "4", "--seconds", "0.5", "--runs", "1",
                                 "--crc", "--dir", str(tmp_path)])
     assert out["acks_per_s"] > 0
     assert out["msgs_per_s"] == pytest.approx(4 * out["acks_per_s"])
@@ -28,7 +28,7 @@ def test_closed_loop_acknowledges_batches_and_cleans_up(tmp_path):
 
 def test_fixed_rate_sends_on_schedule(tmp_path):
     # 2 producers x batches of 4 at 400 msg/s: each producer's batch due every 20 ms, 50 in 1 s
-    out = bench_ack_floor.main(["--producers", "2", "--batch", "4", "--seconds", "1", "--runs", "1",
+    out = ack_floor.main(["--producers", "2", "--batch", "4", "--seconds", "1", "--runs", "1",
                                 "--rate", "400", "--dir", str(tmp_path)])
     assert out["msgs_per_s"] == pytest.approx(400)
     assert out["acks_per_s"] == pytest.approx(100)
@@ -42,7 +42,7 @@ def test_fixed_rate_sends_on_schedule(tmp_path):
 ])
 def test_bad_arguments_are_refused_before_anything_runs(args, message, capsys):
     with pytest.raises(SystemExit) as stopped:
-        bench_ack_floor.main(args)
+        ack_floor.main(args)
     assert stopped.value.code == 2
     assert message in capsys.readouterr().err
     assert own_semaphores() == set()

@@ -1,6 +1,6 @@
 """The supervisor's per-request CPU, isolated: check + offsets + stamp + append of producer records.
 
-    .venv/bin/python -m tools.bench_check_stamp [--records 100000] [--batches 1,8,64]
+    .venv/bin/python -m tools.bench.probes.check_stamp [--records 100000] [--batches 1,8,64]
         [--body-bytes 256] [--runs 3] [--json FILE] [--dir DIR]
 
 Requests are built as a producer builds them (record_batch.encode_records: one topic, a KEYS key

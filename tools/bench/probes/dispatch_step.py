@@ -2,10 +2,10 @@
 each shard's keys, with the batch codec (CommitLog.scan_batches + ScannedRun.columns) or record
 by record (CommitLog.scan_headers + columns_from_headers), at a given number of records a step.
 
-    .venv/bin/python -m tools.bench_dispatch_step [--records 1,2,4,8,16,32,64] [--body-bytes 256]
+    .venv/bin/python -m tools.bench.probes.dispatch_step [--records 1,2,4,8,16,32,64] [--body-bytes 256]
         [--steps 300] [--runs 3]
 
-Records are built as a producer builds them (tools.bench_check_stamp: a key and a UNIQ_KEY per
+Records are built as a producer builds them (tools.bench.probes.check_stamp: a key and a UNIQ_KEY per
 message, queue ids round robin) and appended to a commitlog in a temp directory. Each figure is
 CPU microseconds per step (`time.process_time`), median of `--runs`. The two cross at a number
 of records; workers.dispatcher.FEW_RECORDS_BYTES keeps a backlog of the smallest records below it.
@@ -26,7 +26,7 @@ from engine.dispatch import shard_key_columns
 from engine.formats.record import Verify
 from engine.formats.record_scan import columns_from_headers
 from engine.mapped_file import Access
-from tools.bench_check_stamp import QUEUES, append_requests, make_requests
+from tools.bench.probes.check_stamp import QUEUES, append_requests, make_requests
 from workers.request_check import RecordChecker
 
 SHARDS = 2

@@ -1,19 +1,19 @@
-"""tools.bench_wakeup runs end to end on a few hand-offs and leaves no semaphore behind."""
+"""tools.bench.probes.wakeup runs end to end on a few hand-offs and leaves no semaphore behind."""
 
 from __future__ import annotations
 
 import os
 
-from tools import bench_wakeup
+from tools.bench.probes import wakeup
 
 
 def own_semaphores() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith("sem." + bench_wakeup.NAME_PREFIX[1:])}
+    return {name for name in os.listdir("/dev/shm") if name.startswith("sem." + wakeup.NAME_PREFIX[1:])}
 
 
 def test_bench_wakeup_reports_both_placements_and_cleans_up():
     allowed = os.sched_getaffinity(0)
-    out = bench_wakeup.main(["--rounds", "50", "--runs", "1"])
+    out = wakeup.main(["--rounds", "50", "--runs", "1"])
     assert sorted(out) == ["any CPU", "one CPU"]
     assert all(row["round_trip_us"] > row["post_us"] > 0 for row in out.values())
     assert own_semaphores() == set()

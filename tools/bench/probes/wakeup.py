@@ -2,7 +2,7 @@
 through two POSIX semaphores (ipc.wakeup.Wakeup, as a producer and the supervisor do), first
 free to run on any CPU, then both pinned to one CPU.
 
-    .venv/bin/python -m tools.bench_wakeup [--rounds 20000] [--runs 3]
+    .venv/bin/python -m tools.bench.probes.wakeup [--rounds 20000] [--runs 3]
 
 Prints the round trip and the time inside post() (sem_post), medians of --runs. On a VM, a wake
 of a process asleep on another virtual CPU can cost tens of microseconds (the host must wake that

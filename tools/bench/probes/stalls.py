@@ -5,11 +5,11 @@ than --min-ms in which a stage's position stood still while the stage before it 
 dispatched past a shard's processed position: that index builder did). The supervisor's own
 freezes are spans in which flushed_pos stood still while written_pos was ahead.
 
-    .venv/bin/python -m tools.bench_stalls --store ./data --seconds 120 [--min-ms 30] [--json FILE]
+    .venv/bin/python -m tools.bench.probes.stalls --store ./data --seconds 120 [--min-ms 30] [--json FILE]
 
 Run it beside a load (`mqstore bench --store ./data ...`): it found the dispatcher frozen 46-110
 ms at every consume-queue file, which led to reserve() dropping its read-ahead
-(docs/BENCHMARKS.md, seventh pass). Reads only; costs the store nothing but one core's share.
+(docs/DECISIONS.md#reserve-blocks-ahead). Reads only; costs the store nothing but one core's share.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def attach(store: Path, wait_s: float) -> ControlBlock:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_stalls",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.probes.stalls",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, required=True)
     parser.add_argument("--seconds", type=float, default=60.0)
@@ -117,4 +117,4 @@ if __name__ == "__main__":
     try:
         main()
     except StoreError as exc:
-        sys.exit(f"bench_stalls: {exc}")
+        sys.exit(f"stalls: {exc}")

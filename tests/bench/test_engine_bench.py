@@ -1,4 +1,4 @@
-"""tools.bench_engine runs every measure end to end on a small input (a smoke test, not a benchmark)."""
+"""tools.bench.engine runs every measure end to end on a small input (a smoke test, not a benchmark)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from tools import bench_engine
+from tools.bench import engine
 
 
 @pytest.mark.slow
 def test_bench_engine_small_run_reports_every_measure(tmp_path, capsys):
     out_file = tmp_path / "bench.json"
-    out = bench_engine.main(["--records", "1500", "--sync-records", "300", "--runs", "1",
+    out = engine.main(["--records", "1500", "--sync-records", "300", "--runs", "1",
                              "--big-records", "3000", "--queries", "50", "--dir", str(tmp_path),
                              "--json", str(out_file)])
     for name in ("put_async", "put_sync", "append", "dispatch", "verify", "query", "big_store"):

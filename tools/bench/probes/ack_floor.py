@@ -8,7 +8,7 @@ and answers each producer with a post (ipc.wakeup.Wakeup, as the store's process
 checks, no stamping beyond an optional CRC32C per record, no dispatcher, no index, no
 zero-ahead: whatever the store does costs more than this.
 
-    .venv/bin/python -m tools.bench_ack_floor [--producers 4] [--batch 1] [--size 256]
+    .venv/bin/python -m tools.bench.probes.ack_floor [--producers 4] [--batch 1] [--size 256]
         [--seconds 5] [--runs 3] [--crc] [--dir DIR] [--json]
 
 Prints messages/s, acknowledgements/s, fdatasyncs/s, messages per fdatasync and CPU per
