@@ -265,7 +265,7 @@ def render_status(status: dict) -> str:
                   f"{flush['window_msgs_per_flush']:.1f} msgs = {flush['window_bytes_per_flush']:.0f} B "
                   f"per flush"]
     failed = {name: n for name, n in status["put_statuses"].items() if n and name != "PUT_OK"}
-    lines.append(f"answers {status['put_statuses']['PUT_OK']} PUT_OK" + "".join(
+    lines.append(f"answers since start: {status['put_statuses']['PUT_OK']} PUT_OK" + "".join(
         f", {n} {name}" for name, n in failed.items()))
     lines += render_retention(status["retention"])
     history = status["restart_history"]
