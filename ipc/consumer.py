@@ -207,7 +207,7 @@ class Consumer:
         if queue is None:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, next_offset=offset or 0)
         queue.refresh()
-        high = _visible_max(queue, bound)
+        high = visible_max(queue, bound)
         low = queue.correct_min_offset(self._log_min_pos(), high)
         if offset is None:
             offset = low
@@ -476,7 +476,7 @@ class Consumer:
         self.close()
 
 
-def _visible_max(queue: ConsumeQueue, bound: int) -> int:
+def visible_max(queue: ConsumeQueue, bound: int) -> int:
     """The end of the queue as far as records below `bound` (the dispatched position) go."""
     high = queue.max_offset
     if queue.max_commit_end <= bound:

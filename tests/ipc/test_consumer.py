@@ -19,6 +19,7 @@ from ipc.consumer import Consumer
 from ipc.consumer_offsets import (
     ConsumerOffsets,
     encode_offset_table,
+    parse_offset_document,
     parse_offset_table,
 )
 from ipc.producer import Producer
@@ -49,13 +50,34 @@ def test_commit_writes_strict_json_with_backup(tmp_path):
     offsets.commit("T1", "g", 0, 5)
     offsets.commit("T1", "g", 1, 7)
     path = tmp_path / "config" / "consumerOffset.json"
-    assert json.loads(path.read_text()) == {"offsetTable": {"T1@g": {"0": 5, "1": 7}}}
-    assert json.loads(path.with_name(path.name + ".bak").read_text()) == {
-        "offsetTable": {"T1@g": {"0": 5}}}
+    assert json.loads(path.read_text())["offsetTable"] == {"T1@g": {"0": 5, "1": 7}}
+    assert json.loads(path.with_name(path.name + ".bak").read_text())["offsetTable"] == {
+        "T1@g": {"0": 5}}
     assert offsets.get("T1", "g", 1) == 7 and offsets.get("T1", "other", 1) is None
     for written in (path, path.with_name(path.name + ".bak")):
         assert written.stat().st_mode & 0o077 == 0, written
-    assert path.read_bytes() == encode_offset_table({"T1@g": {0: 5, 1: 7}})
+    _, times = offsets.load_with_times()
+    assert path.read_bytes() == encode_offset_table({"T1@g": {0: 5, 1: 7}}, times)
+
+
+def test_commit_records_when_each_queue_was_committed(tmp_path):
+    offsets = ConsumerOffsets(tmp_path)
+    before_ms = time.time_ns() // 1_000_000
+    offsets.commit_many("g", {("T1", 0): 5, ("T1", 1): 6})
+    first = offsets.load_with_times()[1]["T1@g"]
+    assert set(first) == {0, 1} and all(before_ms <= ms <= time.time_ns() // 1_000_000
+                                        for ms in first.values())
+    wait_ms = first[0] + 2
+    while time.time_ns() // 1_000_000 < wait_ms:  # the clock, not a sleep for another party
+        pass
+    offsets.commit("T1", "g", 1, 9)
+    later = offsets.load_with_times()[1]["T1@g"]
+    assert later[0] == first[0] and later[1] > first[1]
+
+
+def test_file_without_commit_times_reads_as_never_committed():
+    table, times = parse_offset_document('{"offsetTable":{"T@g":{0:3}}}')
+    assert table == {"T@g": {0: 3}} and times == {}
 
 
 def test_torn_primary_falls_back_to_backup(tmp_path):
