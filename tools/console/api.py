@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from engine.errors import BadInputError
+from tools import inventory
 from tools.console import events, lookup
 from tools.console.sampler import StatusSampler
 
@@ -40,19 +41,8 @@ def _int_param(params: dict[str, list[str]], name: str) -> int:
         raise BadInputError(name, f"{text!r} is not an integer") from None
 
 
-def _rows(table) -> list[dict]:
-    """Rows of an inventory answer: a list of rows, or a table, each with as_dict()."""
-    if hasattr(table, "as_dict"):
-        return table.as_dict()
-    return [row.as_dict() for row in table]
-
-
-def _inventory() -> object:
-    try:
-        from tools import inventory
-    except ImportError as exc:  # the ops branch's module; named so the page can say so
-        raise BadInputError("inventory", f"tools.inventory is not installed ({exc})") from None
-    return inventory
+def _rows(rows) -> list[dict]:
+    return [row.as_dict() for row in rows]
 
 
 class Api:
@@ -76,14 +66,14 @@ class Api:
         return self.sampler.snapshot()
 
     def topics(self, params: dict[str, list[str]]) -> dict:
-        return {"topics": _rows(_inventory().topic_table(self.store_dir))}
+        return {"topics": _rows(inventory.topic_table(self.store_dir))}
 
     def groups(self, params: dict[str, list[str]]) -> dict:
-        return {"groups": _rows(_inventory().group_table(self.store_dir))}
+        return {"groups": _rows(inventory.group_table(self.store_dir))}
 
     def lag(self, params: dict[str, list[str]]) -> dict:
         group = params.get("group", [""])[0].strip() or None
-        return {"lag": _rows(_inventory().lag_table(self.store_dir, group=group))}
+        return {"lag": _rows(inventory.lag_table(self.store_dir, group=group))}
 
     def events(self, params: dict[str, list[str]]) -> dict:
         return {"source": str(self.store_dir / events.LOG_FILE),

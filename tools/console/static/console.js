@@ -37,7 +37,7 @@ function fillTable(table, rows, columns) {
   table.replaceChildren();
   const cols = columns || (rows.length ? Object.keys(rows[0]) : []);
   const head = table.createTHead().insertRow();
-  for (const col of cols) head.appendChild(el("th", col.replaceAll("_", " ")));
+  for (const col of cols) head.appendChild(el("th", (isTimeColumn(col) ? col.replace(/_ms$/, "") : col).replaceAll("_", " ")));
   const body = table.createTBody();
   if (!rows.length) {
     const cell = body.insertRow().insertCell();
@@ -130,7 +130,7 @@ async function refreshTopics() {
 async function refreshGroups() {
   try {
     const groups = (await getJson("/api/groups")).groups;
-    fillTable(byId("groups-table"), groups);
+    fillTable(byId("groups-table"), groups, ["group", "topics", "queue_count", "last_commit_time_ms"]);
     const select = byId("lag-group");
     const chosen = select.value;
     const names = [...new Set(groups.map((g) => g.group))];
@@ -171,11 +171,14 @@ function messageCard(message) {
     born_time: new Date(message.born_ts_ms).toLocaleString(), tags: message.tags, keys: message.keys,
     uniq_key: message.uniq_key, body_bytes: message.body_bytes};
   pairsTable(fields, shown);
-  card.appendChild(fields);
-  card.appendChild(el("div", "properties", "muted"));
   const props = el("table", null, "properties");
   pairsTable(props, message.properties);
-  card.appendChild(props);
+  const meta = el("div", null, "meta");
+  const left = el("div"), right = el("div");
+  left.append(el("div", "message", "muted"), fields);
+  right.append(el("div", "properties", "muted"), props);
+  meta.append(left, right);
+  card.appendChild(meta);
   const asText = el("button", "text", "toggle");
   const asHex = el("button", "hex", "toggle");
   const body = el("pre", null, "body");
