@@ -20,9 +20,20 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import REPO_ROOT, child_env, cli, module_store, run_python, spawn_python, wait_for
+from store_harness import (
+    REPO_ROOT,
+    checked_store,
+    child_env,
+    cli,
+    module_store,
+    run_python,
+    spawn_python,
+    wait_for,
+)
 
+from ipc.control_block import Role
 from tools.console.access import COOKIE_NAME
+from tools.console.events import EventKind, recent_events
 
 pytestmark = pytest.mark.slow
 
@@ -321,3 +332,21 @@ def test_events_page_lists_the_start_from_the_store_log(browser, store, tmp_path
     assert {"start", "recovery"} <= kinds, kinds
     assert str(store.root / "mqstore.log") in text_of(browser, "events-source")
     screenshot(browser, tmp_path, "events")
+
+
+# ---------------------------------------------------------------------------------- events
+def test_events_name_a_child_restart_and_a_retention_pass_from_the_log(tmp_path):
+    with checked_store(tmp_path / "store") as running:
+        old_pid = running.child_pid(Role.DISPATCHER)
+        os.kill(old_pid, 9)
+        running.wait_child_restarted(Role.DISPATCHER, old_pid)
+        result = cli("clean", "--store", str(running.root))
+        assert result.returncode == 0, result.stderr.decode()
+        events = wait_for(lambda: [e for e in recent_events(running.root)
+                                   if e.kind in (EventKind.RESTART, EventKind.RETENTION)],
+                          "the restart and retention events")
+    kinds = {e.kind: e for e in events}
+    assert f"dispatcher (pid {old_pid})" in kinds[EventKind.RESTART].message
+    assert kinds[EventKind.RETENTION].message.startswith("retention (manual")
+    newest_first = recent_events(running.root)
+    assert newest_first[0].kind is EventKind.STOP  # the clean stop, after everything else
