@@ -112,7 +112,7 @@ def topic_table(store_dir: str | Path) -> list[QueueRow]:
 def group_table(store_dir: str | Path) -> list[GroupRow]:
     """Every consumer group that committed an offset, sorted by name."""
     root = Path(store_dir)
-    _require_store(root)
+    require_store(root)
     offsets, times = ConsumerOffsets(root).load_with_times()
     rows: dict[str, list[CommittedOffset]] = {}
     for key, queues in offsets.items():
@@ -151,7 +151,7 @@ def _split_key(key: str) -> tuple[str, str]:
     return topic, group
 
 
-def _require_store(root: Path) -> None:
+def require_store(root: Path) -> None:
     kind = inspect_store_dir(root)  # NotAStoreError for a file or a foreign directory
     if kind is StoreKind.NEW:
         raise NotAStoreError("no store here", path=str(root),
@@ -176,7 +176,7 @@ class _StoreView:
     @classmethod
     @contextmanager
     def open(cls, root: Path) -> Iterator[_StoreView]:
-        _require_store(root)
+        require_store(root)
         bound_pos = dispatched_bound(root)
         meta = read_meta(root)
         commitlog = CommitLog.open(root, meta.commitlog_file_size, Access.READ_ONLY)
