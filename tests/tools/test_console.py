@@ -228,6 +228,34 @@ def test_a_directory_that_is_no_store_is_refused(tmp_path):
     assert not (tmp_path / "nothing").exists()
 
 
+@pytest.mark.parametrize(("query", "field", "words"), [
+    ("by=bogus", "by", "is not one of key, msg_id, offset"),
+    ("by=key&topic=orders", "key", "is required"),
+    ("by=key&topic=no/such&key=k", "topic", "may only hold"),
+    ("by=msg_id&msg_id=zz", "msg_id", "is not 32 or 56 hex characters"),
+    ("by=offset&topic=orders&queue_id=x&queue_offset=0", "queue_id", "is not an integer"),
+    ("by=offset&topic=orders&queue_id=0&queue_offset=-1", "queue_offset", "must be >= 0"),
+])
+def test_a_bad_lookup_is_answered_400_naming_the_field(console, query, field, words):
+    status, _, body = http_get(f"{console.base}/api/lookup?{query}",
+                               cookie=f"{COOKIE_NAME}={console.token}")
+    answer = json.loads(body)
+    assert status == 400 and answer["field"] == field and words in answer["error"], answer
+
+
+def test_the_console_is_read_only_and_names_unknown_paths(console):
+    cookie = f"{COOKIE_NAME}={console.token}"
+    status, _, body = http_get(f"{console.base}/api/nothing", cookie=cookie)
+    assert status == 404 and "no endpoint /api/nothing" in json.loads(body)["error"]
+    status, _, body = http_get(f"{console.base}/api/lag?group=nobody", cookie=cookie)
+    assert status == 400 and "has committed no offset" in json.loads(body)["error"]
+    request = urllib.request.Request(f"{console.base}/api/overview", data=b"x", method="POST",
+                                     headers={"Cookie": cookie})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 501
+
+
 # ---------------------------------------------------------------------------------- pages
 def test_overview_shows_the_running_store_with_live_numbers_that_change(browser, console, tmp_path):
     open_tab(browser, "overview")

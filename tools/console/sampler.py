@@ -2,7 +2,9 @@
 background thread, with a short history for the live charts.
 
 One sampler per console, however many browsers poll it, so the store sees one reader; each
-sample's rates are measured over its own one-second window.
+sample's rates are measured over its own one-second window. It samples only while someone
+looks: after IDLE_AFTER_S without a snapshot asked for it sleeps until the next one, so an
+open console nobody watches costs the store nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from workers.status_report import collect_status
 
 SAMPLE_S = 1.0
 HISTORY_POINTS = 120  # two minutes of one-second samples
+IDLE_AFTER_S = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +45,13 @@ def chart_point(status: dict) -> dict:
 class StatusSampler:
     """Keeps the latest status and the last HISTORY_POINTS chart points."""
 
-    def __init__(self, store_dir: Path, sample_s: float = SAMPLE_S):
+    def __init__(self, store_dir: Path, sample_s: float = SAMPLE_S, idle_after_s: float = IDLE_AFTER_S):
         self.store_dir = store_dir
         self.sample_s = sample_s
+        self.idle_after_s = idle_after_s
+        self._asked_at = time.monotonic()
+        self._asked = threading.Event()
+        self.idle = threading.Event()  # set while it sleeps for want of a viewer
         self._lock = threading.Lock()
         self._latest: dict | None = None
         self._history: deque[dict] = deque(maxlen=HISTORY_POINTS)
@@ -57,10 +64,13 @@ class StatusSampler:
 
     def stop(self) -> None:
         self._stop.set()
+        self._asked.set()
         self._thread.join(self.sample_s * 4)
 
     def snapshot(self) -> dict:
         """{"status": latest status or None before the first sample, "history": [points]}."""
+        self._asked_at = time.monotonic()
+        self._asked.set()
         with self._lock:
             return {"status": self._latest, "history": list(self._history)}
 
@@ -79,6 +89,13 @@ class StatusSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if time.monotonic() - self._asked_at > self.idle_after_s:
+                self._asked.clear()
+                if time.monotonic() - self._asked_at > self.idle_after_s:  # none came meanwhile
+                    self.idle.set()
+                    self._asked.wait()  # until a snapshot is asked for (or stop)
+                    self.idle.clear()
+                continue
             try:
                 self.sample_once()
             except Exception:  # a bug in one sample must not end the overview
