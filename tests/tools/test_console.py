@@ -222,6 +222,18 @@ def test_a_malformed_listen_address_is_refused_naming_the_form(store):
     assert result.returncode == 2 and "is not HOST:PORT" in result.stderr.decode()
 
 
+def test_a_port_in_use_is_refused_naming_the_address(store):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = cli("console", "--store", str(store.root), "--listen", address, timeout=30)
+    err = result.stderr.decode()
+    assert result.returncode == 2 and f"cannot listen on {address}" in err, err
+
+
 def test_a_directory_that_is_no_store_is_refused(tmp_path):
     result = cli("console", "--store", str(tmp_path / "nothing"), "--listen", "127.0.0.1:0", timeout=30)
     assert result.returncode == 2 and "no store here" in result.stderr.decode()

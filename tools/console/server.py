@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import mimetypes
+import socket
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -47,8 +48,6 @@ class ConsoleServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: ListenAddress, api: Api, tokens: TokenCheck):
-        import socket
-
         self.address_family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
         self.api = api
         self.tokens = tokens
