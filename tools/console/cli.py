@@ -20,14 +20,15 @@ from tools.console.access import DEFAULT_LISTEN, RemoteAccess, TokenCheck, new_t
 from tools.console.api import Api
 from tools.console.sampler import StatusSampler
 from tools.console.server import ConsoleServer
-from workers.exit_codes import CliExit
+from workers.exit_codes import CliExit, cli_epilog
 
 
 def add_console_parser(subparsers) -> None:
     p = subparsers.add_parser("console", help="serve a read-only web console of a store",
                               description="Serve a read-only web console: overview, topics, "
                               "groups and lag, message lookup, recent events. Prints the URL with "
-                              "its access token.")
+                              "its access token.", epilog=cli_epilog(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--store", default="data", help="store directory (default ./data)")
     p.add_argument("--listen", default=DEFAULT_LISTEN,
                    help=f"HOST:PORT to listen on (default {DEFAULT_LISTEN}; port 0 picks a free one)")
