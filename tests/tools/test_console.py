@@ -32,7 +32,7 @@ from store_harness import (
 )
 
 from ipc.control_block import Role
-from tools.console.access import COOKIE_NAME
+from tools.console.access import cookie_name
 from tools.console.events import EventKind, recent_events
 
 pytestmark = pytest.mark.slow
@@ -113,6 +113,7 @@ class Console:
         self.url = url
         self.base = url.split("/?", 1)[0]
         self.token = url.split("token=", 1)[1]
+        self.cookie = f"{cookie_name(int(self.base.rsplit(':', 1)[1]))}={self.token}"
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +193,7 @@ def test_a_request_without_the_token_is_refused_for_pages_json_and_static_files(
         assert b"order-42" not in body and b"READY" not in body
         status, _, _ = http_get(console.base + path + ("&" if "?" in path else "?") + "token=wrong")
         assert status == 403, (path, status)
-        status, _, _ = http_get(console.base + path, cookie=f"{COOKIE_NAME}=wrong")
+        status, _, _ = http_get(console.base + path, cookie=console.cookie.replace(console.token, "wrong"))
         assert status == 403, (path, status)
 
 
@@ -200,11 +201,11 @@ def test_the_token_once_in_the_url_sets_an_httponly_strict_cookie_that_then_suff
     status, headers, body = http_get(f"{console.base}/?token={console.token}")
     assert status == 200 and b"mqstore console" in body
     cookie = headers["Set-Cookie"]
-    assert cookie.startswith(f"{COOKIE_NAME}={console.token};")
+    assert cookie.startswith(f"{console.cookie};")
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
     assert "script-src 'self'" in headers["Content-Security-Policy"]
     status, headers, body = http_get(f"{console.base}/api/overview",
-                                     cookie=f"{COOKIE_NAME}={console.token}")
+                                     cookie=console.cookie)
     assert status == 200 and "history" in json.loads(body)
 
 
@@ -250,13 +251,13 @@ def test_a_directory_that_is_no_store_is_refused(tmp_path):
 ])
 def test_a_bad_lookup_is_answered_400_naming_the_field(console, query, field, words):
     status, _, body = http_get(f"{console.base}/api/lookup?{query}",
-                               cookie=f"{COOKIE_NAME}={console.token}")
+                               cookie=console.cookie)
     answer = json.loads(body)
     assert status == 400 and answer["field"] == field and words in answer["error"], answer
 
 
 def test_the_console_is_read_only_and_names_unknown_paths(console):
-    cookie = f"{COOKIE_NAME}={console.token}"
+    cookie = console.cookie
     status, _, body = http_get(f"{console.base}/api/nothing", cookie=cookie)
     assert status == 404 and "no endpoint /api/nothing" in json.loads(body)["error"]
     status, _, body = http_get(f"{console.base}/api/lag?group=nobody", cookie=cookie)

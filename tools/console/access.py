@@ -2,7 +2,9 @@
 
 Other local users can reach loopback ports while the store is owner-only, so every request
 must carry the token printed at start (as Jupyter does): once as `?token=` in the URL, after
-which the answer sets it as an HttpOnly, SameSite=Strict cookie the browser sends back.
+which the answer sets it as an HttpOnly, SameSite=Strict cookie the browser sends back. The
+cookie's name holds the port, as cookies are shared by every port of a host: two consoles on
+one host keep their own.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from urllib.parse import parse_qs
 from engine.errors import BadInputError
 
 DEFAULT_LISTEN = "127.0.0.1:8460"
-COOKIE_NAME = "mqstore_console_token"
+COOKIE_PREFIX = "mqstore-console-"
 TOKEN_BYTES = 32
 
 
@@ -74,11 +76,16 @@ def new_token() -> str:
     return secrets.token_urlsafe(TOKEN_BYTES)
 
 
+def cookie_name(port: int) -> str:
+    return f"{COOKIE_PREFIX}{port}"
+
+
 class TokenCheck:
     """Compares a request's token (query or cookie) with the console's in constant time."""
 
-    def __init__(self, token: str):
+    def __init__(self, token: str, port: int):
         self.token = token
+        self.cookie_name = cookie_name(port)
 
     def from_query(self, query: str) -> bool:
         values = parse_qs(query).get("token", [])
@@ -91,11 +98,11 @@ class TokenCheck:
             cookie = SimpleCookie(header)
         except CookieError:
             return False
-        morsel = cookie.get(COOKIE_NAME)
+        morsel = cookie.get(self.cookie_name)
         return morsel is not None and self._same(morsel.value)
 
     def set_cookie_header(self) -> str:
-        return f"{COOKIE_NAME}={self.token}; HttpOnly; SameSite=Strict; Path=/"
+        return f"{self.cookie_name}={self.token}; HttpOnly; SameSite=Strict; Path=/"
 
     def _same(self, value: str) -> bool:
         return hmac.compare_digest(value.encode(), self.token.encode())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from engine.errors import BadInputError, NotAStoreError
 from engine.store_dir import StoreKind, inspect_store_dir
-from tools.console.access import DEFAULT_LISTEN, RemoteAccess, TokenCheck, new_token, parse_listen
+from tools.console.access import DEFAULT_LISTEN, RemoteAccess, new_token, parse_listen
 from tools.console.api import Api
 from tools.console.sampler import StatusSampler
 from tools.console.server import ConsoleServer
@@ -47,14 +47,14 @@ def run_console(args: argparse.Namespace) -> int:
     kind = inspect_store_dir(root)
     if kind is StoreKind.NEW:
         raise NotAStoreError("no store here: nothing to show", path=str(root))
-    tokens = TokenCheck(new_token())
+    token = new_token()
     sampler = StatusSampler(root).start()
     try:
-        server = ConsoleServer(address, Api(root, sampler), tokens)
+        server = ConsoleServer(address, Api(root, sampler), token)
     except OSError as exc:
         sampler.stop()
         raise BadInputError("listen", f"cannot listen on {args.listen}: {exc.strerror}") from None
-    url = f"http://{address.url_host}:{server.port}/?token={tokens.token}"
+    url = f"http://{address.url_host}:{server.port}/?token={token}"
     print(f"console: {url}", flush=True)
     print("(the token is required by every request; Ctrl-C stops the console)", file=sys.stderr)
     signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=server.shutdown).start())

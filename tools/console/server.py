@@ -47,12 +47,12 @@ class ConsoleServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: ListenAddress, api: Api, tokens: TokenCheck):
+    def __init__(self, address: ListenAddress, api: Api, token: str):
         self.address_family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
         self.api = api
-        self.tokens = tokens
         self.static = static_files()
         super().__init__((address.host, address.port), ConsoleHandler)
+        self.tokens = TokenCheck(token, self.port)  # the port is known once bound (--listen :0)
 
     @property
     def port(self) -> int:
