@@ -350,8 +350,10 @@ DELEGATED = {
     "bench": "load-test a store with producer and consumer processes (`mqstore bench --help`)",
     "torture": "kill rounds and fault injection against a ledger (`mqstore torture --help`)",
     "spark": "Spark jobs over store files (needs pyspark; `mqstore spark --help`)",
+    "console": "serve a read-only web console of a store (`mqstore console --help`)",
 }
-DELEGATE_MODULES = {"bench": "tools.bench.cli", "torture": "tools.torture.cli", "spark": "tools.spark.cli"}
+DELEGATE_MODULES = {"bench": "tools.bench.cli", "torture": "tools.torture.cli", "spark": "tools.spark.cli",
+                    "console": "tools.console.cli"}
 
 
 def run_delegated(name: str, argv: list[str]) -> int:
