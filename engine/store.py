@@ -38,10 +38,10 @@ from engine.formats.record import (
     RECORD_FIXED_SIZE,
     Record,
     Verify,
-    new_uniq_keys,
     store_ts_at,
 )
-from engine.formats.record_batch import EncodedRecords, encode_records
+from engine.formats.record.encode_many import EncodedRecords, encode_records
+from engine.formats.uniq_key import new_uniq_keys
 from engine.mapped_file import Access, disk_usage_ratio, ensure_dir, fsync_dir
 from engine.message import (
     Message,

@@ -10,7 +10,7 @@ stamp_record, so they are not checked.
 Anything else raises BadInputError: the record gets MESSAGE_ILLEGAL and never reaches the log.
 
 `check` is the rule, record by record (struct); `check_request` runs it on each record of a
-small request (up to record_batch.STRUCT_PATH_MAX_RECORDS, where numpy's fixed cost per call
+small request (up to stamp_many.STRUCT_PATH_MAX_RECORDS, where numpy's fixed cost per call
 would dominate). A larger request is checked as a whole against its first record, which must
 pass `check`: the fixed header fields of all records by one masked unsigned comparison, then
 TOPICLENGTH + topic equal to the first record's, PROPERTIESLENGTH what TOTALSIZE leaves, the
@@ -50,7 +50,8 @@ from engine.formats.record import (
     V4_HEADER_SIZE,
     SysFlag,
 )
-from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS, StampableRecords, crc32_each, int_view
+from engine.formats.record.arrays import crc32_each, int_view
+from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, StampableRecords
 from engine.naming import validate_topic
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
@@ -114,7 +115,7 @@ class MergedRecords(NamedTuple):
 def merge_checked(data: bytearray | memoryview, parts: list[tuple[int, CheckedRequest]]) -> MergedRecords:
     """The good records of requests checked in place in `data` (request i's records start at
     byte parts[i][0]), in order, ready for CommitLog.append_stampable (this check demands more
-    of each record than record_batch.check_stampable): `data` itself when the requests cover it
+    of each record than stamp_many.check_stampable): `data` itself when the requests cover it
     end to end and every record passed, else a new buffer holding only the good ones."""
     spans: list[tuple[int, int]] = []
     starts, sizes, queue_ids, topics = [], [], [], []

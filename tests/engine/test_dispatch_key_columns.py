@@ -12,7 +12,7 @@ from engine.dispatch import KeyColumns, keys_by_shard, put_key_columns, queue_gr
 from engine.formats.index_file import index_key
 from engine.formats.java_hash import index_key_hash
 from engine.formats.record import Verify
-from engine.formats.record_scan import columns_from_headers
+from engine.formats.record.dispatch_columns import columns_from_headers
 
 
 def blocks_of(log, end: int, shard_count: int) -> list[tuple[int, int, list[KeyColumns]]]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.errors import BadInputError
-from engine.formats.record import new_uniq_key, new_uniq_keys
+from engine.formats.uniq_key import new_uniq_key, new_uniq_keys
 from engine.message import (
     UNIQ_COUNTER_MASK,
     UniqKeyBlock,

@@ -1,6 +1,6 @@
 """Arrow record batches of many records at once, from the spans the batch scanner accepted.
 
-`engine.formats.record_scan.verify_spans` accepts leading runs of plain records (v1, IPv4
+`engine.formats.record.spans.verify_spans` accepts leading runs of plain records (v1, IPv4
 hosts, ASCII topic and properties; with every CRC checked unless verify is NONE). This module
 turns such a run into one `pyarrow.RecordBatch` in the source's schema (scan.arrow_schema)
 with whole-array work: header fields are numpy gathers, text and bodies are Arrow arrays
@@ -30,8 +30,10 @@ from engine.formats.properties import (
     SEP_PROP,
 )
 from engine.formats.record import PROPERTIES_LENGTH_SIZE
-from engine.formats.record_batch import HEADER_DTYPE, gather, gather_field, gather_int, int_view
-from engine.formats.record_scan import RecordSpans, decode_dispatch
+from engine.formats.record.arrays import gather, gather_field, gather_int, int_view
+from engine.formats.record.dispatch_columns import decode_dispatch
+from engine.formats.record.layout import HEADER_DTYPE
+from engine.formats.record.spans import RecordSpans
 
 _SEP_KV, _SEP_PROP, _SPACE = SEP_KV[0], SEP_PROP[0], KEYS_SEPARATOR.encode()[0]
 _PREFIX_U8 = np.frombuffer(CRC32C_PREFIX, dtype=np.uint8)
