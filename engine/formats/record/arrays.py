@@ -75,7 +75,7 @@ def first_false(ok: np.ndarray) -> int:
 def clip(positions: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Positions where `valid` (rows whose field is known to lie in the buffer), 0 elsewhere:
     a gather at them stays in the buffer whatever the other rows hold."""
-    return np.where(valid, positions, 0)
+    return positions if valid.all() else np.where(valid, positions, 0)
 
 
 def hosts_v6(sys_flags: np.ndarray) -> np.ndarray:

@@ -25,11 +25,12 @@ from typing import NamedTuple
 import numpy as np
 
 from engine.errors import CorruptRecordError
-from engine.formats.record.arrays import clip, gather_field, gather_int
+from engine.formats.record.arrays import clip, gather_int, int_view
 from engine.formats.record.layout import (
     BODY_LENGTH_OFFSET,
     BODY_OFFSET,
     BORNHOST_V6,
+    HEADER_DTYPE,
     HOST_V6_SHIFT,
     HOSTS_V6,
     MAGIC_V1,
@@ -46,6 +47,7 @@ from engine.formats.record.layout import (
 
 _I8, _I16 = struct.Struct(">b"), struct.Struct(">h")
 RECORD_MAGICS = (MAGIC_V1, MAGIC_V2)
+_HEADER_VOID = f"V{V4_HEADER_SIZE}"
 
 
 class Parts(NamedTuple):
@@ -113,13 +115,14 @@ def _size_mismatch(what: str, commit_pos: int, total_size: int) -> CorruptRecord
 
 
 class FrameColumns(NamedTuple):
-    """The frame of many records (int64, one entry per record; positions in the buffer).
+    """The frame of many records (one entry per record; positions in the buffer, int64).
 
     `framed` is False where a rule is broken; the other columns are then meaningless there
     (`arrays.clip` positions by `framed` before gathering at them)."""
 
     framed: np.ndarray  # bool
-    head: np.ndarray  # the record's position, 0 where its IPv4 header is not in the buffer
+    header: np.ndarray  # layout.HEADER_DTYPE rows: the IPv4 header at each record's position
+    v6_rows: np.ndarray  # the records with an IPv6 host: their fields after the host moved
     total_size: np.ndarray
     magic: np.ndarray
     sys_flag: np.ndarray
@@ -134,14 +137,15 @@ class FrameColumns(NamedTuple):
 
 def frame_many(u8: np.ndarray, positions: np.ndarray, base_pos: int) -> FrameColumns:
     """Every rule at the `positions` of the records in `u8` (which starts at commit position
-    `base_pos`), whole arrays at a time."""
+    `base_pos`), whole arrays at a time: one gather of all headers, a few of the lengths."""
     size = len(u8)
     if size < V4_HEADER_SIZE:  # holds no record; the gathers at 0 below need a header's bytes
         u8 = np.zeros(V4_HEADER_SIZE, dtype=np.uint8)
     pos = np.asarray(positions, dtype=np.int64)
-    inside = (pos >= 0) & (pos + V4_HEADER_SIZE <= size)  # an IPv4 header: the shortest
-    head = np.where(inside, pos, 0)
-    total, magic, sys_flag, body_len = (gather_field(u8, head, name) for name in
+    inside = (pos >= 0) & (pos <= size - V4_HEADER_SIZE)  # an IPv4 header: the shortest
+    head = clip(pos, inside)
+    header = int_view(u8, _HEADER_VOID)[head].view(HEADER_DTYPE)
+    total, magic, sys_flag, body_len = (header[name].astype(np.int64) for name in
                                         ("total_size", "magic", "sys_flag", "body_length"))
     store_ts_pos = head + STORE_TS_OFFSET
     body_pos = head + BODY_OFFSET
@@ -149,22 +153,30 @@ def frame_many(u8: np.ndarray, positions: np.ndarray, base_pos: int) -> FrameCol
     if len(v6):
         inside[v6] &= _v6_shift(u8, head[v6], sys_flag[v6], store_ts_pos, body_pos, body_len, v6)
     end = head + total
+    framed = (inside & (total >= RECORD_FIXED_SIZE) & (end <= size) & (body_len >= 0)
+              & (header["commit_pos"] == base_pos + pos))
     v1 = magic == MAGIC_V1
-    length_size = np.where(v1, TOPIC_LENGTH_SIZE_V1, TOPIC_LENGTH_SIZE_V2)
-    framed = (inside & (v1 | (magic == MAGIC_V2)) & (total >= RECORD_FIXED_SIZE) & (end <= size)
-              & (gather_field(u8, head, "commit_pos") == base_pos + pos) & (body_len >= 0)
-              & (body_pos + body_len + length_size <= end))
+    all_v1 = bool(v1.all())
+    if all_v1:  # the common case: a one-byte TOPICLENGTH everywhere
+        length_size = TOPIC_LENGTH_SIZE_V1
+    else:
+        framed &= v1 | (magic == MAGIC_V2)
+        length_size = np.where(v1, TOPIC_LENGTH_SIZE_V1, TOPIC_LENGTH_SIZE_V2)
     topic_len_pos = body_pos + body_len
-    framed &= topic_len_pos + TOPIC_LENGTH_SIZE_V2 <= size  # a v1 record has >= 3 bytes after it
+    framed &= topic_len_pos + length_size + PROPERTIES_LENGTH_SIZE <= end
     topic_len_pos = clip(topic_len_pos, framed)
-    topic_len = gather_int(u8, topic_len_pos, ">i2")  # v2: TOPICLENGTH; v1: its first byte is
-    topic_len = np.where(v1, topic_len >> (8 * TOPIC_LENGTH_SHIFT_V2), topic_len)  # the signed byte
+    if all_v1:
+        topic_len = u8[topic_len_pos].view(np.int8).astype(np.int64)
+    else:  # a v1 TOPICLENGTH is the first byte of the two read
+        topic_len = gather_int(u8, topic_len_pos, ">i2")
+        topic_len = np.where(v1, topic_len >> (8 * TOPIC_LENGTH_SHIFT_V2), topic_len)
     topic_pos = topic_len_pos + length_size
-    framed &= (topic_len >= 0) & (topic_pos + topic_len + PROPERTIES_LENGTH_SIZE <= end)
-    props_len_pos = clip(topic_pos + topic_len, framed)
+    props_len_pos = topic_pos + topic_len
+    framed &= (topic_len >= 0) & (props_len_pos + PROPERTIES_LENGTH_SIZE <= end)
+    props_len_pos = clip(props_len_pos, framed)
     props_pos = props_len_pos + PROPERTIES_LENGTH_SIZE
     framed &= props_pos + gather_int(u8, props_len_pos, ">i2") == end
-    return FrameColumns(framed, head, total, magic, sys_flag, store_ts_pos, body_pos, body_len,
+    return FrameColumns(framed, header, v6, total, magic, sys_flag, store_ts_pos, body_pos, body_len,
                         topic_pos, topic_len, props_pos, end)
 
 

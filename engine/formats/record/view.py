@@ -24,7 +24,6 @@ import numpy as np
 
 from engine.formats.properties import PROP_CRC32C, decode_properties
 from engine.formats.record.arrays import clip, gather, gather_int
-from engine.formats.record.layout import HEADER_DTYPE, V4_HEADER_SIZE
 from engine.formats.record.scalar import Record, Verify, decode_record
 from engine.formats.record.structure import frame_many
 
@@ -107,16 +106,17 @@ def gather_records(buf, positions: np.ndarray, base_pos: int) -> RecordView:
     """The records at `positions` (int64 positions in `buf`, which starts at commit position
     `base_pos`), fields gathered for all at once; never raises on bad bytes (see `framed`).
 
-    The IPv4 header of every record is copied in one fancy index (88-byte rows viewed as
-    layout.HEADER_DTYPE); the frame (and the fields an IPv6 host shifts) come from frame_many."""
+    The frame, and the IPv4 header of every record (one fancy index of 88-byte rows viewed as
+    layout.HEADER_DTYPE), come from structure.frame_many; an IPv6 host shifts STORETIMESTAMP."""
     view = memoryview(buf)  # a view of its own: the caller's buffer stays releasable
     u8 = np.frombuffer(view, dtype=np.uint8)
     pos = np.asarray(positions, dtype=np.int64)
     frame = frame_many(u8, pos, base_pos)
-    if len(u8) < V4_HEADER_SIZE:  # holds no record; the gathers at 0 below need a header's bytes
-        u8 = np.zeros(V4_HEADER_SIZE, dtype=np.uint8)
-    header = gather(u8, frame.head, V4_HEADER_SIZE).view(HEADER_DTYPE).reshape(len(pos))
-    store_ts_ms = gather_int(u8, clip(frame.store_ts_pos, frame.framed), ">i8")
+    header = frame.header
+    store_ts_ms = header["store_ts_ms"].astype(np.int64)
+    if len(frame.v6_rows):  # STORETIMESTAMP follows the born host
+        rows = frame.v6_rows
+        store_ts_ms[rows] = gather_int(u8, clip(frame.store_ts_pos[rows], frame.framed[rows]), ">i8")
     return RecordView(view, base_pos, base_pos + pos, frame.total_size, header["queue_id"].astype(np.int64),
                       header["queue_offset"].astype(np.int64), store_ts_ms,
                       header["born_ts_ms"].astype(np.int64), frame.body_pos, frame.body_len,
