@@ -68,7 +68,6 @@ from engine.formats.record.layout import (
     V4_HEADER_SIZE,
 )
 from engine.formats.record.structure import (
-    Parts,
     check_head,
     check_header_fits,
     check_position,
@@ -179,7 +178,11 @@ class RecordHeader:
 
 class _Layout(NamedTuple):
     fields: tuple  # V4_HEADER order: total..born_ts, born_ip, born_port, store_ts, store_ip, ...
-    parts: Parts
+    body_pos: int
+    body_end: int
+    topic_pos: int
+    props_pos: int
+    end: int
 
 
 # ---------------------------------------------------------------- encoding
@@ -291,17 +294,17 @@ def decode_record(buf, pos: int = 0, *, verify: Verify = Verify.MQSTORE,
     layout = _locate(buf, pos, commit_pos)
     if isinstance(layout, Filler):
         return layout
-    f, parts = layout.fields, layout.parts
-    crc_tail = read_crc32c_tail(buf, parts.end, parts.props_pos)
+    f = layout.fields
+    crc_tail = read_crc32c_tail(buf, layout.end, layout.props_pos)
     with memoryview(buf) as view:
-        body = view[parts.body_pos : parts.body_end]
+        body = view[layout.body_pos : layout.body_end]
         if verify is not Verify.STRUCTURE:
             if zlib.crc32(body) & BODY_CRC_MASK != f[2]:
                 raise CorruptRecordError("BODYCRC mismatch", pos=commit_pos, size=f[0])
-            if crc_tail is not None and crc32c.crc32c(view[pos : parts.end - CRC32C_PROP_SIZE]) != crc_tail:
+            if crc_tail is not None and crc32c.crc32c(view[pos : layout.end - CRC32C_PROP_SIZE]) != crc_tail:
                 raise CorruptRecordError("CRC32C mismatch", pos=commit_pos, size=f[0])
         body = bytes(body)
-    topic, props = _decode_text(buf, parts, commit_pos)
+    topic, props = _decode_text(buf, layout, commit_pos)
     if crc_tail is not None:
         props.pop(PROP_CRC32C, None)
     elif verify is Verify.MQSTORE or (verify is Verify.ROCKETMQ and PROP_CRC32C in props):
@@ -317,7 +320,7 @@ def decode_header(buf, pos: int = 0, *, base_pos: int = 0) -> RecordHeader | Fil
     if isinstance(layout, Filler):
         return layout
     f = layout.fields
-    topic, props = _decode_text(buf, layout.parts, commit_pos)
+    topic, props = _decode_text(buf, layout, commit_pos)
     return RecordHeader(f[0], f[3], f[5], f[6], f[7], f[11], topic, _tags_code(props.get(PROP_TAGS)),
                         split_keys(props.get(PROP_KEYS)), props.get(PROP_UNIQ_KEY))
 
@@ -350,8 +353,9 @@ def _locate(buf, pos: int, commit_pos: int) -> _Layout | Filler:
     if fields[_F_SYS_FLAG] & HOSTS_V6:
         fields, body_pos = _unpack_v6_header(buf, pos, total_size, commit_pos)
     check_position(fields[_F_PHYSICAL_OFFSET], commit_pos, total_size)
-    parts = locate_parts(buf, pos, total_size, magic, body_pos, fields[_F_BODY_LENGTH], commit_pos)
-    return _Layout(fields, parts)
+    body_end, topic_pos, props_pos = locate_parts(buf, pos, total_size, magic, body_pos,
+                                                  fields[_F_BODY_LENGTH], commit_pos)
+    return _Layout(fields, body_pos, body_end, topic_pos, props_pos, pos + total_size)
 
 
 def _unpack_v6_header(buf, pos: int, total_size: int, commit_pos: int) -> tuple[tuple, int]:
@@ -370,7 +374,7 @@ def _unpack_v6_header(buf, pos: int, total_size: int, commit_pos: int) -> tuple[
     return head + born_host + store_ts + store_host + mid, body_pos
 
 
-def _decode_text(buf, parts: Parts, commit_pos: int) -> tuple[str, dict[str, str]]:
+def _decode_text(buf, parts: _Layout, commit_pos: int) -> tuple[str, dict[str, str]]:
     topic_len = parts.props_pos - PROPERTIES_LENGTH_SIZE - parts.topic_pos
     try:
         topic = str(buf[parts.topic_pos : parts.topic_pos + topic_len], "utf-8")

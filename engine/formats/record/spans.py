@@ -83,17 +83,24 @@ def walk_starts(buf, pos: int, end: int, max_count: int = 1 << 20) -> np.ndarray
 
     Stops at a TOTALSIZE below the filler size or one running past `end`; what the piece there
     is (a filler, a tear, unwritten space) is for the reference decoder to say."""
+    return np.array(walk_chain(buf, pos, end, max_count)[0], dtype=np.int64)
+
+
+def walk_chain(buf, pos: int, end: int, max_count: int) -> tuple[list[int], list[int]]:
+    """walk_starts as lists of starts and sizes (for callers that go on record by record)."""
     unpack = TOTAL_SIZE_FIELD.unpack_from
     starts: list[int] = []
-    append = starts.append
+    sizes: list[int] = []
+    append, append_size = starts.append, sizes.append
     limit = min(end, len(buf))
     while pos + FILLER_SIZE <= limit and len(starts) < max_count:
         size = unpack(buf, pos)[0]
         if size < FILLER_SIZE or pos + size > limit:
             break
         append(pos)
+        append_size(size)
         pos += size
-    return np.array(starts, dtype=np.int64)
+    return starts, sizes
 
 
 def find_starts(buf, pos: int, end: int, base_pos: int) -> np.ndarray:

@@ -6,14 +6,17 @@ A record at commit position P in a buffer is sound when (the rules, in the order
     MAGIC              MAGICCODE is v1 or v2 (v2: TOPICLENGTH is 2 bytes)
     HEADER             the fixed header, with its IPv6 hosts, lies within TOTALSIZE
     POSITION           PHYSICALOFFSET == P (producers' unstamped records are exempt)
-    BODY_LENGTH        BODYLENGTH >= 0, and the body and TOPICLENGTH lie within TOTALSIZE
-    TOPIC_LENGTH       TOPICLENGTH >= 0, and the topic and PROPERTIESLENGTH lie within TOTALSIZE
+    BODY_LENGTH        BODYLENGTH >= 0, and the body, TOPICLENGTH and PROPERTIESLENGTH lie
+                       within TOTALSIZE
+    TOPIC_LENGTH       TOPICLENGTH >= 1 (a record names its topic), and the topic and
+                       PROPERTIESLENGTH lie within TOTALSIZE
     PROPERTIES_LENGTH  PROPERTIESLENGTH >= 0, and the properties end exactly at TOTALSIZE
 
-The scalar form (`check_head`, `check_position`, `locate_parts`) raises CorruptRecordError
-naming the rule broken; it is what decode_record and the supervisor's request check run. The
-vector form (`frame_many`) applies the same rules to many records at once and gives a mask; it
-is what the batch scanner and the consumer's gather run. Checksums (BODYCRC, the __CRC32C tail)
+The scalar form (`check_head`, `check_header_fits`, `check_position`, `locate_parts`) raises
+CorruptRecordError naming the rule broken; it is what decode_record and the supervisor's
+request check run. The vector form (`frame_many`, `frame_unstamped`) applies the same rules to
+many records at once and gives a mask; it is what the batch scanner, the consumer's gather and
+the supervisor's batch request check run. Checksums (BODYCRC, the __CRC32C tail)
 are integrity, not structure: decode_record checks them at its Verify level.
 """
 
@@ -50,16 +53,6 @@ RECORD_MAGICS = (MAGIC_V1, MAGIC_V2)
 _HEADER_VOID = f"V{V4_HEADER_SIZE}"
 
 
-class Parts(NamedTuple):
-    """Where the variable parts of one record lie, as positions in its buffer."""
-
-    body_pos: int
-    body_end: int  # where TOPICLENGTH starts
-    topic_pos: int
-    props_pos: int
-    end: int
-
-
 # ---------------------------------------------------------------- scalar form
 
 
@@ -88,23 +81,26 @@ def check_position(physical_offset: int, commit_pos: int, total_size: int) -> No
 
 
 def locate_parts(buf, pos: int, total_size: int, magic: int, body_pos: int, body_len: int,
-                 commit_pos: int) -> Parts:
+                 commit_pos: int) -> tuple[int, int, int]:
     """Rules BODY_LENGTH, TOPIC_LENGTH, PROPERTIES_LENGTH for the record at buf[pos:], whose
-    header has been read: where body, topic and properties lie."""
+    header has been read: (body end, topic start, properties start), positions in `buf` (a plain
+    tuple: this runs once per record on the supervisor's and the decoder's hot paths)."""
     end = pos + total_size
     length_size = TOPIC_LENGTH_SIZE_V1 if magic == MAGIC_V1 else TOPIC_LENGTH_SIZE_V2
     body_end = body_pos + body_len
-    if body_len < 0 or body_end + length_size > end:
+    if body_len < 0 or body_end + length_size + PROPERTIES_LENGTH_SIZE > end:
         raise _size_mismatch(f"BODYLENGTH {body_len}", commit_pos, total_size)
     topic_len = (_I8 if length_size == TOPIC_LENGTH_SIZE_V1 else _I16).unpack_from(buf, body_end)[0]
     topic_pos = body_end + length_size
-    if topic_len < 0 or topic_pos + topic_len + PROPERTIES_LENGTH_SIZE > end:
+    if topic_len < 1:
+        raise CorruptRecordError(f"TOPICLENGTH {topic_len} names no topic", pos=commit_pos, size=total_size)
+    if topic_pos + topic_len + PROPERTIES_LENGTH_SIZE > end:
         raise _size_mismatch(f"TOPICLENGTH {topic_len}", commit_pos, total_size)
     props_len = _I16.unpack_from(buf, topic_pos + topic_len)[0]
     props_pos = topic_pos + topic_len + PROPERTIES_LENGTH_SIZE
     if props_len < 0 or props_pos + props_len != end:
-        raise _size_mismatch(f"fields sum to {props_pos + props_len - pos}", commit_pos, total_size)
-    return Parts(body_pos, body_end, topic_pos, props_pos, end)
+        raise _size_mismatch(f"PROPERTIESLENGTH {props_len}", commit_pos, total_size)
+    return body_end, topic_pos, props_pos
 
 
 def _size_mismatch(what: str, commit_pos: int, total_size: int) -> CorruptRecordError:
@@ -136,8 +132,16 @@ class FrameColumns(NamedTuple):
 
 
 def frame_many(u8: np.ndarray, positions: np.ndarray, base_pos: int) -> FrameColumns:
-    """Every rule at the `positions` of the records in `u8` (which starts at commit position
-    `base_pos`), whole arrays at a time: one gather of all headers, a few of the lengths."""
+    """Every rule at the `positions` of the stored records in `u8` (which starts at commit
+    position `base_pos`), whole arrays at a time."""
+    frame = frame_unstamped(u8, positions)
+    frame.framed[frame.header["commit_pos"] != base_pos + np.asarray(positions, dtype=np.int64)] = False
+    return frame
+
+
+def frame_unstamped(u8: np.ndarray, positions: np.ndarray) -> FrameColumns:
+    """Every rule but POSITION at the `positions` of records in `u8` (a producer's records are
+    stamped only at append): one gather of all headers, a few of the lengths."""
     size = len(u8)
     if size < V4_HEADER_SIZE:  # holds no record; the gathers at 0 below need a header's bytes
         u8 = np.zeros(V4_HEADER_SIZE, dtype=np.uint8)
@@ -153,8 +157,7 @@ def frame_many(u8: np.ndarray, positions: np.ndarray, base_pos: int) -> FrameCol
     if len(v6):
         inside[v6] &= _v6_shift(u8, head[v6], sys_flag[v6], store_ts_pos, body_pos, body_len, v6)
     end = head + total
-    framed = (inside & (total >= RECORD_FIXED_SIZE) & (end <= size) & (body_len >= 0)
-              & (header["commit_pos"] == base_pos + pos))
+    framed = inside & (total >= RECORD_FIXED_SIZE) & (end <= size) & (body_len >= 0)
     v1 = magic == MAGIC_V1
     all_v1 = bool(v1.all())
     if all_v1:  # the common case: a one-byte TOPICLENGTH everywhere
@@ -172,7 +175,7 @@ def frame_many(u8: np.ndarray, positions: np.ndarray, base_pos: int) -> FrameCol
         topic_len = np.where(v1, topic_len >> (8 * TOPIC_LENGTH_SHIFT_V2), topic_len)
     topic_pos = topic_len_pos + length_size
     props_len_pos = topic_pos + topic_len
-    framed &= (topic_len >= 0) & (props_len_pos + PROPERTIES_LENGTH_SIZE <= end)
+    framed &= (topic_len >= 1) & (props_len_pos + PROPERTIES_LENGTH_SIZE <= end)
     props_len_pos = clip(props_len_pos, framed)
     props_pos = props_len_pos + PROPERTIES_LENGTH_SIZE
     framed &= props_pos + gather_int(u8, props_len_pos, ">i2") == end
