@@ -230,8 +230,8 @@ class RecordChecker:
 
         The structural rules hold for a record that has the first record's TOPICLENGTH + topic
         and a PROPERTIESLENGTH equal to what TOTALSIZE leaves after its body: that equality is
-        checked here instead of structure.frame_unstamped, which costs more than this whole
-        check for a request's few dozen records."""
+        checked here instead of the length rules' vector form (structure.frame_many), which
+        costs more than this whole check for a request's few dozen records."""
         topic, _ = self._check_at(view, starts[0], sizes[0])
         topic_piece = _topic_piece(view, starts[0])  # TOPICLENGTH + topic of the first record
         n = len(starts)

@@ -14,10 +14,10 @@ A record at commit position P in a buffer is sound when (the rules, in the order
 
 The scalar form (`check_head`, `check_header_fits`, `check_position`, `locate_parts`) raises
 CorruptRecordError naming the rule broken; it is what decode_record and the supervisor's
-request check run. The vector form (`frame_many`, `frame_unstamped`) applies the same rules to
-many records at once and gives a mask; it is what the batch scanner, the consumer's gather and
-the supervisor's batch request check run. Checksums (BODYCRC, the __CRC32C tail)
-are integrity, not structure: decode_record checks them at its Verify level.
+request check run. The vector form (`frame_many`) applies the same rules to many records at
+once and gives a mask; it is what the batch scanner and the consumer's gather run. Checksums
+(BODYCRC, the __CRC32C tail) are integrity, not structure: decode_record checks them at its
+Verify level.
 """
 
 from __future__ import annotations
@@ -133,15 +133,8 @@ class FrameColumns(NamedTuple):
 
 def frame_many(u8: np.ndarray, positions: np.ndarray, base_pos: int) -> FrameColumns:
     """Every rule at the `positions` of the stored records in `u8` (which starts at commit
-    position `base_pos`), whole arrays at a time."""
-    frame = frame_unstamped(u8, positions)
-    frame.framed[frame.header["commit_pos"] != base_pos + np.asarray(positions, dtype=np.int64)] = False
-    return frame
-
-
-def frame_unstamped(u8: np.ndarray, positions: np.ndarray) -> FrameColumns:
-    """Every rule but POSITION at the `positions` of records in `u8` (a producer's records are
-    stamped only at append): one gather of all headers, a few of the lengths."""
+    position `base_pos`), whole arrays at a time: one gather of all headers, a few of the
+    lengths."""
     size = len(u8)
     if size < V4_HEADER_SIZE:  # holds no record; the gathers at 0 below need a header's bytes
         u8 = np.zeros(V4_HEADER_SIZE, dtype=np.uint8)
@@ -157,7 +150,8 @@ def frame_unstamped(u8: np.ndarray, positions: np.ndarray) -> FrameColumns:
     if len(v6):
         inside[v6] &= _v6_shift(u8, head[v6], sys_flag[v6], store_ts_pos, body_pos, body_len, v6)
     end = head + total
-    framed = inside & (total >= RECORD_FIXED_SIZE) & (end <= size) & (body_len >= 0)
+    framed = (inside & (total >= RECORD_FIXED_SIZE) & (end <= size) & (body_len >= 0)
+              & (header["commit_pos"] == base_pos + pos))
     v1 = magic == MAGIC_V1
     all_v1 = bool(v1.all())
     if all_v1:  # the common case: a one-byte TOPICLENGTH everywhere
