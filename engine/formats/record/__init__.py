@@ -1,6 +1,16 @@
-"""The commitlog record codec: the layout once (`layout`), the scalar reference (`scalar`),
-the structural rules (`structure`) and the batch paths built on them (`arrays`, `spans`,
-`dispatch_columns`, `view`, `encode_many`, `encode_columns`, `stamp_many`).
+"""The commitlog record codec, one package on one layout.
+
+    layout            the byte layout: field table, offsets, struct formats, numpy dtype, SysFlag
+    structure         what makes a record structurally valid: scalar and vector forms
+    scalar            the reference: encode, stamp, decode one record
+    arrays            fields and spans at many positions (numpy gathers, checksums)
+    spans             locate and verify many records (walk_starts, find_starts, verify_spans)
+    dispatch_columns  what dispatch needs from many records (decode_dispatch, DispatchColumns)
+    props_many        properties of many records, as decode_properties parses one
+    hosts             hosts and msgIds of many records
+    view              records at known positions as columns (gather_records, RecordView)
+    encode_many       encode many (encode_records, encode_columns)
+    stamp_many        check and stamp many at append (check_stampable, stamp_records)
 
 This package exports the layout and the scalar API; batch names are imported from their modules.
 """
