@@ -124,7 +124,7 @@ class BatchScanner(_LogWalk):
     """Scanner's rules, many records per step: yields ScannedRuns from `start_pos`.
 
     Each step walks and checks up to `run_bytes` of one segment with the batch codec
-    (engine.formats.record.dispatch_columns); the first record the batch path does not accept (a filler,
+    (engine.formats.record.spans); the first record the batch path does not accept (a filler,
     a v2 or IPv6 record, non-ASCII text, damage) is read by a one-step Scanner with the
     reference decoder, which yields it or raises CorruptRecordError at its position. So `pos`,
     `fillers` and the errors are those of `CommitLog.scan` (verify given) or `scan_headers`
