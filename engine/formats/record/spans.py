@@ -93,7 +93,9 @@ def walk_chain(buf, pos: int, end: int, max_count: int) -> tuple[list[int], list
     sizes: list[int] = []
     append, append_size = starts.append, sizes.append
     limit = min(end, len(buf))
-    while pos + FILLER_SIZE <= limit and len(starts) < max_count:
+    for _ in range(max_count):
+        if pos + FILLER_SIZE > limit:
+            break
         size = unpack(buf, pos)[0]
         if size < FILLER_SIZE or pos + size > limit:
             break
