@@ -91,16 +91,15 @@ def walk_chain(buf, pos: int, end: int, max_count: int) -> tuple[list[int], list
     unpack = TOTAL_SIZE_FIELD.unpack_from
     starts: list[int] = []
     sizes: list[int] = []
-    append, append_size = starts.append, sizes.append
-    limit = min(end, len(buf))
+    limit = len(buf) if end > len(buf) else end  # not min(): this runs per request, often for one record
     for _ in range(max_count):
         if pos + FILLER_SIZE > limit:
             break
         size = unpack(buf, pos)[0]
         if size < FILLER_SIZE or pos + size > limit:
             break
-        append(pos)
-        append_size(size)
+        starts.append(pos)
+        sizes.append(size)
         pos += size
     return starts, sizes
 
