@@ -1,5 +1,5 @@
 """Walking the commitlog forward: Scanner (record by record, with the reference decoders) and
-BatchScanner (runs of records checked together by engine.formats.record_scan). Both follow
+BatchScanner (runs of records checked together by engine.formats.record.spans). Both follow
 fillers to the next segment and stop at a record that would cross `end_pos`; see
 engine.commitlog for the layout they walk."""
 
@@ -18,14 +18,8 @@ from engine.formats.record import (
     decode_header,
     decode_record,
 )
-from engine.formats.record_scan import (
-    DispatchColumns,
-    RecordSpans,
-    columns_from_headers,
-    decode_dispatch,
-    find_starts,
-    verify_spans,
-)
+from engine.formats.record.dispatch_columns import DispatchColumns, columns_from_headers, decode_dispatch
+from engine.formats.record.spans import RecordSpans, find_starts, verify_spans
 from engine.mapped_file import Access, MappedFile
 
 if TYPE_CHECKING:
@@ -130,7 +124,7 @@ class BatchScanner(_LogWalk):
     """Scanner's rules, many records per step: yields ScannedRuns from `start_pos`.
 
     Each step walks and checks up to `run_bytes` of one segment with the batch codec
-    (engine.formats.record_scan); the first record the batch path does not accept (a filler,
+    (engine.formats.record.spans); the first record the batch path does not accept (a filler,
     a v2 or IPv6 record, non-ASCII text, damage) is read by a one-step Scanner with the
     reference decoder, which yields it or raises CorruptRecordError at its position. So `pos`,
     `fillers` and the errors are those of `CommitLog.scan` (verify given) or `scan_headers`

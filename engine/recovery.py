@@ -42,7 +42,7 @@ from engine.errors import (
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
-from engine.formats.record_scan import DispatchColumns
+from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.log_tail import data_segments_after, is_unwritten, quarantine_tail, segment_base
 from engine.mapped_file import Access
 from engine.naming import ABORT_FILE, QUARANTINE_DIR

@@ -33,10 +33,10 @@ from engine.formats.record import (
     RECORD_FIXED_SIZE,
     Record,
     Verify,
-    new_uniq_keys,
     store_ts_at,
 )
-from engine.formats.record_batch import EncodedRecords, encode_records
+from engine.formats.record.encode_many import EncodedRecords, encode_records
+from engine.formats.uniq_key import new_uniq_keys
 from engine.mapped_file import disk_usage_ratio
 from engine.message import (
     Message,

@@ -23,7 +23,7 @@ retention deleted the commitlog's first segment and skips the entries pointing b
 remains at once (ConsumeQueue.correct_min_offset, a binary search).
 
 `pull_columns` is the batch read (well under 1 us of consumer CPU per message): the records of a pull
-are gathered as numpy columns (engine.formats.record_view), bodies are views of the mapping and
+are gathered as numpy columns (engine.formats.record.view), bodies are views of the mapping and
 the checks against the entries run on whole arrays. It checks structure, not CRCs: the
 dispatcher scans at Verify.STRUCTURE too, so below `dispatched_pos` the checksums were checked
 only on the way in (the supervisor's request check verifies BODYCRC before the append, the store
@@ -68,7 +68,7 @@ from engine.errors import (
     ServiceNotAvailableError,
 )
 from engine.formats.record import Record, Verify, decode_record
-from engine.formats.record_view import RecordView, entry_mismatches, gather_records
+from engine.formats.record.view import RecordView, entry_mismatches, gather_records
 from engine.mapped_file import Access
 from engine.message import validate_queue_id
 from engine.naming import validate_topic

@@ -48,7 +48,7 @@ from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns_to_consume_queues, shard_key_columns
 from engine.errors import StoreError
 from engine.formats.record import Verify
-from engine.formats.record_scan import DispatchColumns, columns_from_headers
+from engine.formats.record.dispatch_columns import DispatchColumns, columns_from_headers
 from engine.mapped_file import Access
 from engine.open_files import queue_file_budget
 from engine.retention import expire_queues

@@ -2,7 +2,7 @@
 
 One generator serves every path: a block reserves `count` consecutive counters under one lock
 with one clock read, so threads never get overlapping ranges and a batch's keys cost one prefix
-plus a counter range (Producer.send_columns passes exactly that to record_columns.encode_columns).
+plus a counter range (Producer.send_columns passes exactly that to encode_many.encode_columns).
 
 Layout: 16 bytes printed as 32 uppercase hex digits, most significant first
 

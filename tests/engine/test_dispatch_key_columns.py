@@ -11,7 +11,7 @@ from engine.dispatch import KeyColumns, keys_by_shard, put_key_columns, queue_gr
 from engine.formats.index_file import index_key
 from engine.formats.java_hash import index_key_hash
 from engine.formats.record import Verify
-from engine.formats.record_scan import columns_from_headers
+from engine.formats.record.dispatch_columns import columns_from_headers
 from tests.engine.test_dispatch_batch import (
     SHARDS,
     close_all,

@@ -10,7 +10,6 @@ import time
 import pytest
 
 from engine.errors import BadInputError
-from engine.formats import record
 from engine.formats.uniq_key import (
     UNIQ_COUNTER_MASK,
     UNIQ_KEY_CHARS,
@@ -49,7 +48,7 @@ def hammer(take) -> list[str]:
 
 def mixed(i: int) -> list[str]:
     """Every way a key is made: one key, a list, a block (the Producer's path), a list of 50."""
-    return [[new_uniq_key()], record.new_uniq_keys(7), new_uniq_key_block(13).texts(),
+    return [[new_uniq_key()], new_uniq_keys(7), new_uniq_key_block(13).texts(),
             new_uniq_keys(50)][i % 4]
 
 

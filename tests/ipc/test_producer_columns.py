@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from engine.errors import BadInputError, StoreClosedError
-from engine.formats.record_batch import encode_records, stamp_records
+from engine.formats.record.encode_many import encode_records
+from engine.formats.record.stamp_many import stamp_records
 from engine.message import Message, encode_message_properties
 from engine.naming import commitlog_dir, offset_to_name
 from engine.status import PutStatus
@@ -39,7 +40,7 @@ def log_bytes(root: Path, commit_pos: int, size: int) -> bytes:
 
 def expected_log_bytes(record, *, tags, key) -> bytes:
     """What the message-by-message path writes for this message: its properties from
-    engine.message with the record's UNIQ_KEY, record_batch's encoder, the record's stamps."""
+    engine.message with the record's UNIQ_KEY, encode_many's encoder, the record's stamps."""
     message = Message(record.topic, record.body, tags=tags, keys=(key,) if key else ())
     props = encode_message_properties(message, record.uniq_key)
     encoded = encode_records([record.topic.encode()], [record.body], [props], [record.queue_id],

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from engine.formats.properties import decode_properties
 from engine.formats.record import BODY_OFFSET
-from engine.formats.record_batch import encode_records, stamp_records
+from engine.formats.record.encode_many import encode_records
+from engine.formats.record.stamp_many import stamp_records
 from tests.spark.stores import T0_MS
 from tools.spark.arrow_columns import parse_pieces
 from tools.spark.options import parse_options

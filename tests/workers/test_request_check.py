@@ -18,7 +18,7 @@ from engine.formats.record import (
     SysFlag,
     encode_record,
 )
-from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS, check_stampable
+from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, check_stampable
 from engine.status import PutStatus
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.run_info import run_dir

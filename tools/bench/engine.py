@@ -43,8 +43,9 @@ from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns, dispatch_to_consume_queue, dispatch_to_shard, keys_by_shard
 from engine.errors import CorruptRecordError
 from engine.formats.checkpoint import Checkpoint
-from engine.formats.record import Verify, encode_record, new_uniq_keys
-from engine.formats.record_batch import encode_records
+from engine.formats.record import Verify, encode_record
+from engine.formats.record.encode_many import encode_records
+from engine.formats.uniq_key import new_uniq_keys
 from engine.mapped_file import Access
 from engine.message import Message
 from engine.shard_index import ShardIndex

@@ -39,7 +39,7 @@ from engine.consume_queue import ConsumeQueue
 from engine.dispatch import consumable_rows, key_hashes_and_shards, queue_groups
 from engine.errors import BadInputError, ReadOnlyStoreError, StoreLockedError
 from engine.formats.checkpoint import Checkpoint
-from engine.formats.record_scan import DispatchColumns
+from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.mapped_file import Access, ensure_dir, fsync_dir, remove_tree
 from engine.naming import ABORT_FILE, CONSUMEQUEUE_DIR, INDEX_DIR
 from engine.shard_index import ShardIndex

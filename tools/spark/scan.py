@@ -5,7 +5,7 @@ below its durable position. The chain rules (see partitions.py) decide which rec
 owns; this module decodes them, applies the row filters and verification.
 
 Two paths, same rows (tests/spark/test_scan_batches.py): `read_batches` reads RUN_BYTES at a
-time and hands the leading records the batch scanner accepts (engine.formats.record_scan:
+time and hands the leading records the batch scanner accepts (engine.formats.record.spans:
 find_starts + verify_spans, which checks every CRC unless verify is NONE) to
 tools.spark.arrow_columns, which builds one Arrow batch per run with whole-array work; the
 first record it refuses (a filler, unwritten space, damage, a v2/IPv6 record, non-ASCII
@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 from engine.dispatch import index_keys
 from engine.errors import CorruptRecordError
 from engine.formats.record import BLANK_MAGIC, FILLER_SIZE, Record, Verify, decode_record
-from engine.formats.record_batch import gather_field
-from engine.formats.record_scan import RecordSpans, find_starts, verify_spans
+from engine.formats.record.arrays import gather_field
+from engine.formats.record.spans import RecordSpans, find_starts, verify_spans
 from tools.spark.arrow_columns import dispatch_batch, message_batch
 from tools.spark.partitions import BlockReader, ScanRange, first_record_at, pread_reader
 
@@ -279,7 +279,7 @@ def read_scalar_batches(rng: ScanRange, spec: ScanSpec) -> Iterator[pa.RecordBat
 def read_batches(rng: ScanRange, spec: ScanSpec) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the range's rows that pass the row filter (bad records always pass).
 
-    Runs of plain records go through the batch scanner (engine.formats.record_scan: framing,
+    Runs of plain records go through the batch scanner (engine.formats.record.spans: framing,
     and every CRC unless verify is NONE) into whole Arrow batches (tools.spark.arrow_columns);
     the first record it does not accept, and the next SCALAR_RUN after it, go through the
     reference decoder, which decodes it, reports it or raises, as iter_range does."""

@@ -3,12 +3,12 @@
     .venv/bin/python -m tools.bench.probes.check_stamp [--records 100000] [--batches 1,8,64]
         [--body-bytes 256] [--runs 3] [--json FILE] [--dir DIR]
 
-Requests are built as a producer builds them (record_batch.encode_records: one topic, a KEYS key
+Requests are built as a producer builds them (encode_many.encode_records: one topic, a KEYS key
 and a UNIQ_KEY per message, queue ids round robin) and served as workers.appender serves a
 mailbox request: a private copy of the request bytes, RecordChecker.check_request, queue offsets
 per (topic, queue id), then the append into a fresh commitlog in a temp directory (no flush):
 "append_encoded" as the appender does it (CommitLog.append_encoded checks every record again
-with record_batch.check_stampable), "fused" without that second check
+with stamp_many.check_stampable), "fused" without that second check
 (request_check.merge_checked + CommitLog.append_stampable). Each figure is records per
 CPU-second of this process (`time.process_time`, steadier than wall time on a shared machine;
 page faults of the fresh segment included), median of `--runs`; "check" times check_request
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from engine.commitlog import CommitLog
 from engine.config import GiB
-from engine.formats.record import new_uniq_keys
-from engine.formats.record_batch import encode_records
+from engine.formats.record.encode_many import encode_records
+from engine.formats.uniq_key import new_uniq_keys
 from engine.mapped_file import Access
 from workers.request_check import CheckedRequest, RecordChecker, merge_checked
 

@@ -24,7 +24,7 @@ from engine.commitlog import CommitLog
 from engine.config import GiB
 from engine.dispatch import shard_key_columns
 from engine.formats.record import Verify
-from engine.formats.record_scan import columns_from_headers
+from engine.formats.record.dispatch_columns import columns_from_headers
 from engine.mapped_file import Access
 from tools.bench.probes.check_stamp import QUEUES, append_requests, make_requests
 from workers.request_check import RecordChecker

@@ -1,35 +1,7 @@
-"""Commitlog record: RocketMQ message format v1 byte for byte (v2 and IPv6 hosts are read too).
+"""The scalar record codec, the reference: one record encoded, stamped, checked, decoded.
 
-All numbers big-endian. Offsets are from the record start with IPv4 born and store hosts
-(an IPv6 host is 20 bytes instead of 8 and shifts every later field by 12).
-
-    off  size  field               notes
-      0     4  TOTALSIZE           whole record, this field included
-      4     4  MAGICCODE           0xDAA320A7 (v1) / 0xDAA320AB (v2: TOPICLENGTH is 2 bytes)
-      8     4  BODYCRC             zlib CRC-32 of the body & 0x7FFFFFFF
-     12     4  QUEUEID
-     16     4  FLAG                user flag, as given
-     20     8  QUEUEOFFSET         stamped at append
-     28     8  PHYSICALOFFSET      the record's commit_pos, stamped at append
-     36     4  SYSFLAG             SysFlag bits
-     40     8  BORNTIMESTAMP       ms
-     48   4+4  BORNHOST            IPv4 + port (16+4 with SysFlag.BORNHOST_V6)
-     56     8  STORETIMESTAMP      ms, stamped at append
-     64   4+4  STOREHOST           IPv4 + port (16+4 with SysFlag.STOREHOST_V6)
-     72     4  RECONSUMETIMES
-     76     8  PREPAREDTXOFFSET
-     84     4  BODYLENGTH
-     88     B  BODY
-   88+B   1|2  TOPICLENGTH         signed byte (v1) / signed short (v2)
-      .     T  TOPIC               UTF-8
-      .     2  PROPERTIESLENGTH    signed short, <= 32767
-      .     P  PROPERTIES          key 0x01 value 0x02 ..., mqstore's last 20 bytes are
-                                   `__CRC32C` 0x01 <10 decimal digits, MSB first> 0x02: the
-                                   CRC32C of record bytes [0, TOTALSIZE-20)
-
-TOTALSIZE = 91 + B + T + P (v1, IPv4/IPv4). End-of-file filler: TOTALSIZE = space left in
-the segment, MAGICCODE 0xCBD43194, 8 bytes written. The __CRC32C tail is defined in
-`crc32c_property`, the msgId a record is known by (store host + commit_pos) in `msg_id`.
+The layout is `layout`'s; what makes a record structurally valid is `structure`'s (its scalar
+form). The batch paths (encode_many, stamp_many, spans, view) give the same bytes and verdicts.
 """
 
 from __future__ import annotations
@@ -39,7 +11,7 @@ import struct
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum, IntEnum, IntFlag
+from enum import Enum
 from typing import NamedTuple
 
 import crc32c
@@ -63,57 +35,44 @@ from engine.formats.properties import (
     encode_properties,
     split_keys,
 )
-from engine.formats.uniq_key import new_uniq_key as new_uniq_key  # re-exported: its old home
-from engine.formats.uniq_key import new_uniq_keys as new_uniq_keys
-
-MAGIC_V1 = 0xDAA320A7
-MAGIC_V2 = 0xDAA320AB
-BLANK_MAGIC = 0xCBD43194
-
-# TOTALSIZE MAGIC BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG BORNTIMESTAMP
-RECORD_HEAD_FMT = ">iIiiiqqiq"
-RECORD_HEAD_SIZE = 48
-# ... BORNHOST(ip, port) STORETIMESTAMP STOREHOST(ip, port) RECONSUMETIMES PREPAREDTXOFFSET BODYLENGTH
-V4_HEADER_FMT = RECORD_HEAD_FMT + "4siq4siiqi"
-V4_HEADER_SIZE = 88
-HOST_V4_FMT, HOST_V4_SIZE = ">4si", 8
-HOST_V6_FMT, HOST_V6_SIZE = ">16si", 20
-RECORD_MID_FMT = ">iqi"  # RECONSUMETIMES PREPAREDTXOFFSET BODYLENGTH
-RECORD_MID_SIZE = 16
-FILLER_FMT, FILLER_SIZE = ">iI", 8  # TOTALSIZE MAGICCODE
-TOPIC_LENGTH_SIZE_V1, TOPIC_LENGTH_SIZE_V2, PROPERTIES_LENGTH_SIZE = 1, 2, 2
-RECORD_FIXED_SIZE = V4_HEADER_SIZE + TOPIC_LENGTH_SIZE_V1 + PROPERTIES_LENGTH_SIZE
-for _fmt, _size in ((RECORD_HEAD_FMT, RECORD_HEAD_SIZE), (V4_HEADER_FMT, V4_HEADER_SIZE),
-                    (HOST_V4_FMT, HOST_V4_SIZE), (HOST_V6_FMT, HOST_V6_SIZE),
-                    (RECORD_MID_FMT, RECORD_MID_SIZE), (FILLER_FMT, FILLER_SIZE)):
-    assert struct.calcsize(_fmt) == _size, _fmt
-assert RECORD_FIXED_SIZE == 91
-
-# Byte offsets of fields from the record start (IPv4 born and store hosts), from the layout.
-TOTAL_SIZE_OFFSET = 0
-MAGIC_OFFSET = struct.calcsize(">i")
-BODY_CRC_OFFSET = struct.calcsize(">iI")
-QUEUE_ID_OFFSET = struct.calcsize(">iIi")
-FLAG_OFFSET = struct.calcsize(">iIii")
-QUEUE_OFFSET_OFFSET = struct.calcsize(">iIiii")
-PHYSICAL_OFFSET_OFFSET = struct.calcsize(">iIiiiq")
-SYS_FLAG_OFFSET = struct.calcsize(">iIiiiqq")
-BORN_TS_OFFSET = struct.calcsize(">iIiiiqqi")
-BORN_HOST_OFFSET = RECORD_HEAD_SIZE
-STORE_TS_OFFSET = BORN_HOST_OFFSET + HOST_V4_SIZE
-STORE_TS_OFFSET_BORN_V6 = BORN_HOST_OFFSET + HOST_V6_SIZE
-STORE_HOST_OFFSET = STORE_TS_OFFSET + 8
-RECONSUME_TIMES_OFFSET = STORE_HOST_OFFSET + HOST_V4_SIZE
-PREPARED_TX_OFFSET_OFFSET = RECONSUME_TIMES_OFFSET + 4
-BODY_LENGTH_OFFSET = PREPARED_TX_OFFSET_OFFSET + 8
-BODY_OFFSET = V4_HEADER_SIZE
-assert (QUEUE_OFFSET_OFFSET, PHYSICAL_OFFSET_OFFSET, SYS_FLAG_OFFSET) == (20, 28, 36)
-assert (STORE_TS_OFFSET, STORE_TS_OFFSET_BORN_V6, BODY_LENGTH_OFFSET, BODY_OFFSET) == (56, 68, 84, 88)
-
-MAX_TOPIC_BYTES = 127  # v1 TOPICLENGTH is a signed byte
-MAX_PROPERTIES_BYTES = 32767  # PROPERTIESLENGTH is a signed short
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-BODY_CRC_MASK = 0x7FFFFFFF
+from engine.formats.record.layout import (
+    BLANK_MAGIC,
+    BODY_CRC_MASK,
+    BODY_OFFSET,
+    BORNHOST_V6,
+    DEFAULT_MAX_BODY_BYTES,
+    FIELD_INDEX,
+    FILLER_FMT,
+    FILLER_SIZE,
+    HOST_V4_FMT,
+    HOST_V6_FMT,
+    HOSTS_V6,
+    MAGIC_OFFSET,
+    MAGIC_V1,
+    MAGIC_V2,
+    MAX_PROPERTIES_BYTES,
+    MAX_TOPIC_BYTES,
+    PHYSICAL_OFFSET_OFFSET,
+    PROPERTIES_LENGTH_SIZE,
+    QUEUE_OFFSET_OFFSET,
+    RECORD_FIXED_SIZE,
+    RECORD_HEAD_FMT,
+    RECORD_HEAD_SIZE,
+    RECORD_MID_FMT,
+    RECORD_MID_SIZE,
+    STORE_TS_OFFSET,
+    STORE_TS_OFFSET_BORN_V6,
+    STOREHOST_V6,
+    SYS_FLAG_OFFSET,
+    V4_HEADER_FMT,
+    V4_HEADER_SIZE,
+)
+from engine.formats.record.structure import (
+    check_head,
+    check_header_fits,
+    check_position,
+    locate_parts,
+)
 
 _V4_HEADER = struct.Struct(V4_HEADER_FMT)
 _HEAD = struct.Struct(RECORD_HEAD_FMT)
@@ -121,45 +80,12 @@ _HOST_V4 = struct.Struct(HOST_V4_FMT)
 _HOST_V6 = struct.Struct(HOST_V6_FMT)
 _MID = struct.Struct(RECORD_MID_FMT)
 _FILLER = struct.Struct(FILLER_FMT)
-# Every record and every filler starts with its 4-byte big-endian TOTALSIZE: what walkers read.
-TOTAL_SIZE_FIELD = struct.Struct(">i")
 _STAMP = struct.Struct(">qq")  # QUEUEOFFSET PHYSICALOFFSET, adjacent
-_I8, _I16, _I32, _U32, _I64 = (struct.Struct(f) for f in (">b", ">h", ">i", ">I", ">q"))
-
-
-class SysFlag(IntFlag):
-    """SYSFLAG bits (RocketMQ MessageSysFlag); the transaction type is the 0xC field."""
-
-    COMPRESSED = 0x1
-    MULTI_TAGS = 0x2
-    TRANSACTION_PREPARED = 0x4
-    TRANSACTION_COMMIT = 0x8
-    TRANSACTION_ROLLBACK = 0xC
-    BORNHOST_V6 = 0x10
-    STOREHOST_V6 = 0x20
-    NEED_UNWRAP = 0x40
-    INNER_BATCH = 0x80
-
-
-TX_TYPE_MASK = 0xC
-COMPRESSION_TYPE_MASK = 0x700
-_BORNHOST_V6 = int(SysFlag.BORNHOST_V6)  # plain ints: IntFlag arithmetic is slow on hot paths
-_STOREHOST_V6 = int(SysFlag.STOREHOST_V6)
-_HOSTS_V6 = _BORNHOST_V6 | _STOREHOST_V6
-
-
-class TxType(IntEnum):
-    """Transaction type held in SYSFLAG bits 2-3; only NOT and COMMIT enter consume queues."""
-
-    NOT = 0x0
-    PREPARED = 0x4
-    COMMIT = 0x8
-    ROLLBACK = 0xC
-
-
-def tx_type(sys_flag: int) -> TxType:
-    """The transaction type of a SYSFLAG value."""
-    return TxType(sys_flag & TX_TYPE_MASK)
+_I16, _I32, _U32, _I64 = (struct.Struct(f) for f in (">h", ">i", ">I", ">q"))
+assert QUEUE_OFFSET_OFFSET + 8 == PHYSICAL_OFFSET_OFFSET
+# Indexes into the unpacked header tuple (also produced, in the same order, for IPv6 hosts).
+_F_PHYSICAL_OFFSET, _F_SYS_FLAG, _F_BODY_LENGTH = (
+    FIELD_INDEX["commit_pos"], FIELD_INDEX["sys_flag"], FIELD_INDEX["body_length"])
 
 
 class Verify(Enum):
@@ -250,10 +176,6 @@ class RecordHeader:
         return self.commit_pos + self.total_size
 
 
-# Indexes into the V4_HEADER field tuple (also produced, in the same order, for IPv6 hosts).
-_F_PHYSICAL_OFFSET, _F_SYS_FLAG, _F_BODY_LENGTH = 6, 7, 16
-
-
 class _Layout(NamedTuple):
     fields: tuple  # V4_HEADER order: total..born_ts, born_ip, born_port, store_ts, store_ip, ...
     body_pos: int
@@ -285,7 +207,7 @@ def encode_record(topic: str, body: bytes, *, queue_id: int, properties: Mapping
     _check_int("sys_flag", sys_flag, 0, 2**31 - 1)
     _check_int("reconsume_times", reconsume_times, 0, 2**31 - 1)
     _check_int("born_ts_ms", born_ts_ms, 0, 2**63 - 1)
-    if sys_flag & _HOSTS_V6:
+    if sys_flag & HOSTS_V6:
         raise BadInputError("sys_flag", "IPv6 host bits are set but records are written with IPv4 hosts")
     body_len, topic_len = len(body), len(topic_raw)
     total = RECORD_FIXED_SIZE + body_len + topic_len + len(props_raw)
@@ -312,7 +234,7 @@ def stamp_record(buf: bytearray | memoryview, pos: int, *, queue_offset: int, co
         raise BadInputError("record", f"TOTALSIZE {total_size} at {pos} is not a record in this buffer")
     if buf[crc_pos : crc_pos + len(CRC32C_PREFIX)] != CRC32C_PREFIX:
         raise BadInputError("record", f"record at {pos} has no reserved __CRC32C tail")
-    born_v6 = _I32.unpack_from(buf, pos + SYS_FLAG_OFFSET)[0] & _BORNHOST_V6
+    born_v6 = _I32.unpack_from(buf, pos + SYS_FLAG_OFFSET)[0] & BORNHOST_V6
     _STAMP.pack_into(buf, pos + QUEUE_OFFSET_OFFSET, queue_offset, commit_pos)
     _I64.pack_into(buf, pos + (STORE_TS_OFFSET_BORN_V6 if born_v6 else STORE_TS_OFFSET), store_ts_ms)
     seal_crc32c(buf, pos, crc_pos)
@@ -410,12 +332,12 @@ def store_ts_at(buf, pos: int, *, base_pos: int = 0) -> int:
     magic = _U32.unpack_from(buf, pos + MAGIC_OFFSET)[0]
     if magic not in (MAGIC_V1, MAGIC_V2):
         raise CorruptRecordError(f"not a record (magic 0x{magic:08X})", pos=base_pos + pos)
-    born_v6 = _I32.unpack_from(buf, pos + SYS_FLAG_OFFSET)[0] & _BORNHOST_V6
+    born_v6 = _I32.unpack_from(buf, pos + SYS_FLAG_OFFSET)[0] & BORNHOST_V6
     return _I64.unpack_from(buf, pos + (STORE_TS_OFFSET_BORN_V6 if born_v6 else STORE_TS_OFFSET))[0]
 
 
 def _locate(buf, pos: int, commit_pos: int) -> _Layout | Filler:
-    """Check framing and field lengths; return the fixed fields and where the variable parts lie."""
+    """Check the structure (structure's rules); return the fixed fields and where the parts lie."""
     avail = len(buf) - pos
     if avail < FILLER_SIZE:
         raise CorruptRecordError(f"only {avail} bytes left, fewer than a record header", pos=commit_pos)
@@ -425,50 +347,26 @@ def _locate(buf, pos: int, commit_pos: int) -> _Layout | Filler:
             raise CorruptRecordError(f"filler TOTALSIZE {total_size} outside {FILLER_SIZE}..{avail}",
                                      pos=commit_pos)
         return Filler(commit_pos, total_size)
-    if magic not in (MAGIC_V1, MAGIC_V2):
-        reason = ("unwritten space (zero TOTALSIZE and magic)" if total_size == 0 and magic == 0
-                  else f"unknown magic 0x{magic:08X}")
-        raise CorruptRecordError(reason, pos=commit_pos)
-    if not RECORD_FIXED_SIZE <= total_size <= avail:
-        raise CorruptRecordError(f"TOTALSIZE {total_size} outside {RECORD_FIXED_SIZE}..{avail} "
-                                 "(bytes left in the buffer)", pos=commit_pos)
+    check_head(total_size, magic, avail, commit_pos)
     fields = _V4_HEADER.unpack_from(buf, pos)
     body_pos = pos + BODY_OFFSET
-    if fields[_F_SYS_FLAG] & _HOSTS_V6:
+    if fields[_F_SYS_FLAG] & HOSTS_V6:
         fields, body_pos = _unpack_v6_header(buf, pos, total_size, commit_pos)
-    if fields[_F_PHYSICAL_OFFSET] != commit_pos:
-        raise CorruptRecordError(f"PHYSICALOFFSET {fields[_F_PHYSICAL_OFFSET]} is not the record's "
-                                 "position", pos=commit_pos, size=total_size)
-    end = pos + total_size
-    length_size = TOPIC_LENGTH_SIZE_V1 if magic == MAGIC_V1 else TOPIC_LENGTH_SIZE_V2
-    body_len = fields[_F_BODY_LENGTH]
-    body_end = body_pos + body_len
-    if body_len < 0 or body_end + length_size > end:
-        raise _size_mismatch(f"BODYLENGTH {body_len}", commit_pos, total_size)
-    topic_len = (_I8 if length_size == 1 else _I16).unpack_from(buf, body_end)[0]
-    topic_pos = body_end + length_size
-    if topic_len < 0 or topic_pos + topic_len + PROPERTIES_LENGTH_SIZE > end:
-        raise _size_mismatch(f"TOPICLENGTH {topic_len}", commit_pos, total_size)
-    props_len = _I16.unpack_from(buf, topic_pos + topic_len)[0]
-    props_pos = topic_pos + topic_len + PROPERTIES_LENGTH_SIZE
-    if props_len < 0 or props_pos + props_len != end:
-        raise _size_mismatch(f"fields sum to {props_pos + props_len - pos}", commit_pos, total_size)
-    return _Layout(fields, body_pos, body_end, topic_pos, props_pos, end)
-
-
-def _size_mismatch(what: str, commit_pos: int, total_size: int) -> CorruptRecordError:
-    return CorruptRecordError(f"{what} does not fit TOTALSIZE {total_size}", pos=commit_pos, size=total_size)
+    check_position(fields[_F_PHYSICAL_OFFSET], commit_pos, total_size)
+    body_end, topic_pos, props_pos = locate_parts(buf, pos, total_size, magic, body_pos,
+                                                  fields[_F_BODY_LENGTH], commit_pos)
+    return _Layout(fields, body_pos, body_end, topic_pos, props_pos, pos + total_size)
 
 
 def _unpack_v6_header(buf, pos: int, total_size: int, commit_pos: int) -> tuple[tuple, int]:
-    """Fixed fields of a record with an IPv6 born and/or store host, in V4_HEADER order."""
+    """Fixed fields of a record with an IPv6 born and/or store host, in V4_HEADER order, and
+    where its body starts."""
     head = _HEAD.unpack_from(buf, pos)
-    born = _HOST_V6 if head[7] & _BORNHOST_V6 else _HOST_V4
-    store = _HOST_V6 if head[7] & _STOREHOST_V6 else _HOST_V4
+    born = _HOST_V6 if head[_F_SYS_FLAG] & BORNHOST_V6 else _HOST_V4
+    store = _HOST_V6 if head[_F_SYS_FLAG] & STOREHOST_V6 else _HOST_V4
     at = pos + RECORD_HEAD_SIZE
     body_pos = at + born.size + 8 + store.size + RECORD_MID_SIZE
-    if body_pos > pos + total_size:
-        raise _size_mismatch("the header with IPv6 hosts", commit_pos, total_size)
+    check_header_fits(body_pos, pos + total_size, commit_pos, total_size)
     born_host = born.unpack_from(buf, at)
     store_ts = _I64.unpack_from(buf, at + born.size)
     store_host = store.unpack_from(buf, at + born.size + 8)
@@ -476,12 +374,12 @@ def _unpack_v6_header(buf, pos: int, total_size: int, commit_pos: int) -> tuple[
     return head + born_host + store_ts + store_host + mid, body_pos
 
 
-def _decode_text(buf, layout: _Layout, commit_pos: int) -> tuple[str, dict[str, str]]:
-    topic_len = layout.props_pos - PROPERTIES_LENGTH_SIZE - layout.topic_pos
+def _decode_text(buf, parts: _Layout, commit_pos: int) -> tuple[str, dict[str, str]]:
+    topic_len = parts.props_pos - PROPERTIES_LENGTH_SIZE - parts.topic_pos
     try:
-        topic = str(buf[layout.topic_pos : layout.topic_pos + topic_len], "utf-8")
-        props = decode_properties(buf[layout.props_pos : layout.end])
+        topic = str(buf[parts.topic_pos : parts.topic_pos + topic_len], "utf-8")
+        props = decode_properties(buf[parts.props_pos : parts.end])
     except UnicodeDecodeError as exc:
         raise CorruptRecordError(f"topic or properties are not UTF-8 ({exc.reason})",
-                                 pos=commit_pos, size=layout.end - layout.props_pos) from None
+                                 pos=commit_pos, size=parts.end - parts.props_pos) from None
     return topic, props

@@ -1,11 +1,17 @@
-"""Commitlog records of one topic from columns, byte-identical to `record.encode_record`.
+"""Commitlog records many at a time, byte-identical to `scalar.encode_record`.
 
-A producer's batch call (ipc.Producer.send_columns) gives the bodies, one key per message (or
-none), one TAGS for all and the UNIQ_KEYs as one prefix + consecutive counters
-(engine.message.UniqKeyBlock). The properties are engine.message.build_properties' for such a
-message (TAGS, KEYS, UNIQ_KEY, in that order), so every record is
+`encode_records`: messages of any topics with their encoded properties. The fixed 88-byte
+headers are filled by a few whole-array writes into a layout.HEADER_DTYPE array; per record
+only one zlib.crc32 of the body runs (a C call, driven by `map`); the bytes are joined with
+one `bytearray.join`.
 
-    header   88 bytes (record.V4_HEADER_FMT); per record only TOTALSIZE, BODYCRC, QUEUEID and
+`encode_columns`: one topic from columns. A producer's batch call (ipc.Producer.send_columns)
+gives the bodies, one key per message (or none), one TAGS for all and the UNIQ_KEYs as one
+prefix + consecutive counters (engine.message.UniqKeyBlock). The properties are
+engine.message.build_properties' for such a message (TAGS, KEYS, UNIQ_KEY, in that order), so
+every record is
+
+    header   88 bytes (layout.V4_HEADER_FMT); per record only TOTALSIZE, BODYCRC, QUEUEID and
              BODYLENGTH differ: the 68 bytes between QUEUEID and BODYLENGTH are packed once
     body
     after    TOPICLENGTH topic PROPERTIESLENGTH [TAGS 0x01 t 0x02] [KEYS 0x01 k 0x02]
@@ -23,29 +29,107 @@ them several times as its output grows).
 from __future__ import annotations
 
 import re
+import socket
 import struct
 import zlib
 from collections.abc import Sequence
 from itertools import repeat
+from typing import NamedTuple
 
 import numpy as np
 
 from engine.errors import BadInputError
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE, CRC32C_RESERVED
 from engine.formats.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, SEP_KV, SEP_PROP
-from engine.formats.record import (
+from engine.formats.record.layout import (
     BODY_CRC_MASK,
     BODY_LENGTH_OFFSET,
     FLAG_OFFSET,
+    HEADER_DTYPE,
     MAGIC_V1,
     MAX_PROPERTIES_BYTES,
     MAX_TOPIC_BYTES,
+    PROPERTIES_LENGTH_SIZE,
     RECORD_FIXED_SIZE,
+    TOPIC_LENGTH_SIZE_V1,
     V4_HEADER_FMT,
     V4_HEADER_SIZE,
 )
-from engine.formats.record_batch import EncodedRecords, _ipv4
 from engine.formats.uniq_key import UNIQ_COUNTER_DIGITS, UNIQ_COUNTER_MASK, UNIQ_KEY_CHARS
+
+
+class EncodedRecords(NamedTuple):
+    """Records laid end to end in `buf`; record i is buf[starts[i]:starts[i] + sizes[i]]."""
+
+    buf: bytearray
+    starts: np.ndarray  # int64, position of each record in buf
+    sizes: np.ndarray  # int64, each record's TOTALSIZE
+
+# ---------------------------------------------------------------- many messages, any topics
+
+
+def encode_records(topic_raws: Sequence[bytes], bodies: Sequence[bytes], props_raws: Sequence[bytes],
+                   queue_ids: Sequence[int], *, born_ts_ms: int, born_host: tuple[str, int],
+                   store_host: tuple[str, int], flag: int = 0, sys_flag: int = 0) -> EncodedRecords:
+    """Many `scalar.encode_record` results end to end, byte for byte.
+
+    `topic_raws` are UTF-8 topics, `props_raws` encoded properties *without* the CRC32C tail
+    (it is reserved here, as encode_record does). Inputs are assumed validated per message
+    (engine.message); lengths and ranges are checked here as a whole, BadInputError if off.
+    """
+    n = len(bodies)
+    if not n == len(topic_raws) == len(props_raws) == len(queue_ids):
+        raise BadInputError("records", "topics, bodies, properties and queue ids differ in count")
+    body_lens = np.fromiter(map(len, bodies), dtype=np.int64, count=n)
+    topic_lens = np.fromiter(map(len, topic_raws), dtype=np.int64, count=n)
+    props_lens = np.fromiter(map(len, props_raws), dtype=np.int64, count=n) + CRC32C_PROP_SIZE
+    _check_lengths(topic_lens, props_lens)
+    sizes = RECORD_FIXED_SIZE + body_lens + topic_lens + props_lens
+    header = np.zeros(n, dtype=HEADER_DTYPE)
+    header["magic"], header["flag"], header["sys_flag"] = MAGIC_V1, flag, sys_flag
+    header["born_ts_ms"] = born_ts_ms
+    header["born_ip"], header["born_port"] = _ipv4(born_host)
+    header["store_ip"], header["store_port"] = _ipv4(store_host)
+    header["total_size"] = sizes
+    header["body_crc"] = np.fromiter(map(zlib.crc32, bodies), dtype=np.int64, count=n) & BODY_CRC_MASK
+    header["queue_id"] = queue_ids
+    header["body_length"] = body_lens
+    pieces: list = [None] * (6 * n)
+    pieces[0::6] = header.view(f"V{V4_HEADER_SIZE}").tolist()
+    pieces[1::6] = bodies
+    pieces[2::6] = _topic_pieces(topic_raws, topic_lens)
+    pieces[3::6] = props_lens.astype(">i2").view(f"V{PROPERTIES_LENGTH_SIZE}").tolist()
+    pieces[4::6] = props_raws
+    pieces[5::6] = [CRC32C_RESERVED] * n
+    starts = np.zeros(n, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    return EncodedRecords(bytearray().join(pieces), starts, sizes)
+
+
+def _check_lengths(topic_lens: np.ndarray, props_lens: np.ndarray) -> None:
+    if len(topic_lens) and (topic_lens.min() < 1 or topic_lens.max() > MAX_TOPIC_BYTES):
+        raise BadInputError("topic", f"must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8")
+    if len(props_lens) and props_lens.max() > MAX_PROPERTIES_BYTES:
+        raise BadInputError("properties", f"properties plus the {CRC32C_PROP_SIZE}-byte CRC32C "
+                            f"property exceed {MAX_PROPERTIES_BYTES}")
+
+
+def _topic_pieces(topic_raws: Sequence[bytes], topic_lens: np.ndarray) -> list[bytes]:
+    """TOPICLENGTH byte + topic for each record (one object per distinct topic)."""
+    assert TOPIC_LENGTH_SIZE_V1 == 1
+    by_topic = {raw: bytes((len(raw),)) + raw for raw in set(topic_raws)}
+    return list(map(by_topic.__getitem__, topic_raws))
+
+
+def _ipv4(host: tuple[str, int]) -> tuple[bytes, int]:
+    ip, port = host
+    try:
+        return socket.inet_pton(socket.AF_INET, ip), port
+    except (OSError, TypeError):
+        raise BadInputError("host", f"{host!r} is not an (IPv4 address, port) pair") from None
+
+
+# ---------------------------------------------------------------- one topic, from columns
 
 # V4_HEADER_FMT split where the per-record fields end: TOTALSIZE MAGIC BODYCRC QUEUEID | the
 # fields from FLAG to PREPAREDTXOFFSET (same in every record of a batch) | BODYLENGTH.
@@ -171,5 +255,3 @@ def _after_template(topic_raw: bytes, tags_raw: bytes | None, with_key: bool, un
     return literal + b"%0" + str(UNIQ_COUNTER_DIGITS).encode() + b"X" + end \
         + CRC32C_RESERVED.replace(b"%", b"%%")
 
-
-__all__ = ["encode_columns"]

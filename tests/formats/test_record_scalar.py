@@ -31,11 +31,11 @@ from engine.formats.record import (
     decode_record,
     encode_filler,
     encode_record,
-    new_uniq_key,
     stamp_record,
     store_ts_at,
     tx_type,
 )
+from engine.formats.uniq_key import new_uniq_key
 
 BORN = ("127.0.0.1", 4242)
 STORE = ("127.0.0.1", 10911)

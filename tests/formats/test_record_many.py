@@ -1,4 +1,5 @@
-"""Batch record codecs (record_batch, record_scan) against the scalar reference, byte for byte."""
+"""The record codec's batch paths (encode_many, stamp_many, spans, dispatch_columns) against its
+scalar reference, byte for byte: one layout's two forms."""
 
 from __future__ import annotations
 
@@ -25,19 +26,10 @@ from engine.formats.record import (
     encode_record,
     stamp_record,
 )
-from engine.formats.record_batch import (
-    STRUCT_PATH_MAX_RECORDS,
-    check_stampable,
-    encode_records,
-    stamp_records,
-)
-from engine.formats.record_scan import (
-    columns_from_headers,
-    decode_dispatch,
-    find_starts,
-    verify_spans,
-    walk_starts,
-)
+from engine.formats.record.dispatch_columns import columns_from_headers, decode_dispatch
+from engine.formats.record.encode_many import encode_records
+from engine.formats.record.spans import find_starts, verify_spans, walk_starts
+from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, check_stampable, stamp_records
 
 BORN, STORE = ("127.0.0.1", 4242), ("10.1.2.3", 10911)
 BASE_POS = 1 << 30

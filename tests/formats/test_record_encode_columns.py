@@ -1,8 +1,8 @@
-"""record_columns.encode_columns against the reference codecs, byte for byte.
+"""encode_many.encode_columns against the reference codecs, byte for byte.
 
 The reference for a column batch is what the message-by-message path writes: the properties
 engine.message builds for Message(topic, body, tags=..., keys=(key,)) with the same UNIQ_KEY,
-encoded by record.encode_record (one record) and record_batch.encode_records (many)."""
+encoded by scalar.encode_record (one record) and encode_many.encode_records (many)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from engine.errors import BadInputError
 from engine.formats.record import MAX_PROPERTIES_BYTES, Verify, decode_record, encode_record, stamp_record
-from engine.formats.record_batch import encode_records
-from engine.formats.record_columns import encode_columns
+from engine.formats.record.encode_many import encode_columns, encode_records
 from engine.message import Message, UniqKeyBlock, build_properties, encode_message_properties, key_column
 
 BORN, STORE = ("127.0.0.1", 4242), ("10.1.2.3", 10911)
