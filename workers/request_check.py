@@ -11,16 +11,16 @@ transaction PREPARED or ROLLBACK bit, a fit in one segment and the reserved __CR
 its properties. Anything else raises BadInputError: the record gets MESSAGE_ILLEGAL and never
 reaches the log.
 
-`check` is the rule, record by record (struct, structure's scalar form); `check_request` runs it
-on each record of a small request (up to stamp_many.STRUCT_PATH_MAX_RECORDS, where numpy's
-fixed cost per call would dominate: docs/DECISIONS.md#small-batches-scalar). A larger request is checked as a whole against its first
-record, which must pass `check`: the producer's header rules by one masked unsigned comparison,
-then TOPICLENGTH + topic equal to the first record's and PROPERTIESLENGTH what TOTALSIZE leaves
-(so structure's length rules hold as they hold for the first record), the __CRC32C slot as
-encoders reserve it, ASCII properties and the BODYCRC (one zlib.crc32 per body, on a view of
-it). A record that differs in any of these (another topic, non-ASCII properties, a mistake) is
-given to `check`, which accepts it or says why not: the batch path only ever accepts records
-that `check` accepts, and refuses none that it accepts.
+`check` is the rule, record by record (struct, structure's scalar form); `check_request` runs
+it on each record of a small request (up to stamp_many.STRUCT_PATH_MAX_RECORDS, where numpy's
+fixed cost per call would dominate: docs/DECISIONS.md#small-batches-scalar). A larger request
+is checked as a whole against its first record, which must pass `check`: the producer's header
+rules by one masked unsigned comparison, then TOPICLENGTH + topic equal to the first record's
+and PROPERTIESLENGTH what TOTALSIZE leaves (so structure's length rules hold as they hold for
+the first record), the __CRC32C slot as encoders reserve it, ASCII properties and the BODYCRC
+(one zlib.crc32 per body, on a view of it). A record that differs in any of these (another
+topic, non-ASCII properties, a mistake) is given to `check`, which accepts it or says why not:
+the batch path only ever accepts records that `check` accepts, and refuses none that it accepts.
 """
 
 from __future__ import annotations

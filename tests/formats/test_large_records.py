@@ -27,7 +27,8 @@ from engine.formats.record.spans import (
     walk_starts,
 )
 from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, stamp_records
-from engine.message import Message, UniqKeyBlock, encode_message_properties, key_column
+from engine.formats.uniq_key import UniqKeyBlock
+from engine.message import Message, encode_message_properties, key_column
 
 BORN, STORE = ("127.0.0.1", 4242), ("10.1.2.3", 10911)
 BASE_POS = 1 << 30

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from engine.errors import BadInputError
 from engine.formats.record import MAX_PROPERTIES_BYTES, Verify, decode_record, encode_record, stamp_record
 from engine.formats.record.encode_many import encode_columns, encode_records
-from engine.message import Message, UniqKeyBlock, build_properties, encode_message_properties, key_column
+from engine.formats.uniq_key import UniqKeyBlock
+from engine.message import Message, build_properties, encode_message_properties, key_column
 
 BORN, STORE = ("127.0.0.1", 4242), ("10.1.2.3", 10911)
 BORN_TS_MS = 1_700_000_000_123

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import (
+from ipc.control_block import Role
+from tests.workers.store_harness import (
     REPO_ROOT,
     checked_store,
     child_env,
@@ -30,8 +30,6 @@ from store_harness import (
     spawn_python,
     wait_for,
 )
-
-from ipc.control_block import Role
 from tools.console.access import cookie_name
 from tools.console.events import EventKind, recent_events
 
@@ -380,7 +378,7 @@ def test_events_name_a_child_restart_and_a_retention_pass_from_the_log(tmp_path)
     with checked_store(tmp_path / "store") as running:
         old_pid = running.child_pid(Role.DISPATCHER)
         os.kill(old_pid, 9)
-        running.wait_child_restarted(Role.DISPATCHER, old_pid)
+        running.wait_child_replaced(Role.DISPATCHER, old_pid)
         result = cli("clean", "--store", str(running.root))
         assert result.returncode == 0, result.stderr.decode()
         events = wait_for(lambda: [e for e in recent_events(running.root)

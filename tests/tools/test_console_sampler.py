@@ -3,17 +3,12 @@ once nobody asks, waking on the next request."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean, wait_for
-
+from tests.workers.store_harness import assert_check_clean, start_store, wait_for
 from tools.console.sampler import StatusSampler
 
 
 def test_the_sampler_sleeps_without_viewers_and_wakes_on_the_next_request(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
+    store = start_store(tmp_path / "store")
     assert store.stop() == 0
     sampler = StatusSampler(store.root, sample_s=0.05, idle_after_s=0.3).start()
     try:
