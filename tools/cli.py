@@ -225,16 +225,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from engine.recovery import RecoveryMode, detect_shutdown, recover
+    from engine.recovery import RecoveryMode
     from engine.store_dir import (
         StoreKind,
-        StoreLock,
         config_for_store,
         inspect_store_dir,
         mark_clean_stop,
         refuse_foreign_store,
     )
-    from engine.store_open import close_parts, open_for_recovery
+    from engine.store_open import Dispatch, open_store
     from tools.start_settings import load_settings
     from workers.shared_state import cleanup_stale
 
@@ -248,19 +247,17 @@ def cmd_recover(args: argparse.Namespace) -> int:
         refuse_foreign_store(root, "recover never writes it")
     config, _ = load_settings(args)
     config = config_for_store(refuse_changes_to(root, args), config)
-    lock = StoreLock.acquire(root)  # refuses while a supervisor runs
+    # the store's own open sequence; a dead supervisor's shared memory goes with its recovery
+    opened = open_store(root, config, writer="recover", dispatch=Dispatch.CHILD_PROCESSES,
+                        recovery=RecoveryMode(args.mode),
+                        progress=None if args.json else progress_printer("scanned"),
+                        after_lock=lambda: cleanup_stale(root))
     try:
-        cleanup_stale(root)  # a dead supervisor's shared memory goes with its recovery
-        mode = RecoveryMode(args.mode)
-        parts = open_for_recovery(root, config, mode)
-        try:
-            progress = None if args.json else progress_printer("scanned")
-            report = recover(parts, detect_shutdown(root), mode=mode, progress=progress)
-        finally:
-            close_parts(parts)
+        opened.commitlog.close()
         mark_clean_stop(root)
     finally:
-        lock.release()
+        opened.lock.release()
+    report = opened.report
     print(json.dumps(report.to_dict(), indent=2) if args.json else "\n".join(report.summary_lines()))
     return CliExit.OK
 
