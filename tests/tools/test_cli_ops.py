@@ -397,3 +397,32 @@ def test_a_delegated_command_refuses_a_bad_log_level(argv):
     assert result.returncode == EXIT_BAD_INPUT
     assert result.stderr.decode().splitlines() == [
         "mqstore: error: --log-level 'LOUD' is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL"]
+
+
+@pytest.mark.slow
+def test_put_latency_histogram_counts_every_answered_request_scraped_over_http(tmp_path):
+    from tests.workers.store_harness import PRODUCER_SCRIPT, read_acks, spawn_python
+
+    per_producer = 200  # one message per send: one request, one answer each
+    with checked_store(tmp_path / "store") as running:
+        root = str(running.root)
+        producers = [spawn_python(PRODUCER_SCRIPT, root, tag, str(per_producer), "1", "Latency")
+                     for tag in ("a", "b")]  # two at once, so one flush answers several requests
+        acks = []
+        for producer in producers:
+            out, err = producer.communicate(timeout=300)
+            assert producer.returncode == 0, err.decode()
+            acks += read_acks(out)
+        samples, _ = scrape(running.root)
+        status = ok_json("status", "--store", root)
+    assert len(acks) == 2 * per_producer and all(ack[1] == "PUT_OK" for ack in acks)
+    name = "mqstore_put_latency_seconds"
+    assert value(samples, f"{name}_count") == len(acks) == status["put_latency"]["count"]
+    buckets = sorted((float(dict(labels)["le"]), n) for (sample, labels), n in samples.items()
+                     if sample == f"{name}_bucket")
+    assert len(buckets) == 16 and buckets[-1] == (float("inf"), len(acks))
+    assert [n for _, n in buckets] == sorted(n for _, n in buckets)  # cumulative
+    assert 0 < value(samples, f"{name}_sum") < len(acks) * 2.0
+    latency = status["put_latency"]
+    assert 0 < latency["p50_ms"] <= latency["p99_ms"] < 2000  # generous: 2 shared cores
+    assert [row["count"] for row in latency["buckets"]] == [n for _, n in buckets[:-1]]
