@@ -426,3 +426,21 @@ def test_put_latency_histogram_counts_every_answered_request_scraped_over_http(t
     latency = status["put_latency"]
     assert 0 < latency["p50_ms"] <= latency["p99_ms"] < 2000  # generous: 2 shared cores
     assert [row["count"] for row in latency["buckets"]] == [n for _, n in buckets[:-1]]
+
+
+@pytest.mark.slow
+def test_check_progress_totals_the_written_bytes_not_the_segment_size(tmp_path):
+    from engine.check import check_summary
+
+    segment_bytes = 64 << 20  # a tiny store in a big, sparse segment
+    with checked_store(tmp_path / "store", store={"commitlog_file_size": segment_bytes}) as running:
+        produce(running.root)
+    calls = []
+    summary = check_summary(running.root, progress=lambda done, total: calls.append((done, total)))
+    written = summary.end_pos - summary.min_pos
+    assert 0 < written < 1 << 20 and summary.findings == ()
+    assert calls[-1] == (written, written) and all(total == written for _, total in calls)
+    result = cli("check", "--store", str(running.root))
+    assert result.returncode == 0, result.stderr.decode()
+    mib = f"{written / 2**20:.1f}"
+    assert result.stderr.decode().splitlines()[-1] == f"  checked {mib} of {mib} MiB"
