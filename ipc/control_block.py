@@ -388,8 +388,8 @@ class ControlBlock:
     def add_put_latencies(self, tally: LatencyTally) -> None:
         """Add one answered batch's latencies (one group write per batch, not per request)."""
         def update(old: tuple) -> tuple:
-            return (*(o + n for o, n in zip(old, tally.bucket_counts, strict=False)),
-                    old[-1] + tally.sum_ns)
+            counts = (o + n for o, n in zip(old[:-1], tally.bucket_counts, strict=True))
+            return (*counts, old[-1] + tally.sum_ns)
         self._update(PUT_LATENCY_GROUP_OFFSET, LATENCY_GROUP, update)
 
     def put_latency(self) -> LatencyHistogram:
