@@ -24,6 +24,10 @@ One sweep (called from the supervisor loop after sem-sup is posted or a timer ru
    deadline from the deadline thread. `_waiting` is shared by the threads under `_lock`, and
    `_sweep_lock` keeps sweeps one at a time.
 
+Each answer's latency (from the sweep that took the request to the answer) goes into a tally
+of the answering thread, added to the control block's put latency histogram once per answered
+batch (ipc/put_latency.py): nothing per record, one group write per batch.
+
 Results go straight into the slot's numpy results array; nothing is pickled. While the store
 stops, `admitting` is False and new requests are answered SERVICE_NOT_AVAILABLE (not stored).
 """
