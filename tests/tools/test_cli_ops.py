@@ -445,3 +445,38 @@ def test_check_progress_totals_the_written_bytes_not_the_segment_size(tmp_path):
     assert result.returncode == 0, result.stderr.decode()
     mib = f"{written / 2**20:.1f}"
     assert result.stderr.decode().splitlines()[-1] == f"  checked {mib} of {mib} MiB"
+
+
+SLOW_FSYNC_MS = 300
+
+
+def slow_fsync_puts(root: Path, count: int, timeout_ms: int) -> tuple[list[str], dict]:
+    """`count` puts one by one into a store whose every fsync takes 300 ms more; their answers
+    and the store's put latency from `status --json`."""
+    from tests.workers.store_harness import PRODUCER_SCRIPT, read_acks, run_python
+
+    with checked_store(root, store={"sync_flush_timeout_ms": timeout_ms},
+                       env={"MQSTORE_FAULT_FSYNC_DELAY_MS": str(SLOW_FSYNC_MS)}) as running:
+        sent = run_python(PRODUCER_SCRIPT, str(running.root), "slow", str(count), "1", "Slow",
+                          timeout=120)
+        assert sent.returncode == 0, sent.stderr.decode()
+        status = ok_json("status", "--store", str(running.root))
+    return [ack[1] for ack in read_acks(sent.stdout)], status["put_latency"]
+
+
+@pytest.mark.slow
+def test_put_latency_runs_from_pickup_to_the_answer_after_the_fsync(tmp_path):
+    answers, latency = slow_fsync_puts(tmp_path / "store", 8, timeout_ms=5000)
+    assert answers == ["PUT_OK"] * 8 and latency["count"] == 8
+    assert next(row["count"] for row in latency["buckets"] if row["le_s"] == 0.2) == 0
+    assert latency["sum_s"] >= 8 * SLOW_FSYNC_MS / 1000 and latency["p50_ms"] > 200
+
+
+@pytest.mark.slow
+def test_put_latency_counts_the_answers_given_at_the_flush_deadline(tmp_path):
+    timeout_ms = 100  # well before the slowed fsync ends: answered FLUSH_DISK_TIMEOUT then
+    answers, latency = slow_fsync_puts(tmp_path / "store", 8, timeout_ms=timeout_ms)
+    timeouts = answers.count("FLUSH_DISK_TIMEOUT")
+    assert timeouts > 0 and set(answers) <= {"PUT_OK", "FLUSH_DISK_TIMEOUT"}
+    assert latency["count"] == len(answers) == 8
+    assert latency["sum_s"] >= timeouts * timeout_ms / 1000
