@@ -37,6 +37,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from engine.accepted_damage import AcceptedSpan, accepted_damage_path, load_accepted
 from engine.check_commitlog import LogScan, Progress, scan_log
 from engine.check_consume_queues import check_queues
@@ -51,6 +53,7 @@ from engine.naming import CHECKPOINT_FILE, commitlog_dir, is_segment_name
 from engine.store_dir import StoreKind, inspect_store_dir, read_meta
 
 ROCKETMQ_DEFAULT_SEGMENT_BYTES = 1 << 30
+WRITTEN_END_CHUNK_BYTES = 1 << 20  # the zeros a writer keeps ahead are about this long
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ def check_summary(root: Path | str, *, progress: Progress | None = None) -> Chec
     try:
         if meta is not None:
             keys = KeyProbe(root, meta.index_slot_count, meta.index_entry_count, shard_count)
+        if progress is not None:
+            progress = _against_written_bytes(progress, log)
         scan = scan_log(log, verify, shard_count, None if keys is None else keys.probe, progress, out,
                         accepted, noted)
         if meta is not None:
@@ -109,6 +114,32 @@ def check_summary(root: Path | str, *, progress: Progress | None = None) -> Chec
         log.close()
     return CheckSummary(kind.value, scan.records, scan.bytes_scanned, scan.min_pos, scan.data_end,
                         tuple(out.items), tuple(noted.items))
+
+
+def _against_written_bytes(progress: Progress, log: CommitLog) -> Progress:
+    """`progress` with the bytes written to the log as its total, not the size of its segments:
+    a small store in a 1 GiB segment is checked "of 0.1 MiB", not "of 1024.0 MiB"."""
+    written_bytes = _written_end(log) - log.min_pos
+
+    def report(done_bytes: int, segments_bytes: int) -> None:
+        if done_bytes >= segments_bytes:  # the walk's last call: everything written was checked
+            done_bytes = written_bytes
+        progress(done_bytes, max(written_bytes, done_bytes))
+    return report
+
+
+def _written_end(log: CommitLog) -> int:
+    """The position after the log's last non-zero byte (min_pos when nothing is written): holes
+    of the sparse segments are skipped, the zeros written ahead of the writer read backwards."""
+    segs = log.segments
+    for segment in reversed(segs.segments):
+        for lo, hi in reversed(segment.data_ranges()):
+            for stop in range(hi, lo, -WRITTEN_END_CHUNK_BYTES):
+                start = max(stop - WRITTEN_END_CHUNK_BYTES, lo)
+                chunk = np.frombuffer(segment.read(start, stop - start), dtype=np.uint8)
+                if chunk.any():
+                    return segs.base_of(segment) + stop - int(np.argmax(chunk[::-1] != 0))
+    return segs.min_pos
 
 
 def _load_accepted(root: Path, out: FindingList) -> list[AcceptedSpan]:

@@ -1,6 +1,6 @@
 """The control block: one shared region per running store with positions and process slots.
 
-Region kind 'ctl', layout version 3, 12864 bytes, all little-endian, every group 64-byte aligned
+Region kind 'ctl', layout version 4, 13056 bytes, all little-endian, every group 64-byte aligned
 (one cache line per writer). Each seqlocked group = 8-byte seq word + payload (see seqlock.py).
 
     offset  size  what                       fields                                   writer
@@ -26,10 +26,13 @@ Region kind 'ctl', layout version 3, 12864 bytes, all little-endian, every group
     8704    64x64 shard retention i          clean_pos, files_removed (i64)             builder i
     12800   64    put status group (seqlock) answers per PutStatus 1..7 (i64 each:    supervisor
                                              FLUSH_DISK_TIMEOUT .. UNKNOWN_ERROR)
+    12864   192   put latency group (seqlock) requests per latency bucket (16 i64),  supervisor
+                                             sum_ns i64 (ipc/put_latency.py)
 
 Version 2 added the retention area (ipc/retention_block.py reads and writes it); version 3 the
 put status group, counted only where a put fails, so a PUT_OK costs nothing more (its count
-is appended_msgs less the FLUSH_DISK_TIMEOUT answers, which were appended too).
+is appended_msgs less the FLUSH_DISK_TIMEOUT answers, which were appended too); version 4 the
+put latency group, added to once per answered batch of requests.
 
 The magic is written last at create, so an attacher never sees a half-initialised header.
 Process slots: 0 = supervisor, 1 = dispatcher, 2 + i = index builder of shard i.
@@ -51,10 +54,11 @@ from engine.config import FlushPolicy
 from engine.errors import FormatVersionError, ServiceNotAvailableError, StoreError
 from engine.status import PutStatus
 from ipc import seqlock
+from ipc.put_latency import LATENCY_GROUP, LatencyHistogram, LatencyTally
 from ipc.shm import SharedRegion, region_name, unlink_stale
 
 MAGIC = b"MQSTCTL1"
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 REGION_KIND = "ctl"
 MAX_SHARDS = 64
 PROCESS_SLOT_COUNT = 2 + MAX_SHARDS
@@ -83,7 +87,9 @@ PROCESS_SLOTS_OFFSET = SHARD_GROUPS_OFFSET + MAX_SHARDS * GROUP_SIZE
 RETENTION_AREA_OFFSET = PROCESS_SLOTS_OFFSET + PROCESS_SLOT_COUNT * SLOT_SIZE
 RETENTION_AREA_SIZE = (3 + MAX_SHARDS) * GROUP_SIZE  # supervisor, request, dispatcher, shards
 PUT_STATUS_GROUP_OFFSET = RETENTION_AREA_OFFSET + RETENTION_AREA_SIZE
-TOTAL_SIZE = PUT_STATUS_GROUP_OFFSET + GROUP_SIZE
+PUT_LATENCY_GROUP_OFFSET = PUT_STATUS_GROUP_OFFSET + GROUP_SIZE
+PUT_LATENCY_GROUP_SIZE = 3 * GROUP_SIZE  # 17 words and the seq word: three cache lines
+TOTAL_SIZE = PUT_LATENCY_GROUP_OFFSET + PUT_LATENCY_GROUP_SIZE
 SLOT_STATE_OFFSET = seqlock.SEQ_SIZE + SLOT_IDENTITY.size
 SLOT_HEARTBEAT_OFFSET = SLOT_STATE_OFFSET + 8
 
@@ -94,8 +100,9 @@ HEADER_STATE_OFFSET = struct.calcsize("<" + "".join(
 assert HEADER.size <= HEADER_SIZE
 assert max(seqlock.seqlock_size(g) for g in (SUPERVISOR_GROUP, DISPATCHER_GROUP,
                                              SHARD_GROUP, PUT_STATUS_GROUP)) <= GROUP_SIZE
+assert seqlock.seqlock_size(LATENCY_GROUP) <= PUT_LATENCY_GROUP_SIZE
 assert SLOT_HEARTBEAT_OFFSET + I64_WORD.size <= SLOT_SIZE and SLOT_HEARTBEAT_OFFSET % 8 == 0
-assert (TOTAL_SIZE, HEADER_STATE_OFFSET, SLOT_STATE_OFFSET) == (12864, 24, 40)
+assert (TOTAL_SIZE, HEADER_STATE_OFFSET, SLOT_STATE_OFFSET) == (13056, 24, 40)
 
 
 StoreState = IntEnum("StoreState", "STARTING READY STOPPING STOPPED FAILED")  # 1..5
@@ -376,6 +383,18 @@ class ControlBlock:
         appended = self._read(SUPERVISOR_GROUP_OFFSET, SUPERVISOR_GROUP)[2]
         failed = {PutStatus(i + 1): count for i, count in enumerate(counts)}
         return {PutStatus.PUT_OK: appended - failed[PutStatus.FLUSH_DISK_TIMEOUT], **failed}
+
+    # -- put latency -----------------------------------------------------------------------------
+    def add_put_latencies(self, tally: LatencyTally) -> None:
+        """Add one answered batch's latencies (one group write per batch, not per request)."""
+        def update(old: tuple) -> tuple:
+            counts = (o + n for o, n in zip(old[:-1], tally.bucket_counts, strict=True))
+            return (*counts, old[-1] + tally.sum_ns)
+        self._update(PUT_LATENCY_GROUP_OFFSET, LATENCY_GROUP, update)
+
+    def put_latency(self) -> LatencyHistogram:
+        """The put latency counters since the supervisor started."""
+        return LatencyHistogram.from_group(self._read(PUT_LATENCY_GROUP_OFFSET, LATENCY_GROUP))
 
     # -- process slots ---------------------------------------------------------------------------
     def claim_process_slot(self, index: int, role: Role, shard: int, pid: int) -> None:

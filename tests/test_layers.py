@@ -30,7 +30,7 @@ UNLIMITED_LAYERS = {"tools"}  # the command line, the load test and the Spark pi
 # side and neither does workers/: the supervisor serves clients and never acts as one.
 IPC_PRIMITIVES = {
     "ipc.shm", "ipc.seqlock", "ipc.slot_claim", "ipc.control_block", "ipc.retention_block",
-    "ipc.mailbox", "ipc.wakeup", "ipc.key_ring", "ipc.run_info",
+    "ipc.mailbox", "ipc.wakeup", "ipc.key_ring", "ipc.run_info", "ipc.put_latency",
 }
 IPC_CLIENT = {
     "ipc.producer", "ipc.slot_sender", "ipc.batch_result", "ipc.reattach", "ipc.consumer",

@@ -22,10 +22,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from engine.errors import BadInputError, CorruptRecordError, ServiceNotAvailableError, StoreError
+from engine.errors import BadInputError
 from engine.formats.msg_id import parse_msg_id
-from engine.formats.record import Record, Verify
+from engine.formats.record import Record
 from engine.status import PutStatus
+from tools.read_view import ReadView
 from workers.exit_codes import CliExit
 
 DEFAULT_GROUP = "mqstore-cli"
@@ -317,7 +318,7 @@ def cmd_query(args: argparse.Namespace) -> int:
                                         ("--commit-pos", args.commit_pos)) if value is not None]
     if len(chosen) != 1:
         raise BadInputError("query", "give exactly one of --key (with --topic), --msg-id, --commit-pos")
-    with _ReadView(Path(args.store)) as view:
+    with ReadView(Path(args.store)) as view:
         if args.key is not None:
             if not args.topic:
                 raise BadInputError("topic", "--key needs --topic")
@@ -331,68 +332,3 @@ def cmd_query(args: argparse.Namespace) -> int:
         _print_record(record, args.json)
     code = _summary(len(records), skipped, args.json)
     return code if records else CliExit.FAILED
-
-
-class _ReadView:
-    """Read-only commitlog + index of a store, bounded by a running supervisor's positions."""
-
-    def __init__(self, root: Path):
-        from engine.commitlog import CommitLog
-        from engine.mapped_file import Access
-        from engine.store_dir import StoreKind, inspect_store_dir, read_meta
-        from ipc.control_block import ControlBlock
-
-        kind = inspect_store_dir(root)
-        if kind is not StoreKind.MQSTORE:
-            from engine.errors import NotAStoreError
-
-            raise NotAStoreError("not an mqstore store (no store.json)", path=str(root))
-        self.root = root
-        self.meta = read_meta(root)
-        self.commitlog = CommitLog.open(root, self.meta.commitlog_file_size, Access.READ_ONLY)
-        self.limit = None
-        try:
-            ctl = ControlBlock.attach(root)
-        except (ServiceNotAvailableError, StoreError):
-            ctl = None
-        if ctl is not None:
-            if ctl.supervisor_alive():
-                sync = ctl.flush_policy.value == "sync"
-                self.limit = ctl.flushed_pos if sync else ctl.written_pos
-            ctl.close()
-
-    def at(self, commit_pos: int) -> Record:
-        if commit_pos < 0 or (self.limit is not None and commit_pos >= self.limit):
-            raise BadInputError("commit_pos", f"{commit_pos} is past the readable end {self.limit}")
-        try:
-            return self.commitlog.read_at(commit_pos, verify=Verify.MQSTORE)
-        except CorruptRecordError as exc:
-            raise BadInputError("commit_pos", f"no record at {commit_pos} ({exc.reason})") from None
-
-    def by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int):
-        """(records, corrupt records skipped) of `topic` with `key` (engine.record_reads)."""
-        from engine.formats.index_file import shard_of
-        from engine.mapped_file import Access
-        from engine.naming import validate_topic
-        from engine.record_reads import read_key_records
-        from engine.shard_index import ShardIndex
-
-        validate_topic(topic)
-        if max_count < 1:
-            raise BadInputError("max", f"{max_count} must be >= 1")
-        shard_no = shard_of(topic, key, self.meta.index_shards)
-        shard = ShardIndex.load(self.root, shard_no, self.meta.index_slot_count,
-                                self.meta.index_entry_count, Access.READ_ONLY)
-        try:
-            candidates = shard.query(topic, key, begin_ms, end_ms, max_count * 4)
-        finally:
-            shard.close()
-        end_pos = self.commitlog.segments.end_pos if self.limit is None else self.limit
-        return read_key_records(self.commitlog, candidates, topic, key, begin_ms, end_ms,
-                                max_count=max_count, end_pos=end_pos)
-
-    def __enter__(self) -> _ReadView:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.commitlog.close()

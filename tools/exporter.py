@@ -6,9 +6,9 @@ through workers.status_report) and the files (tools.inventory, retention's disk 
 supervisor's hot path gains nothing. A stopped store still has its files: their metrics are
 served with `mqstore_up 0`.
 
-The control block publishes totals, not distributions: puts (by PutStatus), dispatches and
-flushes are counters (rates are Prometheus's `rate()`), the last flush's duration and size are
-gauges; there is no put latency histogram to export.
+The control block publishes totals: puts (by PutStatus), dispatches and flushes are counters
+(rates are Prometheus's `rate()`), the last flush's duration and size are gauges, and the put
+latency is a histogram of fixed buckets the supervisor counts in (ipc/put_latency.py).
 Loopback by default: the metrics name topics and groups, so another address needs --allow-remote.
 """
 
@@ -22,7 +22,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
 from engine.commitlog import CommitLog
@@ -135,6 +135,7 @@ class StoreCollector:
         for name, count in status["put_statuses"].items():
             answers.add_metric([name], count)
         yield answers
+        yield _put_latency(status["put_latency"])
         yield _gauge("mqstore_last_flush_duration_seconds", "Duration of the last flush",
                      flush["last_latency_ms"] / 1000)
         yield _gauge("mqstore_last_flush_bytes", "Bytes made durable by the last flush",
@@ -209,6 +210,20 @@ def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, help_text, value=value)
+
+
+def _put_latency(latency: dict) -> HistogramMetricFamily:
+    """The supervisor's put latency counters as a Prometheus histogram."""
+    buckets = [(_le(row["le_s"]), row["count"]) for row in latency["buckets"]]
+    return HistogramMetricFamily(
+        "mqstore_put_latency_seconds", "Time from the supervisor taking a put request out of its "
+        "mailbox slot to answering it (after the fsync under flush=sync)",
+        buckets=[*buckets, ("+Inf", latency["count"])], sum_value=latency["sum_s"])
+
+
+def _le(bound_s: float) -> str:
+    """A bucket bound as its `le` label, without float noise (0.0001, not 0.00010000000000000002)."""
+    return repr(round(bound_s, 9))
 
 
 def _positions(status: dict) -> Iterator[Metric]:

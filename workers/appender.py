@@ -24,6 +24,10 @@ One sweep (called from the supervisor loop after sem-sup is posted or a timer ru
    deadline from the deadline thread. `_waiting` is shared by the threads under `_lock`, and
    `_sweep_lock` keeps sweeps one at a time.
 
+Each answer's latency (from the sweep that took the request to the answer) goes into a tally
+of the answering thread, added to the control block's put latency histogram once per answered
+batch (ipc/put_latency.py): nothing per record, one group write per batch.
+
 Results go straight into the slot's numpy results array; nothing is pickled. While the store
 stops, `admitting` is False and new requests are answered SERVICE_NOT_AVAILABLE (not stored).
 """
@@ -45,6 +49,7 @@ from engine.mapped_file import disk_usage_ratio
 from engine.retention import is_disk_full
 from engine.status import PutStatus
 from ipc.mailbox import RESULT_DTYPE, MailboxServer, PendingRequest, RequestFlag
+from ipc.put_latency import LatencyTally
 from workers.group_commit import GroupCommit
 from workers.request_check import CheckedRequest, RecordChecker, merge_checked
 
@@ -63,6 +68,7 @@ class _Waiting:
     end_pos: int
     deadline: float
     results: np.ndarray
+    taken_ns: int  # when the sweep took it out of its slot (monotonic), for the latency histogram
 
 
 @dataclass
@@ -155,6 +161,8 @@ class Appender:
     def _append_new(self) -> tuple[int, int]:
         """Serve every new request; (messages appended, the written position published)."""
         admitted = []
+        answered = LatencyTally()  # the requests this sweep answers at once (not those that wait)
+        taken_ns = time.monotonic_ns()
         for request in self.server.pending_slots():
             if self._already_taken(request):
                 continue
@@ -165,8 +173,11 @@ class Appender:
                 results = np.zeros(request.count, dtype=RESULT_DTYPE)
                 results["status"] = status
                 self.server.complete(request.slot_index, request.seq, results)
+                answered.observe(time.monotonic_ns() - taken_ns)
                 self._count_failed(status, request.count)
-        appended = self._serve(admitted) if admitted else 0
+        appended = self._serve(admitted, taken_ns, answered) if admitted else 0
+        if answered.count:
+            self.group_commit.ctl.add_put_latencies(answered)
         if appended:
             self.appended_msgs += appended
         return appended, self.group_commit.publish_written(appended)
@@ -188,9 +199,9 @@ class Appender:
             return PutStatus.DISK_FULL
         return None
 
-    def _serve(self, requests: list[PendingRequest]) -> int:
+    def _serve(self, requests: list[PendingRequest], taken_ns: int, answered: LatencyTally) -> int:
         """Check each request, append the good records of all of them at once, answer those that
-        do not wait for the flush; messages appended."""
+        do not wait for the flush (tallied in `answered`); messages appended."""
         data = self._private_copy([request.data for request in requests])
         batch: list[_Served] = []
         base = 0
@@ -201,7 +212,9 @@ class Appender:
             waits = self.sync and bool(request.flags & RequestFlag.WAIT_FOR_FLUSH)
             batch.append(_Served(request, results, checked, base, waits))
             base = end
-        stored = self._append(data, [served for served in batch if served.checked is not None])
+        stored = self._append(data, [served for served in batch if served.checked is not None],
+                              taken_ns)
+        answered_ns = time.monotonic_ns()  # one answer time for the requests answered now
         for served in batch:
             request = served.request
             if served.stored and served.waits:  # answered by the flush thread, or at its deadline
@@ -209,6 +222,7 @@ class Appender:
             # a deadline may have answered a waiting request while its write failed
             if not self.server.is_answered(request.slot_index, request.seq):
                 self.server.complete(request.slot_index, request.seq, served.results)
+                answered.observe(answered_ns - taken_ns)
         return stored
 
     def _private_copy(self, pieces: list[memoryview]) -> memoryview:
@@ -243,7 +257,7 @@ class Appender:
             self._count_failed(PutStatus.MESSAGE_ILLEGAL, len(checked.reasons))
         return checked
 
-    def _append(self, data: memoryview, batch: list[_Served]) -> int:
+    def _append(self, data: memoryview, batch: list[_Served], taken_ns: int) -> int:
         """Assign queue offsets and append the good records of every checked request of the
         sweep with one CommitLog.append_stampable; returns how many. A request that waits for the
         flush is registered in `_waiting` with its rows filled in before the write (before_write),
@@ -275,7 +289,8 @@ class Appender:
                 if served.waits:
                     with self._lock:
                         self._waiting[served.request.slot_index] = _Waiting(
-                            served.request.seq, int(ends[end - 1]), now + self._timeout_s, results)
+                            served.request.seq, int(ends[end - 1]), now + self._timeout_s,
+                            results, taken_ns)
 
         try:
             self.commitlog.append_stampable(merged.records, offsets, store_ts_ms, before_write=fill_rows)
@@ -312,9 +327,11 @@ class Appender:
         if not self._waiting:
             return
         timed_out = []
+        answered = LatencyTally()
         with self._lock:
             flushed = self.group_commit.published_flushed
             now = time.monotonic()
+            now_ns = time.monotonic_ns()  # one answer time for the batch: they share one flush
             for slot_index, waiting in list(self._waiting.items()):
                 if waiting.end_pos <= flushed:
                     pass
@@ -327,6 +344,9 @@ class Appender:
                     continue
                 del self._waiting[slot_index]
                 self.server.complete(slot_index, waiting.seq, waiting.results)
+                answered.observe(now_ns - waiting.taken_ns)
+        if answered.count:
+            self.group_commit.ctl.add_put_latencies(answered)
         if timed_out:
             log.warning("flush did not reach the records of %d request(s) within %d ms: "
                         "FLUSH_DISK_TIMEOUT (slots %s)", len(timed_out),

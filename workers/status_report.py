@@ -26,6 +26,7 @@ from engine.mapped_file import Access
 from engine.naming import ABORT_FILE
 from engine.store_dir import StoreKind, holder_pid, inspect_store_dir, read_meta
 from ipc.control_block import ControlBlock, Positions, ProcessSlot
+from ipc.put_latency import LatencyHistogram
 from ipc.run_info import read_run_info
 from workers.retention_status import describe_retention, render_retention
 
@@ -72,6 +73,7 @@ def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S)
         sync = ctl.flush_policy.value == "sync"
         retention = describe_retention(root, ctl)
         put_statuses = {status.name: count for status, count in ctl.put_status_counts().items()}
+        put_latency = describe_put_latency(ctl.put_latency())
     finally:
         ctl.close()
     p = second
@@ -109,9 +111,21 @@ def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S)
         },
         "totals": {"appended_msgs": p.appended_msgs, "dispatched_msgs": p.dispatched_msgs},
         "put_statuses": put_statuses,
+        "put_latency": put_latency,
         "restart_history": info.restart_history,
         "retention": retention,
     }
+
+
+def describe_put_latency(histogram: LatencyHistogram) -> dict:
+    """The put latency counters as JSON: requests answered, their total time, p50/p99 (None
+    before the first answer) and the cumulative buckets the exporter serves."""
+    def ms(q: float) -> float | None:
+        value_s = histogram.quantile_s(q)
+        return None if value_s is None else round(value_s * 1000, 3)
+    return {"count": histogram.count, "sum_s": histogram.sum_ns / 1e9,
+            "p50_ms": ms(0.5), "p99_ms": ms(0.99),
+            "buckets": [{"le_s": le_s, "count": count} for le_s, count in histogram.cumulative()]}
 
 
 def not_running_status(root: Path, state: str, detail: str, **extra) -> dict:
@@ -267,6 +281,10 @@ def render_status(status: dict) -> str:
     failed = {name: n for name, n in status["put_statuses"].items() if n and name != "PUT_OK"}
     lines.append(f"answers since start: {status['put_statuses']['PUT_OK']} PUT_OK" + "".join(
         f", {n} {name}" for name, n in failed.items()))
+    latency = status["put_latency"]
+    if latency["count"]:
+        lines.append(f"put latency over {latency['count']} requests: p50 {latency['p50_ms']:.2f} ms, "
+                     f"p99 {latency['p99_ms']:.2f} ms")
     lines += render_retention(status["retention"])
     history = status["restart_history"]
     lines.append("")

@@ -12,6 +12,7 @@ import pytest
 from engine.retention import RetentionReason
 from ipc.control_block import (
     LAYOUT_VERSION,
+    PUT_LATENCY_GROUP_OFFSET,
     PUT_STATUS_GROUP_OFFSET,
     TOTAL_SIZE,
     ControlBlock,
@@ -33,9 +34,10 @@ def ctl(tmp_path):
     unlink_all(tmp_path)
 
 
-def test_the_retention_area_fits_the_layout_before_the_put_status_group():
-    assert LAYOUT_VERSION == 3
-    assert SHARD_CLEAN_OFFSET + 64 * 64 == PUT_STATUS_GROUP_OFFSET == TOTAL_SIZE - 64
+def test_the_retention_area_fits_the_layout_before_the_put_status_and_latency_groups():
+    assert LAYOUT_VERSION == 4
+    assert SHARD_CLEAN_OFFSET + 64 * 64 == PUT_STATUS_GROUP_OFFSET == PUT_LATENCY_GROUP_OFFSET - 64
+    assert PUT_LATENCY_GROUP_OFFSET == TOTAL_SIZE - 3 * 64
 
 
 def test_a_new_block_has_the_line_at_zero_and_no_request(ctl):

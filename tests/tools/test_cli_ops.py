@@ -397,3 +397,86 @@ def test_a_delegated_command_refuses_a_bad_log_level(argv):
     assert result.returncode == EXIT_BAD_INPUT
     assert result.stderr.decode().splitlines() == [
         "mqstore: error: --log-level 'LOUD' is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flush", ["sync", "async"])  # answered by the flush, or on append
+def test_put_latency_histogram_counts_every_answered_request_scraped_over_http(tmp_path, flush):
+    from tests.workers.store_harness import PRODUCER_SCRIPT, read_acks, spawn_python
+
+    per_producer = 200  # one message per send: one request, one answer each
+    with checked_store(tmp_path / "store", store={"flush": flush}) as running:
+        root = str(running.root)
+        producers = [spawn_python(PRODUCER_SCRIPT, root, tag, str(per_producer), "1", "Latency")
+                     for tag in ("a", "b")]  # two at once, so one flush answers several requests
+        acks = []
+        for producer in producers:
+            out, err = producer.communicate(timeout=300)
+            assert producer.returncode == 0, err.decode()
+            acks += read_acks(out)
+        samples, _ = scrape(running.root)
+        status = ok_json("status", "--store", root)
+    assert len(acks) == 2 * per_producer and all(ack[1] == "PUT_OK" for ack in acks)
+    name = "mqstore_put_latency_seconds"
+    assert value(samples, f"{name}_count") == len(acks) == status["put_latency"]["count"]
+    buckets = sorted((float(dict(labels)["le"]), n) for (sample, labels), n in samples.items()
+                     if sample == f"{name}_bucket")
+    assert len(buckets) == 16 and buckets[-1] == (float("inf"), len(acks))
+    assert [n for _, n in buckets] == sorted(n for _, n in buckets)  # cumulative
+    assert 0 < value(samples, f"{name}_sum") < len(acks) * 2.0
+    latency = status["put_latency"]
+    assert 0 < latency["p50_ms"] <= latency["p99_ms"] < 2000  # generous: 2 shared cores
+    assert [row["count"] for row in latency["buckets"]] == [n for _, n in buckets[:-1]]
+
+
+@pytest.mark.slow
+def test_check_progress_totals_the_written_bytes_not_the_segment_size(tmp_path):
+    from engine.check import check_summary
+
+    segment_bytes = 64 << 20  # a tiny store in a big, sparse segment
+    with checked_store(tmp_path / "store", store={"commitlog_file_size": segment_bytes}) as running:
+        produce(running.root)
+    calls = []
+    summary = check_summary(running.root, progress=lambda done, total: calls.append((done, total)))
+    written = summary.end_pos - summary.min_pos
+    assert 0 < written < 1 << 20 and summary.findings == ()
+    assert calls[-1] == (written, written) and all(total == written for _, total in calls)
+    result = cli("check", "--store", str(running.root))
+    assert result.returncode == 0, result.stderr.decode()
+    mib = f"{written / 2**20:.1f}"
+    assert result.stderr.decode().splitlines()[-1] == f"  checked {mib} of {mib} MiB"
+
+
+SLOW_FSYNC_MS = 300
+
+
+def slow_fsync_puts(root: Path, count: int, timeout_ms: int) -> tuple[list[str], dict]:
+    """`count` puts one by one into a store whose every fsync takes 300 ms more; their answers
+    and the store's put latency from `status --json`."""
+    from tests.workers.store_harness import PRODUCER_SCRIPT, read_acks, run_python
+
+    with checked_store(root, store={"sync_flush_timeout_ms": timeout_ms},
+                       env={"MQSTORE_FAULT_FSYNC_DELAY_MS": str(SLOW_FSYNC_MS)}) as running:
+        sent = run_python(PRODUCER_SCRIPT, str(running.root), "slow", str(count), "1", "Slow",
+                          timeout=120)
+        assert sent.returncode == 0, sent.stderr.decode()
+        status = ok_json("status", "--store", str(running.root))
+    return [ack[1] for ack in read_acks(sent.stdout)], status["put_latency"]
+
+
+@pytest.mark.slow
+def test_put_latency_runs_from_pickup_to_the_answer_after_the_fsync(tmp_path):
+    answers, latency = slow_fsync_puts(tmp_path / "store", 8, timeout_ms=5000)
+    assert answers == ["PUT_OK"] * 8 and latency["count"] == 8
+    assert next(row["count"] for row in latency["buckets"] if row["le_s"] == 0.2) == 0
+    assert latency["sum_s"] >= 8 * SLOW_FSYNC_MS / 1000 and latency["p50_ms"] > 200
+
+
+@pytest.mark.slow
+def test_put_latency_counts_the_answers_given_at_the_flush_deadline(tmp_path):
+    timeout_ms = 100  # well before the slowed fsync ends: answered FLUSH_DISK_TIMEOUT then
+    answers, latency = slow_fsync_puts(tmp_path / "store", 8, timeout_ms=timeout_ms)
+    timeouts = answers.count("FLUSH_DISK_TIMEOUT")
+    assert timeouts > 0 and set(answers) <= {"PUT_OK", "FLUSH_DISK_TIMEOUT"}
+    assert latency["count"] == len(answers) == 8
+    assert latency["sum_s"] >= timeouts * timeout_ms / 1000

@@ -1,6 +1,6 @@
 """Message lookup for the console: by key, by msgId, by topic + queue + queue offset.
 
-The reads are those of `mqstore query` (tools.client_commands' read view): the files read-only,
+The reads are those of `mqstore query` (tools.read_view.ReadView): the files read-only,
 bounded by a running supervisor's published positions, so the console never shows a message a
 crash could take back. Bodies go out both as text (when UTF-8) and as hex; the page renders
 either with textContent, as the bodies are hostile input.
@@ -13,7 +13,7 @@ from pathlib import Path
 from engine.errors import BadInputError
 from engine.formats.msg_id import parse_msg_id
 from engine.formats.record import Record
-from tools.client_commands import _ReadView
+from tools.read_view import ReadView
 
 MAX_KEY_MATCHES = 64
 HEX_SHOWN_BYTES = 64 * 1024  # a 4 MiB body as hex would be 8 MiB of page text
@@ -43,7 +43,7 @@ def by_key(store_dir: Path, topic: str, key: str, max_count: int = MAX_KEY_MATCH
     """Messages of `topic` carrying `key` (a KEYS token or UNIQ_KEY), oldest first."""
     if not key:
         raise BadInputError("key", "must not be empty")
-    with _ReadView(store_dir) as view:
+    with ReadView(store_dir) as view:
         records, skipped = view.by_key(topic, key, 0, 2**63 - 1, max_count)
     return _answer(records, skipped)
 
@@ -51,7 +51,7 @@ def by_key(store_dir: Path, topic: str, key: str, max_count: int = MAX_KEY_MATCH
 def by_msg_id(store_dir: Path, msg_id: str) -> dict:
     """The message a RocketMQ offset msgId names (its commit position)."""
     _, commit_pos = parse_msg_id(msg_id.strip())
-    with _ReadView(store_dir) as view:
+    with ReadView(store_dir) as view:
         return _answer([view.at(commit_pos)], [])
 
 
@@ -62,7 +62,7 @@ def by_queue_offset(store_dir: Path, topic: str, queue_id: int, queue_offset: in
 
     if queue_offset < 0:
         raise BadInputError("queue_offset", f"{queue_offset} must be >= 0")
-    with _ReadView(store_dir) as view:
+    with ReadView(store_dir) as view:
         queue = ConsumeQueue.load(view.root, topic, queue_id, view.meta.consume_queue_entries,
                                   Access.READ_ONLY)
         try:
