@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.bench.test_runs import SHORT_RUN, _assert_complete, bench
+from tests.bench.test_runs import SHORT_RUN, _assert_complete, _redis_available, bench
 from tools.bench import report, sqlite_peer
 from tools.bench.bench_body import BODY_HEADER, BatchBuilder
 from tools.bench.cli import bench_parser
@@ -187,3 +187,21 @@ def test_peer_sqlite_runs_side_by_side_with_ratios(tmp_path):
     assert "mqstore vs sqlite (WAL, synchronous FULL), same run:" in result.stdout
     assert "  counters  busy_retries " in result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # store and database removed
+
+
+@pytest.mark.slow
+def test_peer_redis_and_sqlite_run_one_after_the_other_with_ratios_for_each(tmp_path):
+    if not _redis_available():
+        pytest.skip("needs redis-server and the redis package (the SQLite tests above do not)")
+    result = bench("--start", "--workdir", str(tmp_path), *SHORT_RUN, "--seconds", "1",
+                   "--peer", "redis,sqlite", "--json", str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert report.check_document(doc) == [] and list(doc["runs"]) == ["mqstore", "redis", "sqlite"]
+    for name in ("redis", "sqlite"):
+        run = _assert_complete(doc, name, [1.0])
+        assert doc["ratios"][name]["pub_msgs_per_s"] == round(
+            doc["runs"]["mqstore"]["summary"]["pub_msgs_per_s"] / run["summary"]["pub_msgs_per_s"], 3)
+    assert result.stdout.index("mqstore vs redis (appendfsync always)") < result.stdout.index(
+        "mqstore vs sqlite (WAL, synchronous FULL)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]

@@ -191,7 +191,8 @@ def _run_peer(args: argparse.Namespace, plan: BenchPlan, doc: dict, name: str) -
     run["peer_counters"] = report.worker_counters(run["workers"])
     doc["runs"][name] = run
     _print_lines(report.summary_lines(name, run))
-    ratios = doc.setdefault("ratios", {})[name] = report.comparison(doc["runs"]["mqstore"], run)
+    ratios = report.comparison(doc["runs"]["mqstore"], run)
+    doc.setdefault("ratios", {})[name] = ratios  # mqstore / peer, one entry per peer
     _print_lines(report.comparison_lines(doc["runs"]["mqstore"], run, ratios))
 
 
