@@ -3,13 +3,16 @@
     mqstore bench --start --producers 4 --consumers 1 --batch 64 --size 256 --keys --seconds 20
     mqstore bench --store ./data --rate 20000 --json run.json --plot run.png
     mqstore bench --start --batch 64 --peer redis --disk
+    mqstore bench --start --batch 64 --peer redis,sqlite
     mqstore bench --disk                      # the disk's sync-write ceiling alone
 
 Prints one line per 5 s interval (publish rate and latency, consume rate, backlog, end-to-end
 latency, errors by status, store lag, load average), then a summary; --json writes the same
 figures, --plot a PNG. With --rate, latency runs from each message's intended send time, so a
-stall is not hidden (coordinated omission). --peer redis runs the same workload against a
-private redis-server (Redis Streams, AOF appendfsync always/everysec) and prints the ratios.
+stall is not hidden (coordinated omission). --peer runs the same workload against a peer after
+the store and prints the ratios: redis, a private redis-server (Redis Streams, AOF appendfsync
+always/everysec); sqlite, one WAL database of the standard library's sqlite3 (synchronous
+FULL/NORMAL, one transaction per batch); or both, as a comma list.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from engine.errors import BadInputError
-from tools.bench import disk, report
+from tools.bench import disk, peers, report
 from tools.bench.harness import (
     SCHEDULE_ALIGNED,
     SCHEDULES,
@@ -76,7 +79,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=5.0, help="seconds per report line (default 5)")
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write throughput/latency plots (matplotlib)")
-    p.add_argument("--peer", choices=("redis",), help="run the same workload against Redis Streams")
+    p.add_argument("--peer", type=peers.parse_peers, default=(), metavar="redis|sqlite|redis,sqlite",
+                   help="run the same workload against Redis Streams, a SQLite table, or both")
     p.add_argument("--redis-server", default="redis-server", help="redis-server binary")
     p.add_argument("--disk", action="store_true", help="measure the disk's fdatasync ceiling too")
     p.add_argument("--disk-seconds", type=float, default=disk.DEFAULT_PROBE_S, help="seconds per disk probe")
@@ -127,10 +131,8 @@ def _run_bench(args: argparse.Namespace) -> int:
             return _disk_only(args)
         raise BadInputError("store", "give --store DIR (a running store) or --start")
     plan = plan_from_args(args)
-    if args.peer == "redis":
-        from tools.bench.redis_peer import require_redis
-
-        require_redis(args.redis_server)  # fail before the store run, with the install hints
+    for name in args.peer:
+        _require_peer(name, args)  # fail before the store run, with the install hints
     doc = {"schema": report.SCHEMA, "command": shlex.join(["mqstore", *sys.argv[1:]]),
            "machine": report.machine_info(), "config": plan.to_dict(), "runs": {}}
     store_cm = (StartedStore(plan, index_shards=args.index_shards, workdir=args.workdir,
@@ -144,8 +146,8 @@ def _run_bench(args: argparse.Namespace) -> int:
         _print_lines(report.summary_lines("mqstore", ours))
         if args.disk:
             doc["disk"] = _disk_for_run(args, plan, ours, Path(store_dir).resolve().parent)
-    if args.peer == "redis":
-        _run_redis(args, plan, doc)
+    for name in args.peer:
+        _run_peer(args, plan, doc, name)
     doc["machine"]["load_avg_after"] = report.machine_info()["load_avg"]
     _write_outputs(args, doc)
     missing = [name for name, run in doc["runs"].items()
@@ -157,18 +159,41 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 1 if missing else 0
 
 
-def _run_redis(args: argparse.Namespace, plan: BenchPlan, doc: dict) -> None:
-    from tools.bench.redis_peer import APPENDFSYNC, RedisServer
+def _require_peer(name: str, args: argparse.Namespace) -> None:
+    """Raise PeerUnavailableError (with an install hint) if peer `name` cannot run here."""
+    if name == "redis":
+        from tools.bench.redis_peer import require_redis
 
-    with RedisServer(plan.flush, server_binary=args.redis_server, workdir=args.workdir) as server:
-        _out(f"started redis-server {server.target} (pid {server.pid}, appendonly yes, "
-             f"appendfsync {APPENDFSYNC[plan.flush]})")
-        peer = run_workload(plan, "redis", server.target, _out, peer_pid=server.pid)
-    peer["peer_setting"] = f"appendfsync {APPENDFSYNC[plan.flush]}"
-    doc["runs"]["redis"] = peer
-    _print_lines(report.summary_lines("redis", peer))
-    doc["ratios"] = report.comparison(doc["runs"]["mqstore"], peer)
-    _print_lines(report.comparison_lines(doc["runs"]["mqstore"], peer, doc["ratios"]))
+        require_redis(args.redis_server)
+    else:
+        from tools.bench.sqlite_peer import require_sqlite
+
+        require_sqlite()
+
+
+def _start_peer(name: str, flush: str, args: argparse.Namespace):
+    """Peer `name` set up for one run with flush policy `flush` (a context manager)."""
+    if name == "redis":
+        from tools.bench.redis_peer import RedisServer
+
+        return RedisServer(flush, server_binary=args.redis_server, workdir=args.workdir)
+    from tools.bench.sqlite_peer import SqliteDatabase
+
+    return SqliteDatabase(flush, workdir=args.workdir)
+
+
+def _run_peer(args: argparse.Namespace, plan: BenchPlan, doc: dict, name: str) -> None:
+    """The same workload against peer `name`; its run and the mqstore/peer ratios into `doc`."""
+    with _start_peer(name, plan.flush, args) as peer:
+        _out(peer.started_line)
+        run = run_workload(plan, name, peer.target, _out, peer_pid=peer.pid)
+    run["peer_setting"] = peer.setting
+    run["peer_counters"] = report.worker_counters(run["workers"])
+    doc["runs"][name] = run
+    _print_lines(report.summary_lines(name, run))
+    ratios = report.comparison(doc["runs"]["mqstore"], run)
+    doc.setdefault("ratios", {})[name] = ratios  # mqstore / peer, one entry per peer
+    _print_lines(report.comparison_lines(doc["runs"]["mqstore"], run, ratios))
 
 
 def _disk_for_run(args: argparse.Namespace, plan: BenchPlan, ours: dict, directory: Path) -> dict:

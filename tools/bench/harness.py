@@ -104,7 +104,7 @@ class BenchPlan:
                   "batch": self.batch, "keys": self.keys, "warmup_s": self.warmup_s,
                   "seconds": self.seconds, "interval_s": self.interval_s,
                   "inflight": self.inflight, "pull_count": self.pull_count,
-                  "consume_from": self.consume_from}
+                  "consume_from": self.consume_from, "flush": self.flush}
         rate = self.rate_msgs_per_s / self.producers if self.rate_msgs_per_s and self.producers else None
         streams = self.streams
         specs = [WorkerSpec(role="producer", worker_id=i, streams=tuple(streams),
@@ -236,8 +236,7 @@ def run_workload(plan: BenchPlan, backend: str, target: str, out: Callable[[str]
                  store_dir: str | None = None, peer_pid: int | None = None) -> dict:
     """Run the plan against one backend; returns the run's JSON-ready figures."""
     run = _Run(plan, backend, out)
-    sampler = StoreSampler(store_dir, plan.interval_s, peer_pid=peer_pid) if (
-        store_dir or peer_pid) else None
+    sampler = StoreSampler(store_dir, plan.interval_s, peer_pid=peer_pid)  # the workers' CPU at least
     load_before = list(os.getloadavg())
     try:
         run.workers = [WorkerProcess(i, spec, run.events)

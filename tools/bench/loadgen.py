@@ -4,7 +4,8 @@ A worker is started as `python -m tools.bench _worker '<WorkerSpec JSON>'`. It c
 {"event": "ready", "backlog_msgs": N} on stdout (N: what a consumer's queues held when it opened
 them that it will read first, with --consume-from start), and waits for `go <start_ns>` on stdin
 (CLOCK_MONOTONIC ns, which every process on the host shares). Then it reports one
-{"event": "interval"} JSON line per interval and a final {"event": "done"} (a consumer's with
+{"event": "interval"} JSON line per interval and a final {"event": "done"} (with the endpoint's
+own "counters", e.g. SQLite's busy retries; a consumer's with
 "caught_up_ns": when it first found nothing to read). Consumers run until the harness writes
 `drain` (every acknowledged message is visible by then), empty their queues, and finish. `stop`
 or EOF on stdin ends any worker early. Nothing is pickled.
@@ -121,11 +122,17 @@ def run_consumer(spec: WorkerSpec, receiver, recorder: IntervalRecorder, *,
 
 # ---------------------------------------------------------------------------------- process
 def open_endpoint(spec: WorkerSpec):
+    """The sender (producer) or receiver (consumer) of the spec's backend, connected."""
     if spec.backend == "redis":
         from tools.bench import redis_peer
 
         return (redis_peer.RedisSender(spec) if spec.role == "producer"
                 else redis_peer.RedisReceiver(spec))
+    if spec.backend == "sqlite":
+        from tools.bench import sqlite_peer
+
+        return (sqlite_peer.SqliteSender(spec) if spec.role == "producer"
+                else sqlite_peer.SqliteReceiver(spec))
     from tools.bench import mqstore_client
 
     return (mqstore_client.MqstoreSender(spec) if spec.role == "producer"
@@ -183,6 +190,7 @@ def worker_main(argv: list[str]) -> int:
             done["caught_up_ns"] = run_consumer(spec, endpoint, recorder, drain=drain, stop=stop)
     finally:
         endpoint.close()
+    done["counters"] = getattr(endpoint, "counters", dict)()  # an endpoint's own figures, if any
     emit({**done, "msgs_total": recorder.total_msgs, "errors_total": dict(recorder.total_errors),
           "cpu_s": round(time.process_time() - cpu_started, 3), "rss_max_bytes": _max_rss_bytes()})
     return 0

@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.errors import StoreError
 from tools.bench.bench_body import intended_times
+from tools.bench.peers import PeerUnavailableError
 from tools.bench.worker_records import Pending, Received, SendBatch, WorkerSpec
 
 SERVER_HINT = "install it with `apt-get install redis-server` (Debian/Ubuntu)"
@@ -30,10 +30,6 @@ START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 15.0
 XREAD_COUNT = 1024
 APPENDFSYNC = {"sync": "always", "async": "everysec"}
-
-
-class PeerUnavailableError(StoreError):
-    """The peer cannot run here (a program or a Python package is missing)."""
 
 
 def require_redis(server_binary: str = "redis-server") -> str:
@@ -72,6 +68,14 @@ class RedisServer:
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def setting(self) -> str:
+        return f"appendfsync {APPENDFSYNC[self.flush]}"
+
+    @property
+    def started_line(self) -> str:
+        return f"started redis-server {self.target} (pid {self.pid}, appendonly yes, {self.setting})"
 
     def argv(self) -> list[str]:
         return [self.binary, "--bind", "127.0.0.1", "--port", str(self.port),

@@ -178,7 +178,19 @@ def summary_lines(label: str, run: dict) -> list[str]:
              f"({match}); errors {errors_text(s['errors'])}"]
     if s.get("backlog_at_start_msgs"):
         lines.append(f"  backlog   {s['backlog_at_start_msgs']} at start; {_caught_up_text(s)}")
+    if run.get("peer_counters"):
+        counters = sorted(run["peer_counters"].items())
+        lines.append("  counters  " + ", ".join(f"{name} {count}" for name, count in counters))
     return lines + store_lines(run.get("store") or {})
+
+
+def worker_counters(workers: list[dict]) -> dict[str, int]:
+    """The endpoints' own counters (e.g. SQLite's busy retries), summed over the workers."""
+    total: dict[str, int] = {}
+    for worker in workers:
+        for name, count in (worker.get("counters") or {}).items():
+            total[name] = total.get(name, 0) + count
+    return total
 
 
 def _caught_up_text(s: dict) -> str:

@@ -3,7 +3,7 @@
 `WorkerSpec` is all one worker process needs (it travels as JSON); a producer hands its sender
 a `SendBatch` and gets back a `Pending`; a consumer's receiver answers each poll with a
 `Received`. The loop (tools.bench.loadgen) and the endpoints (tools.bench.mqstore_client,
-tools.bench.redis_peer) import these; none imports another's loop.
+tools.bench.redis_peer, tools.bench.sqlite_peer) import these; none imports another's loop.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ class WorkerSpec:
     """Everything one producer or consumer process needs (travels as JSON)."""
 
     role: str  # "producer" | "consumer"
-    backend: str  # "mqstore" | "redis"
+    backend: str  # "mqstore" | "redis" | "sqlite"
     worker_id: int
-    target: str  # store directory, or "127.0.0.1:<port>" for redis
+    target: str  # store directory, "127.0.0.1:<port>" for redis, the database file for sqlite
     streams: tuple[tuple[str, int], ...]  # (topic, queue_id): sent round robin / read
     size_bytes: int = 256
     batch: int = 1
@@ -38,6 +38,7 @@ class WorkerSpec:
     pull_count: int = 1024
     consume_from: str = "end"
     phase: float = 0.0  # a producer's batch j is due (j + phase) batch intervals after the start
+    flush: str = "sync"  # the run's flush policy (a peer's clients set their durability from it)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
