@@ -4,23 +4,24 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STORE ?= ./data
 
-.PHONY: run test lint soak clean browser
+.PHONY: run test lint soak clean os-packages
 
-# The console's browser tests drive Debian's chromium through its chromedriver (tests/tools/test_console.py).
-browser:
-	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
+# OS programs the tests drive: Debian's chromium and its chromedriver (the console's browser
+# tests) and redis-server (the bench's Redis peer, run beside mqstore).
+os-packages:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v redis-server >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver redis-server)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,spark,plot]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e '.[dev,spark,plot,redis]' --config-settings editable_mode=compat
 	touch $@
 
 run: $(VENV)/.installed
 	$(VENV)/bin/mqstore start --store $(STORE)
 
-test: $(VENV)/.installed browser
+test: $(VENV)/.installed os-packages
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 

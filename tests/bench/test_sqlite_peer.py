@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.bench.test_runs import SHORT_RUN, _assert_complete, _redis_available, bench
+from tests.bench.test_runs import SHORT_RUN, _assert_complete, bench
 from tools.bench import report, sqlite_peer
 from tools.bench.bench_body import BODY_HEADER, BatchBuilder
 from tools.bench.cli import bench_parser
@@ -191,8 +191,7 @@ def test_peer_sqlite_runs_side_by_side_with_ratios(tmp_path):
 
 @pytest.mark.slow
 def test_peer_redis_and_sqlite_run_one_after_the_other_with_ratios_for_each(tmp_path):
-    if not _redis_available():
-        pytest.skip("needs redis-server and the redis package (the SQLite tests above do not)")
+    # `make test` installs redis-server and the redis package (Makefile: os-packages, [redis])
     result = bench("--start", "--workdir", str(tmp_path), *SHORT_RUN, "--seconds", "1",
                    "--peer", "redis,sqlite", "--json", str(tmp_path / "r.json"))
     assert result.returncode == 0, result.stdout + result.stderr
