@@ -46,6 +46,7 @@ from tools.spark.read_plan import ALL_ROWS, RowSelection, StoreRanges, StoreScan
 from tools.spark.scan import VerifyMode, View, arrow_schema
 from tools.spark.stores import STORE_COLUMN, only_stores
 from tools.spark.stream import MqstoreStreamReader
+from tools.spark.writer import MqstoreStreamWriter, MqstoreWriter, refuse_overwrite, writer_columns
 
 SOURCE_NAME = "mqstore"
 _DDL_TYPES = {
@@ -90,7 +91,8 @@ def selected_columns(schema: StructType, output: OutputView,
 
 
 class MqstoreDataSource(DataSource):
-    """Batch and streaming reads of mqstore (or RocketMQ-written) store directories."""
+    """Batch and streaming reads of mqstore (or RocketMQ-written) store directories, and
+    writes into a running store (tools/spark/writer.py)."""
 
     @classmethod
     def name(cls) -> str:
@@ -110,6 +112,14 @@ class MqstoreDataSource(DataSource):
         opts = parse_options(self.options)
         columns = selected_columns(schema, opts.output, opts.verify_mode)
         return MqstoreStreamReader(opts, RowSelection(columns=columns, output=opts.output))
+
+    def writer(self, schema: StructType, overwrite: bool) -> MqstoreWriter:
+        refuse_overwrite(overwrite)
+        return MqstoreWriter(self.options, writer_columns(schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> MqstoreStreamWriter:  # noqa: N802
+        refuse_overwrite(overwrite)
+        return MqstoreStreamWriter(self.options, writer_columns(schema))
 
 
 class MqstoreReader(DataSourceReader):
