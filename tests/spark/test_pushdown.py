@@ -16,8 +16,7 @@ from tools.spark.source import PushdownReader
 
 def decoded_records(reader: PushdownReader) -> int:
     """Records in the ranges the reader planned: what its partitions decode, before filters."""
-    (layout,) = reader.layouts.values()
-    spec = ScanSpec(VerifyMode.NONE, layout.full_verify, RowFilter())
+    spec = ScanSpec(VerifyMode.NONE, reader.layout.full_verify, RowFilter())
     ranges: list[ScanRange] = [r for p in reader.partitions() for r in p.value]
     return sum(1 for r in ranges for _ in iter_range(r, spec))
 

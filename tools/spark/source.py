@@ -38,12 +38,12 @@ from pyspark.sql.types import StructType
 from engine.errors import BadInputError
 from engine.store_dir import holder_pid
 from tools.spark.kafka_view import HEADER_TYPE, KAFKA_FIELDS
-from tools.spark.layout import read_durable_pos, read_layout
+from tools.spark.layout import StoreLayout, read_durable_pos, read_layout
 from tools.spark.options import OutputView, SourceOptions, parse_options
 from tools.spark.partitions import plan_scan
 from tools.spark.pushdown import push, push_stores
 from tools.spark.read_plan import ALL_ROWS, RowSelection, StoreRanges, StoreScan, pack_ranges, read_partition
-from tools.spark.scan import VerifyMode, View, arrow_schema
+from tools.spark.scan import ScanSpec, VerifyMode, View, arrow_schema
 from tools.spark.stores import STORE_COLUMN, only_stores
 from tools.spark.stream import MqstoreStreamReader
 from tools.spark.writer import MqstoreStreamWriter, MqstoreWriter, refuse_overwrite, writer_columns
@@ -130,6 +130,18 @@ class MqstoreReader(DataSourceReader):
         self.selection = selection
         self.layouts = {store: read_layout(store, opts.store_format) for store in opts.paths.resolve()}
         self.specs = {store: opts.scan_spec(layout) for store, layout in self.layouts.items()}
+
+    @property
+    def layout(self) -> StoreLayout:
+        """The layout of a one-store read (the jobs read one store)."""
+        (layout,) = self.layouts.values()
+        return layout
+
+    @property
+    def spec(self) -> ScanSpec:
+        """The scan spec of a one-store read."""
+        (spec,) = self.specs.values()
+        return spec
 
     def partitions(self) -> list[InputPartition]:
         planned = [StoreRanges(StoreScan(store, self.specs[store]), tuple(self._plan_store(store)))
