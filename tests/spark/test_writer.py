@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import pytest
 from pyspark.errors import PySparkException
+from pyspark.sql import Row
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructField, StructType
 
 from engine.errors import BadInputError
+from engine.message import Message
 from engine.store import MessageStore
 from tests.spark.stores import T0_MS, FakeClock, message_batches, write_store
 from tests.workers.store_harness import assert_check_clean, checked_store, start_store
-from tools.spark.writer import writer_columns
+from tools.spark.writer import to_message, writer_columns
 
 ROWS_SCHEMA = StructType([
     StructField("topic", StringType()), StructField("body", BinaryType()),
@@ -119,3 +121,14 @@ def test_bad_columns_and_options_are_refused_before_anything_is_written(spark, t
         with pytest.raises(PySparkException, match="a store cannot be overwritten"):
             df.drop("partition").write.format("mqstore").mode("overwrite").save(str(root))
     assert stored(root) == []
+
+
+def test_a_null_topic_or_body_or_a_key_that_is_not_text_names_its_row():
+    columns = writer_columns(StructType.fromDDL("topic string, value binary, key binary"))
+    assert to_message(Row(topic="T", value=b"v", key=b"k1"), columns, 0) == Message("T", b"v", keys=("k1",))
+    cases = [(Row(topic=None, value=b"v", key=None), "row 7 has a null topic"),
+             (Row(topic="T", value=None, key=None), "row 7 has a null value"),
+             (Row(topic="T", value=b"v", key=b"\xff"), "row 7 has a key that is not UTF-8 text")]
+    for row, words in cases:
+        with pytest.raises(BadInputError, match=words):
+            to_message(row, columns, 7)

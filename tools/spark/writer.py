@@ -122,6 +122,15 @@ def _bytes(value, row_index: int, name: str) -> bytes:
     return bytes(value)
 
 
+def _text(value, row_index: int, name: str) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInputError(name, f"row {row_index} has a {name} that is not UTF-8 text") from None
+
+
 def to_message(row, columns: WriterColumns, row_index: int) -> Message:
     """The message of one input row (BadInputError for a null topic or body)."""
     topic = row["topic"]
@@ -131,8 +140,7 @@ def to_message(row, columns: WriterColumns, row_index: int) -> Message:
     if columns.keys == "keys" and row["keys"] is not None:
         keys = tuple(row["keys"])
     elif columns.keys == "key" and row["key"] is not None:
-        key = row["key"]
-        keys = (key if isinstance(key, str) else bytes(key).decode("utf-8"),)
+        keys = (_text(row["key"], row_index, "key"),)
     return Message(topic, _bytes(row[columns.body], row_index, columns.body), keys=keys,
                    tags=row["tags"] if columns.tags else None,
                    queue_id=row["queue_id"] if columns.queue_id else None)
