@@ -136,3 +136,19 @@ def test_stream_over_stores_delivers_every_message_once_across_restarts(spark, t
     assert set(last["stores"]) == set(stores.values())
     for root in stores.values():
         assert engine_check(root) == []
+
+
+def test_a_store_that_appears_later_is_read_from_its_beginning(tmp_path):
+    a, b = tmp_path / "a" / "store", tmp_path / "b" / "store"
+    write_store(a, message_batches(2, 10), FakeClock(T0_MS))
+    reader = MqstoreStreamReader(parse_options({"path": str(tmp_path / "*" / "store"),
+                                                "maxRecordsPerTrigger": "12"}))
+    start = reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())
+    assert list(start["stores"]) == [str(a)]
+    write_store(b, message_batches(3, 10), FakeClock(T0_MS))
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    rows = [r for p in reader.partitions(start, end) for batch in reader.read(p) for r in batch.to_pylist()]
+    assert sorted(int(dict(r["properties"])["seq"]) for r in rows if r["store"] == str(b)) == list(range(12))
+    assert sum(1 for r in rows if r["store"] == str(a)) == 8  # a's next 12 hold its last 8
+    with pytest.raises(BadInputError, match=r"offset .* is of a single store; this stream reads 2"):
+        reader.latestOffset({"commit_pos": 0}, reader.getDefaultReadLimit())
