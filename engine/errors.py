@@ -173,3 +173,14 @@ class StorePermissionError(StoreError, PermissionError):
 
 class ServiceNotAvailableError(StoreError):
     """No supervisor runs on the store (clients fail fast with this)."""
+
+
+class PutFailedError(StoreError):
+    """A message was not stored as asked: its put answered `status` (a writer fails with it)."""
+
+    def __init__(self, status: str, row_index: int, reason: str | None = None, *, path: str | None = None):
+        self.status = status
+        self.row_index = row_index
+        self.reason = reason
+        said = f": {reason}" if reason else ""
+        super().__init__(f"row {row_index} was not stored: {status}{said}", path=path)

@@ -42,9 +42,9 @@ def both_paths(root, **options) -> tuple[list[dict], list[dict]]:
     reader = MqstoreReader(opts)
     fast, scalar = [], []
     for part in reader.partitions():
-        fast += [row for batch in reader.read(part) for row in batch.to_pylist()]
-        scalar += [row for rng in part.value for batch in read_scalar_batches(rng, reader.spec)
-                   for row in batch.to_pylist()]
+        fast += [row for batch in reader.read(part) for row in batch.drop_columns("store").to_pylist()]
+        scalar += [row for rng, source in zip(part.value, part.sources, strict=True)
+                   for batch in read_scalar_batches(rng, source.spec) for row in batch.to_pylist()]
     return fast, scalar
 
 

@@ -177,9 +177,10 @@ def test_available_now_stops_at_what_was_durable_when_it_started(tmp_path):
     write_store(root, batches[:3], clock)
     reader = MqstoreStreamReader(parse_options({"path": str(root), "maxBytesPerTrigger": "3000"}))
     reader.prepareForTriggerAvailableNow()
-    target = reader.target_pos
+    (store,) = reader.streams.values()
+    target = store.target_pos
     write_store(root, batches[3:], clock)  # newer data, durable after the query started
-    assert reader.durable_pos() > target
+    assert store.durable_pos() > target
     limit = reader.getDefaultReadLimit()
     assert limit == ReadMaxBytes(3000)
     start, rows, steps = reader.initialOffset(), 0, 0

@@ -17,6 +17,7 @@ from engine.errors import BadInputError
 from tools.spark.layout import StoreFormat, StoreLayout
 from tools.spark.partitions import DEFAULT_PARTITION_BYTES, ScanFilter, SplitMode
 from tools.spark.scan import RowFilter, ScanSpec, VerifyMode, View
+from tools.spark.stores import StorePaths, parse_store_paths
 
 
 class DataLoss(Enum):
@@ -43,20 +44,21 @@ class OutputView(Enum):
 # its reading: 1 MiB of ~1 KiB records is ~12 ms of decoding.
 MIN_PARTITION_BYTES = 1 << 20
 OPTION_DEFAULTS = {
-    "path": None, "topics": None, "startTime": None, "endTime": None, "startPos": "0", "endPos": None,
+    "path": None, "paths": None, "topics": None, "startTime": None, "endTime": None, "startPos": "0",
+    "endPos": None,
     "verify": "none", "format": "auto", "maxPartitionBytes": str(DEFAULT_PARTITION_BYTES),
     "splitMode": "sample", "topicPruning": "consumequeue", "timeSlackMs": "60000", "view": "messages",
     "startingOffsets": "earliest", "failOnDataLoss": "true", "maxRecordsPerTrigger": None,
     "maxBytesPerTrigger": None, "filterPushdown": "false",
 }
-_KNOWN = {name.lower(): name for name in OPTION_DEFAULTS}
 
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """The parsed options of one read (batch or stream)."""
+    """The parsed options of one read (batch or stream); `stores` narrows `paths` to the
+    stores a pushed-down `store` filter keeps."""
 
-    root: str
+    paths: StorePaths
     scan_filter: ScanFilter
     verify_mode: VerifyMode = VerifyMode.NONE
     store_format: StoreFormat | None = None
@@ -69,6 +71,7 @@ class SourceOptions:
     max_records_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     filter_pushdown: bool = False
+    stores: frozenset[str] | None = None
 
     def scan_spec(self, layout: StoreLayout) -> ScanSpec:
         f = self.scan_filter
@@ -84,12 +87,18 @@ class SourceOptions:
 
 
 def refuse_unknown(options: Mapping[str, str]) -> None:
-    """BadInputError for the first option name this source does not know (with a suggestion)."""
+    """BadInputError for the first option name the reader does not know (with a suggestion)."""
+    refuse_options(options, OPTION_DEFAULTS, "mqstore option")
+
+
+def refuse_options(options: Mapping[str, str], known: Mapping[str, str | None], what: str) -> None:
+    """BadInputError for the first option name not in `known` (case-insensitive; with a suggestion)."""
+    by_lower = {name.lower(): name for name in known}
     for key in options:
-        if key.lower() not in _KNOWN:
-            close = difflib.get_close_matches(key.lower(), list(_KNOWN), n=1)
-            hint = f"; did you mean {_KNOWN[close[0]]!r}?" if close else ""
-            raise BadInputError(key, f"unknown mqstore option{hint} (known: {', '.join(OPTION_DEFAULTS)})")
+        if key.lower() not in by_lower:
+            close = difflib.get_close_matches(key.lower(), list(by_lower), n=1)
+            hint = f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+            raise BadInputError(key, f"unknown {what}{hint} (known: {', '.join(known)})")
 
 
 def _option(options: Mapping[str, str], name: str, default: str | None = None) -> str | None:
@@ -144,9 +153,7 @@ def parse_time_ms(name: str, text: str | None) -> int | None:
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
     """Validate the reader options (BadInputError names the bad option)."""
     refuse_unknown(options)
-    root = _option(options, "path")
-    if not root:
-        raise BadInputError("path", "give the store directory: .load(STORE_DIR)")
+    paths = parse_store_paths(_option(options, "path"), _option(options, "paths"))
     topics_text = _option(options, "topics")
     topics = frozenset(t.strip() for t in topics_text.split(",") if t.strip()) if topics_text else None
     scan_filter = ScanFilter(
@@ -160,7 +167,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         raise BadInputError("maxPartitionBytes", f"{target_bytes} is below the floor of "
                             f"{MIN_PARTITION_BYTES} bytes (smaller partitions cost more than they read)")
     return SourceOptions(
-        root=root, scan_filter=scan_filter,
+        paths=paths, scan_filter=scan_filter,
         verify_mode=VerifyMode(_choice(options, "verify", "none", ("none", "fail", "report"))),
         store_format=None if store_format == "auto" else StoreFormat(store_format),
         target_bytes=target_bytes,

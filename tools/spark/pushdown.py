@@ -1,6 +1,7 @@
 """Filter pushdown (`DataSourceReader.pushFilters`, PySpark >= 4.1): Spark's filters onto the scan.
 
 Claimed (applied exactly by the source, so Spark does not evaluate them again):
+- store: =, IN            -> the stores read (a store no value names is not planned at all)
 - topic: =, IN            -> the scan's topics (consume queues prune ranges, rows are filtered)
 - commit_pos: =, <, <=, >, >= -> the scan's commit-position range (ranges are cut to it)
 - queue_id: =, IN; queue_offset: =, <, <=, >, >= -> an exact filter on the decoded rows
@@ -96,6 +97,19 @@ def push(filters: list[Filter], scan_filter: ScanFilter, selection: RowSelection
         if not claimed:
             rest.append(f)
     return Pushed(f_scan, sel), rest
+
+
+def push_stores(filters: list[Filter],
+                stores: frozenset[str] | None) -> tuple[frozenset[str] | None, list[Filter]]:
+    """Claim = and IN on `store` (every row of a store carries its name, so they keep or drop
+    whole stores): the stores still wanted, and the other filters."""
+    rest: list[Filter] = []
+    for f in filters:
+        if f.attribute == ("store",) and isinstance(f, EqualTo | In) and _all(f, str):
+            stores = _intersect(stores, _values(f))
+        else:
+            rest.append(f)
+    return stores, rest
 
 
 def _values(f: Filter) -> tuple:

@@ -1,7 +1,8 @@
 """What one Spark partition reads and returns: its scan ranges, the rows kept, the columns asked.
 
-A partition holds one or more consecutive ScanRanges: small segments are packed together up
-to `maxPartitionBytes`, so a store of many small segments is not one task per segment. The
+A partition holds one or more consecutive ScanRanges, each with the store it belongs to
+(a read may cover several stores): small segments are packed together up to
+`maxPartitionBytes`, so a store of many small segments is not one task per segment. The
 batch and the streaming reader both read partitions here.
 
 A range whose segment file is gone when the executor opens it (retention ran between planning
@@ -25,31 +26,52 @@ from tools.spark.kafka_view import kafka_batch
 from tools.spark.options import DataLoss, OutputView
 from tools.spark.partitions import ScanRange
 from tools.spark.scan import ScanSpec, read_batches
+from tools.spark.stores import with_store_column
 
 LOG = logging.getLogger("mqstore.spark")
 DATA_LOSS_HINT = 'set the source option failOnDataLoss to "false" to go on without them'
 
 
+@dataclass(frozen=True)
+class StoreScan:
+    """A store's name (the `store` column's value) and how its records are scanned."""
+
+    store: str
+    spec: ScanSpec
+
+
+@dataclass(frozen=True)
+class StoreRanges:
+    """The planned ranges of one store."""
+
+    source: StoreScan
+    ranges: tuple[ScanRange, ...]
+
+
 class RangePartition(InputPartition):
-    """Consecutive ScanRanges read by one task (picklable, shipped to an executor)."""
+    """Consecutive ScanRanges read by one task (picklable, shipped to an executor); `sources`
+    holds the store of each range, so an executor needs nothing else to read them."""
 
-    def __init__(self, ranges: Sequence[ScanRange]):
+    def __init__(self, ranges: Sequence[ScanRange], sources: Sequence[StoreScan]):
         super().__init__(tuple(ranges))
+        self.sources = tuple(sources)
 
 
-def pack_ranges(ranges: Sequence[ScanRange], target_bytes: int) -> list[RangePartition]:
+def pack_ranges(planned: Sequence[StoreRanges], target_bytes: int) -> list[RangePartition]:
     """Group consecutive ranges into partitions of at most `target_bytes` (a larger range
-    stays alone): many small segments become a few tasks."""
-    out: list[list[ScanRange]] = []
+    stays alone): many small segments, of one store or several, become a few tasks."""
+    out: list[tuple[list[ScanRange], list[StoreScan]]] = []
     size_bytes = 0
-    for rng in ranges:
-        length_bytes = rng.end - rng.start
-        if not out or size_bytes + length_bytes > target_bytes:
-            out.append([])
-            size_bytes = 0
-        out[-1].append(rng)
-        size_bytes += length_bytes
-    return [RangePartition(group) for group in out]
+    for store_ranges in planned:
+        for rng in store_ranges.ranges:
+            length_bytes = rng.end - rng.start
+            if not out or size_bytes + length_bytes > target_bytes:
+                out.append(([], []))
+                size_bytes = 0
+            out[-1][0].append(rng)
+            out[-1][1].append(store_ranges.source)
+            size_bytes += length_bytes
+    return [RangePartition(ranges, sources) for ranges, sources in out]
 
 
 @dataclass(frozen=True)
@@ -64,7 +86,8 @@ class RowSelection:
     columns: tuple[str, ...] | None = None
     output: OutputView = OutputView.MESSAGES
 
-    def apply(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def apply(self, batch: pa.RecordBatch, store: str) -> pa.RecordBatch:
+        """The rows kept of a scanned `batch` of `store`, in the output's shape and columns."""
         mask = np.ones(batch.num_rows, dtype=bool)
         if self.queue_ids is not None:
             ids = pa.array(sorted(self.queue_ids), type=pa.int32())
@@ -79,6 +102,7 @@ class RowSelection:
             batch = batch.filter(pa.array(mask))
         if self.output is OutputView.KAFKA:
             batch = kafka_batch(batch)
+        batch = with_store_column(batch, store)
         return batch if self.columns is None else batch.select(list(self.columns))
 
 
@@ -97,11 +121,14 @@ def report_loss(error: DataLossError, on_loss: DataLoss) -> None:
                 error.lost_to_pos, error.lost_to_pos - error.lost_from_pos, error.message)
 
 
-def read_partition(ranges: Sequence[ScanRange] | None, spec: ScanSpec, selection: RowSelection,
+def read_partition(partition: RangePartition | None, selection: RowSelection,
                    on_loss: DataLoss) -> Iterator[pa.RecordBatch]:
-    """The batches of every range of a partition (None: Spark's stand-in for an empty plan)."""
-    for rng in ranges or ():
-        batches = read_batches(rng, spec)
+    """The batches of every range of a partition (None or InputPartition(None): Spark's
+    stand-in for an empty plan)."""
+    if partition is None or partition.value is None:
+        return
+    for rng, source in zip(partition.value, partition.sources, strict=True):
+        batches = read_batches(rng, source.spec)
         try:
             first = next(batches)
         except StopIteration:
@@ -110,7 +137,7 @@ def read_partition(ranges: Sequence[ScanRange] | None, spec: ScanSpec, selection
             report_loss(lost(rng), on_loss)
             continue
         for batch in _chain(first, batches):
-            batch = selection.apply(batch)
+            batch = selection.apply(batch, source.store)
             if batch.num_rows:
                 yield batch
 

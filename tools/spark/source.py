@@ -1,11 +1,13 @@
 """The `mqstore` PySpark data source: `spark.read.format("mqstore").load(STORE_DIR)`.
 
-One row per message (see `MESSAGE_FIELDS` in scan.py). Options: tools/spark/options.py and
+One row per message (see `MESSAGE_FIELDS` in scan.py), and last a `store` column naming the
+store it came from: `load` takes one store, several (comma-separated or a list) or globs, all
+read as one DataFrame (tools/spark/stores.py). Options: tools/spark/options.py and
 docs/SPARK.md (unknown ones are refused). A user-given schema (`.schema("commit_pos bigint,
 topic string")`) may name any subset of the view's columns, with their types; the rows then
 hold those columns in that order.
 
-Filters on topic, queue_id, commit_pos, queue_offset and store_ts are pushed into the scan
+Filters on store, topic, queue_id, commit_pos, queue_offset and store_ts are pushed into the scan
 (tools/spark/pushdown.py) with `option("filterPushdown", "true")`, which needs the session
 conf `spark.sql.python.filterPushdown.enabled=true` (off by default; Spark refuses to plan a
 reader that implements pushFilters while it is off, hence the option: a session without the
@@ -36,13 +38,15 @@ from pyspark.sql.types import StructType
 from engine.errors import BadInputError
 from engine.store_dir import holder_pid
 from tools.spark.kafka_view import HEADER_TYPE, KAFKA_FIELDS
-from tools.spark.layout import read_durable_pos, read_layout
+from tools.spark.layout import StoreLayout, read_durable_pos, read_layout
 from tools.spark.options import OutputView, SourceOptions, parse_options
 from tools.spark.partitions import plan_scan
-from tools.spark.pushdown import push
-from tools.spark.read_plan import ALL_ROWS, RowSelection, pack_ranges, read_partition
-from tools.spark.scan import VerifyMode, View, arrow_schema
+from tools.spark.pushdown import push, push_stores
+from tools.spark.read_plan import ALL_ROWS, RowSelection, StoreRanges, StoreScan, pack_ranges, read_partition
+from tools.spark.scan import ScanSpec, VerifyMode, View, arrow_schema
+from tools.spark.stores import STORE_COLUMN, only_stores
 from tools.spark.stream import MqstoreStreamReader
+from tools.spark.writer import MqstoreStreamWriter, MqstoreWriter, refuse_overwrite, writer_columns
 
 SOURCE_NAME = "mqstore"
 _DDL_TYPES = {
@@ -60,7 +64,7 @@ def output_columns(output: OutputView, verify_mode: VerifyMode) -> dict[str, str
         fields += [f for f in arrow_schema(View.MESSAGES, verify_mode) if f.name == "error"]
     else:
         fields = list(arrow_schema(output.scan_view, verify_mode))
-    return {f.name: _DDL_TYPES[f.type] for f in fields}
+    return {**{f.name: _DDL_TYPES[f.type] for f in fields}, STORE_COLUMN: "string"}
 
 
 def schema_ddl(output: OutputView, verify_mode: VerifyMode) -> str:
@@ -87,7 +91,8 @@ def selected_columns(schema: StructType, output: OutputView,
 
 
 class MqstoreDataSource(DataSource):
-    """Batch and streaming reads of an mqstore (or RocketMQ-written) store directory."""
+    """Batch and streaming reads of mqstore (or RocketMQ-written) store directories, and
+    writes into a running store (tools/spark/writer.py)."""
 
     @classmethod
     def name(cls) -> str:
@@ -108,28 +113,52 @@ class MqstoreDataSource(DataSource):
         columns = selected_columns(schema, opts.output, opts.verify_mode)
         return MqstoreStreamReader(opts, RowSelection(columns=columns, output=opts.output))
 
+    def writer(self, schema: StructType, overwrite: bool) -> MqstoreWriter:
+        refuse_overwrite(overwrite)
+        return MqstoreWriter(self.options, writer_columns(schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> MqstoreStreamWriter:  # noqa: N802
+        refuse_overwrite(overwrite)
+        return MqstoreStreamWriter(self.options, writer_columns(schema))
+
 
 class MqstoreReader(DataSourceReader):
-    """Plans ranges on the driver; reads one partition's ranges on an executor."""
+    """Plans ranges of every store on the driver; reads one partition's ranges on an executor."""
 
     def __init__(self, opts: SourceOptions, selection: RowSelection = ALL_ROWS):
         self.opts = opts
         self.selection = selection
-        self.layout = read_layout(opts.root, opts.store_format)
-        self.spec = opts.scan_spec(self.layout)
+        self.layouts = {store: read_layout(store, opts.store_format) for store in opts.paths.resolve()}
+        self.specs = {store: opts.scan_spec(layout) for store, layout in self.layouts.items()}
+
+    @property
+    def layout(self) -> StoreLayout:
+        """The layout of a one-store read (the jobs read one store)."""
+        (layout,) = self.layouts.values()
+        return layout
+
+    @property
+    def spec(self) -> ScanSpec:
+        """The scan spec of a one-store read."""
+        (spec,) = self.specs.values()
+        return spec
 
     def partitions(self) -> list[InputPartition]:
+        planned = [StoreRanges(StoreScan(store, self.specs[store]), tuple(self._plan_store(store)))
+                   for store in only_stores(list(self.layouts), self.opts.stores)]
+        return list(pack_ranges(planned, self.opts.target_bytes))
+
+    def _plan_store(self, store: str):
+        """One store's ranges; a running store (its lock is held) up to its durable position."""
         scan_filter = self.opts.pruning_filter()
-        if scan_filter.end_pos is None and holder_pid(self.opts.root) is not None:
-            scan_filter = replace(scan_filter, end_pos=read_durable_pos(self.opts.root))
-        ranges = plan_scan(self.layout, scan_filter, target_bytes=self.opts.target_bytes,
-                           split_mode=self.opts.split_mode)
-        return list(pack_ranges(ranges, self.opts.target_bytes))
+        if scan_filter.end_pos is None and holder_pid(store) is not None:
+            scan_filter = replace(scan_filter, end_pos=read_durable_pos(store))
+        return plan_scan(self.layouts[store], scan_filter, target_bytes=self.opts.target_bytes,
+                         split_mode=self.opts.split_mode)
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
         # Spark reads one InputPartition(None) when the plan is empty
-        ranges = None if partition is None else partition.value
-        return read_partition(ranges, self.spec, self.selection, self.opts.on_data_loss)
+        return read_partition(partition, self.selection, self.opts.on_data_loss)
 
 
 class PushdownReader(MqstoreReader):
@@ -137,13 +166,15 @@ class PushdownReader(MqstoreReader):
 
     def pushFilters(self, filters: list[Filter]) -> list[Filter]:  # noqa: N802 - the PySpark API's name
         """Apply what the scan can (see tools/spark/pushdown.py); return what Spark must."""
+        stores, filters = push_stores(list(filters), self.opts.stores)
+        self.opts = replace(self.opts, stores=stores)
         if self.opts.verify_mode is VerifyMode.REPORT or self.opts.output is OutputView.KAFKA:
             return list(filters)
         columns = frozenset(output_columns(self.opts.output, self.opts.verify_mode))
         pushed, rest = push(list(filters), self.opts.scan_filter, self.selection, columns)
         self.opts = replace(self.opts, scan_filter=pushed.scan_filter)
         self.selection = pushed.selection
-        self.spec = self.opts.scan_spec(self.layout)
+        self.specs = {store: self.opts.scan_spec(layout) for store, layout in self.layouts.items()}
         return rest
 
 

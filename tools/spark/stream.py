@@ -1,7 +1,11 @@
 """`spark.readStream.format("mqstore")`: a micro-batch source over a live store.
 
-Offsets are commit positions, `{"commit_pos": N}`. The latest offset is what the store has
-made durable *and* dispatched: min(commitlog flushed position, consume-queue durable
+Offsets are commit positions, one per store: `{"stores": {STORE: N, ...}}`, or `{"commit_pos":
+N}` when the source is one plain path (the format from before several stores were possible, so
+those checkpoints resume). A glob is expanded again for every batch: a store that appears later
+is read from its beginning; one no longer matched keeps its position and is not read. Rate
+limits and failOnDataLoss apply to each store on its own. The latest offset of a store is what
+it has made durable *and* dispatched: min(commitlog flushed position, consume-queue durable
 position) from the checkpoint file, which the writer replaces atomically. Both are record
 boundaries, and every byte below them is on disk and never rewritten, so a batch
 [start, end) is replayable: with Spark's checkpointLocation and an idempotent sink
@@ -56,12 +60,15 @@ from tools.spark.read_plan import (
     ALL_ROWS,
     DATA_LOSS_HINT,
     RowSelection,
+    StoreRanges,
+    StoreScan,
     pack_ranges,
     read_partition,
     report_loss,
 )
 
 OFFSET_KEY = "commit_pos"
+STORES_KEY = "stores"
 _NO_LIMIT = 2**63 - 1
 
 
@@ -121,27 +128,27 @@ def advance(layout: StoreLayout, start_pos: int, end_pos: int, max_records: int,
     return min(pos, end_pos)
 
 
-class MqstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches of the records between two commit positions."""
+class StoreStream:
+    """The stream of one store: its readable end, its batch bounds, its ranges."""
 
-    def __init__(self, opts: SourceOptions, selection: RowSelection = ALL_ROWS):
+    def __init__(self, store: str, opts: SourceOptions):
+        self.store = store
         self.opts = opts
-        self.selection = selection
-        self.layout = read_layout(opts.root, opts.store_format)
-        self.spec = opts.scan_spec(self.layout)
+        self.layout = read_layout(store, opts.store_format)
+        self.source = StoreScan(store, opts.scan_spec(self.layout))
         self.target_pos: int | None = None  # Trigger.AvailableNow's end, fixed at the start
 
     def durable_pos(self) -> int:
         """What may be read now (see readable_end_pos), re-reading the store's segment list."""
-        self.layout = read_layout(self.opts.root, self.opts.store_format)
+        self.layout = read_layout(self.store, self.opts.store_format)
         return readable_end_pos(self.layout)
 
-    def initialOffset(self) -> dict:  # noqa: N802 - the PySpark API's name
-        start = self.opts.starting_offsets
+    def initial_pos(self, start: str) -> int:
+        """The commit position `startingOffsets` names: earliest, latest or a record start."""
         if start == "earliest":
-            return {OFFSET_KEY: self.layout.min_pos}
+            return self.layout.min_pos
         if start == "latest":
-            return {OFFSET_KEY: self.durable_pos()}
+            return self.durable_pos()
         if not start.isdigit():
             raise BadInputError("startingOffsets", f"{start!r} is not earliest, latest or a commit position")
         pos, end = int(start), self.durable_pos()
@@ -151,7 +158,94 @@ class MqstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if pos != end and not is_record_start(self.layout, pos):
             raise BadInputError("startingOffsets", f"{pos} is not the commit position of a record start "
                                 "(take one from the commit_pos column)")
-        return {OFFSET_KEY: pos}
+        return pos
+
+    def latest_pos(self, start_pos: int | None, bounds: tuple[int, int] | None) -> int:
+        """The end of the next batch from `start_pos`: all that is readable, or at most
+        `bounds` (records, bytes) of it; never past an availableNow target."""
+        end = self.durable_pos()
+        if self.target_pos is not None:
+            end = min(end, self.target_pos)
+        if start_pos is None or bounds is None:
+            return end
+        first = self._first_readable(start_pos)
+        if first >= end:
+            return max(start_pos, end)
+        return advance(self.layout, first, end, *bounds)
+
+    def _first_readable(self, start_pos: int) -> int:
+        """`start_pos`, or the store's first position when retention deleted what lay between
+        (failOnDataLoss=true: DataLossError instead)."""
+        if start_pos >= self.layout.min_pos:
+            return start_pos
+        error = DataLossError(start_pos, self.layout.min_pos, path=self.store, hint=DATA_LOSS_HINT)
+        if self.opts.on_data_loss is DataLoss.FAIL:
+            raise error
+        return self.layout.min_pos
+
+    def plan(self, start_pos: int | None, end_pos: int) -> StoreRanges:
+        """The ranges of [start_pos, end_pos); None: a store new to the stream, from its start."""
+        self.layout = read_layout(self.store, self.opts.store_format)
+        if start_pos is None:
+            start_pos = self.layout.min_pos
+        if end_pos <= start_pos:
+            return StoreRanges(self.source, ())
+        if start_pos < self.layout.min_pos:
+            lost = DataLossError(start_pos, min(self.layout.min_pos, end_pos), path=self.store,
+                                 hint=DATA_LOSS_HINT)
+            report_loss(lost, self.opts.on_data_loss)
+        f = self.opts.scan_filter
+        scan_filter = ScanFilter(max(start_pos, self.layout.min_pos), end_pos, f.start_ms, f.end_ms,
+                                 f.topics if self.opts.prune_topics else None, f.time_slack_ms)
+        ranges = plan_scan(self.layout, scan_filter, target_bytes=self.opts.target_bytes,
+                           split_mode=self.opts.split_mode, known_start=start_pos)
+        return StoreRanges(self.source, tuple(ranges))
+
+
+class MqstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of the records between two offsets, a commit position per store."""
+
+    def __init__(self, opts: SourceOptions, selection: RowSelection = ALL_ROWS):
+        self.opts = opts
+        self.selection = selection
+        self.streams: dict[str, StoreStream] = {}
+        self.available_now = False
+        self._refresh()
+
+    def _refresh(self) -> list[StoreStream]:
+        """The streams of the stores the paths name now (a glob may match new ones)."""
+        current = self.opts.paths.resolve()
+        for store in current:
+            if store not in self.streams:
+                self.streams[store] = StoreStream(store, self.opts)
+                if self.available_now:  # the run reads what was there when it started: not this one
+                    self.streams[store].target_pos = self.streams[store].layout.min_pos
+        return [self.streams[store] for store in current]
+
+    def _encode(self, positions: dict[str, int]) -> dict:
+        """The offset JSON: {"commit_pos": N} for one plain path (as before several stores
+        were possible, so older checkpoints resume), else {"stores": {store: N}}."""
+        if self.opts.paths.is_single:
+            return {OFFSET_KEY: positions[next(iter(self.streams))]}
+        return {STORES_KEY: dict(sorted(positions.items()))}
+
+    def _decode(self, offset: dict | None) -> dict[str, int]:
+        if offset is None:
+            return {}
+        if OFFSET_KEY in offset:
+            if len(self.streams) != 1:
+                raise BadInputError("checkpoint", f"offset {offset} is of a single store; this "
+                                    f"stream reads {len(self.streams)}")
+            return {next(iter(self.streams)): int(offset[OFFSET_KEY])}
+        return {store: int(pos) for store, pos in offset[STORES_KEY].items()}
+
+    def initialOffset(self) -> dict:  # noqa: N802 - the PySpark API's name
+        start = self.opts.starting_offsets
+        streams = self._refresh()
+        if start.isdigit() and not self.opts.paths.is_single:
+            raise BadInputError("startingOffsets", "a commit position needs a single store: use "
+                                "earliest or latest with several")
+        return self._encode({s.store: s.initial_pos(start) for s in streams})
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - the PySpark API's name
         if self.opts.max_records_per_trigger is not None:
@@ -161,59 +255,45 @@ class MqstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - the PySpark API's name
-        self.target_pos = self.durable_pos()
+        self.available_now = True
+        for stream in self._refresh():
+            stream.target_pos = stream.durable_pos()
 
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:  # noqa: N802
-        end = self.durable_pos()
-        if self.target_pos is not None:
-            end = min(end, self.target_pos)
-        if start is None or limit is None or isinstance(limit, ReadAllAvailable):
-            return {OFFSET_KEY: end}
-        start_pos = self._first_readable(int(start[OFFSET_KEY]))
-        if start_pos >= end:
-            return {OFFSET_KEY: max(int(start[OFFSET_KEY]), end)}
-        max_records, max_bytes = self._limits(limit)
-        return {OFFSET_KEY: advance(self.layout, start_pos, end, max_records, max_bytes)}
+        """Each store's next end; a store gone from the paths keeps its position."""
+        positions = self._decode(start)
+        bounds = None if start is None or limit is None or isinstance(limit, ReadAllAvailable) \
+            else self._limits(limit)
+        for stream in self._refresh():
+            # a store new to a running stream is read from its first position, in bounds too
+            first = None if start is None else stream.layout.min_pos
+            positions[stream.store] = stream.latest_pos(positions.get(stream.store, first), bounds)
+        return self._encode(positions)
 
     def reportLatestOffset(self) -> dict:  # noqa: N802 - the PySpark API's name
-        return {OFFSET_KEY: self.durable_pos()}
+        return self._encode({s.store: s.durable_pos() for s in self._refresh()})
 
     def _limits(self, limit: ReadLimit) -> tuple[int, int]:
-        """The record and byte bounds of one batch: the engine's limit and both options."""
+        """The record and byte bounds of one batch, per store: the engine's limit and both options."""
         max_records = min(filter(None, (self.opts.max_records_per_trigger, _NO_LIMIT,
                                         limit.max_rows if isinstance(limit, ReadMaxRows) else None)))
         max_bytes = min(filter(None, (self.opts.max_bytes_per_trigger, _NO_LIMIT,
                                       limit.max_bytes if isinstance(limit, ReadMaxBytes) else None)))
         return max_records, max_bytes
 
-    def _first_readable(self, start_pos: int) -> int:
-        """`start_pos`, or the store's first position when retention deleted what lay between
-        (failOnDataLoss=true: DataLossError instead)."""
-        if start_pos >= self.layout.min_pos:
-            return start_pos
-        error = DataLossError(start_pos, self.layout.min_pos, path=self.opts.root, hint=DATA_LOSS_HINT)
-        if self.opts.on_data_loss is DataLoss.FAIL:
-            raise error
-        return self.layout.min_pos
-
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        start_pos, end_pos = int(start[OFFSET_KEY]), int(end[OFFSET_KEY])
-        if end_pos <= start_pos:
-            return []
-        self.layout = read_layout(self.opts.root, self.opts.store_format)
-        if start_pos < self.layout.min_pos:
-            lost = DataLossError(start_pos, min(self.layout.min_pos, end_pos), path=self.opts.root,
-                                 hint=DATA_LOSS_HINT)
-            report_loss(lost, self.opts.on_data_loss)
-        f = self.opts.scan_filter
-        scan_filter = ScanFilter(max(start_pos, self.layout.min_pos), end_pos, f.start_ms, f.end_ms,
-                                 f.topics if self.opts.prune_topics else None, f.time_slack_ms)
-        ranges = plan_scan(self.layout, scan_filter, target_bytes=self.opts.target_bytes,
-                           split_mode=self.opts.split_mode, known_start=start_pos)
-        return list(pack_ranges(ranges, self.opts.target_bytes))
+        start_positions, planned = self._decode(start), []
+        for store, end_pos in self._decode(end).items():
+            start_pos = start_positions.get(store)
+            if start_pos is not None and end_pos <= start_pos:
+                continue  # nothing new, or a store no longer matched: its directory is not needed
+            if store not in self.streams:
+                self.streams[store] = StoreStream(store, self.opts)
+            planned.append(self.streams[store].plan(start_pos, end_pos))
+        return list(pack_ranges(planned, self.opts.target_bytes))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return read_partition(partition.value, self.spec, self.selection, self.opts.on_data_loss)
+        return read_partition(partition, self.selection, self.opts.on_data_loss)
 
     def commit(self, end: dict) -> None:
         """Nothing to release: the store keeps its files whatever the stream has read."""
