@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+import numpy as np
+
 from engine.errors import CorruptRecordError
 from engine.formats.record import (
     BLANK_MAGIC,
@@ -152,12 +154,22 @@ def step_run(window: LogWindow, pos: int, end_pos: int, verify: Verify,
     """The leading records from `pos` (a record start) that end within `end_pos`, the window
     and `run_bytes`, and pass every check of verify_spans(verify); None when the first does
     not (`step` then reads it: a filler, a v2 or IPv6 record, non-ASCII text, damage)."""
-    buf, off = window.buf, pos - window.base_pos
+    return verify_run(window, run_starts(window, pos, end_pos, run_bytes), verify)
+
+
+def run_starts(window: LogWindow, pos: int, end_pos: int, run_bytes: int) -> np.ndarray:
+    """Buffer positions of the TOTALSIZE chain from `pos` while each record ends within
+    `end_pos`, the window, its segment and `run_bytes` (step_run's first half)."""
     limit = min(end_pos, window.segment_end_pos, window.end_pos, pos + run_bytes) - window.base_pos
-    starts = find_starts(buf, off, limit, window.base_pos)
+    return find_starts(window.buf, pos - window.base_pos, limit, window.base_pos)
+
+
+def verify_run(window: LogWindow, starts: np.ndarray, verify: Verify) -> RecordSpans | None:
+    """The leading records of `starts` the batch codec accepts at `verify`; None for none
+    (step_run's second half)."""
     if not len(starts):
         return None
-    spans = verify_spans(buf, starts, window.base_pos, verify)
+    spans = verify_spans(window.buf, starts, window.base_pos, verify)
     return spans if spans.count else None
 
 
