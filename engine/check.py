@@ -32,7 +32,6 @@ Finding, FindingKind and findings_to_json live in engine.check_findings and are 
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,13 +46,11 @@ from engine.errors import AcceptedDamageError, CheckpointError, NotAStoreError, 
 from engine.formats.checkpoint import decode_checkpoint, decode_rocketmq_checkpoint, is_rocketmq_checkpoint
 from engine.formats.record import Verify
 from engine.mapped_file import Access
-from engine.naming import CHECKPOINT_FILE, commitlog_dir, is_segment_name
+from engine.naming import CHECKPOINT_FILE, commitlog_dir, infer_segment_bytes, segment_files
 from engine.store_dir import StoreKind, inspect_store_dir, read_meta
 
 __all__ = ["MAX_FINDINGS_PER_FILE", "CheckSummary", "Finding", "FindingKind", "check", "check_summary",
            "findings_to_json"]
-
-ROCKETMQ_DEFAULT_SEGMENT_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -89,8 +86,9 @@ def check_summary(root: Path | str, *, progress: Progress | None = None) -> Chec
         shard_count = meta.index_shards
     else:
         meta, verify, shard_count = None, Verify.ROCKETMQ, 0
-        segment_bytes = _rocketmq_segment_bytes(root)
     try:
+        if meta is None:  # a RocketMQ store records no segment size: its files share one
+            segment_bytes = infer_segment_bytes(segment_files(commitlog_dir(root)))
         log = CommitLog.open(root, segment_bytes, Access.READ_ONLY)
     except SegmentLayoutError as exc:
         out.add(FindingKind.LAYOUT, exc.path or str(commitlog_dir(root)), exc.message)
@@ -121,15 +119,6 @@ def _load_accepted(root: Path, out: FindingList) -> list[AcceptedSpan]:
     except AcceptedDamageError as exc:
         out.add(FindingKind.LAYOUT, exc.path or str(accepted_damage_path(root)), exc.message)
         return []
-
-
-def _rocketmq_segment_bytes(root: Path) -> int:
-    """A RocketMQ store records no segment size: take it from its first segment file."""
-    directory = commitlog_dir(root)
-    names = sorted(n for n in os.listdir(directory) if is_segment_name(n))
-    if not names:
-        return ROCKETMQ_DEFAULT_SEGMENT_BYTES
-    return os.stat(directory / names[0]).st_size or ROCKETMQ_DEFAULT_SEGMENT_BYTES
 
 
 def _check_checkpoint(root: Path, kind: StoreKind, scan: LogScan | None, shard_count: int,

@@ -45,7 +45,7 @@ from engine.formats.record import (
 from engine.formats.record_batch import StampableRecords, check_stampable, stamp_checked_records
 from engine.log_walker import LogWindow, header_decoder, record_decoder
 from engine.mapped_file import Access, MappedFile, remove_file
-from engine.naming import commitlog_dir, is_segment_name, name_to_offset
+from engine.naming import commitlog_dir, segment_files
 from engine.segment_queue import SegmentQueue
 
 
@@ -381,12 +381,9 @@ class CommitLog:
 
     def _remove_stray_files(self, from_pos: int) -> None:
         """Delete unadopted segment files (a preallocated one) at or past `from_pos`."""
-        directory = self.segments.directory
-        if not directory.is_dir():
-            return
-        for name in os.listdir(directory):
-            if is_segment_name(name) and name_to_offset(name) >= from_pos:
-                remove_file(directory / name)
+        for file in segment_files(self.segments.directory):
+            if file.base_pos >= from_pos:
+                remove_file(file.path)
 
     def remove_oldest_segment(self) -> Path:
         """Retention: delete the first segment; never the one being written."""
