@@ -16,7 +16,7 @@ import numpy as np
 
 from engine.commitlog import CommitLog
 from engine.formats.record import Verify
-from engine.log_walk import valid_records_between
+from engine.log_walk import is_zero_from, valid_records_between
 from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import quarantine_name
 
@@ -35,7 +35,7 @@ def quarantine_tail(commitlog: CommitLog, directory: Path, cut_pos: int, now_ms:
                     ) -> QuarantinedTail | None:
     """Copy the log's bytes from cut_pos to its last written byte into a new file in
     `directory`; None when nothing was written past cut_pos (a clean end, not a tear)."""
-    if is_unwritten(commitlog, cut_pos):
+    if is_zero_from(commitlog, cut_pos):
         return None
     end_pos = _tail_end(commitlog, cut_pos)
     path = ensure_dir(directory) / quarantine_name(cut_pos, now_ms)
@@ -50,18 +50,6 @@ def data_segments_after(commitlog: CommitLog, cut_pos: int) -> list[Path]:
     seg = commitlog.segments
     cut_base = segment_base(commitlog, cut_pos)
     return [s.path for s in seg.segments if seg.base_of(s) > cut_base and not s.is_zero()]
-
-
-def is_unwritten(commitlog: CommitLog, pos: int) -> bool:
-    """True when every byte from pos to the end of the log is zero: a clean end, not a tear."""
-    segments = commitlog.segments
-    segment = segments.find(pos)
-    if segment is None:
-        return True
-    base = segments.base_of(segment)
-    if not segment.is_zero(pos - base):
-        return False
-    return all(s.is_zero() for s in segments.segments if segments.base_of(s) > base)
 
 
 def segment_base(commitlog: CommitLog, pos: int) -> int:

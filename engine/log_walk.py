@@ -86,7 +86,9 @@ def _bad_region(log: CommitLog, pos: int, exc: CorruptRecordError, end: int,
 
 
 def is_zero_from(log: CommitLog, pos: int) -> bool:
-    """True when every byte from pos to the end of the last segment is zero. Holes of sparse
-    segments are skipped unread, and the walk stops at the first non-zero chunk."""
+    """True when every byte from pos to the end of the last segment is zero: a clean end, not a
+    tear. Holes of sparse segments are skipped unread, and the look stops at the first non-zero
+    chunk; segments that end at or before pos are not looked at."""
     segs = log.segments
-    return all(segment.is_zero(max(pos - segs.base_of(segment), 0)) for segment in segs.segments)
+    return all(segment.is_zero(max(pos - base, 0)) for segment in segs.segments
+               if (base := segs.base_of(segment)) + segment.size_bytes > pos)

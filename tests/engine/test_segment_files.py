@@ -31,7 +31,8 @@ def test_segment_files_lists_segment_names_by_position(tmp_path):
     make(tmp_path, [2 * SEG, 0, SEG])
     (tmp_path / "notes.txt").write_text("x")
     (tmp_path / (offset_to_name(3 * SEG) + ".tmp")).write_bytes(b"")
-    assert segment_files(tmp_path) == [SegmentFile(b, tmp_path / offset_to_name(b)) for b in (0, SEG, 2 * SEG)]
+    expected = [SegmentFile(base, tmp_path / offset_to_name(base)) for base in (0, SEG, 2 * SEG)]
+    assert segment_files(tmp_path) == expected
     assert segment_files(tmp_path / "missing") == []
 
 
