@@ -51,7 +51,8 @@ Decoder = Callable[[object, int, int], Record | RecordHeader | Filler]  # (buf, 
 Item = Record | RecordHeader | Filler
 
 _HEAD = struct.Struct(">iI")  # TOTALSIZE, MAGICCODE: what decides a position
-_MAGICS = (MAGIC_V1.to_bytes(4, "big"), MAGIC_V2.to_bytes(4, "big"))
+_RECORD_MAGICS = (MAGIC_V1, MAGIC_V2)
+_MAGICS = tuple(magic.to_bytes(4, "big") for magic in _RECORD_MAGICS)
 _MAGIC_CHUNK_BYTES = 1 << 20
 UNWRITTEN_REASON = "unwritten space (zero TOTALSIZE and magic)"
 
@@ -142,8 +143,8 @@ def step(window: LogWindow, pos: int, end_pos: int, decode: Decoder) -> Item | S
                 raise CorruptRecordError(f"filler of {size} bytes with {space_left} left in the "
                                          "segment", pos=pos, size=size)
             return Filler(pos, size)
-        if 0 < size <= space_left and off + size > len(buf):
-            return NeedBytes(pos, size)
+        if magic in _RECORD_MAGICS and 0 < size <= space_left and off + size > len(buf):
+            return NeedBytes(pos, size)  # a record's only: garbage could ask for a whole segment
     elif space_left > len(buf) - off:
         return NeedBytes(pos, min(FILLER_SIZE, space_left))
     return decode(buf, off, window.base_pos)

@@ -100,6 +100,9 @@ def test_a_pread_block_asks_for_more_bytes_where_a_record_runs_past_it():
     assert step(tail, starts[2], BASE + SEG, header_decoder) == NeedBytes(starts[2], 8)
     reread = LogWindow(bytes(buf[200:500]), BASE + 200, BASE + SEG)
     assert isinstance(step(reread, starts[1], BASE + SEG, header_decoder), RecordHeader)
+    buf[500:508] = b"\x00\x00\x10\x00GARB"  # garbage claiming 4096 bytes: reported, not read
+    with pytest.raises(CorruptRecordError, match="unknown magic"):
+        step(LogWindow(bytes(buf[500:520]), BASE + 500, BASE + SEG), starts[2], BASE + SEG, header_decoder)
     filler_only = LogWindow(bytes(buf[750:758]), BASE + 750, BASE + SEG)  # the filler's 8 bytes suffice
     assert step(filler_only, BASE + 750, BASE + 2 * SEG, header_decoder) == Filler(BASE + 750, SEG - 750)
 
