@@ -2,7 +2,8 @@
 
 Runs on executors. Files are read with pread (never mapped), so a live store is safe to read
 below its durable position. The chain rules (see partitions.py) decide which records a range
-owns; this module decodes them, applies the row filters and verification.
+owns; the walk over the pread blocks is engine.log_walker's (step, run_starts, verify_run);
+this module decodes the records, applies the row filters and verification.
 
 Two paths, same rows (tests/spark/test_scan_batches.py): `read_batches` reads RUN_BYTES at a
 time and hands the leading records the batch scanner accepts (engine.formats.record_scan:
