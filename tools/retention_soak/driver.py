@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.check import check
+from engine.naming import commitlog_dir, segment_files
 from engine.status import GetStatus
 from ipc.consumer import Consumer
 from ipc.control_block import ControlBlock, StoreState
@@ -169,7 +170,7 @@ def _sample_until_done(settings: SoakSettings, root: Path, supervisor: subproces
         if time.monotonic() > deadline:
             raise RuntimeError("the producer did not stop at the end of the run")
         now = time.monotonic()
-        segments = len(os.listdir(root / "commitlog"))
+        segments = len(segment_files(commitlog_dir(root)))
         samples.append((now - started, used_bytes(root), segments))
         if now >= next_report:
             next_report += 60.0
