@@ -256,19 +256,18 @@ def hop_heads(window: LogWindow, pos: int, stop_pos: int) -> tuple[int, HopEnd]:
     record's 8-byte head (a record: magic v1/v2 and RECORD_FIXED_SIZE <= TOTALSIZE <= space
     left in the segment). No checks beyond that: planning bounds, not reading records."""
     unpack = _HEAD.unpack_from
-    buf, base, segment_end = window.buf, window.base_pos, window.segment_end_pos
-    last = len(buf) - FILLER_SIZE
+    buf, segment_end = window.buf, window.segment_end_pos
+    off = pos - window.base_pos
+    last = min(len(buf), segment_end - window.base_pos) - FILLER_SIZE  # the last head that fits
     while pos < stop_pos:
-        if segment_end - pos < FILLER_SIZE:
-            return pos, HopEnd.CHAIN_END
-        off = pos - base
         if off > last:
-            return pos, HopEnd.WINDOW_END
+            return pos, HopEnd.CHAIN_END if segment_end - pos < FILLER_SIZE else HopEnd.WINDOW_END
         total_size, magic = unpack(buf, off)
         if (magic != MAGIC_V1 and magic != MAGIC_V2) or not (
                 RECORD_FIXED_SIZE <= total_size <= segment_end - pos):
             return pos, HopEnd.CHAIN_END
         pos += total_size
+        off += total_size
     return pos, HopEnd.REACHED
 
 
