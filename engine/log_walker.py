@@ -21,6 +21,7 @@ tools.spark.partitions over pread blocks).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import struct
 from collections.abc import Callable, Iterator
@@ -105,8 +106,9 @@ class BadRegion:
     path: str
 
 
+@functools.cache
 def record_decoder(verify: Verify) -> Decoder:
-    """Full Records, checked at `verify`."""
+    """Full Records, checked at `verify` (one decoder per level: walks ask for it per record)."""
     return lambda buf, pos, base_pos: decode_record(buf, pos, verify=verify, base_pos=base_pos)
 
 

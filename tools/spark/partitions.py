@@ -96,6 +96,7 @@ class BlockReader:
         self._block_bytes = block_bytes
         self._block = b""
         self._block_pos = 0
+        self._window: LogWindow | None = None
 
     def view(self, file_pos: int, length: int) -> tuple[bytes, int]:
         off = file_pos - self._block_pos
@@ -108,7 +109,11 @@ class BlockReader:
         """The cached block holding [file_pos, +length) (shorter at the end of the file) as a
         walker's window over the segment whose first byte is at commit position `base_pos`."""
         block, off = self.view(file_pos, length)
-        return LogWindow(block, base_pos + file_pos - off, base_pos + segment_bytes)
+        window = self._window
+        if window is None or window.buf is not block or window.base_pos != base_pos + file_pos - off \
+                or window.segment_end_pos != base_pos + segment_bytes:
+            window = self._window = LogWindow(block, base_pos + file_pos - off, base_pos + segment_bytes)
+        return window
 
 
 def pread_reader(fd: int) -> Reader:
