@@ -4,7 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STORE ?= ./data
 
-.PHONY: run test lint soak clean
+.PHONY: run test lint soak clean browser
+
+# The console's browser tests drive Debian's chromium through its chromedriver (tests/tools/test_console.py).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 run: $(VENV)/.installed
 	$(VENV)/bin/mqstore start --store $(STORE)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed browser
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 

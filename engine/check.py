@@ -27,7 +27,7 @@ Entries below the commitlog's min position are *expired* (retention deletes segm
 the consume-queue and index files that point into them; see engine.retention), never corrupt.
 A RocketMQ-written store (no store.json) is checked for its commitlog and checkpoint only; its
 segment size is the size of its files (RocketMQ's default is 1 GiB; test stores are smaller).
-Finding, FindingKind and findings_to_json live in engine.check_findings and are re-exported.
+A finding's kinds, its value and its JSON form live in engine.check_findings.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 from engine.accepted_damage import AcceptedSpan, accepted_damage_path, load_accepted
 from engine.check_commitlog import LogScan, Progress, scan_log
 from engine.check_consume_queues import check_queues
-from engine.check_findings import MAX_FINDINGS_PER_FILE, Finding, FindingKind, FindingList, findings_to_json
+from engine.check_findings import MAX_FINDINGS_PER_FILE, Finding, FindingKind, FindingList
 from engine.check_index import KeyProbe, check_index
 from engine.commitlog import CommitLog
 from engine.errors import AcceptedDamageError, CheckpointError, NotAStoreError, SegmentLayoutError
@@ -48,9 +48,6 @@ from engine.formats.record import Verify
 from engine.mapped_file import Access
 from engine.naming import CHECKPOINT_FILE, commitlog_dir, infer_segment_bytes, segment_files
 from engine.store_dir import StoreKind, inspect_store_dir, read_meta
-
-__all__ = ["MAX_FINDINGS_PER_FILE", "CheckSummary", "Finding", "FindingKind", "check", "check_summary",
-           "findings_to_json"]
 
 
 @dataclass(frozen=True)

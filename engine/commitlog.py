@@ -42,7 +42,7 @@ from engine.formats.record import (
     encode_filler,
     stamp_record,
 )
-from engine.formats.record_batch import StampableRecords, check_stampable, stamp_checked_records
+from engine.formats.record.stamp_many import StampableRecords, check_stampable, stamp_checked_records
 from engine.log_walker import LogWindow, header_decoder, record_decoder
 from engine.mapped_file import Access, MappedFile, remove_file
 from engine.naming import commitlog_dir, segment_files
@@ -144,15 +144,15 @@ class CommitLog:
 
     def append_encoded(self, blob: bytearray, starts: np.ndarray, sizes: np.ndarray,
                        queue_offsets, store_ts_ms: int) -> np.ndarray:
-        """Append the records laid end to end in `blob` (record_batch.encode_records) after
-        checking each (record_batch.check_stampable: nothing is written if one is bad); returns
+        """Append the records laid end to end in `blob` (encode_many.encode_records) after
+        checking each (stamp_many.check_stampable: nothing is written if one is bad); returns
         their commit positions."""
         return self.append_stampable(check_stampable(blob, starts, sizes), queue_offsets, store_ts_ms)
 
     def append_stampable(self, records: StampableRecords, queue_offsets, store_ts_ms: int, *,
                          before_write: Callable[[np.ndarray], None] | None = None) -> np.ndarray:
         """append_encoded of records already checked: plan the runs (a run fits the rest of one
-        segment), stamp every record in `records.buf` (record_batch.stamp_checked_records), call
+        segment), stamp every record in `records.buf` (stamp_many.stamp_checked_records), call
         `before_write(positions)` once the positions are final, then write each run with one
         pwrite (MappedFile.write). The appender registers its waiting request in before_write, so
         a write that hangs on the disk cannot keep the request from its deadline. A DiskFullError

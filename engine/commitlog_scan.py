@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 from engine.errors import CorruptRecordError
 from engine.formats.record import Filler, Record, RecordHeader, Verify
-from engine.formats.record_scan import DispatchColumns, RecordSpans, columns_from_headers, decode_dispatch
+from engine.formats.record.dispatch_columns import DispatchColumns, columns_from_headers, decode_dispatch
+from engine.formats.record.spans import RecordSpans
 from engine.log_walker import UNWRITTEN_REASON, Decoder, LogWindow, Stop, run_decoder, step, step_run
 
 WindowSource = Callable[[int], LogWindow | None]  # the whole segment holding a position, or None

@@ -91,8 +91,8 @@ class ConsumeQueue:
         `budget` (shared by a table's queues), files beyond it are closed until used."""
         validate_topic(topic)
         check_queue_id(queue_id)
-        # no read-around: a reader's scan past the last entry would zero-fill the rest of the
-        # file at once (~18 ms per queue at each roll in a bar-4 consumer, all queues together)
+        # no read-around: a reader's scan past the last entry would zero-fill the reserved rest
+        # of the file at once (see docs/DECISIONS.md#read-ahead-own-page)
         segments = SegmentQueue.load(consume_queue_dir(root, topic, queue_id),
                                      entries_per_file * CQ_ENTRY_SIZE, access, ReadAhead.OWN_PAGE,
                                      budget)

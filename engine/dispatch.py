@@ -16,7 +16,7 @@ from engine.consume_queue_table import ConsumeQueueTable
 from engine.formats.index_file import index_key, shard_of
 from engine.formats.key_batch import index_key_values
 from engine.formats.record import TX_TYPE_MASK, RecordHeader, TxType
-from engine.formats.record_scan import DispatchColumns
+from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.shard_index import ShardIndex
 
 _NOT_CONSUMABLE = (TxType.PREPARED, TxType.ROLLBACK)
@@ -82,7 +82,7 @@ def dispatch_to_shard(shard: ShardIndex, header: RecordHeader, keys: Iterable[st
 
 
 # ---------------------------------------------------------------- many records at once
-# The same rules over DispatchColumns (engine.formats.record_scan), so a batch dispatch writes
+# The same rules over DispatchColumns (engine.formats.record.dispatch_columns), so a batch dispatch writes
 # the bytes the per-record functions above write for the same records.
 
 

@@ -92,6 +92,17 @@ class AcceptedDamageError(StoreError):
                               "again to record the damage anew")
 
 
+class DataLossError(StoreError):
+    """Commit positions a reader still had to read are gone (retention deleted their segments)."""
+
+    def __init__(self, lost_from_pos: int, lost_to_pos: int, *, path: str | None = None,
+                 hint: str | None = None):
+        self.lost_from_pos = lost_from_pos
+        self.lost_to_pos = lost_to_pos
+        super().__init__(f"commit positions [{lost_from_pos}, {lost_to_pos}) are no longer in the store "
+                         "(retention deleted their segments before they were read)", path=path, hint=hint)
+
+
 class CorruptConsumeQueueError(StoreError):
     """A consume queue is inconsistent (gap, bad entry); rebuild it from the commitlog."""
 

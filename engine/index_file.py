@@ -52,7 +52,7 @@ from engine.formats.index_file import (
     time_diff_s,
 )
 from engine.formats.java_hash import index_key_hash
-from engine.index_sync import ChangedRanges, TakenRanges
+from engine.index_changes import ChangedRanges, TakenRanges
 from engine.index_trim import heads_after_trim, kept_count
 from engine.mapped_file import DISK_FULL_ERRNOS, RESERVE_STEP_BYTES, Access, MappedFile, ReadAhead
 
@@ -353,7 +353,7 @@ class IndexFile:
             raise
 
     def take_dirty_ranges(self) -> TakenRanges | None:
-        """The byte ranges changed since the last sync or take (engine.index_sync.ChangedRanges),
+        """The byte ranges changed since the last sync or take (engine.index_changes.ChangedRanges),
         now counted as synced: the caller syncs them (`sync_range`, piece by piece) or gives them
         back with `untake`. None when nothing changed."""
         return None if self._wbuf is None else self._changes.take(self.index_count)

@@ -13,7 +13,7 @@ Bad bytes raise CorruptRecordError (OnBadBytes.RAISE), or are reported as a BadR
 walked past (OnBadBytes.RESYNC, see `resync`).
 
 Forms: `step` (one record, any decoder), `step_run` (a run of records checked together by the
-batch codec, engine.formats.record_scan), `walk` (record by record with the resync policy) and
+batch codec, engine.formats.record.spans), `walk` (record by record with the resync policy) and
 `hop_heads` (heads only: TOTALSIZE and magic, for planning splits). No I/O here: windows are
 given by a thin layer (engine.commitlog_scan and engine.log_walk over mapped segments,
 tools.spark.partitions over pread blocks).
@@ -46,7 +46,7 @@ from engine.formats.record import (
     decode_header,
     decode_record,
 )
-from engine.formats.record_scan import RecordSpans, find_starts, verify_spans
+from engine.formats.record.spans import RecordSpans, find_starts, verify_spans
 
 Decoder = Callable[[object, int, int], Record | RecordHeader | Filler]  # (buf, pos in buf, base_pos)
 Item = Record | RecordHeader | Filler

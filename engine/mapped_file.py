@@ -43,12 +43,10 @@ SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty 
 
 
 class ReadAhead(Enum):
-    """What a fault on a mapping reads. KERNEL: the kernel's read-around window (read_ahead_kb:
-    8 MiB on the VM of docs/BENCHMARKS.md), right for files read in order. OWN_PAGE
-    (MADV_RANDOM): the faulting page only, for a file with a reserved, not-yet-written tail,
-    which that window would zero-fill in one burst (~22 ms of system time in an index builder
-    every 8 MiB of entries, ~18 ms per queue in a consumer at each consume-queue file). The
-    price is a cold read of one page per fault (~25x slower over a whole cold file)."""
+    """What a fault on a mapping reads. KERNEL: the kernel's read-around window, right for files
+    read in order. OWN_PAGE (MADV_RANDOM): the faulting page only, for a file with a reserved,
+    not-yet-written tail, which that window would zero-fill in one burst; the price is a slow
+    cold read of a whole file (see docs/DECISIONS.md#read-ahead-own-page)."""
 
     KERNEL = "kernel"
     OWN_PAGE = "own page"
@@ -214,9 +212,9 @@ class MappedFile:
 
         A write into an unallocated page of a sparse mapped file on a full disk kills the process
         with SIGBUS; allocating first turns that into DiskFullError while nothing is written.
-        The pages are not brought into the page cache here: a WILLNEED over each new step (4 MiB of
-        zeros per consume queue at once) cost the dispatcher 30-70 ms steps; the writer's own
-        writes fill them a page at a time (docs/history/benchmark-passes.md).
+        The pages are not read ahead here: the writer's own writes fill them a page at a time,
+        where a WILLNEED would zero-fill a whole step inside a dispatcher step
+        (see docs/DECISIONS.md#reserve-blocks-ahead).
         """
         if end_file_pos <= self._reserved_until:
             return
@@ -232,15 +230,11 @@ class MappedFile:
         bytes before write_file_pos are kept.
 
         Unlike reserve() (posix_fallocate: unwritten extents), the fdatasync that later makes
-        records here durable finds allocated, written blocks and does not have to convert extents
-        in a journal commit: 1.8x faster syncs on ext4 here (docs/history/benchmark-passes.md).
-        The price is that these blocks are written twice. PostgreSQL zero-fills its WAL segments
-        for the same reason. The group commit's fdatasync (of the whole file) waits for whatever
-        zeros are in flight: 4 MiB ahead stalled it for 25 ms (the publish p99 at 50k msg/s doubled). A top-up
-        runs when a write passes the zeros' end and reaches ZERO_AHEAD_BYTES past the write,
-        rounded up to ZERO_STEP_BYTES: about 1.25 MiB each time, not one step (topping up a
-        step at a time measured the same at full and at fixed-rate load; neither did writing them
-        from a thread pay). DiskFullError when the disk has no room for
+        records here durable finds allocated, written blocks and converts no extents in a journal
+        commit; the blocks are written twice. The zeros ahead stay short, since the group commit's
+        fdatasync waits for those in flight (see docs/DECISIONS.md#zeros-ahead). A top-up runs
+        when a write passes the zeros' end and reaches ZERO_AHEAD_BYTES past the write, rounded
+        up to ZERO_STEP_BYTES. DiskFullError when the disk has no room for
         [write_file_pos, end_file_pos); the zeros beyond are best effort.
         """
         if end_file_pos <= self._reserved_until:
@@ -272,9 +266,9 @@ class MappedFile:
     def write(self, file_pos: int, data) -> None:
         """Write `data` at `file_pos` with pwrite (the mapping sees it: one page cache).
 
-        Not a copy into the mapping: a store into a mapped page can block for tens of ms in
-        the page fault (ext4 waits there for the journal or for writeback of that page), and
-        pwrite does not (docs/history/benchmark-passes.md, "mmap stalls"). Blocks must be reserved first."""
+        Not a copy into the mapping: a store into a mapped page can block in the page fault
+        (ext4 waits there for the journal or that page's writeback), and pwrite does not
+        (see docs/DECISIONS.md#pwrite-not-mapped-stores). Blocks must be reserved first."""
         with _disk_full_as_error(self.path, "write store file"):
             self._pwrite_all(data, file_pos)
 
@@ -345,9 +339,7 @@ class MappedFile:
         """Make [start_pos, end_pos) durable; errors are raised, not swallowed.
 
         fdatasync of the whole file, not msync of the range: CPython 3.11's mmap.flush keeps the
-        GIL during the msync, stopping every other thread (the appender) for the flush; both
-        writes (pwrite) and stores through the mapping sit in the one page cache that fdatasync
-        writes back, and the blocks are allocated ahead (reserve), so it costs no more.
+        GIL during the msync, stopping the appender thread (see docs/DECISIONS.md#sync-by-fdatasync).
         """
         if self.access is not Access.READ_WRITE:
             return

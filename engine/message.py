@@ -4,7 +4,7 @@ Shared by the in-process store and the co-located Producer so both refuse the sa
 with the same error before anything reaches the log. The column checks (`body_column`,
 `key_column`, `tags_text`) apply the same rules to a batch given as columns
 (Producer.send_columns), with one C-level pass per column instead of a call per message;
-its UNIQ_KEYs are one block (engine.formats.uniq_key.new_uniq_key_block, re-exported here).
+its UNIQ_KEYs are one block (engine.formats.uniq_key.new_uniq_key_block).
 """
 
 from __future__ import annotations
@@ -23,10 +23,7 @@ from engine.formats.properties import (
     PROP_WAIT,
     encode_properties,
 )
-from engine.formats.uniq_key import UNIQ_COUNTER_MASK as UNIQ_COUNTER_MASK  # re-exported (Producer, tests)
-from engine.formats.uniq_key import UniqKeyBlock as UniqKeyBlock
 from engine.formats.uniq_key import new_uniq_key
-from engine.formats.uniq_key import new_uniq_key_block as new_uniq_key_block
 from engine.naming import validate_topic
 
 RESERVED_PROPERTIES = frozenset({PROP_CRC32C, PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})

@@ -2,7 +2,7 @@
 
 A mapped file costs file descriptors: the writer's own (pwrite, fallocate, fdatasync) and the
 dup that Python's mmap keeps. A process holding every queue's file open ran out of them at
-about 250 topics of 4 queues under the common soft limit of 1,024 (issue 19, item 4). So:
+about 250 topics of 4 queues under the common soft limit of 1,024. So:
 
 - `raise_open_file_limit` lifts the soft RLIMIT_NOFILE to the hard limit at start (an
   unprivileged process may);
@@ -17,18 +17,22 @@ from __future__ import annotations
 import logging
 import resource
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from engine.errors import BadInputError
-
-if TYPE_CHECKING:
-    from engine.mapped_file import MappedFile
 
 DEFAULT_MAX_QUEUE_FILES = 4096  # consume-queue files one table keeps mapped (2 fds each when written)
 MIN_QUEUE_FILES = 16  # below this every step of a dispatch over a few queues would reopen files
 LIMIT_SHARE = 4  # queue files take at most 1/4 of the soft limit (x2 fds): half stays for the rest
 
 log = logging.getLogger(__name__)
+
+
+class Parkable(Protocol):
+    """A file the budget can close and its owner reopen on next access (engine.mapped_file.MappedFile);
+    a protocol, so the budget does not import the mapped file that holds it."""
+
+    def park(self) -> None: ...
 
 
 class OpenFileBudget:
@@ -39,9 +43,9 @@ class OpenFileBudget:
             raise BadInputError("max_files", f"{max_files!r} must be an int >= 1")
         self.max_files = max_files
         self.closed_count = 0  # files closed to stay within the budget (reopened on access)
-        self._open: OrderedDict[MappedFile, None] = OrderedDict()
+        self._open: OrderedDict[Parkable, None] = OrderedDict()
 
-    def opened(self, mapped: MappedFile) -> None:
+    def opened(self, mapped: Parkable) -> None:
         """`mapped` was just mapped: count it, closing the least recently used past the bound.
         A file that fails to close (its sync failed) is closed all the same and the error raised."""
         self._open[mapped] = None
@@ -51,11 +55,11 @@ class OpenFileBudget:
             self.closed_count += 1
             victim.park()
 
-    def touch(self, mapped: MappedFile) -> None:
+    def touch(self, mapped: Parkable) -> None:
         """`mapped` was used: it is now the most recently used."""
         self._open.move_to_end(mapped)
 
-    def forget(self, mapped: MappedFile) -> None:
+    def forget(self, mapped: Parkable) -> None:
         """`mapped` was closed for good (or parked): it no longer counts."""
         self._open.pop(mapped, None)
 

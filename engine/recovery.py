@@ -42,7 +42,7 @@ from engine.errors import (
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
-from engine.formats.record_scan import DispatchColumns
+from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.log_tail import data_segments_after, quarantine_tail, segment_base
 from engine.log_walk import is_zero_from
 from engine.mapped_file import Access
@@ -223,7 +223,7 @@ def refuse_damage_before_opening(root: Path, config: StoreConfig) -> None:
 
 
 def _unreadable_shards(root: Path, config: StoreConfig) -> list[int]:
-    """The index shards a writer's open would quarantine (engine.store.open_parts)."""
+    """The index shards a writer's open would quarantine (engine.store_open.open_parts)."""
     unreadable = []
     for shard_no in range(config.index_shards):
         try:

@@ -34,7 +34,7 @@ from engine.dispatch import consumable_rows, enters_consume_queue, queue_groups
 from engine.errors import BadInputError, CorruptRecordError
 from engine.formats.cq_entry import FILLER_SIZE_MARK
 from engine.formats.record import Record, Verify
-from engine.formats.record_scan import DispatchColumns
+from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.log_tail import log_chunks
 from engine.log_walk import walk_log
 from engine.log_walker import BadRegion, OnBadBytes, record_decoder, walk

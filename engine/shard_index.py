@@ -251,12 +251,10 @@ class ShardIndex:
 
     def begin_paced_sync(self, piece_bytes: int) -> None:
         """Start making what changed durable in pieces of at most `piece_bytes` (sync_piece),
-        so the disk gets a little at a time instead of every changed page in one fdatasync: the
-        slot table takes random writes, so a second's keys dirty nearly all of it (20 MB a
-        file), which stalled the commitlog's group commit behind it (measured in
-        docs/history/benchmark-passes.md). The durable position is processed_pos now: every key
-        below it is in the pages taken, and a piece synced later holds later keys too, which
-        recovery trims."""
+        so the disk gets a little at a time instead of every changed page in one sync, which
+        the commitlog's group commit would queue behind (see docs/DECISIONS.md#paced-index-sync).
+        The durable position is processed_pos now: every key below it is in the pages taken,
+        and a piece synced later holds later keys too, which recovery trims."""
         self._require_writable()
         if self._paced is not None:
             raise ValueError("a paced sync is already under way")

@@ -7,7 +7,6 @@ dispatcher process does, so both build identical files.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -16,15 +15,11 @@ from typing import NamedTuple
 
 from engine import retention
 from engine.checkpoint import write_checkpoint
-from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.consume_queue import Boundary
-from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns
-from engine.durable_line import pad_short_segments, refuse_short_segments
 from engine.errors import (
     BadInputError,
-    CorruptIndexError,
     DiskFullError,
     StoreClosedError,
 )
@@ -38,11 +33,11 @@ from engine.formats.record import (
     RECORD_FIXED_SIZE,
     Record,
     Verify,
-    new_uniq_keys,
     store_ts_at,
 )
-from engine.formats.record_batch import EncodedRecords, encode_records
-from engine.mapped_file import Access, disk_usage_ratio, ensure_dir, fsync_dir
+from engine.formats.record.encode_many import EncodedRecords, encode_records
+from engine.formats.uniq_key import new_uniq_keys
+from engine.mapped_file import disk_usage_ratio
 from engine.message import (
     Message,
     encode_message_properties,
@@ -50,35 +45,22 @@ from engine.message import (
     validate_body,
     validate_queue_id,
 )
-from engine.naming import QUARANTINE_DIR, index_shard_dir, validate_topic
-from engine.open_files import queue_file_budget
+from engine.naming import validate_topic
 from engine.record_reads import read_key_records, read_queue_records
 from engine.recovery import (
     RecoveryMode,
     RecoveryReport,
     StoreParts,
-    detect_shutdown,
-    recover,
-    refuse_damage_before_opening,
 )
-from engine.shard_index import ShardIndex
 from engine.status import GetResult, GetStatus, PutResult, PutStatus
 from engine.store_dir import (
-    StoreKind,
     StoreLock,
-    config_for_store,
-    create_store_dir,
-    inspect_store_dir,
     mark_clean_stop,
-    mark_running,
-    read_meta,
-    refuse_foreign_store,
 )
+from engine.store_open import Dispatch, close_parts, open_store
 
 DISK_CHECK_INTERVAL_MS = 1000
 _TOPIC_BYTES: dict[str, bytes] = {}  # validated topics, UTF-8
-
-log = logging.getLogger(__name__)
 
 
 def _topic_bytes(topic: str) -> bytes:
@@ -127,22 +109,9 @@ class MessageStore:
              recovery: RecoveryMode = RecoveryMode.ROUTINE,
              progress: Callable[[int, int], None] | None = None) -> MessageStore:
         """Open (creating if new) a store for writing; runs recovery before returning."""
-        root = Path(path)
-        config = config or StoreConfig()
-        kind = inspect_store_dir(root)
-        if kind is StoreKind.ROCKETMQ:
-            refuse_foreign_store(root, "MessageStore.open would write it")
-        meta = create_store_dir(root, config) if kind is StoreKind.NEW else read_meta(root)
-        config = config_for_store(meta, config)
-        lock = StoreLock.acquire(root)
-        try:
-            parts = open_for_recovery(root, config, recovery)
-            report = recover(parts, detect_shutdown(root), mode=recovery, progress=progress)
-            mark_running(root)
-        except BaseException:
-            lock.release()
-            raise
-        return cls(root, config, lock, parts, report)
+        opened = open_store(path, config or StoreConfig(), writer="MessageStore.open",
+                            dispatch=Dispatch.IN_PROCESS, recovery=recovery, progress=progress)
+        return cls(opened.root, opened.config, opened.lock, opened.parts, opened.report)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -385,63 +354,6 @@ class MessageStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def open_for_recovery(root: Path, config: StoreConfig, mode: RecoveryMode) -> StoreParts:
-    """The writable parts `recover` works on, opened only once the mode allows writing: a routine
-    recovery first refuses damage below the durable line on a read-only view; a rebuild or a
-    salvage first pads short segments with zeros (each logged at WARNING)."""
-    if mode is not RecoveryMode.ROUTINE:
-        for path, size_bytes in pad_short_segments(root, config.commitlog_file_size):
-            log.warning("extended short segment %s from %d bytes with zeros", path, size_bytes)
-    else:
-        refuse_damage_before_opening(root, config)
-    return open_parts(root, config, Access.READ_WRITE)
-
-
-def open_parts(root: Path, config: StoreConfig, access: Access) -> StoreParts:
-    """Open the commitlog, consume queues and index shards of a store.
-
-    A writer that finds an index shard it cannot read moves the shard aside to quarantine/
-    and starts it empty; recovery then rebuilds it from the commitlog (the index is derived).
-    A writer refuses a short commitlog segment (StoreCorruptError; a rebuild pads it first).
-    """
-    if access is Access.READ_WRITE:
-        refuse_short_segments(root, config.commitlog_file_size)
-    commitlog = CommitLog.open(root, config.commitlog_file_size, access)
-    queues = ConsumeQueueTable.load(root, config.consume_queue_entries, access,
-                                    queue_file_budget(config.max_open_queue_files))
-    shards, damaged = [], []
-    for n in range(config.index_shards):
-        try:
-            shards.append(open_shard(root, config, n, access))
-        except CorruptIndexError:
-            if access is not Access.READ_WRITE:
-                raise
-            quarantine_shard(root, n)
-            shards.append(open_shard(root, config, n, access))
-            damaged.append(n)
-    return StoreParts(Path(root), commitlog, queues, shards, damaged)
-
-
-def open_shard(root: Path, config: StoreConfig, shard: int, access: Access) -> ShardIndex:
-    return ShardIndex.load(root, shard, config.index_slot_count, config.index_entry_count, access)
-
-
-def quarantine_shard(root: Path, shard: int) -> Path:
-    """Move an unreadable index shard's directory aside (kept for inspection, never deleted)."""
-    target = ensure_dir(Path(root) / QUARANTINE_DIR) / f"index-{shard}.{_now_ms()}"
-    os.replace(index_shard_dir(root, shard), target)
-    fsync_dir(target.parent)
-    fsync_dir(index_shard_dir(root, shard).parent)
-    return target
-
-
-def close_parts(parts: StoreParts) -> None:
-    parts.commitlog.close()
-    parts.queues.close()
-    for shard in parts.shards:
-        shard.close()
 
 
 def _offset_status(offset: int, low: int, high: int) -> GetStatus | None:

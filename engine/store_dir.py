@@ -28,7 +28,6 @@ from engine.naming import (
 )
 from engine.owners import permission_hint
 
-ROCKETMQ_MARKERS = (COMMITLOG_DIR, CONSUMEQUEUE_DIR, CHECKPOINT_FILE)
 FOREIGN_STORE_HINT = ("mqstore reads it without writing a byte: `mqstore check --store DIR`, "
                       "`mqstore spark export|stats --store DIR`, or spark.read.format(\"mqstore\")")
 

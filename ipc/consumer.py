@@ -23,12 +23,13 @@ retention deleted the commitlog's first segment and skips the entries pointing b
 remains at once (ConsumeQueue.correct_min_offset, a binary search).
 
 `pull_columns` is the batch read (well under 1 us of consumer CPU per message): the records of a pull
-are gathered as numpy columns (engine.formats.record_view), bodies are views of the mapping and
+are gathered as numpy columns (engine.formats.record.view), bodies are views of the mapping and
 the checks against the entries run on whole arrays. It checks structure, not CRCs: the
 dispatcher scans at Verify.STRUCTURE too, so below `dispatched_pos` the checksums were checked
 only on the way in (the supervisor's request check verifies BODYCRC before the append, the store
 seals the CRC32C) and by recovery after a crash; a bit flipped on disk since then goes unseen
-unless the caller asks for Record objects (`ColumnsResult.records`, Verify.MQSTORE) or uses `pull`.
+unless the caller asks for Record objects (`ColumnsResult.records`, Verify.MQSTORE) or uses `pull`
+(see docs/DECISIONS.md#structure-checks-after-append).
 A caller reading many queues sweeps them with `pull_columns` and, when a sweep found nothing,
 sleeps in `wait_for_more(bound)` with the `dispatched_pos` it read before the sweep.
 
@@ -67,7 +68,7 @@ from engine.errors import (
     ServiceNotAvailableError,
 )
 from engine.formats.record import Record, Verify, decode_record
-from engine.formats.record_view import RecordView, entry_mismatches, gather_records
+from engine.formats.record.view import RecordView, entry_mismatches, gather_records
 from engine.mapped_file import Access
 from engine.message import validate_queue_id
 from engine.naming import validate_topic
@@ -207,7 +208,7 @@ class Consumer:
         if queue is None:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, next_offset=offset or 0)
         queue.refresh()
-        high = _visible_max(queue, bound)
+        high = visible_max(queue, bound)
         low = queue.correct_min_offset(self._log_min_pos(), high)
         if offset is None:
             offset = low
@@ -476,7 +477,7 @@ class Consumer:
         self.close()
 
 
-def _visible_max(queue: ConsumeQueue, bound: int) -> int:
+def visible_max(queue: ConsumeQueue, bound: int) -> int:
     """The end of the queue as far as records below `bound` (the dispatched position) go."""
     high = queue.max_offset
     if queue.max_commit_end <= bound:

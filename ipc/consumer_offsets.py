@@ -1,7 +1,10 @@
 """Committed consumer offsets: <store>/config/consumerOffset.json in RocketMQ's layout.
 
-    {"offsetTable": {"<topic>@<group>": {"<queueId>": <next queue offset>, ...}, ...}}
+    {"offsetTable": {"<topic>@<group>": {"<queueId>": <next queue offset>, ...}, ...},
+     "commitTimeTable": {"<topic>@<group>": {"<queueId>": <last commit, ms since epoch>, ...}, ...}}
 
+`commitTimeTable` is mqstore's (operators read a group's last commit time from it); RocketMQ's
+reader ignores keys it does not know, and a RocketMQ-written file without it reads as "never".
 RocketMQ's fastjson writes the queue ids as bare integers ({0:250}), which is not JSON; the
 reader accepts both, the writer writes strict JSON. A commit is a read-modify-write under an
 flock on `consumerOffset.json.lock`, so consumers in several processes never lose each other's
@@ -15,6 +18,7 @@ import fcntl
 import json
 import os
 import re
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +28,7 @@ from engine.mapped_file import ensure_dir, write_file_atomically
 from engine.naming import BACKUP_SUFFIX, CONFIG_DIR, CONSUMER_OFFSET_FILE, validate_topic
 
 OffsetTable = dict[str, dict[int, int]]
+CommitTimes = dict[str, dict[int, int]]  # same keys as OffsetTable; values are ms since epoch
 GROUP_MAX_BYTES = 255
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_%|-]+$")
 LOCK_SUFFIX = ".lock"
@@ -79,25 +84,40 @@ def _quote_bare_integer_keys(text: str) -> str:
 
 def parse_offset_table(text: str) -> OffsetTable:
     """Decode the file's text leniently (bare integer keys allowed); raise ValueError if garbled."""
+    return parse_offset_document(text)[0]
+
+
+def parse_offset_document(text: str) -> tuple[OffsetTable, CommitTimes]:
+    """The offsets and the commit times of the file's text; raise ValueError if garbled."""
     data = json.loads(_quote_bare_integer_keys(text))
     if not isinstance(data, dict):
         raise ValueError("top level is not an object")
-    raw = data.get("offsetTable", {})
+    return _int_table(data, "offsetTable"), _int_table(data, "commitTimeTable")
+
+
+def _int_table(data: dict, name: str) -> dict[str, dict[int, int]]:
+    raw = data.get(name, {})
     if not isinstance(raw, dict):
-        raise ValueError("offsetTable is not an object")
-    table: OffsetTable = {}
+        raise ValueError(f"{name} is not an object")
+    table: dict[str, dict[int, int]] = {}
     for key, queues in raw.items():
         if not isinstance(queues, dict):
-            raise ValueError(f"offsets of {key!r} are not an object")
-        table[key] = {int(qid): int(offset) for qid, offset in queues.items()}
+            raise ValueError(f"{name} entry {key!r} is not an object")
+        table[key] = {int(qid): int(value) for qid, value in queues.items()}
     return table
 
 
-def encode_offset_table(table: Mapping[str, Mapping[int, int]]) -> bytes:
+def encode_offset_table(table: Mapping[str, Mapping[int, int]],
+                        commit_times: Mapping[str, Mapping[int, int]] | None = None) -> bytes:
     """Strict JSON, keys sorted, queue ids as strings (what RocketMQ's reader also accepts)."""
-    body = {key: {str(qid): int(off) for qid, off in sorted(queues.items())}
-            for key, queues in sorted(table.items())}
-    return (json.dumps({"offsetTable": body}, indent=2) + "\n").encode()
+    def body(rows: Mapping[str, Mapping[int, int]]) -> dict:
+        return {key: {str(qid): int(v) for qid, v in sorted(queues.items())}
+                for key, queues in sorted(rows.items())}
+
+    document = {"offsetTable": body(table)}
+    if commit_times:
+        document["commitTimeTable"] = body(commit_times)
+    return (json.dumps(document, indent=2) + "\n").encode()
 
 
 class ConsumerOffsets:
@@ -108,10 +128,15 @@ class ConsumerOffsets:
 
     def load(self) -> OffsetTable:
         """The whole table ({} when no file exists); falls back to `.bak` if the primary is bad."""
+        return self.load_with_times()[0]
+
+    def load_with_times(self) -> tuple[OffsetTable, CommitTimes]:
+        """The table and when each queue was last committed ({} for a queue never committed
+        by mqstore); falls back to `.bak` as `load` does."""
         problems = []
         for path in (self.path, self.path.with_name(self.path.name + BACKUP_SUFFIX)):
             try:
-                return parse_offset_table(path.read_text(encoding="utf-8"))
+                return parse_offset_document(path.read_text(encoding="utf-8"))
             except FileNotFoundError:
                 continue
             except (ValueError, UnicodeDecodeError) as exc:
@@ -119,7 +144,7 @@ class ConsumerOffsets:
         if problems:
             raise StoreError("consumer offsets unreadable: " + "; ".join(problems),
                              path=str(self.path), hint="fix or remove the file to start over")
-        return {}
+        return {}, {}
 
     def get(self, topic: str, group: str, queue_id: int) -> int | None:
         """The committed next offset of one queue, or None when the group never committed it."""
@@ -138,10 +163,13 @@ class ConsumerOffsets:
                 raise BadInputError("offset", f"{offset!r} is not a non-negative int")
             checked[(table_key(topic, group), queue_id)] = offset
         with self._locked():
-            table = self.load()
+            table, times = self.load_with_times()
+            now_ms = time.time_ns() // 1_000_000
             for (key, queue_id), offset in checked.items():
                 table.setdefault(key, {})[queue_id] = offset
-            write_file_atomically(self.path, encode_offset_table(table), backup_suffix=BACKUP_SUFFIX)
+                times.setdefault(key, {})[queue_id] = now_ms
+            write_file_atomically(self.path, encode_offset_table(table, times),
+                                  backup_suffix=BACKUP_SUFFIX)
             backup = self.path.with_name(self.path.name + BACKUP_SUFFIX)
             if backup.exists():  # the backup copy is made with the process umask: owner-only
                 os.chmod(backup, 0o600)

@@ -1,6 +1,6 @@
 """The control block: one shared region per running store with positions and process slots.
 
-Region kind 'ctl', layout version 2, 12800 bytes, all little-endian, every group 64-byte aligned
+Region kind 'ctl', layout version 3, 12864 bytes, all little-endian, every group 64-byte aligned
 (one cache line per writer). Each seqlocked group = 8-byte seq word + payload (see seqlock.py).
 
     offset  size  what                       fields                                   writer
@@ -24,8 +24,12 @@ Region kind 'ctl', layout version 2, 12800 bytes, all little-endian, every group
     8576    64    clean request              manual_requested i64 (one aligned word)    `mqstore clean`
     8640    64    dispatcher retention       clean_pos, files_removed (i64)             dispatcher
     8704    64x64 shard retention i          clean_pos, files_removed (i64)             builder i
+    12800   64    put status group (seqlock) answers per PutStatus 1..7 (i64 each:    supervisor
+                                             FLUSH_DISK_TIMEOUT .. UNKNOWN_ERROR)
 
-Version 2 added the retention area (ipc/retention_block.py reads and writes it).
+Version 2 added the retention area (ipc/retention_block.py reads and writes it); version 3 the
+put status group, counted only where a put fails, so a PUT_OK costs nothing more (its count
+is appended_msgs less the FLUSH_DISK_TIMEOUT answers, which were appended too).
 
 The magic is written last at create, so an attacher never sees a half-initialised header.
 Process slots: 0 = supervisor, 1 = dispatcher, 2 + i = index builder of shard i.
@@ -39,17 +43,18 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 
 from engine.config import FlushPolicy
 from engine.errors import FormatVersionError, ServiceNotAvailableError, StoreError
+from engine.status import PutStatus
 from ipc import seqlock
 from ipc.shm import SharedRegion, region_name, unlink_stale
 
 MAGIC = b"MQSTCTL1"
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 REGION_KIND = "ctl"
 MAX_SHARDS = 64
 PROCESS_SLOT_COUNT = 2 + MAX_SHARDS
@@ -66,6 +71,7 @@ I64_WORD = struct.Struct("<q")
 SUPERVISOR_GROUP = struct.Struct("<6q")
 DISPATCHER_GROUP = struct.Struct("<3q")
 SHARD_GROUP = struct.Struct("<2q")
+PUT_STATUS_GROUP = struct.Struct("<7q")  # PutStatus 1..7; PUT_OK (0) is derived, see above
 SLOT_IDENTITY = struct.Struct("<iIiIqI4x")
 SLOT_SIZE = 64
 
@@ -76,7 +82,8 @@ SHARD_GROUPS_OFFSET = DISPATCHER_GROUP_OFFSET + GROUP_SIZE
 PROCESS_SLOTS_OFFSET = SHARD_GROUPS_OFFSET + MAX_SHARDS * GROUP_SIZE
 RETENTION_AREA_OFFSET = PROCESS_SLOTS_OFFSET + PROCESS_SLOT_COUNT * SLOT_SIZE
 RETENTION_AREA_SIZE = (3 + MAX_SHARDS) * GROUP_SIZE  # supervisor, request, dispatcher, shards
-TOTAL_SIZE = RETENTION_AREA_OFFSET + RETENTION_AREA_SIZE
+PUT_STATUS_GROUP_OFFSET = RETENTION_AREA_OFFSET + RETENTION_AREA_SIZE
+TOTAL_SIZE = PUT_STATUS_GROUP_OFFSET + GROUP_SIZE
 SLOT_STATE_OFFSET = seqlock.SEQ_SIZE + SLOT_IDENTITY.size
 SLOT_HEARTBEAT_OFFSET = SLOT_STATE_OFFSET + 8
 
@@ -86,9 +93,9 @@ HEADER_STATE_OFFSET = struct.calcsize("<" + "".join(
 
 assert HEADER.size <= HEADER_SIZE
 assert max(seqlock.seqlock_size(g) for g in (SUPERVISOR_GROUP, DISPATCHER_GROUP,
-                                             SHARD_GROUP)) <= GROUP_SIZE
+                                             SHARD_GROUP, PUT_STATUS_GROUP)) <= GROUP_SIZE
 assert SLOT_HEARTBEAT_OFFSET + I64_WORD.size <= SLOT_SIZE and SLOT_HEARTBEAT_OFFSET % 8 == 0
-assert (TOTAL_SIZE, HEADER_STATE_OFFSET, SLOT_STATE_OFFSET) == (12800, 24, 40)
+assert (TOTAL_SIZE, HEADER_STATE_OFFSET, SLOT_STATE_OFFSET) == (12864, 24, 40)
 
 
 StoreState = IntEnum("StoreState", "STARTING READY STOPPING STOPPED FAILED")  # 1..5
@@ -349,6 +356,26 @@ class ControlBlock:
             shard_durable_pos=tuple(s[1] for s in shards),
             appended_msgs=sup[2], flush_count=sup[3], last_flush_latency_ns=sup[4],
             last_flush_bytes=sup[5], dispatched_msgs=dis[2])
+
+    # -- put statuses ----------------------------------------------------------------------------
+    def count_put_statuses(self, counts: Mapping[PutStatus, int]) -> None:
+        """Add failed puts' answers by status (not PUT_OK, which appended_msgs counts)."""
+        if PutStatus.PUT_OK in counts:
+            raise ValueError("PUT_OK is counted by appended_msgs, not here")
+
+        def update(old: tuple) -> tuple:
+            new = list(old)
+            for status, count in counts.items():
+                new[PutStatus(status) - 1] += count
+            return tuple(new)
+        self._update(PUT_STATUS_GROUP_OFFSET, PUT_STATUS_GROUP, update)
+
+    def put_status_counts(self) -> dict[PutStatus, int]:
+        """Answers per PutStatus since the supervisor started, PUT_OK included."""
+        counts = self._read(PUT_STATUS_GROUP_OFFSET, PUT_STATUS_GROUP)
+        appended = self._read(SUPERVISOR_GROUP_OFFSET, SUPERVISOR_GROUP)[2]
+        failed = {PutStatus(i + 1): count for i, count in enumerate(counts)}
+        return {PutStatus.PUT_OK: appended - failed[PutStatus.FLUSH_DISK_TIMEOUT], **failed}
 
     # -- process slots ---------------------------------------------------------------------------
     def claim_process_slot(self, index: int, role: Role, shard: int, pid: int) -> None:

@@ -7,7 +7,7 @@ key_hash, commit_pos and store_ts_ms (what ShardIndex.put_hashes takes). One sin
 single-consumer ring per shard; the writer never waits: a full ring is overwritten and the
 reader detects it. Nothing depends on the ring for correctness: a block is a fact about the
 commitlog range it names, and the index builder falls back to scanning the commitlog for any
-range the ring cannot give it (workers/index_builder.py).
+range the ring cannot give it (workers/index_builder.py). See docs/DECISIONS.md#key-ring.
 
 Region kind 'keyring' (mode 0o600), created by the first dispatcher, adopted by a restarted
 one, removed by the dispatcher that stops (or by a builder that stops after the dispatcher

@@ -10,7 +10,7 @@
 
 The producer validates and encodes every record itself (engine.message's rules, the properties
 through encode_message_properties, the records many at a time with
-engine.formats.record_batch.encode_records, byte-identical to record.encode_record), so bad
+engine.formats.record.encode_many.encode_records, byte-identical to record.encode_record), so bad
 input gets its status (MESSAGE_ILLEGAL, PROPERTIES_SIZE_EXCEEDED, with the reason) without a
 round trip, and the supervisor only checks, stamps and copies. Records travel as bytes in the
 producer's mailbox slot; results come back in the slot's numpy results array. Nothing is
@@ -18,7 +18,7 @@ pickled.
 
 `send_columns` is the batch call for many messages of one topic given as columns (bodies, one
 key each, one tags): no Message and no PutResult per message. It checks the columns as a whole
-(BadInputError for the call, nothing sent), encodes with engine.formats.record_columns
+(BadInputError for the call, nothing sent), encodes with engine.formats.record.encode_many
 (byte-identical records) and answers with an ipc.batch_result.BatchResult, numpy columns that
 build PutResults only when asked. `send_batch` takes that path when its messages fit it (one
 topic and tags, at most one key each, no user properties, WAIT) and the message-by-message path
@@ -72,14 +72,13 @@ from engine.errors import (
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.msg_id import make_msg_id
 from engine.formats.record import MAX_PROPERTIES_BYTES, RECORD_FIXED_SIZE
-from engine.formats.record_batch import EncodedRecords, encode_records
-from engine.formats.record_columns import encode_columns
+from engine.formats.record.encode_many import EncodedRecords, encode_columns, encode_records
+from engine.formats.uniq_key import new_uniq_key_block
 from engine.message import (
     Message,
     body_column,
     encode_message_properties,
     key_column,
-    new_uniq_key_block,
     queue_id_column,
     tags_text,
     validate_body,

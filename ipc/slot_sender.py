@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 
 from engine.errors import ServiceNotAvailableError, StoreClosedError, StoreError
-from engine.formats.record_batch import EncodedRecords
+from engine.formats.record.encode_many import EncodedRecords
 from engine.status import PutStatus
 from ipc.batch_result import failed_rows
 from ipc.control_block import ControlBlock, StoreState
@@ -53,8 +53,8 @@ MAX_RESENDS = 3  # a request the store refused while stopping, sent again to the
 class Pending:
     """Encoded records of one send call waiting in the local queue, and where results go.
 
-    Records lie end to end in `blob` from its start (record_batch.encode_records,
-    record_columns.encode_columns); `deliver(where, rows, reason)` receives the answer rows of a
+    Records lie end to end in `blob` from its start (encode_many.encode_records,
+    encode_many.encode_columns); `deliver(where, rows, reason)` receives the answer rows of a
     run of them at once, `where` being their places in the caller's batch: slice(first, end),
     or `indexes[first:end]` when some messages of the batch were refused before encoding."""
 

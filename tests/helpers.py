@@ -26,7 +26,8 @@ from engine.formats.cq_entry import CQ_ENTRY_SIZE
 from engine.naming import LOCK_FILE, commitlog_dir, consume_queue_dir, is_segment_name, offset_to_name
 from engine.recovery import RecoveryMode
 from engine.status import GetStatus
-from engine.store import MessageStore, close_parts
+from engine.store import MessageStore
+from engine.store_open import close_parts
 
 SEGMENT_BYTES = 4096
 TOPIC = "T"

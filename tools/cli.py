@@ -1,11 +1,13 @@
 """The `mqstore` command line: thin commands over engine, ipc and workers.
 
     mqstore start [--store DIR] [--config FILE.toml] [--index-shards N] [--flush sync|async] [--detach]
-    mqstore stop | status [--json] | send | consume [--follow] | query | clean | check | recover
+    mqstore stop | status [--json] [--watch] | send | consume [--follow] | query | clean | check | recover
+    mqstore topics | groups | lag [--group G] | exporter [--listen HOST:PORT]   (tools.ops_commands)
     mqstore bench | torture | spark      (delegated to tools.bench, tools.torture, tools.spark)
 
-Every command takes --store (default ./data). Errors are one line on stderr (no traceback) with
-the exit codes listed in `mqstore --help`. Logs go to stderr and to <store>/mqstore.log.
+Every command takes --store (default ./data) and --log-level. Errors are one line on stderr (no
+traceback) with the exit codes listed in `mqstore --help`. Logs go to stderr and to
+<store>/mqstore.log.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ from engine.errors import (
     StorePermissionError,
 )
 from engine.owners import refuse_unsafe_parents
-from tools import client_commands, retention_commands
+from tools import client_commands, ops_commands, retention_commands
 from tools.logging_setup import setup_logging
+from workers.child_env import child_env
 from workers.exit_codes import CliExit, cli_epilog
 from workers.fatal_log import last_error, log_fatal_signals
+from workers.log_level import LOG_LEVEL_ENV, LOG_LEVEL_NAMES
 
 DEFAULT_STORE = "data"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DETACH_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 120.0
 
@@ -139,9 +142,7 @@ def _start_detached(args: argparse.Namespace, root: Path) -> int:
         argv += ["--index-shards", str(args.index_shards)]
     if args.flush is not None:
         argv += ["--flush", args.flush]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(argv, pass_fds=(write_fd,), start_new_session=True, env=env,
+    proc = subprocess.Popen(argv, pass_fds=(write_fd,), start_new_session=True, env=child_env(),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     os.close(write_fd)
@@ -194,6 +195,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from workers.status_report import collect_status, render_status
 
+    if args.watch:
+        return ops_commands.watch_status(args)
     status = collect_status(args.store)
     print(json.dumps(status, indent=2) if args.json else render_status(status))
     return CliExit.OK if status["running"] else CliExit.NOT_RUNNING
@@ -201,9 +204,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------- offline
 def cmd_check(args: argparse.Namespace) -> int:
-    from engine.check import check_summary, findings_to_json
+    from engine.check import check_summary
+    from engine.check_findings import findings_to_json
 
-    summary = check_summary(Path(args.store))
+    progress = None if args.json else progress_printer("checked")
+    summary = check_summary(Path(args.store), progress=progress)
     findings = list(summary.findings)
     def line(data: dict) -> str:
         return "  ".join(f"{k}={v}" for k, v in data.items() if v not in (None, ""))
@@ -220,16 +225,15 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from engine.recovery import RecoveryMode, detect_shutdown, recover
-    from engine.store import close_parts, open_for_recovery
+    from engine.recovery import RecoveryMode
     from engine.store_dir import (
         StoreKind,
-        StoreLock,
         config_for_store,
         inspect_store_dir,
         mark_clean_stop,
         refuse_foreign_store,
     )
+    from engine.store_open import Dispatch, open_store
     from tools.start_settings import load_settings
     from workers.shared_state import cleanup_stale
 
@@ -243,27 +247,32 @@ def cmd_recover(args: argparse.Namespace) -> int:
         refuse_foreign_store(root, "recover never writes it")
     config, _ = load_settings(args)
     config = config_for_store(refuse_changes_to(root, args), config)
-    lock = StoreLock.acquire(root)  # refuses while a supervisor runs
+    # the store's own open sequence; a dead supervisor's shared memory goes with its recovery
+    opened = open_store(root, config, writer="recover", dispatch=Dispatch.CHILD_PROCESSES,
+                        recovery=RecoveryMode(args.mode),
+                        progress=None if args.json else progress_printer("scanned"),
+                        after_lock=lambda: cleanup_stale(root))
     try:
-        cleanup_stale(root)  # a dead supervisor's shared memory goes with its recovery
-        mode = RecoveryMode(args.mode)
-        parts = open_for_recovery(root, config, mode)
-        try:
-            last = [0.0]
-
-            def progress(done: int, total: int) -> None:
-                if time.monotonic() - last[0] >= 1.0 and not args.json:
-                    last[0] = time.monotonic()
-                    print(f"  scanned {done >> 20} of {max(total, 1) >> 20} MiB", file=sys.stderr)
-
-            report = recover(parts, detect_shutdown(root), mode=mode, progress=progress)
-        finally:
-            close_parts(parts)
+        opened.commitlog.close()
         mark_clean_stop(root)
     finally:
-        lock.release()
+        opened.lock.release()
+    report = opened.report
     print(json.dumps(report.to_dict(), indent=2) if args.json else "\n".join(report.summary_lines()))
     return CliExit.OK
+
+
+def progress_printer(verb: str):
+    """A progress callback (done, total bytes) printing to stderr at most once a second, and
+    once at the end: stdout stays the command's result."""
+    last_s = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        if time.monotonic() - last_s[0] >= 1.0 or done >= total:
+            last_s[0] = time.monotonic()
+            print(f"  {verb} {done / 2**20:.1f} of {total / 2**20:.1f} MiB", file=sys.stderr, flush=True)
+
+    return progress
 
 
 # ---------------------------------------------------------------------------------- parser
@@ -278,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=cli_epilog(),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--store", default=DEFAULT_STORE, help="store directory (default ./data)")
+        p.add_argument("--log-level", type=str.upper, choices=LOG_LEVEL_NAMES,
+                       help="log level of this command and, for start, of its children "
+                       "(default INFO for start, WARNING otherwise)")
         p.set_defaults(func=func)
         return p
 
@@ -297,9 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("status", "processes, positions, lags and rates of a running store", cmd_status)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--watch", action="store_true", help="refresh every second until Ctrl-C "
+                   "(with --json: one JSON object per line)")
 
     client_commands.add_parsers(command)
     retention_commands.add_parsers(command)
+    ops_commands.add_parsers(command)
 
     p = command("check", "verify a store offline (engine.check); exit 1 on findings", cmd_check)
     p.add_argument("--json", action="store_true")
@@ -332,8 +347,10 @@ DELEGATED = {
     "bench": "load-test a store with producer and consumer processes (`mqstore bench --help`)",
     "torture": "kill rounds and fault injection against a ledger (`mqstore torture --help`)",
     "spark": "Spark jobs over store files (needs pyspark; `mqstore spark --help`)",
+    "console": "serve a read-only web console of a store (`mqstore console --help`)",
 }
-DELEGATE_MODULES = {"bench": "tools.bench", "torture": "tools.torture.cli", "spark": "tools.spark.cli"}
+DELEGATE_MODULES = {"bench": "tools.bench.cli", "torture": "tools.torture.cli", "spark": "tools.spark.cli",
+                    "console": "tools.console.cli"}
 
 
 def run_delegated(name: str, argv: list[str]) -> int:
@@ -363,12 +380,41 @@ def permission_words(exc: PermissionError) -> str:
     return f"{exc.strerror or 'permission denied'}: {exc.filename} ({permission_hint(exc.filename)})"
 
 
+def take_log_level(argv: list[str]) -> list[str]:
+    """A delegated command's argv without `--log-level LEVEL`, whose level goes to the
+    environment (the delegated parsers do not know the option)."""
+    rest, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--log-level" or arg.startswith("--log-level="):
+            value = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            i += 1 if "=" in arg else 2
+            use_log_level(value)
+            continue
+        rest.append(arg)
+        i += 1
+    return rest
+
+
+def use_log_level(name: str | None) -> None:
+    """Put the asked level in the environment: this process's logging and its children read it."""
+    if name is None:
+        return
+    if name.upper() not in LOG_LEVEL_NAMES:
+        raise CliError(f"--log-level {name!r} is not one of {', '.join(LOG_LEVEL_NAMES)}",
+                       CliExit.BAD_INPUT)
+    os.environ[LOG_LEVEL_ENV] = name.upper()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv and argv[0] in DELEGATED:
-            return run_delegated(argv[0], argv[1:])
+            rest = take_log_level(argv[1:])
+            setup_logging("cli", None, level=logging.WARNING)
+            return run_delegated(argv[0], rest)
         args = build_parser().parse_args(argv)
+        use_log_level(args.log_level)
         if args.command not in ("start",):
             setup_logging("cli", None, level=logging.WARNING)
         return int(args.func(args))

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from engine.naming import LOG_FILE
+from workers.log_level import env_log_level
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(role)s[%(process)d] %(name)s: %(message)s"
 STDERR_FORMAT = "%(asctime)s %(levelname)-7s %(role)s[%(process)d] %(message)s"
@@ -34,13 +35,14 @@ def setup_logging(role: str, store_dir: str | Path | None = None, *, level: int 
                   rotate: bool = False, to_stderr: bool = True) -> None:
     """Route the root logger to stderr and, when the store directory exists, to its log file.
 
+    `level` applies unless the environment names one (MQSTORE_LOG_LEVEL, set by `--log-level`).
     `rotate` is for the supervisor only: children must not rotate a file others write.
     """
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
         handler.close()
-    root.setLevel(level)
+    root.setLevel(env_log_level(level))
     role_filter = _RoleFilter(role)
     if to_stderr:
         stream = logging.StreamHandler(sys.stderr)

@@ -1,4 +1,4 @@
-"""`mqstore clean`: one retention pass on demand (issue 20, item 1).
+"""`mqstore clean`: one retention pass on demand.
 
 With a supervisor running, the command asks it (the request word of the control block's
 retention area, ipc/retention_block.py) and waits for the pass and for every child to clean up

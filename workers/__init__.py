@@ -11,21 +11,6 @@
     child.py           the child-process base: heartbeat, orphan check, signals
     dispatcher.py      the dispatcher process (consume queues)
     index_builder.py   an index-builder process (one shard)
+    step_window.py     how much commitlog a child works through per step (MAX_STEP_BYTES)
     status_report.py   `mqstore status`
 """
-
-from workers.exit_codes import NO_RESTART, CliExit, ExitCode
-from workers.restart_policy import RestartPolicy, RestartSettings
-
-
-def __getattr__(name: str):
-    """Supervisor and SupervisorSettings load lazily: children and the CLI's client commands
-    import this package for exit codes and should not pay for the supervisor's imports."""
-    if name in ("Supervisor", "SupervisorSettings"):
-        from workers import supervisor
-
-        return getattr(supervisor, name)
-    raise AttributeError(f"module 'workers' has no attribute {name!r}")
-
-__all__ = ["NO_RESTART", "CliExit", "ExitCode", "RestartPolicy", "RestartSettings", "Supervisor",
-           "SupervisorSettings"]

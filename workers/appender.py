@@ -108,8 +108,6 @@ class Appender:
         self._disk_full = False
         self._copy_buf = bytearray()  # holds each request's private copy in turn (_private_copy)
         self.appended_msgs = 0
-        self.illegal_msgs = 0
-        self.timeouts = 0
         self.write_error: OSError | StoreError | None = None  # a failed commitlog write stops the store
 
     @property
@@ -167,6 +165,7 @@ class Appender:
                 results = np.zeros(request.count, dtype=RESULT_DTYPE)
                 results["status"] = status
                 self.server.complete(request.slot_index, request.seq, results)
+                self._count_failed(status, request.count)
         appended = self._serve(admitted) if admitted else 0
         if appended:
             self.appended_msgs += appended
@@ -215,7 +214,7 @@ class Appender:
     def _private_copy(self, pieces: list[memoryview]) -> memoryview:
         """The requests' records copied out of their slots, back to back, so a producer cannot
         change a record between its check and its append. The buffer is kept across sweeps: a
-        new one each time (4 MiB at 64 KiB bodies) cost more in page faults than the copy."""
+        new one each time costs more in page faults than the copy (docs/DECISIONS.md#checksums-on-views)."""
         total = sum(len(piece) for piece in pieces)
         if len(self._copy_buf) < total:
             self._copy_buf = bytearray(total)
@@ -234,14 +233,14 @@ class Appender:
             log.warning("slot %d (pid %d): malformed request: %s", request.slot_index,
                         request.owner_pid, exc)
             results["status"] = PutStatus.MESSAGE_ILLEGAL
-            self.illegal_msgs += request.count
+            self._count_failed(PutStatus.MESSAGE_ILLEGAL, request.count)
             return None
         for i, reason in checked.reasons.items():
             log.warning("slot %d (pid %d): record %d refused: %s", request.slot_index,
                         request.owner_pid, i, reason)
         if checked.reasons:
             results["status"][~checked.ok] = PutStatus.MESSAGE_ILLEGAL
-            self.illegal_msgs += len(checked.reasons)
+            self._count_failed(PutStatus.MESSAGE_ILLEGAL, len(checked.reasons))
         return checked
 
     def _append(self, data: memoryview, batch: list[_Served]) -> int:
@@ -297,9 +296,13 @@ class Appender:
                 waiting = self._waiting.get(served.request.slot_index)
                 if waiting is not None and waiting.seq == served.request.seq:
                     del self._waiting[served.request.slot_index]
+        failed = 0
         for served in batch:
+            rows = served.results["status"][served.good]
+            failed += len(rows)
             served.results["status"][served.good] = status
             served.stored = 0
+        self._count_failed(status, failed)
         return 0
 
     def answer_flushed(self) -> None:
@@ -319,15 +322,21 @@ class Appender:
                     stored = waiting.results["status"] == PutStatus.PUT_OK
                     waiting.results["status"][stored] = PutStatus.FLUSH_DISK_TIMEOUT
                     timed_out.append(slot_index)
+                    self._count_failed(PutStatus.FLUSH_DISK_TIMEOUT, int(stored.sum()))
                 else:
                     continue
                 del self._waiting[slot_index]
                 self.server.complete(slot_index, waiting.seq, waiting.results)
         if timed_out:
-            self.timeouts += len(timed_out)
             log.warning("flush did not reach the records of %d request(s) within %d ms: "
                         "FLUSH_DISK_TIMEOUT (slots %s)", len(timed_out),
                         self.config.sync_flush_timeout_ms, timed_out)
+
+    def _count_failed(self, status: PutStatus, count: int) -> None:
+        """Publish `count` answers of a failed status (a PUT_OK is counted by appended_msgs: the
+        common path publishes nothing more)."""
+        if count:
+            self.group_commit.ctl.count_put_statuses({status: count})
 
     def _is_disk_full(self) -> bool:
         now = time.monotonic()

@@ -49,9 +49,9 @@ from ipc.shm import region_name
 from ipc.wakeup import Wakeup
 from workers.exit_codes import ExitCode
 from workers.fatal_log import log_fatal_signals
+from workers.log_level import env_log_level
 
 HEARTBEAT_INTERVAL_S = 0.1
-MAX_STEP_BYTES = 16 * 1024 * 1024  # bounded work per step keeps the heartbeat fresh
 DISK_FULL_FIRST_RETRY_S = 0.05
 DISK_FULL_MAX_RETRY_S = 1.0
 CORRUPTION = (CorruptRecordError, CorruptConsumeQueueError, CorruptIndexError)
@@ -258,7 +258,7 @@ def setup_child_logging(role: str, store_dir: Path) -> None:
     """stderr (the supervisor's) plus the store's log file, which the supervisor rotates: a
     WatchedFileHandler reopens it after a rotation. Same line format as tools.logging_setup."""
     root = logging.getLogger()
-    root.setLevel(logging.INFO)
+    root.setLevel(env_log_level(logging.INFO))  # `mqstore start --log-level` reaches children
     stderr = logging.StreamHandler(sys.stderr)
     stderr.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)-7s {role}[%(process)d] "
                                           "%(message)s", "%H:%M:%S"))

@@ -22,11 +22,11 @@ from engine.config import StoreConfig
 from ipc.control_block import ControlBlock, ProcState, Role, process_slot_index
 from ipc.wakeup import Wakeup
 from workers.child import child_wakeup_name, encode_config
+from workers.child_env import child_env
 from workers.exit_codes import describe_exit
 from workers.restart_policy import RestartPolicy, RestartSettings
 
 MODULES = {Role.DISPATCHER: "workers.dispatcher", Role.INDEX_BUILDER: "workers.index_builder"}
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def child_name(role: Role, shard: int) -> str:
@@ -52,7 +52,6 @@ class ChildHandle:
         self.process: subprocess.Popen | None = None
         self.started_at = 0.0
         self.restart_at: float | None = None
-        self.last_returncode: int | None = None
         self.killed_for: str | None = None  # why the supervisor SIGKILLed the running process
         self.wakeup = Wakeup.create(child_wakeup_name(store_dir, self.slot_index))
 
@@ -66,13 +65,11 @@ class ChildHandle:
 
     def spawn(self) -> None:
         """Start the child process and claim its slot in the control block."""
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         argv = [sys.executable, "-m", MODULES[self.role], "--store", str(self.store_dir),
                 "--supervisor-pid", str(os.getpid()), "--config-json", encode_config(self.config),
                 "--shard", str(self.shard)]
         self.wakeup.drain()
-        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env,
+        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=child_env(),
                                         start_new_session=True, close_fds=True)
         self.started_at = time.monotonic()
         self.restart_at = None
@@ -86,7 +83,6 @@ class ChildHandle:
             return None
         code = self.process.poll()
         if code is not None:
-            self.last_returncode = code
             self.ctl.set_process_state(self.slot_index, ProcState.EXITED)
         return code
 

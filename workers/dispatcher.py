@@ -48,15 +48,16 @@ from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns_to_consume_queues, shard_key_columns
 from engine.errors import StoreError
 from engine.formats.record import Verify
-from engine.formats.record_scan import DispatchColumns, columns_from_headers
+from engine.formats.record.dispatch_columns import DispatchColumns, columns_from_headers
 from engine.mapped_file import Access
 from engine.open_files import queue_file_budget
 from engine.retention import expire_queues
 from ipc.control_block import DISPATCHER_GROUP, DISPATCHER_GROUP_OFFSET, Role, process_slot_index
 from ipc.key_ring import KeyRing, RingWriter
 from ipc.wakeup import WaiterTable, Wakeup
-from workers.child import MAX_STEP_BYTES, ChildProcess, child_main, child_wakeup_name, read_own_group
+from workers.child import ChildProcess, child_main, child_wakeup_name, read_own_group
 from workers.child_retention import LineFollower
+from workers.step_window import MAX_STEP_BYTES, scan_window
 
 log = logging.getLogger(__name__)
 COALESCE_S = 0.002  # a small backlog within this long of the last step waits for the rest of it
@@ -65,33 +66,24 @@ COALESCE_BELOW_BYTES = 32 << 10  # a backlog at least this big is not held for C
 # step of d seconds the next waits until d / MAX_DUTY after its start (at most
 # PACE_MAX_WAIT_S), so a busy store gets fewer, bigger steps, each step's fixed cost shared by
 # more records (pace_wait_s). A waiting consumer gets every flush at once instead.
+# See docs/DECISIONS.md#dispatcher-pacing.
 MAX_DUTY = 0.2
 PACE_MAX_WAIT_S = 0.005
-# A backlog this small is decoded record by record: the batch codec's whole-array calls cost
-# ~0.3 ms a step however few records it has, the reference decoder ~0.11 ms for 1 to 4 records
-# and ~0.28 ms for 16; they cross near 32 records (`python -m tools.bench_dispatch_step`). The
-# cost goes by records, the backlog is known in bytes: 4 KiB holds at most ~32 of the smallest
-# records (~128 B: a few-byte body, no keys), 9 of 256-byte bodies with a key.
+# A backlog this small is decoded record by record: below ~32 records the reference decoder
+# costs less than the batch codec's fixed cost per step, and 4 KiB holds at most ~32 of the
+# smallest records (see docs/DECISIONS.md#small-batches-scalar).
 FEW_RECORDS_BYTES = 4 << 10
-BUILDER_POST_INTERVAL_S = 0.005  # the load test allows 50 ms of index lag; fewer wake-ups, bigger batches
+# index lag may be tens of ms: fewer wake-ups, bigger batches (docs/DECISIONS.md#builder-post-interval)
+BUILDER_POST_INTERVAL_S = 0.005
 _EMPTY = np.zeros(0, dtype=np.int64)
 _NO_KEYS = (_EMPTY, _EMPTY, _EMPTY)
 
 
-def scan_window(commitlog: CommitLog, start_pos: int, limit_pos: int) -> BatchScanner:
-    """A batch scanner (many records per step, structure checked) over at most MAX_STEP_BYTES
-    from start_pos; the caller rescans to limit_pos if one record or filler is bigger."""
-    return commitlog.scan_batches(start_pos, min(limit_pos, start_pos + MAX_STEP_BYTES),
-                                  Verify.STRUCTURE)
-
-
 def coalesce_wait_s(backlog_bytes: int, since_last_step_s: float) -> float:
-    """How long to wait before dispatching `backlog_bytes` (0: now). A step costs ~0.4 ms of
-    numpy fixed cost however few records it has; one message at a time (~850 flushes a second of
-    2 records) a step per flush took half a core. So a small backlog that comes within
-    COALESCE_S of the last step waits for the rest of it (and for more flushes to join it), as
-    RocketMQ's reput thread sleeps 1 ms between rounds; a large one goes at once (once it is
-    looked at: see Dispatcher._plan_hold)."""
+    """How long to wait before dispatching `backlog_bytes` (0: now). A small backlog that comes
+    within COALESCE_S of the last step waits for the rest of it (and for more flushes to join
+    it), since a step's fixed cost does not shrink with its records; a large one goes at once
+    (once it is looked at: see Dispatcher._plan_hold). See docs/DECISIONS.md#dispatcher-pacing."""
     if backlog_bytes >= COALESCE_BELOW_BYTES:
         return 0.0
     return max(COALESCE_S - since_last_step_s, 0.0)
@@ -100,9 +92,9 @@ def coalesce_wait_s(backlog_bytes: int, since_last_step_s: float) -> float:
 def pace_wait_s(backlog_bytes: int, since_last_step_s: float, last_step_s: float) -> float:
     """How long a dispatcher no consumer waits for holds `backlog_bytes` (0: not at all),
     `since_last_step_s` after the start of a step that took `last_step_s`: until its duty since
-    that start is down to MAX_DUTY, at most PACE_MAX_WAIT_S after it. Under full batched load a
-    step per flush took 60 % of a core, ~0.4 ms of it fixed cost per step. A whole step window is not held
-    (a hold that began on less is slept out: at most PACE_MAX_WAIT_S)."""
+    that start is down to MAX_DUTY, at most PACE_MAX_WAIT_S after it, so a step's fixed cost is
+    shared by more records (see docs/DECISIONS.md#dispatcher-pacing). A whole step window is not
+    held (a hold that began on less is slept out: at most PACE_MAX_WAIT_S)."""
     if backlog_bytes >= MAX_STEP_BYTES:
         return 0.0
     return max(min(last_step_s / MAX_DUTY, PACE_MAX_WAIT_S) - since_last_step_s, 0.0)

@@ -2,13 +2,14 @@
 
 Sync (RocketMQ GroupCommitService): the appender appends a sweep of requests, publishes the
 written position and flushes it itself when no flush runs (`flush_if_idle`: waking the flush
-thread for it cost more CPU than the flush at small groups), else calls `request(pos)`. The
-flush thread wakes, makes everything written so far durable with one sync (CommitLog.flush),
-publishes the flushed position and answers the producers it made durable and wakes the children
-(`on_flushed`). Appends that arrive while a flush runs join the next one, so the batch grows
-with the load and there is one sync per group, not per message. While idle the flush thread
-calls `on_idle` every IDLE_POLL_S: the appender serves new requests from it while its own flush
-is stuck on the disk (Appender.sweep_if_stuck), so they still get their deadline.
+thread costs more than a small group's flush; see docs/DECISIONS.md#group-commit), else calls
+`request(pos)`. The flush thread wakes, makes everything written so far durable with one sync
+(CommitLog.flush), publishes the flushed position and answers the producers it made durable and
+wakes the children (`on_flushed`). Appends that arrive while a flush runs join the next one,
+so the batch grows with the load and there is one sync per group, not per message. While idle
+the flush thread calls `on_idle` every IDLE_POLL_S: the appender serves new requests from it
+while its own flush is stuck on the disk (Appender.sweep_if_stuck), so they still get their
+deadline.
 
 Async (FlushRealTimeService): every `async_flush_interval_ms`, flush when at least
 `async_flush_least_pages` pages are dirty, and everything every `async_flush_thorough_interval_ms`.

@@ -23,10 +23,9 @@ BUILDER_POST_INTERVAL_S, an owed post also when the dispatcher is idle).
 
 Every `index_flush_interval_ms` the builder starts a paced sync of its index files
 (ShardIndex.begin_paced_sync): one piece of at most SYNC_PIECE_BYTES every SYNC_PIECE_GAP_S,
-and when the last piece is synced it publishes the position the sync began at as durable. The
-slot table takes random writes, so a second's keys dirty nearly all of it: one msync of
-everything each second wrote ~20 MB a builder in one burst and held the commitlog's group
-commit behind it (docs/history/benchmark-passes.md). On stop everything is synced at once.
+and when the last piece is synced it publishes the position the sync began at as durable: the
+slot table takes random writes, and one sync of it all would hold the commitlog's group commit
+behind it (see docs/DECISIONS.md#paced-index-sync). On stop everything is synced at once.
 Restart: ShardIndex.load, trim_from(durable_pos) (entries past it go, slot heads repaired),
 mark_processed(durable_pos), and continue; re-putting the trimmed keys rebuilds the same bytes.
 """
@@ -46,9 +45,9 @@ from engine.retention import expire_shards
 from engine.shard_index import ShardIndex
 from ipc.control_block import GROUP_SIZE, SHARD_GROUP, SHARD_GROUPS_OFFSET, Role
 from ipc.key_ring import KeyBlock, KeyRing, RingReader
-from workers.child import MAX_STEP_BYTES, ChildProcess, child_main, read_own_group
+from workers.child import ChildProcess, child_main, read_own_group
 from workers.child_retention import LineFollower
-from workers.dispatcher import scan_window
+from workers.step_window import MAX_STEP_BYTES, scan_window
 
 RING_PATIENCE_S = 0.5  # no dispatcher progress for this long while there is work: scan
 RING_ATTACH_RETRY_S = 0.5

@@ -46,7 +46,6 @@ class MetadataWriter:
         self._disk_full_since: float | None = None
         self.error: BaseException | None = None
         self.failed_file: str | None = None  # what `error` happened to: "the checkpoint", ...
-        self.checkpoints_written = 0
         self._thread = threading.Thread(target=self._run, name="metadata-writer", daemon=True)
 
     def start(self) -> None:
@@ -82,7 +81,6 @@ class MetadataWriter:
         if self._fault_stall_path is not None:
             wait_while_stalled(self._fault_stall_path)
         write_checkpoint(self.root, cp)
-        self.checkpoints_written += 1
         return cp
 
     # -- the thread ------------------------------------------------------------------------------

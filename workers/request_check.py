@@ -1,24 +1,26 @@
-"""Structural checks of the records a producer put in its mailbox slot, before any is appended.
+"""The supervisor's check of the records a producer put in its mailbox slot, before any is appended.
 
 Producers encode records themselves (encode_record), so the supervisor only stamps and copies;
 this module is what stops a buggy or hostile producer from getting garbage into the log. A
-record passes when its framing and every length agree, its magic is v1 with IPv4 hosts, its
-BODYCRC matches its body, its topic is valid, its properties are UTF-8 and end with the
-reserved __CRC32C slot, its queue id is in range, it is no transaction PREPARED or ROLLBACK
-record and it fits a segment. QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are overwritten by
-stamp_record, so they are not checked.
-Anything else raises BadInputError: the record gets MESSAGE_ILLEGAL and never reaches the log.
+record passes when it is structurally valid by the record codec's rules (structure: the lengths
+chain to TOTALSIZE; PHYSICALOFFSET is exempt, as are QUEUEOFFSET and STORETIMESTAMP, which
+stamp_record overwrites), its BODYCRC matches its body, its topic is valid and its properties
+are UTF-8, and it meets what is asked of a producer's record here: TOTALSIZE the bytes it
+occupies, magic v1 with IPv4 hosts, a queue id in range, a body within the maximum, no
+transaction PREPARED or ROLLBACK bit, a fit in one segment and the reserved __CRC32C slot ending
+its properties. Anything else raises BadInputError: the record gets MESSAGE_ILLEGAL and never
+reaches the log.
 
-`check` is the rule, record by record (struct); `check_request` runs it on each record of a
-small request (up to record_batch.STRUCT_PATH_MAX_RECORDS, where numpy's fixed cost per call
-would dominate). A larger request is checked as a whole against its first record, which must
-pass `check`: the fixed header fields of all records by one masked unsigned comparison, then
-TOPICLENGTH + topic equal to the first record's, PROPERTIESLENGTH what TOTALSIZE leaves, the
-__CRC32C slot as encoders reserve it, ASCII properties and the BODYCRC (one zlib.crc32 per body,
-on a view of it: the only per-record call, and the bodies are not copied). A record that
-differs in any of these (another topic, non-ASCII properties, a mistake) is given to `check`,
-which accepts it or says why not: the batch path only ever accepts records that `check`
-accepts, and refuses none that it accepts.
+`check` is the rule, record by record (struct, structure's scalar form); `check_request` runs
+it on each record of a small request (up to stamp_many.STRUCT_PATH_MAX_RECORDS, where numpy's
+fixed cost per call would dominate: docs/DECISIONS.md#small-batches-scalar). A larger request
+is checked as a whole against its first record, which must pass `check`: the producer's header
+rules by one masked unsigned comparison, then TOPICLENGTH + topic equal to the first record's
+and PROPERTIESLENGTH what TOTALSIZE leaves (so structure's length rules hold as they hold for
+the first record), the __CRC32C slot as encoders reserve it, ASCII properties and the BODYCRC
+(one zlib.crc32 per body, on a view of it). A record that differs in any of these (another
+topic, non-ASCII properties, a mistake) is given to `check`, which accepts it or says why not:
+the batch path only ever accepts records that `check` accepts, and refuses none that it accepts.
 """
 
 from __future__ import annotations
@@ -29,54 +31,55 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engine.errors import BadInputError
+from engine.errors import BadInputError, CorruptRecordError
 from engine.formats.crc32c_property import CRC32C_PREFIX, CRC32C_PROP_SIZE, CRC32C_RESERVED
-from engine.formats.record import (
+from engine.formats.properties import SEP_PROP
+from engine.formats.record.arrays import crc32_each, int_view
+from engine.formats.record.layout import (
     BODY_CRC_MASK,
-    BODY_CRC_OFFSET,
     BODY_LENGTH_OFFSET,
     BODY_OFFSET,
+    FIELD_INDEX,
+    FIELD_OFFSETS,
     FILLER_SIZE,
-    MAGIC_OFFSET,
+    HOSTS_V6,
     MAGIC_V1,
-    MAX_PROPERTIES_BYTES,
     PROPERTIES_LENGTH_SIZE,
-    QUEUE_ID_OFFSET,
     RECORD_FIXED_SIZE,
-    SYS_FLAG_OFFSET,
     TOPIC_LENGTH_SIZE_V1,
-    TOTAL_SIZE_OFFSET,
     V4_HEADER_FMT,
     V4_HEADER_SIZE,
     SysFlag,
 )
-from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS, StampableRecords, crc32_each, int_view
+from engine.formats.record.spans import walk_chain
+from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, StampableRecords
+from engine.formats.record.structure import locate_parts
 from engine.naming import validate_topic
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
-_I8 = struct.Struct(">b")
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")  # TOTALSIZE, BODYLENGTH
-_HOSTS_V6 = int(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
+_I32 = struct.Struct(">i")  # BODYLENGTH
+_F_TOTAL, _F_MAGIC, _F_BODY_CRC, _F_QUEUE_ID, _F_SYS_FLAG, _F_BODY_LENGTH = (
+    FIELD_INDEX[name] for name in ("total_size", "magic", "body_crc", "queue_id", "sys_flag", "body_length"))
 # Bit 0x4 is set in exactly the PREPARED (0x4) and ROLLBACK (0xC) transaction types: records
 # that RocketMQ keeps out of consume queues. mqstore has no transactions, so a producer may not
 # send them (one it acknowledged with a queue offset and then kept out of its queue left a gap).
 _TX_HALF_OR_ROLLBACK = int(SysFlag.TRANSACTION_PREPARED)
 _MAX_TOPIC_CACHE = 4096
-_MIN_RECORD_BYTES = RECORD_FIXED_SIZE + CRC32C_PROP_SIZE
-_CRC32C_SEPARATOR = 0x02  # the byte that closes the __CRC32C property
+_MIN_RECORD_BYTES = RECORD_FIXED_SIZE + CRC32C_PROP_SIZE  # room for the __CRC32C slot
+_CRC32C_SEPARATOR = SEP_PROP[0]  # the byte that closes the __CRC32C property
 
-# All headers are read as rows of big-endian 32-bit words (every V4 header field starts at a
-# multiple of 4); each checked word must satisfy (word & AND) - SUB <= LIMIT in uint32.
+# The producer's header rules, per header word (every V4 header field starts at a multiple of
+# 4): each checked big-endian 32-bit word must satisfy (word & AND) - SUB <= LIMIT in uint32.
 _WORD_BYTES = 4
 _HEADER_WORDS = V4_HEADER_SIZE // _WORD_BYTES
-_HEADER_VOID = f"V{V4_HEADER_SIZE}"
 _TAIL_VOID = f"V{CRC32C_PROP_SIZE}"
 _RESERVED_TAIL = np.void(CRC32C_RESERVED)
-_CHECKED_WORDS = np.array([offset // _WORD_BYTES for offset in (
-    TOTAL_SIZE_OFFSET, MAGIC_OFFSET, BODY_CRC_OFFSET, QUEUE_ID_OFFSET, SYS_FLAG_OFFSET, BODY_LENGTH_OFFSET)])
-_TOTAL_FIELD, _MAGIC_FIELD, _BODY_CRC_FIELD, _QUEUE_ID_FIELD, _SYS_FLAG_FIELD, _BODY_LENGTH_FIELD = range(6)
-assert V4_HEADER_SIZE % _WORD_BYTES == 0 and BODY_LENGTH_OFFSET % _WORD_BYTES == 0
+_HEADER_VOID = f"V{V4_HEADER_SIZE}"
+_WORD_FIELDS = ("total_size", "magic", "body_crc", "queue_id", "sys_flag", "body_length")
+_CHECKED_WORDS = np.array([FIELD_OFFSETS[name] // _WORD_BYTES for name in _WORD_FIELDS])
+_TOTAL_WORD, _MAGIC_WORD, _BODY_CRC_WORD, _QUEUE_ID_WORD, _SYS_FLAG_WORD, _BODY_LENGTH_WORD = range(
+    len(_WORD_FIELDS))
+assert V4_HEADER_SIZE % _WORD_BYTES == 0 and all(FIELD_OFFSETS[n] % _WORD_BYTES == 0 for n in _WORD_FIELDS)
 _SIGN_BIT = 0x8000_0000
 _ALL_BITS = 0xFFFF_FFFF
 
@@ -114,7 +117,7 @@ class MergedRecords(NamedTuple):
 def merge_checked(data: bytearray | memoryview, parts: list[tuple[int, CheckedRequest]]) -> MergedRecords:
     """The good records of requests checked in place in `data` (request i's records start at
     byte parts[i][0]), in order, ready for CommitLog.append_stampable (this check demands more
-    of each record than record_batch.check_stampable): `data` itself when the requests cover it
+    of each record than stamp_many.check_stampable): `data` itself when the requests cover it
     end to end and every record passed, else a new buffer holding only the good ones."""
     spans: list[tuple[int, int]] = []
     starts, sizes, queue_ids, topics = [], [], [], []
@@ -159,13 +162,12 @@ class RecordChecker:
         if size > self.max_record_bytes:
             raise BadInputError("record", f"{size} bytes does not fit a commitlog segment")
         fields = _HEADER.unpack_from(view, start)
-        total, magic, body_crc, queue_id, sys_flag, body_len = (
-            fields[0], fields[1], fields[2], fields[3], fields[7], fields[16])
-        if total != size:
-            raise BadInputError("record", f"TOTALSIZE {total} but {size} bytes")
-        if magic != MAGIC_V1:
-            raise BadInputError("record", f"magic 0x{magic:08X} is not message version 1")
-        if sys_flag & _HOSTS_V6 or sys_flag < 0:
+        if fields[_F_TOTAL] != size:
+            raise BadInputError("record", f"TOTALSIZE {fields[_F_TOTAL]} but {size} bytes")
+        if fields[_F_MAGIC] != MAGIC_V1:
+            raise BadInputError("record", f"magic 0x{fields[_F_MAGIC]:08X} is not message version 1")
+        sys_flag, queue_id, body_len = fields[_F_SYS_FLAG], fields[_F_QUEUE_ID], fields[_F_BODY_LENGTH]
+        if sys_flag & HOSTS_V6 or sys_flag < 0:
             raise BadInputError("record", "IPv6 host flags are not accepted from producers")
         if sys_flag & _TX_HALF_OR_ROLLBACK:
             raise BadInputError("record", f"SYSFLAG 0x{sys_flag:X} marks a transaction PREPARED or "
@@ -174,30 +176,23 @@ class RecordChecker:
             raise BadInputError("queue_id", f"{queue_id} is outside 0..{self.queue_count - 1}")
         if not 0 <= body_len <= self.max_body_bytes:
             raise BadInputError("body", f"BODYLENGTH {body_len} exceeds {self.max_body_bytes}")
-        end = start + size
-        topic_len_pos = start + BODY_OFFSET + body_len
-        if topic_len_pos + TOPIC_LENGTH_SIZE_V1 + PROPERTIES_LENGTH_SIZE > end:
-            raise BadInputError("record", f"BODYLENGTH {body_len} does not fit TOTALSIZE {size}")
-        (topic_len,) = _I8.unpack_from(view, topic_len_pos)
-        props_len_pos = topic_len_pos + TOPIC_LENGTH_SIZE_V1 + topic_len
-        if topic_len <= 0 or props_len_pos + PROPERTIES_LENGTH_SIZE > end:
-            raise BadInputError("record", f"TOPICLENGTH {topic_len} does not fit TOTALSIZE {size}")
-        (props_len,) = _I16.unpack_from(view, props_len_pos)
-        props_pos = props_len_pos + PROPERTIES_LENGTH_SIZE
-        if props_len < CRC32C_PROP_SIZE or props_pos + props_len != end \
-                or props_len > MAX_PROPERTIES_BYTES:
-            raise BadInputError("record", f"PROPERTIESLENGTH {props_len} does not fit TOTALSIZE {size}")
+        body_pos, end = start + BODY_OFFSET, start + size
+        try:  # the codec's structural rules; PHYSICALOFFSET is stamped later, so it is not one
+            body_end, topic_pos, props_pos = locate_parts(view, start, size, MAGIC_V1, body_pos,
+                                                          body_len, start)
+        except CorruptRecordError as exc:
+            raise BadInputError("record", exc.reason) from None
         crc_pos = end - CRC32C_PROP_SIZE
-        if view[crc_pos:crc_pos + len(CRC32C_PREFIX)] != CRC32C_PREFIX \
+        if crc_pos < props_pos or view[crc_pos:crc_pos + len(CRC32C_PREFIX)] != CRC32C_PREFIX \
                 or view[end - 1] != _CRC32C_SEPARATOR:
             raise BadInputError("record", "properties do not end with the reserved __CRC32C slot")
-        if zlib.crc32(view[start + BODY_OFFSET:topic_len_pos]) & BODY_CRC_MASK != body_crc:
+        if zlib.crc32(view[body_pos:body_end]) & BODY_CRC_MASK != fields[_F_BODY_CRC]:
             raise BadInputError("body", "BODYCRC does not match the body")
         try:
             str(view[props_pos:crc_pos], "utf-8")
         except UnicodeDecodeError:
             raise BadInputError("properties", "are not valid UTF-8") from None
-        return self._topic(bytes(view[topic_len_pos + TOPIC_LENGTH_SIZE_V1:props_len_pos])), queue_id
+        return self._topic(bytes(view[topic_pos:props_pos - PROPERTIES_LENGTH_SIZE])), queue_id
 
     def check_request(self, data: bytearray | memoryview, count: int) -> CheckedRequest:
         """Check the `count` records laid end to end in `data` (BadInputError if the framing
@@ -231,7 +226,12 @@ class RecordChecker:
     def _check_batch(self, data: bytearray | memoryview, view: memoryview, starts: list[int], sizes: list[int]
                      ) -> CheckedRequest:
         """check_request with whole-array operations, against the first record (which must pass
-        `check`: BadInputError if not). Records that do not match it go to `check`."""
+        `check`: BadInputError if not). Records that do not match it go to `check`.
+
+        The structural rules hold for a record that has the first record's TOPICLENGTH + topic
+        and a PROPERTIESLENGTH equal to what TOTALSIZE leaves after its body: that equality is
+        checked here instead of the length rules' vector form (structure.frame_many), which
+        costs more than this whole check for a request's few dozen records."""
         topic, _ = self._check_at(view, starts[0], sizes[0])
         topic_piece = _topic_piece(view, starts[0])  # TOPICLENGTH + topic of the first record
         n = len(starts)
@@ -247,7 +247,7 @@ class RecordChecker:
         fields = words[:, _CHECKED_WORDS].astype(np.uint32)
         and_, sub, limit = self._word_rules
         ok = (((fields & and_) - sub) <= limit).all(axis=1)
-        body_len = fields[:, _BODY_LENGTH_FIELD].astype(np.int64)
+        body_len = fields[:, _BODY_LENGTH_WORD].astype(np.int64)
         props_len = size_of - (RECORD_FIXED_SIZE + len(topic_piece) - TOPIC_LENGTH_SIZE_V1) - body_len
         ok &= props_len >= CRC32C_PROP_SIZE  # then every position below lies inside its record
         body_pos = start_at + BODY_OFFSET
@@ -262,9 +262,9 @@ class RecordChecker:
         bounds[0::2] = props_pos
         bounds[1::2] = np.where(ok, crc_pos, props_pos)
         ok &= np.maximum.reduceat(u8, bounds)[0::2] < 0x80  # ASCII properties are UTF-8
-        ok &= (crc32_each(data, body_pos, topic_len_pos) & BODY_CRC_MASK) == fields[:, _BODY_CRC_FIELD]
+        ok &= (crc32_each(data, body_pos, topic_len_pos) & BODY_CRC_MASK) == fields[:, _BODY_CRC_WORD]
         topics: list[str | None] = [topic] * len(starts)
-        queue_ids = fields[:, _QUEUE_ID_FIELD].astype(np.int64)
+        queue_ids = fields[:, _QUEUE_ID_WORD].astype(np.int64)
         reasons: dict[int, str] = {}
         if not ok.all():
             self._recheck(view, starts, sizes, np.flatnonzero(~ok).tolist(), ok, topics, queue_ids,
@@ -298,21 +298,11 @@ class RecordChecker:
 
 
 def _frame(data: bytearray | memoryview, count: int) -> tuple[list[int], list[int]]:
-    """Start and size of each of the `count` records by the TOTALSIZE chain, which must cover
-    `data` exactly (BadInputError otherwise)."""
-    unpack = _I32.unpack_from
-    starts: list[int] = []
-    sizes: list[int] = []
-    pos, end = 0, len(data)
-    for _ in range(count):
-        if pos + FILLER_SIZE > end:
-            break
-        size = unpack(data, pos)[0]
-        if size < FILLER_SIZE or pos + size > end:
-            break
-        starts.append(pos)
-        sizes.append(size)
-        pos += size
+    """Start and size of each of the `count` records by the TOTALSIZE chain (spans.walk_chain),
+    which must cover `data` exactly (BadInputError otherwise)."""
+    end = len(data)
+    starts, sizes = walk_chain(data, 0, end, count)
+    pos = starts[-1] + sizes[-1] if starts else 0
     if len(starts) != count or not starts or pos != end:
         raise BadInputError("request", f"{count} records announced in {end} bytes, "
                             f"framing finds {len(starts)} ending at {pos}")
@@ -327,16 +317,17 @@ def _topic_piece(view: memoryview, start: int) -> bytes:
 
 def _header_word_rules(max_body_bytes: int, queue_count: int, max_record_bytes: int
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(AND, SUB, LIMIT) per checked header word: what `check` demands of the fixed fields, as
-    unsigned comparisons (a negative queue id or BODYLENGTH is a huge unsigned number, and
+    """(AND, SUB, LIMIT) per checked header word: the producer's rules of `check` (TOTALSIZE
+    room for the slot and a fit in a segment, magic v1, _check_producer_fields), as unsigned
+    comparisons (a negative queue id or BODYLENGTH is a huge unsigned number, and
     word - MAGIC <= 0 only where word == MAGIC)."""
     and_, sub, limit = (np.zeros(len(_CHECKED_WORDS), dtype=np.uint32) for _ in range(3))
     and_[:] = _ALL_BITS
-    and_[_SYS_FLAG_FIELD] = _SIGN_BIT | _HOSTS_V6 | _TX_HALF_OR_ROLLBACK
-    sub[_TOTAL_FIELD] = _MIN_RECORD_BYTES
-    limit[_TOTAL_FIELD] = max(max_record_bytes - _MIN_RECORD_BYTES, 0)
-    sub[_MAGIC_FIELD] = MAGIC_V1
-    limit[_QUEUE_ID_FIELD] = queue_count - 1
-    limit[_BODY_CRC_FIELD] = _ALL_BITS  # compared with the body's CRC below
-    limit[_BODY_LENGTH_FIELD] = min(max_body_bytes, _SIGN_BIT - 1)
+    and_[_SYS_FLAG_WORD] = _SIGN_BIT | HOSTS_V6 | _TX_HALF_OR_ROLLBACK
+    sub[_TOTAL_WORD] = _MIN_RECORD_BYTES
+    limit[_TOTAL_WORD] = max(max_record_bytes - _MIN_RECORD_BYTES, 0)
+    sub[_MAGIC_WORD] = MAGIC_V1
+    limit[_QUEUE_ID_WORD] = queue_count - 1
+    limit[_BODY_CRC_WORD] = _ALL_BITS  # compared with the body's CRC
+    limit[_BODY_LENGTH_WORD] = min(max_body_bytes, _SIGN_BIT - 1)
     return and_, sub, limit

@@ -1,5 +1,5 @@
 """The retention part of `mqstore status`: the line, what the passes removed, the oldest
-message still retained and the disk each part of the store uses (issue 20, item 1).
+message still retained and the disk each part of the store uses.
 
 Bytes used are allocated blocks (files are created sparse, so a preallocated segment costs
 nothing until written); the oldest retained time is the STORETIMESTAMP of the first record at

@@ -72,6 +72,7 @@ def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S)
         state = ctl.store_state.name
         sync = ctl.flush_policy.value == "sync"
         retention = describe_retention(root, ctl)
+        put_statuses = {status.name: count for status, count in ctl.put_status_counts().items()}
     finally:
         ctl.close()
     p = second
@@ -108,6 +109,7 @@ def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S)
             "append_bytes_per_s": (second.written_pos - first.written_pos) / elapsed,
         },
         "totals": {"appended_msgs": p.appended_msgs, "dispatched_msgs": p.dispatched_msgs},
+        "put_statuses": put_statuses,
         "restart_history": info.restart_history,
         "retention": retention,
     }
@@ -263,6 +265,9 @@ def render_status(status: dict) -> str:
                   f"last flush {flush['last_latency_ms']:.2f} ms ({flush['last_bytes']} B), "
                   f"{flush['window_msgs_per_flush']:.1f} msgs = {flush['window_bytes_per_flush']:.0f} B "
                   f"per flush"]
+    failed = {name: n for name, n in status["put_statuses"].items() if n and name != "PUT_OK"}
+    lines.append(f"answers since start: {status['put_statuses']['PUT_OK']} PUT_OK" + "".join(
+        f", {n} {name}" for name, n in failed.items()))
     lines += render_retention(status["retention"])
     history = status["restart_history"]
     lines.append("")

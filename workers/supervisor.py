@@ -2,16 +2,17 @@
 
 Start order (each step only after the previous one succeeded):
 
-1. classify the directory (new, mqstore store; a RocketMQ store or anything else is refused),
-   create a new store's layout, then take the store lock (a second supervisor is refused);
-2. wait out and remove what a crashed previous supervisor left (children, shared memory);
-3. recover (engine.recovery.recover over engine.store.open_for_recovery), logging progress and the
-   report; keep the commitlog open for writing, hand the derived files to the children;
-4. create `abort` (present until a clean stop removes it);
-5. create the shared memory (owner-only) with every position at the recovery cut;
-6. start the flush thread, the dispatcher and one index builder per shard, and wait for them
+1. open the store with engine.store_open.open_store, the sequence MessageStore.open runs too:
+   classify the directory (a RocketMQ store or anything else is refused), create a new store's
+   layout, check store.json, take the store lock (a second supervisor is refused); then, under
+   the lock, wait out and remove what a crashed previous supervisor left (children, shared
+   memory); recover (logging progress and the report) and create `abort` (present until a
+   clean stop removes it); keep the commitlog open for writing and hand the derived files to
+   the children (Dispatch.CHILD_PROCESSES);
+2. create the shared memory (owner-only) with every position at the recovery cut;
+3. start the flush thread, the dispatcher and one index builder per shard, and wait for them
    to boot;
-7. write run/supervisor.json, mark the store READY (producers are admitted), say so.
+4. write run/supervisor.json, mark the store READY (producers are admitted), say so.
 
 Then the loop: serve producer requests (Appender), watch children (exit, heartbeat) and restart
 them within the restart budget, and handle queued signals. The checkpoint (every
@@ -40,22 +41,10 @@ from pathlib import Path
 from engine.config import FlushPolicy, StoreConfig
 from engine.errors import DiskFullError, StoreError
 from engine.formats.checkpoint import Checkpoint
-from engine.frozen_settings import refuse_inconsistent_meta
 from engine.open_files import raise_open_file_limit
-from engine.recovery import RecoveryMode, RecoveryReport, detect_shutdown, recover
-from engine.store import open_for_recovery
-from engine.store_dir import (
-    StoreKind,
-    StoreLock,
-    config_for_store,
-    create_store_dir,
-    inspect_store_dir,
-    is_fresh_store,
-    mark_clean_stop,
-    mark_running,
-    read_meta,
-    refuse_foreign_store,
-)
+from engine.recovery import RecoveryReport
+from engine.store_dir import StoreLock, mark_clean_stop
+from engine.store_open import Dispatch, open_store
 from ipc.control_block import ProcState, Role, StoreState
 from ipc.key_ring import REGION_KIND as KEY_RING_KIND
 from ipc.run_info import RunInfo, remove_run_info, write_run_info
@@ -93,6 +82,19 @@ class StartError(StoreError):
     """The store could not be started (a child could not boot, ...)."""
 
 
+def _log_progress() -> Callable[[int, int], None]:
+    """A recovery progress callback that logs at most every PROGRESS_INTERVAL_S."""
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_INTERVAL_S:
+            last[0] = now
+            log.info("recovery: scanned %d of %d MiB", done >> 20, max(total, 1) >> 20)
+
+    return progress
+
+
 def _logged_cause(root: Path, pid: int | None) -> str:
     """'; it logged: <its last error line>' for a child that logged an error, else ''."""
     line = last_error(root, pid) if pid is not None else None
@@ -122,7 +124,7 @@ class Supervisor:
         self._retention: RetentionRunner | None = None
         self._commitlog = None
         self._started_at = time.time()
-        self._new_store = False
+        self._generation = 0
 
     # ------------------------------------------------------------------------------- start
     def run(self) -> int:
@@ -144,22 +146,12 @@ class Supervisor:
 
     def start(self) -> None:
         raise_open_file_limit()
-        kind = inspect_store_dir(self.root)
-        if kind is StoreKind.ROCKETMQ:
-            refuse_foreign_store(self.root, "a supervisor would write it")
-        meta = create_store_dir(self.root, self.config) if kind is StoreKind.NEW else read_meta(self.root)
-        if kind is StoreKind.MQSTORE:
-            refuse_inconsistent_meta(self.root, meta)  # a hand-edited store.json is not trusted
-        self._new_store = is_fresh_store(self.root)
-        wanted_shards = self.config.index_shards
-        self.config = config_for_store(meta, self.config)
-        if wanted_shards != self.config.index_shards:
-            log.warning("store.json fixes index_shards at %d (asked for %d)",
-                        self.config.index_shards, wanted_shards)
-        self._lock = StoreLock.acquire(self.root)
-        generation = cleanup_stale(self.root) + 1
-        self._recover()
-        mark_running(self.root)
+        opened = open_store(self.root, self.config, writer="a supervisor",
+                            dispatch=Dispatch.CHILD_PROCESSES, progress=_log_progress(),
+                            after_lock=self._clear_stale)
+        self._lock, self.config, self.report = opened.lock, opened.config, opened.report
+        self._commitlog, self._next_offsets = opened.commitlog, opened.next_offsets
+        meta, generation = opened.meta, self._generation
         cut = self._commitlog.written_pos
         self._shared = SharedState.create(self.root, shard_count=self.config.index_shards,
                                           flush=self.config.flush, commit_pos=cut,
@@ -203,36 +195,9 @@ class Supervisor:
         if self.on_ready is not None:
             self.on_ready(self)
 
-    def _recover(self) -> None:
-        shutdown = detect_shutdown(self.root)
-        if self._new_store:
-            log.info("new store %s: created, nothing to recover", self.root)
-        else:
-            log.info("recovering store %s after a %s shutdown", self.root, shutdown.value)
-        parts = open_for_recovery(self.root, self.config, RecoveryMode.ROUTINE)
-        last = [0.0]
-
-        def progress(done: int, total: int) -> None:
-            now = time.monotonic()
-            if now - last[0] >= PROGRESS_INTERVAL_S:
-                last[0] = now
-                log.info("recovery: scanned %d of %d MiB", done >> 20, max(total, 1) >> 20)
-
-        try:
-            self.report = recover(parts, shutdown, progress=progress)
-        except BaseException:
-            parts.commitlog.close()
-            parts.queues.close()
-            for shard in parts.shards:
-                shard.close()
-            raise
-        for line in [] if self._new_store else self.report.summary_lines():
-            log.info("%s", line)
-        self._next_offsets = {(q.topic, q.queue_id): q.max_offset for q in parts.queues}
-        parts.queues.close()
-        for shard in parts.shards:
-            shard.close()
-        self._commitlog = parts.commitlog
+    def _clear_stale(self) -> None:
+        """Under the lock: wait out and remove what a crashed previous supervisor left."""
+        self._generation = cleanup_stale(self.root) + 1
 
     def _start_children(self) -> None:
         ctl = self._shared.ctl

@@ -2,7 +2,7 @@
 
 One generator serves every path: a block reserves `count` consecutive counters under one lock
 with one clock read, so threads never get overlapping ranges and a batch's keys cost one prefix
-plus a counter range (Producer.send_columns passes exactly that to record_columns.encode_columns).
+plus a counter range (Producer.send_columns passes exactly that to encode_many.encode_columns).
 
 Layout: 16 bytes printed as 32 uppercase hex digits, most significant first
 
@@ -66,7 +66,7 @@ class UniqKeyBlock(NamedTuple):
         return chars.view(f"U{UNIQ_KEY_CHARS}").ravel().tolist()
 
 
-_NUMPY_TEXTS_MIN = 32  # below it a comprehension is faster than numpy's fixed cost
+_NUMPY_TEXTS_MIN = 32  # below it a comprehension is faster (docs/DECISIONS.md#small-batches-scalar)
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8).astype(np.uint32)
 _COUNTER_SHIFTS = np.arange(4 * (UNIQ_COUNTER_DIGITS - 1), -1, -4, dtype=np.int64)
 

@@ -9,20 +9,13 @@ import numpy as np
 import pytest
 
 from engine.errors import BadInputError
+from tools.bench.bench_body import BODY_HEADER, BODY_MAGIC, BatchBuilder, build_batch, intended_times
 from tools.bench.cli import bench_parser, plan_from_args
 from tools.bench.harness import SCHEDULE_ALIGNED, SCHEDULE_SPREAD, BenchPlan
 from tools.bench.histogram import LatencyHistogram, merged
-from tools.bench.loadgen import (
-    BODY_HEADER,
-    BODY_MAGIC,
-    BatchBuilder,
-    IntervalRecorder,
-    Pending,
-    WorkerSpec,
-    build_batch,
-    intended_times,
-    run_producer,
-)
+from tools.bench.interval_recorder import IntervalRecorder
+from tools.bench.loadgen import run_producer
+from tools.bench.worker_records import Pending, WorkerSpec
 
 START_NS = 10**12
 MS = 1_000_000

@@ -3,17 +3,13 @@ queues, sent with the blocking and the async columns call, arrive as the load ge
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean
-
 from ipc.consumer import Consumer
-from tools.bench.loadgen import BODY_HEADER, BODY_MAGIC, BatchBuilder, WorkerSpec
+from tests.workers.store_harness import assert_check_clean, start_store
+from tools.bench.bench_body import BODY_HEADER, BODY_MAGIC, BatchBuilder
 from tools.bench.mqstore_client import MqstoreSender, _topic_plans
+from tools.bench.worker_records import WorkerSpec
 
 STREAMS = (("bench-0", 0), ("bench-0", 1), ("bench-1", 0), ("bench-1", 1), ("bench-1", 2))
 
@@ -30,7 +26,7 @@ def test_topic_plans_split_a_cycling_batch_by_topic():
 @pytest.mark.slow
 @pytest.mark.parametrize("inflight", [1, 3])
 def test_batches_arrive_on_their_streams_with_their_keys(tmp_path, inflight):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     try:
         spec = WorkerSpec(role="producer", backend="mqstore", worker_id=2, target=str(running.root),
                           streams=STREAMS, size_bytes=40, batch=7, keys=True, inflight=inflight)

@@ -4,31 +4,20 @@ the per-body reading, and MqstoreReceiver (Consumer.pull_columns) returns what w
 from __future__ import annotations
 
 import dataclasses
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean
-
 from engine.status import PutStatus
 from ipc.producer import Producer
-from tools.bench.loadgen import (
-    BODY_HEADER,
-    NOTHING_RECEIVED,
-    IntervalRecorder,
-    Received,
-    WorkerSpec,
-    build_batch,
-    intended_times,
-    intended_times_of_heads,
-    run_consumer,
-)
+from tests.workers.store_harness import assert_check_clean, start_store
+from tools.bench.bench_body import BODY_HEADER, build_batch, intended_times, intended_times_of_heads
+from tools.bench.interval_recorder import IntervalRecorder
+from tools.bench.loadgen import run_consumer
 from tools.bench.mqstore_client import MqstoreReceiver
+from tools.bench.worker_records import NOTHING_RECEIVED, Received, WorkerSpec
 
 STREAMS = (("bench-r", 0), ("bench-r", 1))
 
@@ -50,7 +39,7 @@ def test_intended_times_of_heads_equal_intended_times():
 
 @pytest.mark.slow
 def test_mqstore_receiver_counts_every_message_and_stamps_bench_bodies(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     try:
         spec = WorkerSpec(role="producer", backend="mqstore", worker_id=1, target=str(running.root),
                           streams=STREAMS, size_bytes=40, batch=50)
@@ -91,7 +80,7 @@ def test_mqstore_receiver_counts_every_message_and_stamps_bench_bodies(tmp_path)
 
 @pytest.mark.slow
 def test_run_consumer_reports_when_it_caught_up_with_a_backlog(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     try:
         with Producer(running.root) as producer:
             result = producer.send_columns("bench-r", [b"m%d" % i for i in range(300)],

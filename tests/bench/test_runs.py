@@ -4,31 +4,26 @@ and the disk probe. These start processes, so they take seconds, not millisecond
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pytest
 
 from engine.status import PutStatus
 from ipc.producer import Producer
+from tests.workers.store_harness import assert_check_clean, start_store
 from tools.bench import disk, report
+from workers.child_env import REPO_ROOT, child_env
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SHORT_RUN = ("--producers", "1", "--consumers", "1", "--seconds", "2", "--warmup", "0.5",
              "--interval", "1", "--batch", "4", "--keys")
 
 
 def bench(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env = child_env()
     return subprocess.run([sys.executable, "-m", "tools.bench", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -86,7 +81,7 @@ def test_fixed_rate_run_with_spread_producers_holds_the_rate(tmp_path):
 
 @pytest.mark.slow
 def test_reading_a_stored_backlog_counts_it_and_says_when_it_ran_out(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     try:
         with Producer(running.root) as producer:
             for topic, batches in (("bench-0", 8), ("other", 1)):
@@ -147,8 +142,7 @@ def test_missing_redis_server_prints_the_install_hint_before_starting_anything(t
 
 @pytest.mark.slow
 def test_sigterm_stops_the_run_and_cleans_up_its_store_and_workers(tmp_path):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env = child_env()
     proc = subprocess.Popen([sys.executable, "-m", "tools.bench", "--start", "--workdir", str(tmp_path),
                              "--producers", "1", "--consumers", "1", "--seconds", "120", "--warmup", "0"],
                             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

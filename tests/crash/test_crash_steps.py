@@ -38,7 +38,8 @@ from engine.formats.index_file import (
 )
 from engine.formats.java_hash import index_key_hash, tags_code
 from engine.formats.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
-from engine.formats.record import FILLER_SIZE, encode_filler, encode_record, new_uniq_key, stamp_record
+from engine.formats.record import FILLER_SIZE, encode_filler, encode_record, stamp_record
+from engine.formats.uniq_key import new_uniq_key
 from engine.message import Message
 from engine.naming import (
     CHECKPOINT_FILE,

@@ -28,8 +28,8 @@ from engine.status import PutStatus
 from engine.store import MessageStore
 from tests.conftest import ROCKETMQ_SAMPLES
 from tests.helpers import SMALL_CONFIG, TOPIC, snapshot
+from workers.child_env import REPO_ROOT, child_env
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = SMALL_CONFIG.replace(max_body_bytes=1000)  # queue_count 4
 NOBODY = 65534
 
@@ -232,7 +232,7 @@ else:
 def open_in_child(root: Path, *uid: int) -> str:
     proc = subprocess.run([sys.executable, "-c", CHILD_OPEN, str(root), *map(str, uid)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+                          env=child_env())
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 

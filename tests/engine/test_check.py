@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from engine import check as fsck
-from engine.check import FindingKind, check, check_summary, findings_to_json
+from engine.check import check, check_summary
+from engine.check_findings import FindingKind, findings_to_json
 from engine.check_index import expected_time_diffs_s
 from engine.checkpoint import write_checkpoint
 from engine.config import StoreConfig

@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_dispatch_batch import SHARDS, close_all, derived_files, dispatch_scalar, open_derived, write_log
 
 from engine.dispatch import KeyColumns, keys_by_shard, put_key_columns, queue_groups, shard_key_columns
 from engine.formats.index_file import index_key
 from engine.formats.java_hash import index_key_hash
 from engine.formats.record import Verify
-from engine.formats.record_scan import columns_from_headers
+from engine.formats.record.dispatch_columns import columns_from_headers
+from tests.engine.test_dispatch_batch import (
+    SHARDS,
+    close_all,
+    derived_files,
+    dispatch_scalar,
+    open_derived,
+    write_log,
+)
 
 
 def blocks_of(log, end: int, shard_count: int) -> list[tuple[int, int, list[KeyColumns]]]:

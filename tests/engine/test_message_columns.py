@@ -10,17 +10,14 @@ import numpy as np
 import pytest
 
 from engine.errors import BadInputError
-from engine.formats.record import new_uniq_key, new_uniq_keys
-from engine.message import (
+from engine.formats.uniq_key import (
     UNIQ_COUNTER_MASK,
     UniqKeyBlock,
-    body_column,
-    key_column,
+    new_uniq_key,
     new_uniq_key_block,
-    normalize_keys,
-    queue_id_column,
-    tags_text,
+    new_uniq_keys,
 )
+from engine.message import body_column, key_column, normalize_keys, queue_id_column, tags_text
 
 UNIQ_KEY = re.compile(r"[0-9A-F]{32}")
 

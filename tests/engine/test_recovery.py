@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 import shutil
 import struct
@@ -22,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from engine import log_tail
-from engine.check import FindingKind, check
+from engine.check import check
+from engine.check_findings import FindingKind
 from engine.checkpoint import CheckpointSource, write_checkpoint
 from engine.formats.checkpoint import MQSTORE_PART_POS, Checkpoint
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, encode_cq_entry
@@ -59,8 +59,7 @@ from tests.helpers import (
     reopen,
     segment_of,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from workers.child_env import REPO_ROOT, child_env
 
 
 def body(i: int) -> bytes:
@@ -543,7 +542,7 @@ def run_child(tmp_path: Path, count: int, checkpoint_at: int) -> tuple[Path, Pat
                          for k, v in dataclasses.asdict(SMALL_CONFIG).items()})
     proc = subprocess.run([sys.executable, "-c", CHILD, str(root), str(synced), config, str(count),
                            str(checkpoint_at)], cwd=REPO_ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=60)
+                          env=child_env(), timeout=60)
     assert proc.returncode == 0, proc.stderr
     events = [json.loads(line) for line in proc.stdout.splitlines()]
     assert events[-1]["kind"] == "in_flight"

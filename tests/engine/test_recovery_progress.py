@@ -5,7 +5,8 @@ from __future__ import annotations
 from engine.mapped_file import Access
 from engine.message import Message
 from engine.recovery import ShutdownState, recover
-from engine.store import MessageStore, close_parts, open_parts
+from engine.store import MessageStore
+from engine.store_open import close_parts, open_parts
 from engine.written_extent import PAGE_BYTES, written_end_estimate
 from tests.helpers import SMALL_CONFIG, TOPIC, die
 

@@ -27,8 +27,9 @@ from engine.naming import commitlog_dir, consume_queue_dir, index_shard_dir
 from engine.recovery import StoreParts
 from engine.retention import RetentionReason, local_hour, plan_retention, run_retention
 from engine.status import GetStatus, PutStatus
-from engine.store import MessageStore, close_parts, open_parts
+from engine.store import MessageStore
 from engine.store_dir import mark_running
+from engine.store_open import close_parts, open_parts
 
 HOUR_MS = 3_600_000
 SEGMENT_BYTES = 4096

@@ -22,13 +22,8 @@ from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.index_file import index_key_hash_of
 from engine.formats.msg_id import parse_msg_id
 from engine.formats.properties import PROP_UNIQ_KEY, encode_properties
-from engine.formats.record import (
-    MAX_PROPERTIES_BYTES,
-    PROPERTIES_LENGTH_SIZE,
-    Verify,
-    decode_record,
-    new_uniq_key,
-)
+from engine.formats.record import MAX_PROPERTIES_BYTES, PROPERTIES_LENGTH_SIZE, Verify, decode_record
+from engine.formats.uniq_key import new_uniq_key
 from engine.message import Message
 from engine.naming import (
     ABORT_FILE,

@@ -1,4 +1,4 @@
-"""Shared helpers of the fault suite (imported as `fault_harness`): torture runs in tmp dirs,
+"""Shared helpers of the fault suite (`tests.faults.fault_harness`): torture runs in tmp dirs,
 sized for `make test`, and in-process stores with their ledger.
 
 `make test` runs a short version of every fault (a few rounds of a few kills each, see

@@ -17,6 +17,7 @@ import pytest
 from engine.status import PutStatus
 from ipc.control_block import pid_alive
 from ipc.producer import Producer
+from tools.store_process import StoreProcess, is_stopped, wait_until, write_store_config
 from tools.torture.filesystems import (
     FilesystemUnavailable,
     MiB,
@@ -27,13 +28,7 @@ from tools.torture.filesystems import (
     unmount,
 )
 from tools.torture.ledger import LedgerReader
-from tools.torture.processes import (
-    ProducerFleet,
-    StoreProcess,
-    is_stopped,
-    wait_until,
-    write_store_config,
-)
+from tools.torture.processes import ProducerFleet
 from tools.torture.rounds import TORTURE_STORE
 from tools.torture.verify import VerifyState, verify_store
 

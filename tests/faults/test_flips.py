@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from fault_harness import SCALE, SMALL_CONFIG, fill_store, verify_ledger
 
-from engine.check import FindingKind, check
+from engine.check import check
+from engine.check_findings import FindingKind
 from engine.checkpoint import CheckpointSource, checkpoint_path, load_checkpoint
 from engine.config import StoreConfig
 from engine.formats.checkpoint import CRC_SIZE, SHARD_POS_SIZE, SHARDS_POS
@@ -32,6 +32,7 @@ from engine.formats.record import Verify, decode_record
 from engine.naming import BACKUP_SUFFIX, commitlog_dir
 from engine.recovery import RecoveryMode
 from engine.store import MessageStore
+from tests.faults.fault_harness import SCALE, SMALL_CONFIG, fill_store, verify_ledger
 from tests.helpers import open_refused
 from tools.torture.faults import flip_byte, index_entry_spans, queue_entry_spans, record_spans
 

@@ -10,9 +10,9 @@ import struct
 from collections import Counter
 
 import pytest
-from fault_harness import assert_passed, run_torture, scaled
 
 from engine.formats.record import SYS_FLAG_OFFSET
+from tests.faults.fault_harness import assert_passed, run_torture, scaled
 from tools.torture.hostile import MUTATIONS, hostile_request
 
 

@@ -13,9 +13,9 @@ import subprocess
 import sys
 
 import pytest
-from fault_harness import assert_passed, run_torture, scaled
 
-from tools.torture.processes import REPO_ROOT, child_env
+from tests.faults.fault_harness import assert_passed, run_torture, scaled
+from workers.child_env import REPO_ROOT, child_env
 
 # kills per round: the supervisor's restart is what the test is about; a child's or a
 # producer's restart is cheaper than the store start and stop around it, so 2 rounds x 1 kill

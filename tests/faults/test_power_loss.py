@@ -16,7 +16,6 @@ import random
 
 import numpy as np
 import pytest
-from fault_harness import SMALL_CONFIG, assert_passed, fill_store, run_torture, scaled
 
 from engine.check import check
 from engine.config import FlushPolicy, StoreConfig
@@ -24,6 +23,7 @@ from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE
 from engine.formats.index_file import INDEX_ENTRY, decode_index_header, entry_pos
 from engine.naming import INDEX_DIR
 from engine.store import MessageStore, close_parts
+from tests.faults.fault_harness import SMALL_CONFIG, assert_passed, fill_store, run_torture, scaled
 from tools.torture.faults import (
     SECTOR_BYTES,
     CheckpointFate,

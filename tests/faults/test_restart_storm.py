@@ -19,8 +19,9 @@ import pytest
 
 from engine.naming import INDEX_DIR
 from ipc.control_block import Role
+from tools.store_process import StoreProcess, wait_until, write_store_config
 from tools.torture.ledger import LedgerReader
-from tools.torture.processes import ProducerFleet, StoreProcess, wait_until, write_store_config
+from tools.torture.processes import ProducerFleet
 from tools.torture.rounds import TORTURE_STORE
 from tools.torture.verify import VerifyState, verify_store
 

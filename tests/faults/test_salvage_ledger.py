@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import random
 
-from fault_harness import SMALL_CONFIG, fill_store
-
 from engine.config import StoreConfig
 from engine.formats.record import BODY_OFFSET
 from engine.recovery import RecoveryMode
 from engine.store import MessageStore
+from tests.faults.fault_harness import SMALL_CONFIG, fill_store
 from tests.helpers import segment_of
 from tools.torture.faults import flip_byte
 from tools.torture.verify import AcceptedDamage, VerifyState, verify_store

@@ -24,9 +24,10 @@ import pytest
 
 from engine.status import PutStatus
 from ipc.producer import Producer
+from tools.store_process import StoreProcess, wait_until, write_store_config
 from tools.torture.filesystems import FilesystemUnavailable, MiB, ThinDisk, small_loop_ext4, unmount
 from tools.torture.ledger import LedgerReader
-from tools.torture.processes import ProducerFleet, StoreProcess, wait_until, write_store_config
+from tools.torture.processes import ProducerFleet
 from tools.torture.rounds import TORTURE_STORE
 from tools.torture.verify import VerifyState, verify_store
 from workers.exit_codes import CliExit

@@ -17,18 +17,18 @@ from engine.formats.record import (
     encode_record,
     stamp_record,
 )
-from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS, encode_records, stamp_records
-from engine.formats.record_columns import _JOIN_MIN_BODY_BYTES, encode_columns
-from engine.formats.record_scan import (
+from engine.formats.record.dispatch_columns import columns_from_headers, decode_dispatch
+from engine.formats.record.encode_many import _JOIN_MIN_BODY_BYTES, encode_columns, encode_records
+from engine.formats.record.spans import (
     _WALK_FIRST_RECORDS,
     _WALK_MIN_AVG_BYTES,
-    columns_from_headers,
-    decode_dispatch,
     find_starts,
     verify_spans,
     walk_starts,
 )
-from engine.message import Message, UniqKeyBlock, encode_message_properties, key_column
+from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, stamp_records
+from engine.formats.uniq_key import UniqKeyBlock
+from engine.message import Message, encode_message_properties, key_column
 
 BORN, STORE = ("127.0.0.1", 4242), ("10.1.2.3", 10911)
 BASE_POS = 1 << 30

@@ -1,4 +1,4 @@
-"""engine.formats.record_view: columns gathered at record positions equal the reference decoder's
+"""engine.formats.record.view: columns gathered at record positions equal the reference decoder's
 fields, a position is `framed` exactly where decode_record accepts a record's structure, and
 entry_mismatches names the records that are not what their consume-queue entries say."""
 
@@ -20,8 +20,8 @@ from engine.formats.record import (
     encode_record,
     stamp_record,
 )
-from engine.formats.record_view import entry_mismatches, gather_records
-from tests.formats.test_record import hand_built
+from engine.formats.record.view import entry_mismatches, gather_records
+from tests.formats.test_record_scalar import hand_built
 
 BASE_POS = 1 << 20
 

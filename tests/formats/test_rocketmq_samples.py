@@ -13,6 +13,7 @@ import pytest
 from engine.errors import CheckpointError, CorruptRecordError
 from engine.formats import record as rec
 from engine.formats.checkpoint import decode_checkpoint, decode_rocketmq_checkpoint, is_rocketmq_checkpoint
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.java_hash import java_string_hash
 from engine.formats.record import (
     MAGIC_V1,
@@ -122,9 +123,9 @@ def test_encoder_reproduces_rocketmq_bytes(store):
     theirs = data[RECORD_SIZE : RECORD_SIZE + RECORD_SIZE]
     props_len_pos = RECORD_SIZE - 2 - 46  # 46 bytes of properties in the sample
     assert struct.unpack_from(">h", theirs, props_len_pos)[0] == 46
-    assert struct.unpack_from(">i", ours, 0)[0] == RECORD_SIZE + rec.CRC32C_PROP_SIZE
+    assert struct.unpack_from(">i", ours, 0)[0] == RECORD_SIZE + CRC32C_PROP_SIZE
     assert ours[4:props_len_pos] == theirs[4:props_len_pos]
-    assert struct.unpack_from(">h", ours, props_len_pos)[0] == 46 + rec.CRC32C_PROP_SIZE
+    assert struct.unpack_from(">h", ours, props_len_pos)[0] == 46 + CRC32C_PROP_SIZE
     assert ours[props_len_pos + 2 : RECORD_SIZE] == theirs[props_len_pos + 2 :]
     assert decode_record(ours, base_pos=RECORD_SIZE).properties == got.properties
 

@@ -10,7 +10,6 @@ import time
 import pytest
 
 from engine.errors import BadInputError
-from engine.formats import record
 from engine.formats.uniq_key import (
     UNIQ_COUNTER_MASK,
     UNIQ_KEY_CHARS,
@@ -19,7 +18,6 @@ from engine.formats.uniq_key import (
     new_uniq_key_block,
     new_uniq_keys,
 )
-from engine.message import new_uniq_key_block as message_new_uniq_key_block
 
 THREADS = 8
 ROUNDS = 300
@@ -50,7 +48,7 @@ def hammer(take) -> list[str]:
 
 def mixed(i: int) -> list[str]:
     """Every way a key is made: one key, a list, a block (the Producer's path), a list of 50."""
-    return [[new_uniq_key()], record.new_uniq_keys(7), message_new_uniq_key_block(13).texts(),
+    return [[new_uniq_key()], new_uniq_keys(7), new_uniq_key_block(13).texts(),
             new_uniq_keys(50)][i % 4]
 
 

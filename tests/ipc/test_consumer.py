@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean
 
 from engine.errors import BadInputError, StoreError
 from engine.status import GetStatus
@@ -19,10 +14,12 @@ from ipc.consumer import Consumer
 from ipc.consumer_offsets import (
     ConsumerOffsets,
     encode_offset_table,
+    parse_offset_document,
     parse_offset_table,
 )
 from ipc.producer import Producer
 from tests.conftest import ROCKETMQ_SAMPLES
+from tests.workers.store_harness import assert_check_clean, start_store
 
 SAMPLE = ROCKETMQ_SAMPLES / "store-2019" / "config" / "consumerOffset.json"
 
@@ -49,13 +46,34 @@ def test_commit_writes_strict_json_with_backup(tmp_path):
     offsets.commit("T1", "g", 0, 5)
     offsets.commit("T1", "g", 1, 7)
     path = tmp_path / "config" / "consumerOffset.json"
-    assert json.loads(path.read_text()) == {"offsetTable": {"T1@g": {"0": 5, "1": 7}}}
-    assert json.loads(path.with_name(path.name + ".bak").read_text()) == {
-        "offsetTable": {"T1@g": {"0": 5}}}
+    assert json.loads(path.read_text())["offsetTable"] == {"T1@g": {"0": 5, "1": 7}}
+    assert json.loads(path.with_name(path.name + ".bak").read_text())["offsetTable"] == {
+        "T1@g": {"0": 5}}
     assert offsets.get("T1", "g", 1) == 7 and offsets.get("T1", "other", 1) is None
     for written in (path, path.with_name(path.name + ".bak")):
         assert written.stat().st_mode & 0o077 == 0, written
-    assert path.read_bytes() == encode_offset_table({"T1@g": {0: 5, 1: 7}})
+    _, times = offsets.load_with_times()
+    assert path.read_bytes() == encode_offset_table({"T1@g": {0: 5, 1: 7}}, times)
+
+
+def test_commit_records_when_each_queue_was_committed(tmp_path):
+    offsets = ConsumerOffsets(tmp_path)
+    before_ms = time.time_ns() // 1_000_000
+    offsets.commit_many("g", {("T1", 0): 5, ("T1", 1): 6})
+    first = offsets.load_with_times()[1]["T1@g"]
+    assert set(first) == {0, 1} and all(before_ms <= ms <= time.time_ns() // 1_000_000
+                                        for ms in first.values())
+    wait_ms = first[0] + 2
+    while time.time_ns() // 1_000_000 < wait_ms:  # the clock, not a sleep for another party
+        pass
+    offsets.commit("T1", "g", 1, 9)
+    later = offsets.load_with_times()[1]["T1@g"]
+    assert later[0] == first[0] and later[1] > first[1]
+
+
+def test_file_without_commit_times_reads_as_never_committed():
+    table, times = parse_offset_document('{"offsetTable":{"T@g":{0:3}}}')
+    assert table == {"T@g": {0: 3}} and times == {}
 
 
 def test_torn_primary_falls_back_to_backup(tmp_path):
@@ -89,7 +107,7 @@ def test_concurrent_commits_lose_nothing(tmp_path):
 # ------------------------------------------------------------------ against a running store
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    running = RunningStore.start(tmp_path_factory.mktemp("consumer") / "store")
+    running = start_store(tmp_path_factory.mktemp("consumer") / "store")
     yield running
     if running.proc.poll() is None:
         assert running.stop() == 0
@@ -180,7 +198,7 @@ def test_iterate_writes_offsets_on_its_timer_and_when_it_ends(store):
 
 @pytest.mark.slow
 def test_consumer_never_sees_what_is_not_flushed(tmp_path):
-    store = RunningStore.start(tmp_path / "slow", env={"MQSTORE_FAULT_FSYNC_DELAY_MS": "700"})
+    store = start_store(tmp_path / "slow", env={"MQSTORE_FAULT_FSYNC_DELAY_MS": "700"})
     try:
         with Producer(store.root) as producer, Consumer(store.root, "v") as consumer:
             assert producer.send("VIS", b"warm-up", queue_id=0).ok
@@ -200,7 +218,7 @@ def test_consumer_never_sees_what_is_not_flushed(tmp_path):
 
 @pytest.mark.slow
 def test_committed_offsets_survive_a_restart(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
+    store = start_store(tmp_path / "store")
     with Producer(store.root) as producer:
         for i in range(6):
             producer.send("OFF", f"m{i}".encode(), queue_id=0)
@@ -209,7 +227,7 @@ def test_committed_offsets_survive_a_restart(tmp_path):
         result = consumer.pull("OFF", 0, max_count=4)
         consumer.commit("OFF", 0, result.next_offset)
     assert store.stop() == 0
-    store = RunningStore.start(store.root)
+    store = start_store(store.root)
     try:
         with Consumer(store.root, "keep") as consumer:
             assert consumer.committed("OFF", 0) == 4

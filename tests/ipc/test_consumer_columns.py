@@ -4,15 +4,10 @@ record refused, bad input refused without a change; and wait_for_more."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean
 
 from engine.errors import BadInputError, CorruptConsumeQueueError, ServiceNotAvailableError
 from engine.formats.cq_entry import CQ_ENTRY, CQ_ENTRY_SIZE
@@ -20,11 +15,12 @@ from engine.naming import consume_queue_dir
 from engine.status import GetStatus, PutStatus
 from ipc.consumer import Consumer
 from ipc.producer import Producer
+from tests.workers.store_harness import assert_check_clean, start_store
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    running = RunningStore.start(tmp_path_factory.mktemp("columns") / "store")  # 64 KiB segments
+    running = start_store(tmp_path_factory.mktemp("columns") / "store")  # 64 KiB segments
     yield running
     if running.proc.poll() is None:
         assert running.stop() == 0
@@ -144,7 +140,7 @@ def test_bad_input_is_refused_and_changes_nothing(store):
 
 @pytest.mark.slow
 def test_an_entry_that_does_not_match_its_record_is_corrupt(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     try:
         with Producer(running.root) as producer:
             for i in range(4):
@@ -188,7 +184,7 @@ def test_wait_for_more_gives_up_when_the_supervisor_dies_unreaped(tmp_path):
     """SIGKILLed and not yet reaped by its parent (a zombie, which still takes signals): a
     consumer sleeping in wait_for_more says SERVICE_NOT_AVAILABLE instead of sleeping on
     (at once with reattach_timeout_s = 0: no new supervisor is waited for)."""
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     with Consumer(running.root, "gone", reattach_timeout_s=0) as consumer:
         running.wait_caught_up()
         bound = consumer.dispatched_pos
@@ -197,6 +193,6 @@ def test_wait_for_more_gives_up_when_the_supervisor_dies_unreaped(tmp_path):
         with pytest.raises(ServiceNotAvailableError, match="supervisor is gone"):
             consumer.wait_for_more(bound, 60_000)
     running.proc.wait()
-    restarted = RunningStore.start(running.root)
+    restarted = start_store(running.root)
     assert restarted.stop() == 0
     assert_check_clean(running.root)

@@ -10,14 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import SMALL_STORE, RunningStore, assert_check_clean, cli
 
 from engine.formats.record import BODY_OFFSET
 from engine.message import Message
@@ -25,6 +20,8 @@ from engine.status import GetStatus
 from ipc.consumer import Consumer
 from ipc.producer import Producer
 from tests.helpers import patch, read, segment_of
+from tests.workers.store_harness import SMALL_STORE, assert_check_clean, cli, start_store
+from tools.store_process import StoreProcess
 
 COUNT = 6
 BAD = 2
@@ -36,13 +33,13 @@ TORN_HEADER = (4, bytes(4))  # MAGICCODE zeroed: no sound frame
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
-    store = RunningStore.start(tmp_path_factory.mktemp("corrupt") / "store")
+    store = start_store(tmp_path_factory.mktemp("corrupt") / "store")
     yield store
     assert store.stop() == 0
     assert_check_clean(store.root)
 
 
-def fill(running: RunningStore, topic: str) -> list:
+def fill(running: StoreProcess, topic: str) -> list:
     with Producer(running.root) as producer:
         acks = list(producer.send_batch([Message(topic, b"body-%d" % i, keys=(KEY, f"k{i}"), queue_id=0)
                                          for i in range(COUNT)]))
@@ -52,7 +49,7 @@ def fill(running: RunningStore, topic: str) -> list:
 
 
 @contextlib.contextmanager
-def damaged(running: RunningStore, topic: str, change: tuple[int, bytes]) -> Iterator[int]:
+def damaged(running: StoreProcess, topic: str, change: tuple[int, bytes]) -> Iterator[int]:
     """Fill `topic`, change bytes of its record at offset BAD on disk and yield that record's
     commit_pos; the bytes are put back afterwards, so the store still checks clean."""
     bad_pos = fill(running, topic)[BAD].commit_pos

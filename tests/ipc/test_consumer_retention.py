@@ -9,14 +9,10 @@ files wholly below them) from the test process on the live store's files, as a c
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import SMALL_STORE, RunningStore, assert_check_clean, cli
 
 from engine import retention
 from engine.commitlog import CommitLog
@@ -27,6 +23,7 @@ from engine.recovery import StoreParts
 from engine.status import GetStatus
 from ipc.consumer import Consumer
 from ipc.producer import Producer
+from tests.workers.store_harness import SMALL_STORE, assert_check_clean, cli, start_store
 
 TOPIC = "RT"
 COUNT = 900  # ~5 commitlog segments of 64 KiB; 500 entries per consume-queue file
@@ -57,7 +54,7 @@ def retire_segments(root: Path, count: int) -> int:
 def retired(tmp_path):
     """A running store whose queue RT/0 lost its first records to retention: (store, acks,
     first live offset); a consumer "early" pulled from offset 0 before the deletion."""
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     try:
         with Producer(running.root) as producer:
             acks = list(producer.send_batch([Message(TOPIC, body(i), queue_id=0) for i in range(COUNT)]))

@@ -12,6 +12,7 @@ import pytest
 
 from engine.config import FlushPolicy
 from engine.errors import FormatVersionError, ServiceNotAvailableError, StoreError
+from engine.status import PutStatus
 from ipc import seqlock
 from ipc.control_block import (
     HEADER_OFFSET,
@@ -217,6 +218,24 @@ def test_control_block_publish_smaller_value_raises_and_reset_allows_it(store_di
     assert cb.snapshot().shard_processed_pos == (10,) and cb.dispatched_pos == 20
     cb.reset_positions(Positions.uniform(5, 1))
     assert cb.snapshot() == Positions.uniform(5, 1)
+    cb.close()
+    cb.unlink()
+
+
+def test_put_status_counts_add_up_and_put_ok_is_derived_from_appended(store_dir):
+    cb = ControlBlock.create(store_dir, 1, FlushCode.SYNC)
+    assert set(cb.put_status_counts().values()) == {0} and len(cb.put_status_counts()) == len(PutStatus) - 1
+    cb.publish_written(300, msg_count=7)
+    cb.count_put_statuses({PutStatus.MESSAGE_ILLEGAL: 2, PutStatus.FLUSH_DISK_TIMEOUT: 3})
+    cb.count_put_statuses({PutStatus.MESSAGE_ILLEGAL: 1, PutStatus.UNKNOWN_ERROR: 4})
+    with pytest.raises(ValueError, match="PUT_OK"):
+        cb.count_put_statuses({PutStatus.PUT_OK: 1})
+    reader = ControlBlock.attach(store_dir)
+    counts = reader.put_status_counts()
+    assert counts[PutStatus.PUT_OK] == 7 - 3  # the timed-out answers were appended too
+    assert (counts[PutStatus.MESSAGE_ILLEGAL], counts[PutStatus.FLUSH_DISK_TIMEOUT],
+            counts[PutStatus.UNKNOWN_ERROR], counts[PutStatus.DISK_FULL]) == (3, 3, 4, 0)
+    reader.close()
     cb.close()
     cb.unlink()
 

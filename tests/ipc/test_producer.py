@@ -7,24 +7,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import (
-    PRODUCER_SCRIPT,
-    RunningStore,
-    assert_check_clean,
-    claimed_producer_slots,
-    module_store,
-    read_acks,
-    spawn_python,
-    wait_for,
-)
 
 from engine.errors import (
     FormatVersionError,
@@ -41,6 +27,16 @@ from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.producer import Producer
 from ipc.run_info import run_dir
 from ipc.shm import region_name
+from tests.workers.store_harness import (
+    PRODUCER_SCRIPT,
+    assert_check_clean,
+    claimed_producer_slots,
+    module_store,
+    read_acks,
+    spawn_python,
+    start_store,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -334,7 +330,7 @@ def test_not_a_store_and_newer_format_are_refused(tmp_path):
 
 
 def test_producer_against_stopped_store_fails_fast(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     assert running.stop() == 0
     started = time.monotonic()
     with pytest.raises(ServiceNotAvailableError, match="no supervisor runs"):
@@ -368,7 +364,7 @@ def small_filesystem(tmp_path):
 
 
 def test_full_disk_is_a_status_and_writes_resume_when_space_returns(small_filesystem):
-    store = RunningStore.start(small_filesystem / "store")
+    store = start_store(small_filesystem / "store")
     try:
         with Producer(store.root) as producer:
             assert producer.send("DISK", b"before").ok

@@ -4,23 +4,21 @@ BatchResult against what a consumer reads, splits over requests, bad input, thre
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean, module_store
-
 from engine.errors import BadInputError, StoreClosedError
-from engine.formats.record_batch import encode_records, stamp_records
+from engine.formats.record.encode_many import encode_records
+from engine.formats.record.stamp_many import stamp_records
 from engine.message import Message, encode_message_properties
 from engine.naming import commitlog_dir, offset_to_name
 from engine.status import PutStatus
 from ipc.batch_result import BatchResult
 from ipc.consumer import Consumer
 from ipc.producer import Producer
+from tests.workers.store_harness import assert_check_clean, module_store, start_store
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +40,7 @@ def log_bytes(root: Path, commit_pos: int, size: int) -> bytes:
 
 def expected_log_bytes(record, *, tags, key) -> bytes:
     """What the message-by-message path writes for this message: its properties from
-    engine.message with the record's UNIQ_KEY, record_batch's encoder, the record's stamps."""
+    engine.message with the record's UNIQ_KEY, encode_many's encoder, the record's stamps."""
     message = Message(record.topic, record.body, tags=tags, keys=(key,) if key else ())
     props = encode_message_properties(message, record.uniq_key)
     encoded = encode_records([record.topic.encode()], [record.body], [props], [record.queue_id],
@@ -198,7 +196,7 @@ def test_blocking_and_async_calls_from_many_threads_keep_each_threads_order(stor
 
 
 def test_status_counts_of_a_batch_into_a_stopping_store(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     producer = Producer(running.root, reattach_timeout_s=0)
     try:
         assert producer.send_columns("COLS_STOP", [b"x"] * 3).ok

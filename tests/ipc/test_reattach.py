@@ -7,15 +7,10 @@ import json
 import os
 import select
 import signal
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import RunningStore, assert_check_clean, wait_for
 
 from engine.errors import BadInputError, ServiceNotAvailableError
 from engine.status import GetStatus, PutStatus
@@ -24,6 +19,7 @@ from ipc.consumer import Consumer
 from ipc.mailbox import SlotState
 from ipc.producer import Producer
 from ipc.run_info import run_dir
+from tests.workers.store_harness import assert_check_clean, start_store, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +33,7 @@ def body_at(consumer: Consumer, topic: str, queue_id: int, queue_offset: int) ->
 
 
 def test_producer_and_consumer_keep_working_across_stop_and_start(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     producer = Producer(running.root, reattach_timeout_s=60)
     consumer = Consumer(running.root, "across", reattach_timeout_s=60)
     try:
@@ -49,7 +45,7 @@ def test_producer_and_consumer_keep_working_across_stop_and_start(tmp_path):
         sender = threading.Thread(target=lambda: during.append(
             producer.send("ACROSS", b"during", queue_id=0)))
         sender.start()
-        running = RunningStore.start(running.root)
+        running = start_store(running.root)
         sender.join(60)
         assert during and during[0].ok, during
         after = producer.send("ACROSS", b"after", queue_id=0)
@@ -65,7 +61,7 @@ def test_producer_and_consumer_keep_working_across_stop_and_start(tmp_path):
 
 
 def test_kill_9_request_in_flight_gets_outcome_unknown_then_the_producer_reattaches(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     producer = Producer(running.root, reattach_timeout_s=60)
     consumer = Consumer(running.root, "killed", reattach_timeout_s=60)
     try:
@@ -82,7 +78,7 @@ def test_kill_9_request_in_flight_gets_outcome_unknown_then_the_producer_reattac
             sender.slot.index], "the request to be published")
         queued = producer.send_async("KILL9", b"queued", queue_id=0)  # behind it, unpublished
         running.kill()
-        running = RunningStore.start(running.root)
+        running = start_store(running.root)
         lost = in_flight.result(timeout=60)
         assert lost.status is PutStatus.OUTCOME_UNKNOWN, lost
         assert "may or may not be stored" in lost.reason and lost.commit_pos is None
@@ -99,7 +95,7 @@ def test_kill_9_request_in_flight_gets_outcome_unknown_then_the_producer_reattac
 
 
 def test_no_new_supervisor_ends_the_wait_with_a_clear_error_at_the_bound(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     producer = Producer(running.root, reattach_timeout_s=1.0)
     consumer = Consumer(running.root, "bound", reattach_timeout_s=1.0)
     try:
@@ -166,7 +162,7 @@ def _fork_child(work) -> tuple[int, int]:
 
 
 def test_fork_child_sends_on_its_own_slot_and_no_answer_is_mixed_up(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     try:
         with Producer(running.root) as producer:
             assert producer.send("FORK", b"parent-0", queue_id=0).ok
@@ -199,7 +195,7 @@ def test_fork_child_sends_on_its_own_slot_and_no_answer_is_mixed_up(tmp_path):
 
 
 def test_fork_child_closing_the_inherited_producer_leaves_the_parent_slot_alone(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     try:
         with Producer(running.root) as producer:
             assert producer.send("FORKCLOSE", b"before").ok
@@ -220,7 +216,7 @@ def test_fork_child_closing_the_inherited_producer_leaves_the_parent_slot_alone(
 
 
 def test_fork_child_consumer_waits_on_its_own_entry_and_leaves_the_parents(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     try:
         with Consumer(running.root, "forkc") as consumer, Producer(running.root) as producer:
             assert consumer.wait_for_more(consumer.dispatched_pos, 10) is False  # registers

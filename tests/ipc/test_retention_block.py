@@ -10,7 +10,14 @@ import textwrap
 import pytest
 
 from engine.retention import RetentionReason
-from ipc.control_block import LAYOUT_VERSION, TOTAL_SIZE, ControlBlock, FlushCode, Role
+from ipc.control_block import (
+    LAYOUT_VERSION,
+    PUT_STATUS_GROUP_OFFSET,
+    TOTAL_SIZE,
+    ControlBlock,
+    FlushCode,
+    Role,
+)
 from ipc.retention_block import SHARD_CLEAN_OFFSET, ChildClean, RetentionBlock, RetentionLine
 from ipc.shm import issue_shm_token, unlink_stale_regions
 from ipc.wakeup import unlink_all
@@ -26,9 +33,9 @@ def ctl(tmp_path):
     unlink_all(tmp_path)
 
 
-def test_the_retention_area_fits_the_version_2_layout():
-    assert LAYOUT_VERSION == 2
-    assert SHARD_CLEAN_OFFSET + 64 * 64 == TOTAL_SIZE
+def test_the_retention_area_fits_the_layout_before_the_put_status_group():
+    assert LAYOUT_VERSION == 3
+    assert SHARD_CLEAN_OFFSET + 64 * 64 == PUT_STATUS_GROUP_OFFSET == TOTAL_SIZE - 64
 
 
 def test_a_new_block_has_the_line_at_zero_and_no_request(ctl):

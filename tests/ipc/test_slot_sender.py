@@ -7,18 +7,14 @@ from __future__ import annotations
 import _thread
 import os
 import signal
-import sys
 import threading
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import module_store, wait_for
 
 from engine.status import PutStatus
 from ipc.producer import Producer
 from ipc.slot_sender import Pending
+from tests.workers.store_harness import module_store, wait_for
 
 pytestmark = pytest.mark.slow
 

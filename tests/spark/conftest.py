@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.stores import REPO_ROOT, T0_MS, FakeClock, engine_records, message_batches, write_store
+from tests.spark.stores import T0_MS, FakeClock, engine_records, message_batches, write_store
+from workers.child_env import python_path
 
 try:
     import pyarrow  # noqa: F401 - Python data sources exchange Arrow batches
@@ -24,8 +25,7 @@ except ImportError:  # the [spark] extra is not installed: nothing here can run
 
 
 def _spark_env() -> None:
-    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    os.environ["PYTHONPATH"] = python_path()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
@@ -41,6 +41,7 @@ def spark() -> Iterator:
                .config("spark.default.parallelism", "2")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.python.filterPushdown.enabled", "true")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     yield session

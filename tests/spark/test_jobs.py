@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import base64
+import functools
 import json
 import shutil
 import struct
@@ -10,15 +12,18 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from engine.check import FindingKind
 from engine.check import check as engine_check
+from engine.check_findings import FindingKind
 from engine.dispatch import index_keys
+from engine.errors import BadInputError
 from engine.formats.cq_entry import CQ_ENTRY_SIZE
 from engine.formats.record import BODY_OFFSET
 from engine.store import MessageStore
-from tests.spark.stores import SMALL_CONFIG
+from tests.spark.stores import SMALL_CONFIG, T0_MS, FakeClock, message_batches, write_store
 from tools.spark import jobs
 from tools.spark.cli import _run_job, add_spark_parser
 
@@ -75,9 +80,19 @@ def test_check_finds_a_bad_record_a_bad_entry_and_a_missing_index_file(spark, st
     report = jobs.check(spark, copy)
     kinds = Counter(f.kind for f in report.findings)
     assert [f.pos for f in report.findings if f.kind is FindingKind.CORRUPT_RECORD] == [victim]
-    assert kinds[FindingKind.CQ_ENTRY_MISMATCH] >= 2  # the edited entry and the corrupt record's
+    assert kinds[FindingKind.CQ_ENTRY_MISMATCH] == 1  # the edited entry; the corrupt record's is sound
     assert kinds[FindingKind.INDEX_KEY_MISSING] > 0
     assert report.records == len(records)  # the bad one included: its structure holds
+
+
+def test_one_bad_record_is_one_finding_as_in_the_engine_check(spark, store_dir, records, tmp_path):
+    copy = tmp_path / "one-bad"
+    shutil.copytree(store_dir, copy)
+    victim = next(p for p in sorted(records) if records[p].keys)  # it has an entry and index keys
+    _flip(copy / "commitlog" / f"{0:020d}", victim + BODY_OFFSET)
+    found = [(f.kind, f.pos) for f in jobs.check(spark, copy).findings]
+    assert found == [(FindingKind.CORRUPT_RECORD, victim)]
+    assert [(f.kind, f.pos) for f in engine_check(copy)] == found
 
 
 def test_check_cli_reports_a_clean_store_as_json(spark, store_dir, capsys):
@@ -122,3 +137,55 @@ def test_export_writes_parquet_by_topic_and_date(spark, store_dir, records, tmp_
     back = spark.read.parquet(str(out))
     assert back.count() == len(records)
     assert {r.commit_pos for r in back.select("commit_pos").collect()} == set(records)
+    part = next(out.rglob("*.parquet"))
+    assert pq.read_schema(part).field("store_ts").type == pa.timestamp("us", tz="UTC")  # not INT96
+
+
+def test_a_second_append_reports_what_it_wrote(spark, store_dir, records, tmp_path):
+    out = tmp_path / "export"
+    assert jobs.export(spark, store_dir, out, options={"topics": "orders"}).rows == 96
+    again = jobs.export(spark, store_dir, out, mode=jobs.ExportMode.APPEND)
+    assert again.rows == len(records)  # what this run wrote, not what the directory holds
+    assert spark.read.parquet(str(out)).count() == 96 + len(records)
+
+
+def _export_count(spark, out) -> Counter:
+    return Counter(r.commit_pos for r in spark.read.parquet(str(out)).select("commit_pos").collect())
+
+
+def test_incremental_export_resumes_and_a_rerun_writes_nothing_twice(spark, tmp_path):
+    root, out, clock = tmp_path / "store", tmp_path / "export", FakeClock(T0_MS)
+    batches = message_batches(6, 10)
+    write_store(root, batches[:3], clock)
+    incremental = functools.partial(jobs.export, spark, root, out, mode=jobs.ExportMode.INCREMENTAL)
+    first = incremental()
+    assert (first.rows, first.start_pos) == (30, 0)
+    assert incremental().rows == 0
+    write_store(root, batches[3:], clock)
+    ledger = (out / "_mqstore_export.json").read_bytes()
+    assert incremental().rows == 30
+    (out / "_mqstore_export.json").write_bytes(ledger)  # as if that run died before its ledger
+    redo = incremental()
+    assert (redo.rows, redo.start_pos) == (30, first.end_pos)
+    counts = _export_count(spark, out)
+    assert len(counts) == 60 and set(counts.values()) == {1}
+    with pytest.raises(BadInputError, match="was written with options"):
+        incremental(options={"topics": "orders"})
+
+
+def test_csv_export_flattens_keys_properties_and_body(spark, store_dir, records, tmp_path):
+    out = tmp_path / "csv"
+    result = jobs.export(spark, store_dir, out, fmt="csv", options={"topics": "audit"})
+    assert result.rows == sum(r.topic == "audit" for r in records.values())
+    rows = spark.read.option("header", "true").csv(str(out)).collect()
+    for row in rows:
+        rec = records[int(row.commit_pos)]
+        assert base64.b64decode(row.body) == rec.body
+        assert (row.keys or "") == " ".join(rec.keys)
+        assert json.loads(row.properties) == rec.properties
+
+
+def test_an_unknown_export_format_is_refused(store_dir, tmp_path):
+    with pytest.raises(BadInputError, match="invalid format: 'avro' is not one of parquet, json, orc, csv"):
+        jobs.export(None, store_dir, tmp_path / "out", fmt="avro")
+    assert not (tmp_path / "out").exists()

@@ -7,6 +7,7 @@ and `scan.read_scalar_batches` (record.decode_record one record at a time).
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,11 +16,13 @@ from hypothesis import strategies as st
 
 from engine.formats.properties import decode_properties
 from engine.formats.record import BODY_OFFSET
-from engine.formats.record_batch import encode_records, stamp_records
+from engine.formats.record.encode_many import encode_records
+from engine.formats.record.stamp_many import stamp_records
 from tests.spark.stores import T0_MS
 from tools.spark.arrow_columns import parse_pieces
+from tools.spark.options import parse_options
 from tools.spark.scan import read_scalar_batches
-from tools.spark.source import MqstoreReader, parse_options
+from tools.spark.source import MqstoreReader
 
 OPTION_SETS = [
     {}, {"view": "dispatch"}, {"verify": "fail"}, {"verify": "report"},
@@ -30,11 +33,18 @@ OPTION_SETS = [
 
 
 def both_paths(root, **options) -> tuple[list[dict], list[dict]]:
-    reader = MqstoreReader(parse_options({"path": str(root), **options}))
+    """Rows of every partition by the batch path and by the reference path; a
+    maxPartitionBytes below the option's floor is set on the parsed options."""
+    target_bytes = options.pop("maxPartitionBytes", None)
+    opts = parse_options({"path": str(root), **options})
+    if target_bytes is not None:
+        opts = replace(opts, target_bytes=int(target_bytes))
+    reader = MqstoreReader(opts)
     fast, scalar = [], []
     for part in reader.partitions():
         fast += [row for batch in reader.read(part) for row in batch.to_pylist()]
-        scalar += [row for batch in read_scalar_batches(part.value, reader.spec) for row in batch.to_pylist()]
+        scalar += [row for rng in part.value for batch in read_scalar_batches(rng, reader.spec)
+                   for row in batch.to_pylist()]
     return fast, scalar
 
 

@@ -15,8 +15,8 @@ from tools.spark.source import MqstoreReader, parse_options
 
 def scalar_rows(root, **options) -> list[dict]:
     reader = MqstoreReader(parse_options({"path": str(root), **options}))
-    return [row for part in reader.partitions()
-            for batch in read_scalar_batches(part.value, reader.spec) for row in batch.to_pylist()]
+    return [row for part in reader.partitions() for rng in part.value
+            for batch in read_scalar_batches(rng, reader.spec) for row in batch.to_pylist()]
 
 
 def test_records_running_past_a_small_block_read_the_same(store_dir, records, monkeypatch):

@@ -6,14 +6,21 @@ import shutil
 import socket
 import struct
 import zlib
+from dataclasses import replace
 
 import pytest
+from pyspark.sql.types import IntegerType, LongType, StructField, StructType
 
+from engine.errors import BadInputError
 from engine.formats.msg_id import make_msg_id
 from engine.formats.record import BODY_OFFSET, MAGIC_V2, SysFlag
+from engine.store import MessageStore
 from tests.conftest import ROCKETMQ_SAMPLES as SAMPLES_DIR
+from tests.spark.stores import SMALL_CONFIG, T0_MS
+from tools.spark.layout import read_layout
+from tools.spark.options import parse_options
 from tools.spark.scan import host_text
-from tools.spark.source import MqstoreReader, parse_options, register
+from tools.spark.source import MqstoreDataSource, MqstoreReader, register
 
 
 def load(spark, path, **options):
@@ -51,12 +58,66 @@ def test_rows_equal_what_the_engine_reads(spark, store_dir, records):
 
 
 @pytest.mark.parametrize("mode", ["sample", "walk"])
-@pytest.mark.slow
-def test_byte_range_partitions_read_every_record_once(spark, store_dir, records, mode):
-    df = load(spark, store_dir, maxPartitionBytes="4000", splitMode=mode)
-    assert df.rdd.getNumPartitions() > 8  # more ranges than segments
-    positions = [r.commit_pos for r in df.select("commit_pos").collect()]
+def test_byte_range_partitions_read_every_record_once(store_dir, records, mode):
+    """Below the option's floor (1 MiB) only through SourceOptions: ranges inside segments."""
+    opts = replace(parse_options({"path": str(store_dir), "splitMode": mode}), target_bytes=4000)
+    reader = MqstoreReader(opts)
+    parts = reader.partitions()
+    assert len(parts) > 8  # more ranges than segments
+    positions = [p for part in parts for b in reader.read(part) for p in b.column("commit_pos").to_pylist()]
     assert sorted(positions) == sorted(records)
+
+
+@pytest.mark.slow
+def test_small_segments_are_packed_into_few_partitions(spark, store_dir, records):
+    layout = read_layout(store_dir)
+    assert len(layout.segments) > 4  # 16 KiB segments
+    df = load(spark, store_dir)
+    assert df.rdd.getNumPartitions() == 1  # all of them fit maxPartitionBytes (128 MiB)
+    assert sorted(r.commit_pos for r in df.select("commit_pos").collect()) == sorted(records)
+
+
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("empty") / "store"
+    MessageStore.open(root, SMALL_CONFIG).close()
+    return root
+
+
+@pytest.mark.slow
+def test_an_empty_plan_reads_zero_rows(spark, empty_store, store_dir):
+    assert load(spark, empty_store).count() == 0
+    assert load(spark, store_dir, startPos=str(10**12)).count() == 0
+    assert load(spark, store_dir, startTime=str(T0_MS + 10_000), endTime=str(T0_MS)).count() == 0
+
+
+@pytest.mark.slow
+def test_a_schema_with_some_columns_returns_those_columns(spark, store_dir, records):
+    df = spark.read.format("mqstore").schema("topic string, commit_pos bigint").load(str(store_dir))
+    rows = df.collect()
+    assert df.columns == ["topic", "commit_pos"]
+    assert {(r.commit_pos, r.topic) for r in rows} == {(p, r.topic) for p, r in records.items()}
+
+
+def test_a_schema_naming_an_unknown_column_or_a_wrong_type_is_refused(store_dir):
+    source = MqstoreDataSource({"path": str(store_dir)})
+    with pytest.raises(BadInputError, match="'partition' is not a column of the messages view"):
+        source.reader(StructType([StructField("commit_pos", LongType()),
+                                  StructField("partition", IntegerType())]))
+    with pytest.raises(BadInputError, match="column 'commit_pos' is bigint, not int"):
+        source.reader(StructType([StructField("commit_pos", IntegerType())]))
+
+
+def test_unknown_options_are_refused_with_a_suggestion(store_dir):
+    with pytest.raises(BadInputError, match="invalid topic: unknown mqstore option; did you mean 'topics'"):
+        parse_options({"path": str(store_dir), "topic": "orders"})
+    assert parse_options({"PATH": str(store_dir), "TOPICS": "orders"}).scan_filter.topics == {"orders"}
+
+
+def test_max_partition_bytes_has_a_floor(store_dir):
+    with pytest.raises(BadInputError, match="maxPartitionBytes: 1000 is below the floor of 1048576"):
+        parse_options({"path": str(store_dir), "maxPartitionBytes": "1000"})
+    assert parse_options({"path": str(store_dir), "maxPartitionBytes": str(1 << 20)}).target_bytes == 1 << 20
 
 
 @pytest.mark.slow

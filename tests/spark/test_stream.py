@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-import pytest
+import logging
+import os
+import re
 
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql.streaming.datasource import ReadMaxBytes
+
+from engine.check import check as engine_check
 from engine.checkpoint import load_checkpoint
+from engine.errors import BadInputError, DataLossError
 from engine.store import MessageStore
 from tests.conftest import ROCKETMQ_SAMPLES
-from tests.spark.stores import SMALL_CONFIG, T0_MS, FakeClock, message_batches, write_store
-from tools.spark.source import MqstoreReader, parse_options
+from tests.spark.stores import SMALL_CONFIG, T0_MS, FakeClock, engine_records, message_batches, write_store
+from tools.spark.options import parse_options
+from tools.spark.source import MqstoreReader
 from tools.spark.stream import MqstoreStreamReader
 
 
@@ -83,3 +92,113 @@ def test_a_batch_read_of_a_running_store_stops_at_the_durable_position(tmp_path)
             assert rows == 20
     reader = MqstoreReader(parse_options({"path": str(root)}))
     assert sum(b.num_rows for p in reader.partitions() for b in reader.read(p)) == 21
+
+
+def _segments(root):
+    return sorted((root / "commitlog").iterdir())
+
+
+def _retention(root, keep_from_pos: int) -> int:
+    """Delete the oldest segments wholly below `keep_from_pos`, as retention does (never the
+    last one); returns the new first position."""
+    segments = _segments(root)
+    for path in segments[:-1]:
+        if int(path.name) + SMALL_CONFIG.commitlog_file_size <= keep_from_pos:
+            path.unlink()
+    return int(_segments(root)[0].name)
+
+
+def _stream(spark, root, out, checkpoint, **options):
+    return (spark.readStream.format("mqstore").options(**options).load(str(root))
+            .writeStream.format("parquet").option("path", str(out))
+            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+
+
+@pytest.mark.slow
+def test_a_restart_after_retention_fails_naming_the_lost_positions(spark, tmp_path):
+    root, out, checkpoint = tmp_path / "store", tmp_path / "out", tmp_path / "checkpoint"
+    batches, clock = message_batches(12, 10), FakeClock(T0_MS)
+    write_store(root, batches[:2], clock)
+    _run_once(spark, root, out, checkpoint)
+    read_to = load_checkpoint(root).checkpoint.commitlog_flushed_pos
+    write_store(root, batches[2:], clock)
+    first_left = _retention(root, read_to + 2 * SMALL_CONFIG.commitlog_file_size)
+    assert first_left > read_to
+    query = _stream(spark, root, out, checkpoint)
+    with pytest.raises(StreamingQueryException) as failed:
+        query.awaitTermination(120)
+    error = str(failed.value)
+    assert f"commit positions [{read_to}, {first_left}) are no longer in the store" in error
+    assert "failOnDataLoss" in error
+    assert spark.read.parquet(str(out)).count() == 20  # nothing after the loss was delivered
+    query = _stream(spark, root, out, checkpoint, failOnDataLoss="false")
+    query.awaitTermination(120)
+    assert query.exception() is None
+    rows = spark.read.parquet(str(out)).select("commit_pos").collect()
+    kept = MqstoreReader(parse_options({"path": str(root), "startPos": str(first_left)}))
+    left = sum(b.num_rows for p in kept.partitions() for b in kept.read(p))
+    assert len(rows) == 20 + left and min(r.commit_pos for r in rows if r.commit_pos >= read_to) == first_left
+    assert engine_check(root) == []
+
+
+def test_a_segment_deleted_between_planning_and_reading_is_named(tmp_path, caplog):
+    root = tmp_path / "store"
+    write_store(root, message_batches(12, 10), FakeClock(T0_MS))
+    failing = MqstoreStreamReader(parse_options({"path": str(root)}))
+    skipping = MqstoreStreamReader(parse_options({"path": str(root), "failOnDataLoss": "false"}))
+    start, end = failing.initialOffset(), failing.latestOffset()
+    parts = failing.partitions(start, end)
+    assert len(parts) == 1 and len(parts[0].value) > 2  # small segments packed into one partition
+    victim = parts[0].value[1]
+    os.unlink(victim.path)
+    lost = f"[{victim.base_pos + victim.start}, {victim.base_pos + victim.end})"
+    with pytest.raises(DataLossError, match=re.escape(f"commit positions {lost} are no longer")):
+        list(failing.read(parts[0]))
+    with caplog.at_level(logging.WARNING, logger="mqstore.spark"):
+        rows = sum(b.num_rows for b in skipping.read(parts[0]))
+    assert f"skipping commit positions {lost}" in caplog.text
+    assert 0 < rows < 120
+
+
+@pytest.mark.slow
+def test_available_now_reads_everything_in_limited_batches(spark, tmp_path):
+    root, out, checkpoint = tmp_path / "store", tmp_path / "out", tmp_path / "checkpoint"
+    write_store(root, message_batches(6, 10), FakeClock(T0_MS))
+    query = _stream(spark, root, out, checkpoint, maxRecordsPerTrigger="25")
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]] == [25, 25, 10]
+    assert spark.read.parquet(str(out)).count() == 60
+
+
+def test_available_now_stops_at_what_was_durable_when_it_started(tmp_path):
+    root, clock = tmp_path / "store", FakeClock(T0_MS)
+    batches = message_batches(6, 10)
+    write_store(root, batches[:3], clock)
+    reader = MqstoreStreamReader(parse_options({"path": str(root), "maxBytesPerTrigger": "3000"}))
+    reader.prepareForTriggerAvailableNow()
+    target = reader.target_pos
+    write_store(root, batches[3:], clock)  # newer data, durable after the query started
+    assert reader.durable_pos() > target
+    limit = reader.getDefaultReadLimit()
+    assert limit == ReadMaxBytes(3000)
+    start, rows, steps = reader.initialOffset(), 0, 0
+    while (end := reader.latestOffset(start, limit)) != start:
+        assert 0 < end["commit_pos"] - start["commit_pos"] <= 3000
+        rows += sum(b.num_rows for p in reader.partitions(start, end) for b in reader.read(p))
+        start, steps = end, steps + 1
+    assert start == {"commit_pos": target} and rows == 30 and steps >= 3  # 8 KiB in steps of <= 3000 bytes
+
+
+def test_starting_offsets_must_be_a_record_start(tmp_path):
+    root = tmp_path / "store"
+    write_store(root, message_batches(2, 10), FakeClock(T0_MS))
+    second = sorted(engine_records(root))[1]
+    assert MqstoreStreamReader(parse_options({"path": str(root), "startingOffsets": str(second)})
+                               ).initialOffset() == {"commit_pos": second}
+    inside = MqstoreStreamReader(parse_options({"path": str(root), "startingOffsets": str(second + 3)}))
+    with pytest.raises(BadInputError, match=f"{second + 3} is not the commit position of a record start"):
+        inside.initialOffset()
+    past = MqstoreStreamReader(parse_options({"path": str(root), "startingOffsets": str(10**9)}))
+    with pytest.raises(BadInputError, match="outside the store's readable commit positions"):
+        past.initialOffset()

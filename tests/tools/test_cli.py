@@ -8,24 +8,14 @@ import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import (
-    REPO_ROOT,
-    RunningStore,
-    assert_check_clean,
-    child_env,
-    cli,
-    wait_for,
-    write_config,
-)
 
 from engine.store_dir import holder_pid
 from tests.conftest import ROCKETMQ_SAMPLES
 from tests.helpers import snapshot
+from tests.workers.store_harness import assert_check_clean, cli, start_store, wait_for, write_config
+from workers.child_env import REPO_ROOT, child_env
 
 
 def out(result: subprocess.CompletedProcess) -> str:
@@ -137,7 +127,7 @@ def test_start_without_arguments_uses_dot_data_and_ctrl_c_stops(tmp_path):
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
-    store = RunningStore.start(tmp_path_factory.mktemp("cli") / "store")
+    store = start_store(tmp_path_factory.mktemp("cli") / "store")
     yield store
     assert store.stop() == 0
 

@@ -14,22 +14,19 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
-from store_harness import (
-    REPO_ROOT,
+from engine.store_dir import holder_pid
+from tests.helpers import snapshot
+from tests.workers.store_harness import (
     SMALL_STORE,
-    RunningStore,
     assert_check_clean,
     checked_store,
-    child_env,
     cli,
+    start_store,
     store_shm_names,
     wait_for,
     write_config,
 )
-
-from engine.store_dir import holder_pid
-from tests.helpers import snapshot
+from workers.child_env import REPO_ROOT, child_env
 
 NOBODY = 65534
 
@@ -59,7 +56,7 @@ def status_json(root: Path) -> tuple[int, dict]:
 # ---------------------------------------------------------------------------------- status
 def test_status_after_kill_9_is_stale_exit_3_and_recover_leaves_it_stopped(tmp_path):
     root = tmp_path / "store"
-    store = RunningStore.start(root)
+    store = start_store(root)
     pid = store.proc.pid
     assert status_json(root)[1]["state"] == "READY"
     store.kill()
@@ -87,7 +84,7 @@ def test_status_of_a_stopped_or_missing_store_says_not_running(tmp_path):
     assert not (tmp_path / "nothing").exists()
 
     root = tmp_path / "store"
-    store = RunningStore.start(root)
+    store = start_store(root)
     assert store.stop() == 0
     stopped = cli("status", "--store", str(root))
     assert stopped.returncode == 3, err(stopped)
@@ -100,7 +97,7 @@ def test_status_of_a_stopped_or_missing_store_says_not_running(tmp_path):
 # ---------------------------------------------------------------------------------- frozen settings
 def stopped_store(tmp_path: Path, sends: tuple[tuple[str, ...], ...] = ()) -> Path:
     root = tmp_path / "store"
-    store = RunningStore.start(root)
+    store = start_store(root)
     for args in sends:
         sent = cli("send", "--store", str(root), *args)
         assert sent.returncode == 0, err(sent)
@@ -146,7 +143,7 @@ def test_a_store_json_edited_against_the_files_is_refused(tmp_path):
     hidden = cli("recover", "--store", str(root))
     assert_one_line_error(hidden, 2, "store.json says queue_count = 2", "but topic T has queue")
     edit_store_json(root, queue_count=SMALL_STORE["queue_count"])
-    store = RunningStore.start(root)  # put back as it was: the store starts again
+    store = start_store(root)  # put back as it was: the store starts again
     assert store.stop() == 0
     assert_check_clean(root)
 
@@ -194,7 +191,7 @@ for producer in held:
 
 
 def test_the_producer_past_the_last_mailbox_slot_is_told_about_mailbox_slots(tmp_path):
-    from store_harness import run_python
+    from tests.workers.store_harness import run_python
 
     with checked_store(tmp_path / "store", supervisor={"mailbox_slots": 2}) as store:
         result = run_python(EXTRA_PRODUCER, str(store.root))
@@ -226,10 +223,10 @@ def public_tmp():
 
 
 def test_a_read_only_store_is_called_read_only_not_another_users(public_tmp):
-    from store_harness import run_python
+    from tests.workers.store_harness import run_python
 
     root = public_tmp / "store"
-    store = RunningStore.start(root)
+    store = start_store(root)
     assert store.stop() == 0
     for path in [root, *root.rglob("*")]:
         os.chown(path, NOBODY, NOBODY)
@@ -287,17 +284,17 @@ def test_root_refuses_a_store_under_a_world_writable_directory_of_another_user(p
     own = public_tmp / "own"
     own.mkdir()
     own.chmod(0o1777)  # like /tmp: sticky and root's, so fine
-    store = RunningStore.start(own / "store")
+    store = start_store(own / "store")
     assert store.stop() == 0
 
 
 def test_a_new_store_says_it_is_new_not_recovering_after_a_clean_shutdown(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
+    store = start_store(tmp_path / "store")
     assert store.stop() == 0
     first = store.stderr
     assert "new store" in first and "nothing to recover" in first, first
     assert "shutdown" not in first.split("mqstore ready")[0], first
-    again = RunningStore.start(tmp_path / "store")
+    again = start_store(tmp_path / "store")
     assert again.stop() == 0
     assert "after a clean shutdown" in again.stderr[len(first):]
 
@@ -307,7 +304,7 @@ def test_shared_memory_names_come_from_the_owner_only_token_and_change_each_star
     import stat
 
     root = tmp_path / "store"
-    store = RunningStore.start(root)
+    store = start_store(root)
     try:
         token_file = root / "run" / "shm-token"
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
@@ -320,7 +317,7 @@ def test_shared_memory_names_come_from_the_owner_only_token_and_change_each_star
     finally:
         assert store.stop() == 0
     assert not token_file.exists() and store_shm_names(root) == []
-    again = RunningStore.start(root)
+    again = start_store(root)
     try:
         assert set(store_shm_names(root)).isdisjoint(first)
     finally:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import random
 
-from store_harness import RunningStore, assert_check_clean
-
 from engine.commitlog import CommitLog
 from engine.formats.record import encode_record
 from engine.mapped_file import Access
 from engine.status import PutStatus
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.run_info import run_dir
+from tests.workers.store_harness import assert_check_clean, start_store
 
 SEGMENT_BYTES = 1 << 20
 STORE = {"commitlog_file_size": SEGMENT_BYTES, "max_body_bytes": 1 << 16}
@@ -31,7 +30,7 @@ def records(rnd: random.Random, count: int, body_bytes: int) -> list[tuple[bytes
 def test_a_smaller_request_after_a_larger_one_is_stored_as_sent(tmp_path):
     rnd = random.Random(4)
     requests = [records(rnd, 40, 20000), records(rnd, 3, 100), records(rnd, 30, 50)]
-    running = RunningStore.start(tmp_path / "store", store=STORE)
+    running = start_store(tmp_path / "store", store=STORE)
     stored: list[tuple[int, bytes]] = []
     try:
         with running.ctl() as ctl:

@@ -11,7 +11,6 @@ import signal
 import struct
 
 import numpy as np
-from store_harness import RunningStore, assert_check_clean
 
 from engine.commitlog import CommitLog
 from engine.formats.record import BODY_CRC_OFFSET, encode_record
@@ -19,6 +18,7 @@ from engine.mapped_file import Access
 from engine.status import PutStatus
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.run_info import run_dir
+from tests.workers.store_harness import assert_check_clean, start_store
 
 SEGMENT_BYTES = 1 << 20
 
@@ -44,7 +44,7 @@ def test_requests_of_one_sweep_are_appended_together_and_answered_apart(tmp_path
                 ([record(b"b0", 1), record(b"b1", 1)], 3, RequestFlag.WAIT_FOR_FLUSH),  # framing broken
                 (c, len(c), RequestFlag.NONE),
                 (d, len(d), RequestFlag.WAIT_FOR_FLUSH)]
-    running = RunningStore.start(tmp_path / "store", store={"commitlog_file_size": SEGMENT_BYTES})
+    running = start_store(tmp_path / "store", store={"commitlog_file_size": SEGMENT_BYTES})
     try:
         with running.ctl() as ctl:
             mailbox = Mailbox.attach(running.root)

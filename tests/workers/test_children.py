@@ -6,24 +6,24 @@ import os
 import signal
 
 import pytest
-from store_harness import (
-    PRODUCER_SCRIPT,
-    RunningStore,
-    assert_check_clean,
-    read_acks,
-    spawn_python,
-    wait_for,
-)
 
 from engine.store import MessageStore
 from ipc.consumer import Consumer
 from ipc.control_block import Role
+from tests.workers.store_harness import (
+    PRODUCER_SCRIPT,
+    assert_check_clean,
+    read_acks,
+    spawn_python,
+    start_store,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
 
 def test_sigkill_dispatcher_and_index_builder_under_load(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
+    store = start_store(tmp_path / "store")
     producers = [spawn_python(PRODUCER_SCRIPT, str(store.root), f"p{i}", "1500", "8", "T1")
                  for i in range(3)]
     wait_for(lambda: store.positions().dispatched_pos > 40_000, "dispatch under load")
@@ -31,8 +31,8 @@ def test_sigkill_dispatcher_and_index_builder_under_load(tmp_path):
     builder = store.child_pid(Role.INDEX_BUILDER, 1)
     os.kill(dispatcher, signal.SIGKILL)
     os.kill(builder, signal.SIGKILL)
-    new_dispatcher = store.wait_child_restarted(Role.DISPATCHER, dispatcher)
-    store.wait_child_restarted(Role.INDEX_BUILDER, builder, shard=1)
+    new_dispatcher = store.wait_child_replaced(Role.DISPATCHER, dispatcher)
+    store.wait_child_replaced(Role.INDEX_BUILDER, builder, shard=1)
     acked = []
     for proc in producers:  # producers were served all along
         out, err = proc.communicate(timeout=60)

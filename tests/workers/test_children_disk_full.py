@@ -10,11 +10,12 @@ tests/faults/test_disk_full.py) and filled for real with a ballast file.
 from __future__ import annotations
 
 import pytest
-from store_harness import RunningStore, assert_check_clean, wait_for
 
 from engine.message import Message
 from ipc.control_block import Role, process_slot_index
 from ipc.producer import Producer
+from tests.workers.store_harness import assert_check_clean, start_store, wait_for
+from tools.store_process import StoreProcess
 from tools.torture.filesystems import FilesystemUnavailable, MiB, fill, small_tmpfs, unfill, unmount
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,7 @@ def store_with_full_derived_disks(tmp_path):
     """A store (created and stopped once, so its directories exist) whose consume queues and index
     live on 1 MiB tmpfs filesystems."""
     root = tmp_path / "store"
-    assert RunningStore.start(root).stop() == 0
+    assert start_store(root).stop() == 0
     mounts = []
     try:
         for name in ("consumequeue", "index"):
@@ -45,7 +46,7 @@ def store_with_full_derived_disks(tmp_path):
             unmount(mount_point)
 
 
-def heartbeats(store: RunningStore) -> dict[str, int]:
+def heartbeats(store: StoreProcess) -> dict[str, int]:
     with store.ctl() as ctl:
         return {name: ctl.process_slot(process_slot_index(role, shard)).heartbeat_ns
                 for name, role, shard in CHILDREN}
@@ -53,7 +54,7 @@ def heartbeats(store: RunningStore) -> dict[str, int]:
 
 def test_children_wait_out_a_full_disk_and_resume(store_with_full_derived_disks):
     root, disks = store_with_full_derived_disks
-    store = RunningStore.start(root)
+    store = start_store(root)
     try:
         with Producer(root) as producer:
             assert all(r.ok for r in producer.send_batch([Message("Warm", b"w", keys=(f"w{i}",))

@@ -15,7 +15,7 @@ from engine.consume_queue_table import ConsumeQueueTable
 from engine.mapped_file import Access
 from ipc.key_ring import KeyRing
 from ipc.shm import issue_shm_token
-from tools.bench_check_stamp import QUEUES, append_requests, make_requests
+from tools.bench.probes.check_stamp import QUEUES, append_requests, make_requests
 from workers.dispatcher import FEW_RECORDS_BYTES, Dispatcher
 from workers.request_check import RecordChecker
 

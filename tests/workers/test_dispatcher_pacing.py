@@ -15,7 +15,7 @@ from ipc.control_block import ControlBlock, FlushCode
 from ipc.shm import issue_shm_token
 from ipc.wakeup import ConsumerWaiter, WaiterTable, Wakeup
 from tests.workers.test_dispatch_few import SHARDS, close_dispatcher, dispatcher_over, write_log
-from workers.child import HEARTBEAT_INTERVAL_S, MAX_STEP_BYTES
+from workers.child import HEARTBEAT_INTERVAL_S
 from workers.dispatcher import (
     COALESCE_BELOW_BYTES,
     COALESCE_S,
@@ -28,6 +28,7 @@ from workers.dispatcher import (
     coalesce_wait_s,
     pace_wait_s,
 )
+from workers.step_window import MAX_STEP_BYTES
 
 INTERVAL_S = 2.0 ** -8  # ~3.9 ms
 TICK_S = 2.0 ** -10  # ~1 ms: a dispatcher step per flush, one message at a time

@@ -11,13 +11,13 @@ import json
 import shutil
 from pathlib import Path
 
-from store_harness import RunningStore, assert_check_clean, cli, wait_for, write_config
-
 from engine.checkpoint import load_checkpoint
 from engine.formats.record import BODY_OFFSET
 from engine.naming import ABORT_FILE, CHECKPOINT_FILE, commitlog_dir, is_segment_name
 from ipc.control_block import Role, pid_alive
 from tests.helpers import snapshot
+from tests.workers.store_harness import assert_check_clean, cli, start_store, wait_for, write_config
+from tools.store_process import StoreProcess
 from tools.torture.faults import flip_byte, record_spans
 from tools.torture.verify import store_config
 
@@ -52,7 +52,7 @@ def start_detached(root: Path, config: Path):
     return started
 
 
-def crash(store: RunningStore) -> None:
+def crash(store: StoreProcess) -> None:
     """SIGKILL the supervisor once everything is durable; its children exit by themselves."""
     store.wait_caught_up()
     children = [store.child_pid(Role.DISPATCHER)] + [store.child_pid(Role.INDEX_BUILDER, n)
@@ -64,7 +64,7 @@ def crash(store: RunningStore) -> None:
 
 def test_flip_below_the_line_after_a_crash_refuses_start_then_rebuild_cuts(tmp_path):
     root = tmp_path / "store"
-    store = RunningStore.start(root)
+    store = start_store(root)
     send(root, 40)
     wait_for(lambda: load_checkpoint(root).checkpoint.commitlog_flushed_pos == len(
         log_bytes(root).rstrip(b"\0")), "a checkpoint of every record")
@@ -91,7 +91,7 @@ def test_flip_below_the_line_after_a_crash_refuses_start_then_rebuild_cuts(tmp_p
     assert not damaged[commit_pos + len(quarantine):].strip(b"\0")
     assert log_bytes(root)[:commit_pos] == original[:commit_pos]  # the prefix kept as it was
     assert_check_clean(root)
-    store = RunningStore.start(root)
+    store = start_store(root)
     consumed = cli("consume", "--store", str(root), "--topic", TOPIC, "--queue-id", "0",
                    "--offset", "0", "--json")
     assert store.stop() == 0

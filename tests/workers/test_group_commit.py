@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-from store_harness import wait_for
 
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
@@ -16,6 +15,7 @@ from engine.mapped_file import Access
 from ipc.control_block import ControlBlock, FlushCode
 from ipc.shm import issue_shm_token, unlink_stale_regions
 from ipc.wakeup import unlink_all
+from tests.workers.store_harness import wait_for
 from workers.group_commit import GroupCommit
 
 SEG = 1 << 20

@@ -7,19 +7,20 @@ import re
 import signal
 
 import pytest
-from store_harness import (
-    PRODUCER_SCRIPT,
-    RunningStore,
-    assert_check_clean,
-    read_acks,
-    spawn_python,
-    store_shm_names,
-    wait_for,
-)
 
 from engine.store import MessageStore
 from ipc.control_block import Role
 from ipc.key_ring import KeyRing
+from tests.workers.store_harness import (
+    PRODUCER_SCRIPT,
+    assert_check_clean,
+    read_acks,
+    spawn_python,
+    start_store,
+    store_shm_names,
+    wait_for,
+)
+from tools.store_process import StoreProcess
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,7 @@ HANDOFF_LINE = re.compile(r"index builder (\d): (\d+) bytes of commitlog indexed
                           r"(\d+) scanned")
 
 
-def produce(store: RunningStore, count: int, batch: int, producers: int = 3):
+def produce(store: StoreProcess, count: int, batch: int, producers: int = 3):
     return [spawn_python(PRODUCER_SCRIPT, str(store.root), f"p{i}", str(count), str(batch), "T1")
             for i in range(producers)]
 
@@ -55,7 +56,7 @@ def handoff_counts(stderr: str) -> dict[int, tuple[int, int]]:
 
 
 def test_builders_take_their_keys_from_the_ring(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
+    store = start_store(tmp_path / "store")
     acked = collect(produce(store, 800, 16), 800)
     store.wait_caught_up()
     flushed = store.positions().flushed_pos
@@ -72,13 +73,13 @@ def test_builders_take_their_keys_from_the_ring(tmp_path):
 
 
 def test_sigkill_dispatcher_under_load_twice_every_key_indexed(tmp_path):
-    store = RunningStore.start(tmp_path / "store", supervisor={"restart_base_delay_s": 0.01})
+    store = start_store(tmp_path / "store", supervisor={"restart_base_delay_s": 0.01})
     producers = produce(store, 2000, 8)
     dispatcher = store.child_pid(Role.DISPATCHER)
     for threshold in (30_000, 90_000):
         wait_for(lambda t=threshold: store.positions().dispatched_pos > t, "dispatch under load")
         os.kill(dispatcher, signal.SIGKILL)
-        dispatcher = store.wait_child_restarted(Role.DISPATCHER, dispatcher)
+        dispatcher = store.wait_child_replaced(Role.DISPATCHER, dispatcher)
     with store.ctl() as ctl:
         generation = ctl.generation
     ring = KeyRing.attach(store.root, generation)
@@ -95,13 +96,13 @@ def test_sigkill_dispatcher_under_load_twice_every_key_indexed(tmp_path):
 
 
 def test_sigkill_an_index_builder_repeatedly_it_resumes_behind_the_ring(tmp_path):
-    store = RunningStore.start(tmp_path / "store", supervisor={"restart_base_delay_s": 0.01})
+    store = start_store(tmp_path / "store", supervisor={"restart_base_delay_s": 0.01})
     producers = produce(store, 2000, 8)
     builder = store.child_pid(Role.INDEX_BUILDER, 0)
     for threshold in (30_000, 90_000):
         wait_for(lambda t=threshold: store.positions().shard_processed_pos[0] > t, "indexing under load")
         os.kill(builder, signal.SIGKILL)
-        builder = store.wait_child_restarted(Role.INDEX_BUILDER, builder, shard=0)
+        builder = store.wait_child_replaced(Role.INDEX_BUILDER, builder, shard=0)
     acked = collect(producers, 2000)
     store.wait_caught_up()
     assert store.stop() == 0

@@ -12,19 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from store_harness import (
-    REPO_ROOT,
-    RunningStore,
-    assert_check_clean,
-    child_env,
-    wait_for,
-    write_config,
-)
 
 from engine.naming import CONSUMEQUEUE_DIR
 from ipc.consumer import Consumer
 from ipc.control_block import Role
 from ipc.producer import Producer
+from tests.workers.store_harness import assert_check_clean, start_store, wait_for, write_config
+from workers.child_env import REPO_ROOT, child_env
 
 pytestmark = pytest.mark.slow
 
@@ -60,8 +54,8 @@ def fill_queues(root: Path, topics: int) -> None:
 
 
 def test_many_queues_under_a_low_open_file_limit_keep_the_store_running(tmp_path):
-    store = RunningStore.start(tmp_path / "store", store={"index_shards": 1},
-                               preexec_fn=nofile_limit(NOFILE))
+    store = start_store(tmp_path / "store", store={"index_shards": 1},
+                        preexec_fn=nofile_limit(NOFILE))
     try:
         dispatcher = store.child_pid(Role.DISPATCHER)
         fill_queues(store.root, TOPICS)
@@ -78,15 +72,15 @@ def test_many_queues_under_a_low_open_file_limit_keep_the_store_running(tmp_path
         assert store.stop() == 0
     log = (store.root / "mqstore.log").read_text()
     assert "Too many open files" not in log and " ERROR " not in log
-    restarted = RunningStore.start(store.root, store={"index_shards": 1},
-                                     preexec_fn=nofile_limit(NOFILE))  # recovery too
+    restarted = start_store(store.root, store={"index_shards": 1},
+                            preexec_fn=nofile_limit(NOFILE))  # recovery too
     assert restarted.stop() == 0
     assert_check_clean(store.root)
 
 
 def test_start_detach_names_the_cause_of_a_supervisor_that_fails_to_start(tmp_path):
     root = tmp_path / "store"
-    store = RunningStore.start(root, store={"index_shards": 1})
+    store = start_store(root, store={"index_shards": 1})
     fill_queues(root, 40)  # 160 queue files: more than fit under the limit below
     store.wait_caught_up()
     store.kill()  # recovery at the next start maps every queue file
@@ -102,7 +96,7 @@ def test_start_detach_names_the_cause_of_a_supervisor_that_fails_to_start(tmp_pa
     assert any("supervisor failed: " in line and "Too many open files" in line
                for line in log.splitlines()), log
     wait_for(lambda: not (root / "lock").exists() or _unlocked(root), "the lock to be free")
-    assert RunningStore.start(root, store={"index_shards": 1}).stop() == 0
+    assert start_store(root, store={"index_shards": 1}).stop() == 0
     assert_check_clean(root)
 
 
@@ -113,11 +107,11 @@ def _unlocked(root: Path) -> bool:
 
 
 def test_a_fatal_signal_leaves_its_traceback_in_the_log(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
+    store = start_store(tmp_path / "store")
     try:
         dispatcher = store.child_pid(Role.DISPATCHER)
         os.kill(dispatcher, signal.SIGBUS)  # what a write into a hole on a full disk gets
-        store.wait_child_restarted(Role.DISPATCHER, dispatcher)
+        store.wait_child_replaced(Role.DISPATCHER, dispatcher)
         log = (store.root / "mqstore.log").read_text()
         assert "Fatal Python error: Bus error" in log
         assert f"dispatcher (pid {dispatcher}) killed by SIGBUS: restarting" in log
@@ -126,9 +120,9 @@ def test_a_fatal_signal_leaves_its_traceback_in_the_log(tmp_path):
         store.wait_caught_up()
     finally:
         assert store.stop() == 0
-    os.kill(RunningStore.start(store.root).proc.pid, signal.SIGBUS)  # the supervisor's own
+    os.kill(start_store(store.root).proc.pid, signal.SIGBUS)  # the supervisor's own
     wait_for(lambda: (store.root / "mqstore.log").read_text().count("Fatal Python error") == 2,
              "the supervisor's fatal-signal report")
     wait_for(lambda: _unlocked(store.root), "the lock to be free")
-    assert RunningStore.start(store.root).stop() == 0
+    assert start_store(store.root).stop() == 0
     assert_check_clean(store.root)

@@ -5,7 +5,6 @@ import struct
 
 import numpy as np
 import pytest
-from store_harness import RunningStore, assert_check_clean
 
 from engine.errors import BadInputError
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE
@@ -19,10 +18,11 @@ from engine.formats.record import (
     SysFlag,
     encode_record,
 )
-from engine.formats.record_batch import STRUCT_PATH_MAX_RECORDS, check_stampable
+from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, check_stampable
 from engine.status import PutStatus
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.run_info import run_dir
+from tests.workers.store_harness import assert_check_clean, start_store
 from workers.request_check import RecordChecker, merge_checked
 
 CHECKER = RecordChecker(max_body_bytes=1024, queue_count=4, segment_bytes=65536)
@@ -250,7 +250,7 @@ def test_check_request_batch_topics_and_queue_ids_per_record():
 def test_supervisor_appends_only_the_good_records_of_a_large_request(tmp_path):
     """End to end through the real supervisor: a request checked as a whole with bad records in
     it; each bad record is MESSAGE_ILLEGAL, exactly the good ones reach the log, which stays clean."""
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     try:
         records = [bytearray(record(topic="E2E", body=bytes([i]) * i, queue_id=i % 4,
                                     props={"KEYS": f"k{i}"})) for i in range(BIG + 10)]

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from store_harness import RunningStore, assert_check_clean, cli, wait_for
-from test_durable_line_start import crash, data_files, log_bytes, send, start_detached
-
 from engine.check import check_summary
 from engine.checkpoint import load_checkpoint
 from engine.formats.record import BODY_OFFSET
 from tests.engine.test_durable_line import lag_derived_positions
+from tests.workers.store_harness import assert_check_clean, cli, start_store, wait_for
+from tests.workers.test_durable_line_start import crash, data_files, log_bytes, send, start_detached
 from tools.torture.faults import flip_byte, record_spans
 from tools.torture.verify import store_config
 
@@ -30,7 +29,7 @@ def recover(root: Path, config: Path, *flags: str):
 
 def test_salvage_after_a_refused_start_keeps_every_valid_record_and_start_serves(tmp_path):
     root = tmp_path / "store"
-    store = RunningStore.start(root)
+    store = start_store(root)
     config = root.parent / f"{root.name}.toml"
     send(root, COUNT)
     locked = recover(root, config, "--salvage")
@@ -62,7 +61,7 @@ def test_salvage_after_a_refused_start_keeps_every_valid_record_and_start_serves
     assert [f.pos for f in check_summary(root).accepted] == [commit_pos]
     again = recover(root, config, "--salvage")
     assert again.returncode == 2 and b"nothing to salvage" in again.stderr, again.stderr
-    store = RunningStore.start(root)
+    store = start_store(root)
     consumed = cli("consume", "--store", str(root), "--topic", TOPIC, "--queue-id", "0",
                    "--offset", "0", "--json")
     send(root, 1)

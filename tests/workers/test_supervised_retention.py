@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from store_harness import SMALL_STORE, RunningStore, assert_check_clean, checked_store, cli, wait_for
 
 from engine.commitlog import CommitLog
 from engine.consume_queue_table import ConsumeQueueTable
@@ -30,6 +29,15 @@ from ipc.consumer import Consumer
 from ipc.control_block import Role, pid_alive
 from ipc.producer import Producer
 from ipc.retention_block import RetentionBlock
+from tests.workers.store_harness import (
+    SMALL_STORE,
+    assert_check_clean,
+    checked_store,
+    cli,
+    start_store,
+    wait_for,
+)
+from tools.store_process import StoreProcess
 
 TOPIC = "Ret"
 PAD = b"r" * 300
@@ -53,17 +61,17 @@ def send_wave(root: Path, start: int, count: int = PER_WAVE) -> list:
     return acks
 
 
-def line_of(running: RunningStore):
+def line_of(running: StoreProcess):
     with running.ctl() as ctl:
         return RetentionBlock(ctl).line()
 
 
-def cleans_of(running: RunningStore) -> dict:
+def cleans_of(running: StoreProcess) -> dict:
     with running.ctl() as ctl:
         return RetentionBlock(ctl).cleans()
 
 
-def wait_removed(running: RunningStore, count: int, what: str):
+def wait_removed(running: StoreProcess, count: int, what: str):
     """The published line once its passes have removed `count` segments in all."""
     def removed():
         line = line_of(running)
@@ -75,7 +83,7 @@ def segment_bases(root: Path) -> list[int]:
     return sorted(name_to_offset(p.name) for p in commitlog_dir(root).iterdir())
 
 
-def wait_children_clean(running: RunningStore, min_pos: int) -> None:
+def wait_children_clean(running: StoreProcess, min_pos: int) -> None:
     wait_for(lambda: all(c.clean_pos >= min_pos for c in cleans_of(running).values()),
              "every child to clean up to the retention line")
 
@@ -155,7 +163,7 @@ def test_expired_segments_go_and_every_part_follows_the_line(tmp_path):
         assert "oldest retained" in text.stdout.decode()
 
 
-def _three_waves_removed_for(running: RunningStore, reason: str, what: str) -> None:
+def _three_waves_removed_for(running: StoreProcess, reason: str, what: str) -> None:
     """Send three waves, wait for a pass to remove three segments for `reason`; the store then
     starts at the line."""
     for wave in range(3):
@@ -219,7 +227,7 @@ def test_off_the_delete_hour_nothing_goes_until_mqstore_clean(tmp_path):
 
 
 def test_the_line_is_published_at_start(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     try:
         with running.ctl() as ctl:
             block = RetentionBlock(ctl)
@@ -234,7 +242,7 @@ def test_the_line_is_published_at_start(tmp_path):
 def test_mqstore_clean_without_a_supervisor_runs_the_pass_offline(tmp_path):
     settings = {**EXPIRE_AT_ONCE, "delete_when_hour": _hour_far_from_now(),
                 "disk_warn_ratio": 0.999, "disk_clean_force_ratio": 0.999, "disk_full_ratio": 1.0}
-    running = RunningStore.start(tmp_path / "store", store=settings)
+    running = start_store(tmp_path / "store", store=settings)
     try:
         for wave in range(3):
             send_wave(running.root, wave * PER_WAVE)
@@ -273,7 +281,7 @@ def test_mqstore_clean_of_no_store_says_so_and_creates_nothing(tmp_path):
 
 
 def test_mqstore_clean_refuses_a_store_left_unclean(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     send_wave(running.root, 0, 10)
     children = [running.child_pid(Role.DISPATCHER)] + [running.child_pid(Role.INDEX_BUILDER, shard)
                                                        for shard in range(SMALL_STORE["index_shards"])]
@@ -283,7 +291,7 @@ def test_mqstore_clean_refuses_a_store_left_unclean(tmp_path):
     done = cli("clean", "--store", str(running.root))
     assert done.returncode == 1 and "did not stop cleanly" in done.stderr.decode()
     assert sorted(p.name for p in running.root.rglob("*")) == listing
-    restarted = RunningStore.start(running.root)  # recovers, and removes the crash's shared memory
+    restarted = start_store(running.root)  # recovers, and removes the crash's shared memory
     assert restarted.stop() == 0
     assert_check_clean(running.root)
 
@@ -292,8 +300,8 @@ def test_mqstore_clean_refuses_a_store_left_unclean(tmp_path):
 def test_no_segment_goes_that_a_child_has_not_made_durable(tmp_path):
     """An index builder that stops (SIGSTOP) holds the line at its durable position; once it
     goes on, so does retention."""
-    running = RunningStore.start(tmp_path / "store", store={**FAST_PASSES, **EXPIRE_AT_ONCE, **ANY_HOUR},
-                                 supervisor={"child_timeout_s": 120.0})
+    running = start_store(tmp_path / "store", store={**FAST_PASSES, **EXPIRE_AT_ONCE, **ANY_HOUR},
+                          supervisor={"child_timeout_s": 120.0})
     builder = running.child_pid(Role.INDEX_BUILDER, 0)
     try:
         send_wave(running.root, 0)

@@ -8,17 +8,6 @@ import stat
 import time
 
 import pytest
-from store_harness import (
-    PRODUCER_SCRIPT,
-    RunningStore,
-    assert_check_clean,
-    claimed_producer_slots,
-    cli,
-    read_acks,
-    spawn_python,
-    store_shm_names,
-    wait_for,
-)
 
 from engine.errors import ServiceNotAvailableError
 from engine.naming import ABORT_FILE
@@ -26,13 +15,24 @@ from engine.recovery import ShutdownState
 from engine.status import PutStatus
 from ipc.control_block import ControlBlock, Role, pid_alive
 from ipc.producer import Producer
+from tests.workers.store_harness import (
+    PRODUCER_SCRIPT,
+    assert_check_clean,
+    claimed_producer_slots,
+    cli,
+    read_acks,
+    spawn_python,
+    start_store,
+    store_shm_names,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def store(tmp_path):
-    running = RunningStore.start(tmp_path / "store")
+    running = start_store(tmp_path / "store")
     yield running
     if running.proc.poll() is None:
         running.stop()
@@ -77,7 +77,7 @@ def test_files_and_shared_memory_are_owner_only(store):
 
 
 def test_sigkill_supervisor_children_exit_and_next_start_recovers(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
+    store = start_store(tmp_path / "store")
     children = [store.child_pid(Role.DISPATCHER), store.child_pid(Role.INDEX_BUILDER, 0),
                 store.child_pid(Role.INDEX_BUILDER, 1)]
     producers = [spawn_python(PRODUCER_SCRIPT, str(store.root), f"p{i}", "100000", "16", "T1")
@@ -97,7 +97,7 @@ def test_sigkill_supervisor_children_exit_and_next_start_recovers(tmp_path):
     assert acked
     with pytest.raises(ServiceNotAvailableError):
         Producer(store.root)
-    restarted = RunningStore.start(store.root)
+    restarted = start_store(store.root)
     assert f"after a {ShutdownState.CRASH.value} shutdown" in restarted.stderr
     restarted.wait_caught_up()
     from ipc.consumer import Consumer
@@ -114,8 +114,8 @@ def test_sigkill_supervisor_children_exit_and_next_start_recovers(tmp_path):
 
 
 def test_flush_disk_timeout_when_the_flush_is_too_slow(tmp_path):
-    store = RunningStore.start(tmp_path / "store", store={"sync_flush_timeout_ms": 50},
-                               env={"MQSTORE_FAULT_FSYNC_DELAY_MS": "1000"})
+    store = start_store(tmp_path / "store", store={"sync_flush_timeout_ms": 50},
+                        env={"MQSTORE_FAULT_FSYNC_DELAY_MS": "1000"})
     try:
         assert "fault injection" in store.stderr
         with Producer(store.root) as producer:
@@ -131,14 +131,14 @@ def test_flush_disk_timeout_when_the_flush_is_too_slow(tmp_path):
 
 
 def test_restart_budget_exceeded_stops_the_store(tmp_path):
-    store = RunningStore.start(tmp_path / "store", supervisor={
+    store = start_store(tmp_path / "store", supervisor={
         "restart_budget": 2, "restart_window_s": 60.0, "restart_base_delay_s": 0.01})
     for _ in range(3):
         pid = store.child_pid(Role.DISPATCHER)
         os.kill(pid, signal.SIGKILL)
         if store.proc.poll() is None:
             try:
-                store.wait_child_restarted(Role.DISPATCHER, pid)
+                store.wait_child_replaced(Role.DISPATCHER, pid)
             except (AssertionError, ServiceNotAvailableError):
                 break  # the third kill exceeded the budget: the store is gone
     assert store.proc.wait(30) == 1
@@ -150,7 +150,7 @@ def test_restart_budget_exceeded_stops_the_store(tmp_path):
 
 
 def test_child_that_cannot_boot_is_not_restarted_and_its_cause_is_in_the_log(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
+    store = start_store(tmp_path / "store")
     with Producer(store.root) as producer:
         assert producer.send("T1", b"x", keys=("k",)).ok
     store.wait_caught_up()
@@ -168,13 +168,13 @@ def test_child_that_cannot_boot_is_not_restarted_and_its_cause_is_in_the_log(tmp
     assert "failed to boot: " in failed[-1] and "not-an-index-file" in failed[-1], failed[-1]
     assert f"index builder 0 (pid {builder}) killed by SIGKILL (perhaps out of memory)" in log
     foreign.unlink()
-    restarted = RunningStore.start(store.root)
+    restarted = start_store(store.root)
     assert restarted.stop() == 0
     assert_check_clean(store.root)
 
 
 def test_children_exit_when_supervisor_pid_is_not_their_parent(tmp_path):
-    store = RunningStore.start(tmp_path / "store")
+    store = start_store(tmp_path / "store")
     with ControlBlock.attach(store.root) as ctl:
         slots = [s.pid for s in ctl.process_slots() if s.role is not Role.SUPERVISOR]
     os.kill(store.proc.pid, signal.SIGSTOP)  # a hung supervisor is not a dead one ...
@@ -187,11 +187,11 @@ def test_children_exit_when_supervisor_pid_is_not_their_parent(tmp_path):
 
 
 def test_hung_child_is_killed_and_restarted(tmp_path):
-    store = RunningStore.start(tmp_path / "store", supervisor={"child_timeout_s": 0.5})
+    store = start_store(tmp_path / "store", supervisor={"child_timeout_s": 0.5})
     try:
         hung = store.child_pid(Role.INDEX_BUILDER, 0)
         os.kill(hung, signal.SIGSTOP)  # alive but silent: its heartbeat stops
-        store.wait_child_restarted(Role.INDEX_BUILDER, hung, shard=0)
+        store.wait_child_replaced(Role.INDEX_BUILDER, hung, shard=0)
         assert not pid_alive(hung)
         assert "is hung (no heartbeat for" in store.stderr
         logged = (store.root / "mqstore.log").read_text()
@@ -207,7 +207,7 @@ def test_hung_child_is_killed_and_restarted(tmp_path):
 
 
 def test_async_flush_answers_on_append_and_flushes_on_its_timer(tmp_path):
-    store = RunningStore.start(tmp_path / "store", store={
+    store = start_store(tmp_path / "store", store={
         "flush": "async", "async_flush_interval_ms": 50, "async_flush_thorough_interval_ms": 200})
     try:
         with Producer(store.root) as producer:

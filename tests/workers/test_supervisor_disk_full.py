@@ -17,8 +17,8 @@ from engine.status import PutStatus
 from ipc.control_block import Role, process_slot_index
 from ipc.producer import Producer
 from ipc.run_info import run_info_path
+from tools.store_process import StoreProcess, wait_until, write_store_config
 from tools.torture.filesystems import FilesystemUnavailable, MiB, fill, small_tmpfs, unfill, unmount
-from tools.torture.processes import StoreProcess, wait_until, write_store_config
 from tools.torture.rounds import TORTURE_STORE
 from workers.exit_codes import CliExit
 

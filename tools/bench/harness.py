@@ -28,14 +28,17 @@ from pathlib import Path
 
 from engine.errors import BadInputError, StoreError
 from tools.bench import report
-from tools.bench.loadgen import MIN_BODY_BYTES, WorkerSpec
+from tools.bench.bench_body import MIN_BODY_BYTES
 from tools.bench.store_sampler import StoreSampler
+from tools.bench.worker_records import WorkerSpec
+from tools.store_process import StoreProcess, StoreProcessError, write_store_config
+from workers.child_env import REPO_ROOT, child_env
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
 GO_DELAY_S = 0.5
 DRAIN_TIMEOUT_S = 120.0
 WORKER_GRACE_S = 60.0
+STORE_TIMEOUT_S = 300.0  # start (with recovery) and stop of the bench's own store
 SCHEDULE_SPREAD = "spread"  # producer i of P starts its fixed-rate schedule i/P of a batch interval in
 SCHEDULE_ALIGNED = "aligned"  # every producer's batch j is due at the same instant (bursts of P batches)
 SCHEDULES = (SCHEDULE_ALIGNED, SCHEDULE_SPREAD)
@@ -113,12 +116,6 @@ class BenchPlan:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def child_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    return env
 
 
 class WorkerProcess:
@@ -335,7 +332,8 @@ def _wait_dispatched(store_dir: str, deadline: float) -> None:
 
 # ---------------------------------------------------------------------------------- the store
 class StartedStore:
-    """`mqstore start --detach` on a fresh directory; `mqstore stop` and removal at the end."""
+    """A supervisor on a fresh directory, as the bench's child (tools.store_process); stopped
+    (SIGTERM) and the directory removed at the end."""
 
     def __init__(self, plan: BenchPlan, *, index_shards: int, workdir: str | None, keep: bool,
                  out: Callable[[str], None]):
@@ -345,24 +343,29 @@ class StartedStore:
         self.directory = Path(tempfile.mkdtemp(prefix="mqstore-bench-", dir=workdir))
         self.store_dir = self.directory / "store"
         self.pid: int | None = None
+        self.process: StoreProcess | None = None
 
     def __enter__(self) -> StartedStore:
-        config = self.directory / "bench.toml"
-        config.write_text(f"[store]\nqueue_count = {self.plan.queues}\n"
-                          f"index_shards = {self.index_shards}\nflush = \"{self.plan.flush}\"\n")
-        done = _cli("start", "--detach", "--store", str(self.store_dir), "--config", str(config))
-        if done.returncode != 0:  # the directory stays, with its mqstore.log
-            raise BenchError(f"mqstore start failed: {done.stderr.strip() or done.stdout.strip()}",
-                             hint=f"the store directory {self.store_dir} was kept for its log")
-        self.pid = int(done.stdout.split()[-1])
+        config = write_store_config(self.directory / "bench.toml", {
+            "queue_count": self.plan.queues, "index_shards": self.index_shards, "flush": self.plan.flush})
+        self.process = StoreProcess(self.store_dir, config, self.directory / "supervisor.log",
+                                    timeout_s=STORE_TIMEOUT_S)
+        self.process.start()
+        try:
+            self.process.wait_ready()
+        except StoreProcessError as exc:  # the directory stays, with the supervisor's log
+            self.process.stop()
+            raise BenchError(f"mqstore start failed: {exc}",
+                             hint=f"the store directory {self.store_dir} was kept for its log") from None
+        self.pid = self.process.pid
         self.out(f"started store {self.store_dir} (supervisor pid {self.pid}, flush {self.plan.flush}, "
                  f"{self.index_shards} index shard(s), {self.plan.queues} queue(s))")
         return self
 
     def __exit__(self, *exc_info) -> None:
-        done = _cli("stop", "--store", str(self.store_dir))
-        if done.returncode != 0:
-            self.out(f"mqstore stop: {done.stderr.strip()}")
+        code = self.process.stop()
+        if code != 0:
+            self.out(f"mqstore stop: the supervisor exited with {code}")
         self._cleanup()
 
     def _cleanup(self) -> None:
@@ -372,11 +375,6 @@ class StartedStore:
             self.out(f"kept the store in {self.store_dir}")
         else:
             shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *args], env=child_env(), cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
 
 
 def check_running_store(plan: BenchPlan, store_dir: str, flush_given: bool) -> dict:

@@ -16,160 +16,32 @@ show it. `phase` (0 <= phase < 1) places the producer's schedule within the batc
 harness gives every producer 0 (--schedule aligned, the default: every producer's batch j is
 due at the same instant), or spreads them evenly (--schedule spread), as independent clients
 would be.
-The body starts with BODY_HEADER (magic, producer id, intended_ns, seq), so a consumer
+The body starts with BODY_HEADER (tools.bench.bench_body), so a consumer
 measures end-to-end latency from the same intended time. At --rate max, intended = now.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import os
 import signal
-import struct
 import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
+from tools.bench.bench_body import BODY_HEADER, BatchBuilder
 from tools.bench.interval_recorder import IntervalRecorder
+from tools.bench.worker_records import Pending, WorkerSpec
 
-BODY_HEADER = struct.Struct("<4sIqq")  # magic, producer id, intended send time (ns), sequence
-BODY_HEADER_DTYPE = np.dtype([("magic", "S4"), ("producer", "<u4"), ("intended_ns", "<i8"), ("seq", "<i8")])
-assert BODY_HEADER_DTYPE.itemsize == BODY_HEADER.size and BODY_HEADER.format == "<4sIqq"  # one layout
-BODY_MAGIC = b"MQB1"
-MIN_BODY_BYTES = BODY_HEADER.size
 MAX_SLEEP_S = 0.1
 POLL_TIMEOUT_S = 0.1
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything one producer or consumer process needs (travels as JSON)."""
-
-    role: str  # "producer" | "consumer"
-    backend: str  # "mqstore" | "redis"
-    worker_id: int
-    target: str  # store directory, or "127.0.0.1:<port>" for redis
-    streams: tuple[tuple[str, int], ...]  # (topic, queue_id): sent round robin / read
-    size_bytes: int = 256
-    batch: int = 1
-    rate_msgs_per_s: float | None = None  # this producer's share; None = as fast as acks come
-    keys: bool = False
-    warmup_s: float = 0.0
-    seconds: float = 10.0
-    interval_s: float = 5.0
-    inflight: int = 1
-    pull_count: int = 1024
-    consume_from: str = "end"
-    phase: float = 0.0  # a producer's batch j is due (j + phase) batch intervals after the start
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> WorkerSpec:
-        data = json.loads(text)
-        data["streams"] = tuple((topic, int(qid)) for topic, qid in data["streams"])
-        return cls(**data)
-
-    @property
-    def interval_count(self) -> int:
-        return max(int(np.ceil(self.seconds / self.interval_s - 1e-9)), 1)
-
-    @property
-    def batch_gap_ns(self) -> float:
-        """Nanoseconds between this producer's batches at a fixed rate (0.0 at --rate max)."""
-        return self.batch * 1e9 / self.rate_msgs_per_s if self.rate_msgs_per_s else 0.0
-
-    def due_ns(self, start_ns: int, j):
-        """When batch j (an int or an array of them) is due at a fixed rate: the one schedule."""
-        return start_ns + (j + self.phase) * self.batch_gap_ns
-
-
 # ---------------------------------------------------------------------------------- producing
-@dataclass
-class SendBatch:
-    """One batch to send, as columns: message i has body bodies[i], key key_column[i] (no keys:
-    None) and goes to the (topic, queue_id) stream_table[(first_stream + i) % len(stream_table)]."""
-
-    stream_table: tuple[tuple[str, int], ...]
-    first_stream: int
-    bodies: list[bytes]
-    key_column: list[str] | None
-
-    @property
-    def streams(self) -> list[tuple[str, int]]:
-        """The (topic, queue_id) of each message."""
-        table, first = self.stream_table, self.first_stream
-        return [table[(first + i) % len(table)] for i in range(len(self.bodies))]
-
-    @property
-    def keys(self) -> list[str | None]:
-        """The key of each message (None without keys)."""
-        return self.key_column if self.key_column is not None else [None] * len(self.bodies)
-
-
-class Pending:
-    """A batch in flight: stamped with its completion time by whoever completes it."""
-
-    __slots__ = ("count", "done_ns", "future", "intended_ns", "sent_ns", "statuses")
-
-    def __init__(self, count: int, future: Future | None = None):
-        self.count = count
-        self.future = future
-        self.statuses: dict[str, int] | None = None
-        self.done_ns = 0
-        self.intended_ns = 0
-        self.sent_ns = 0
-
-    def stamp(self, _future: object = None) -> None:
-        self.done_ns = time.monotonic_ns()
-
-
-class BatchBuilder:
-    """Makes a producer's batches from one template: spec.batch bodies of BODY_HEADER + `tail`
-    side by side in a numpy array whose header fields are written per batch (two whole-column
-    writes), then cut into bytes objects by one tolist()."""
-
-    def __init__(self, spec: WorkerSpec, tail: bytes):
-        self.spec = spec
-        body = BODY_HEADER.pack(BODY_MAGIC, spec.worker_id, 0, 0) + tail
-        self._buffer = bytearray(body * spec.batch)  # (a structured copy would drop the tail bytes)
-        self._rows = np.frombuffer(self._buffer, dtype=_body_dtype(len(body)))
-        self._whole = self._rows.view(np.dtype((np.void, len(body))))
-        self._seq_offsets = np.arange(spec.batch, dtype=np.int64)
-        self._key_prefix = f"p{spec.worker_id}-" if spec.keys else None
-
-    def build(self, seq: int, intended_ns: int) -> SendBatch:
-        """Messages seq..seq+batch-1 of this producer, bodies stamped with `intended_ns`."""
-        spec, rows = self.spec, self._rows
-        rows["intended_ns"] = intended_ns
-        rows["seq"] = self._seq_offsets + seq
-        keys = (list(map(self._key_prefix.__add__, map(str, range(seq, seq + spec.batch))))
-                if self._key_prefix is not None else None)
-        return SendBatch(spec.streams, (spec.worker_id + seq) % len(spec.streams), self._whole.tolist(),
-                         keys)
-
-
-def _body_dtype(size_bytes: int) -> np.dtype:
-    """A bench body of `size_bytes` as a numpy record: BODY_HEADER's fields, then the tail."""
-    names = list(BODY_HEADER_DTYPE.names)
-    return np.dtype({"names": names, "formats": [BODY_HEADER_DTYPE.fields[n][0] for n in names],
-                     "offsets": [BODY_HEADER_DTYPE.fields[n][1] for n in names], "itemsize": size_bytes})
-
-
-def build_batch(spec: WorkerSpec, seq: int, intended_ns: int, tail: bytes) -> SendBatch:
-    """Messages seq..seq+batch-1 of this producer, bodies stamped with `intended_ns`."""
-    return BatchBuilder(spec, tail).build(seq, intended_ns)
-
-
 def run_producer(spec: WorkerSpec, sender, recorder: IntervalRecorder, *, start_ns: int,
                  stop: threading.Event | None = None, clock: Callable[[], int] = time.monotonic_ns,
                  sleep: Callable[[float], None] = time.sleep) -> None:
@@ -216,34 +88,6 @@ def _complete(spec: WorkerSpec, sender, pending: Pending, recorder: IntervalReco
 
 
 # ---------------------------------------------------------------------------------- consuming
-class Received(NamedTuple):
-    """What one receiver poll got: how many messages, and the intended send times of those that
-    are bench bodies (the receiver's part; redis gives bodies, mqstore numpy columns), with when
-    each arrived if the poll read them at different times (None: when the poll returned)."""
-
-    count: int
-    intended_ns: np.ndarray  # int64
-    received_ns: np.ndarray | None = None  # int64, CLOCK_MONOTONIC, one per intended_ns
-
-
-NOTHING_RECEIVED = Received(0, np.zeros(0, dtype=np.int64))
-
-
-def intended_times(bodies: list[bytes]) -> np.ndarray:
-    """The intended send times stamped in bench bodies (others are skipped)."""
-    unpack = BODY_HEADER.unpack_from
-    stamps = [unpack(body)[2] for body in bodies
-              if len(body) >= MIN_BODY_BYTES and body[:4] == BODY_MAGIC]
-    return np.asarray(stamps, dtype=np.int64)
-
-
-def intended_times_of_heads(heads: np.ndarray) -> np.ndarray:
-    """intended_times of bodies given as their first BODY_HEADER.size bytes, an (n, size) uint8
-    array (one row per body at least that long): whole-array, bodies without BODY_MAGIC skipped."""
-    fields = np.ascontiguousarray(heads).view(BODY_HEADER_DTYPE).reshape(len(heads))
-    return fields["intended_ns"][fields["magic"] == BODY_MAGIC].astype(np.int64)
-
-
 def run_consumer(spec: WorkerSpec, receiver, recorder: IntervalRecorder, *,
                  drain: threading.Event, stop: threading.Event) -> int | None:
     """Receive until stopped, or drained: a poll that began after `drain` found nothing.

@@ -23,15 +23,8 @@ from engine.status import GetStatus, PutStatus
 from ipc.batch_result import BatchResult
 from ipc.consumer import Consumer
 from ipc.producer import Producer
-from tools.bench.loadgen import (
-    BODY_HEADER,
-    NOTHING_RECEIVED,
-    Pending,
-    Received,
-    SendBatch,
-    WorkerSpec,
-    intended_times_of_heads,
-)
+from tools.bench.bench_body import BODY_HEADER, intended_times_of_heads
+from tools.bench.worker_records import NOTHING_RECEIVED, Pending, Received, SendBatch, WorkerSpec
 
 MOVES = (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.NO_MATCHED_MESSAGE)
 

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from engine.errors import StoreError
-from tools.bench.loadgen import Pending, Received, SendBatch, WorkerSpec, intended_times
+from tools.bench.bench_body import intended_times
+from tools.bench.worker_records import Pending, Received, SendBatch, WorkerSpec
 
 SERVER_HINT = "install it with `apt-get install redis-server` (Debian/Ubuntu)"
 CLIENT_HINT = "install the client with `pip install 'mqstore[redis]'` (redis>=5)"

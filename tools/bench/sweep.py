@@ -32,7 +32,7 @@ from pathlib import Path
 
 from engine.errors import StoreError
 from tools.bench import report
-from tools.bench.harness import REPO_ROOT, child_env
+from workers.child_env import REPO_ROOT, child_env
 
 PROG = "python -m tools.bench.sweep"
 AXES = {"producers": "--producers", "size": "--size"}

@@ -1,4 +1,4 @@
-"""The retention soak (issue 20, item 1): a supervised store with a retention of minutes under
+"""The retention soak: a supervised store with a retention of minutes under
 load, with one consumer in front and one behind, for `make soak` and its short test.
 
 `python -m tools.retention_soak run --duration-s 600 --json soak-retention.json` (see

@@ -19,8 +19,6 @@ hour. What it checks, after the producer stops and the store caught up:
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,13 +29,15 @@ from engine.check import check
 from engine.naming import commitlog_dir, segment_files
 from engine.status import GetStatus
 from ipc.consumer import Consumer
-from ipc.control_block import ControlBlock, StoreState
+from ipc.control_block import ControlBlock
 from ipc.retention_block import RetentionBlock
 from tools.retention_soak.clients import TOPIC, ConsumerRole, seq_of
+from tools.store_process import StoreProcess, wait_until, write_store_config
+from workers.child_env import REPO_ROOT, child_env
 from workers.retention_status import used_bytes
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_S = 1.0
+POLL_S = 0.05
 READY_TIMEOUT_S = 60.0
 CATCH_UP_TIMEOUT_S = 60.0
 YOUNG_SLACK_S = 5.0  # an ack comes after the store time; a message this much younger is certainly kept
@@ -72,40 +72,26 @@ class SoakSettings:
                 "disk_warn_ratio": 0.001, "disk_clean_force_ratio": 0.95, "disk_full_ratio": 0.97}
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
 def _spawn(workdir: Path, name: str, *args: str) -> subprocess.Popen:
     with open(workdir / f"{name}.stderr", "ab") as err:
-        return subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, env=_env(),
+        return subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, env=child_env(),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-
-
-def _wait(predicate, what: str, timeout_s: float, poll_s: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(poll_s)
 
 
 def run_soak(settings: SoakSettings, workdir: Path, progress=print) -> dict:
     """Run one soak in `workdir` (the store is workdir/store); returns the figures."""
     workdir.mkdir(parents=True, exist_ok=True)
     root = workdir / "store"
-    config = workdir / "store.toml"
-    config.write_text("[store]\n" + "".join(f"{k} = {v!r}\n" for k, v in settings.store_table().items()))
-    supervisor = _spawn(workdir, "supervisor", "-m", "tools.cli", "start", "--store", str(root),
-                        "--config", str(config))
+    config = write_store_config(workdir / "store.toml", settings.store_table())
+    supervisor = StoreProcess(root, config, workdir / "supervisor.stderr", timeout_s=CATCH_UP_TIMEOUT_S,
+                              poll_s=POLL_S)
+    supervisor.start()
     clients: list[subprocess.Popen] = []
     try:
-        _wait(lambda: _ready(root, supervisor), "the supervisor to be ready", READY_TIMEOUT_S)
+        supervisor.wait_ready(READY_TIMEOUT_S)
         clients = _start_clients(settings, workdir, root)
         samples = _sample_until_done(settings, root, supervisor, clients[0], progress)
-        _wait(lambda: _caught_up(root), "the store to catch up", CATCH_UP_TIMEOUT_S)
+        wait_until(lambda: _caught_up(root), "the store to catch up", CATCH_UP_TIMEOUT_S, POLL_S)
         (workdir / "stop").touch()
         for client in clients[1:]:
             client.wait(CATCH_UP_TIMEOUT_S)
@@ -115,24 +101,12 @@ def run_soak(settings: SoakSettings, workdir: Path, progress=print) -> dict:
             if client.poll() is None:
                 client.kill()
                 client.wait()
-        if supervisor.poll() is None:
-            supervisor.send_signal(signal.SIGTERM)
-        stopped = supervisor.wait(CATCH_UP_TIMEOUT_S)
+        stopped = supervisor.stop()
     findings = check(root)
     figures.update(supervisor_exit=stopped, check_findings=len(findings),
                    check_first=[str(f) for f in findings[:5]])
     figures["ok"] = _verdict(figures)
     return figures
-
-
-def _ready(root: Path, supervisor: subprocess.Popen) -> bool:
-    if supervisor.poll() is not None:
-        raise RuntimeError(f"the supervisor exited with {supervisor.returncode}")
-    try:
-        with ControlBlock.attach(root) as ctl:
-            return ctl.supervisor_pid == supervisor.pid and ctl.store_state is StoreState.READY
-    except Exception:
-        return False
 
 
 def _caught_up(root: Path) -> bool:
@@ -156,7 +130,7 @@ def _start_clients(settings: SoakSettings, workdir: Path, root: Path) -> list[su
     return [producer, *consumers]
 
 
-def _sample_until_done(settings: SoakSettings, root: Path, supervisor: subprocess.Popen,
+def _sample_until_done(settings: SoakSettings, root: Path, supervisor: StoreProcess,
                        producer: subprocess.Popen, progress) -> list[tuple[float, int, int]]:
     """(seconds since start, disk bytes used, commitlog segments) every SAMPLE_S until the
     producer exits (it stops by itself at the end of the run)."""
@@ -165,8 +139,8 @@ def _sample_until_done(settings: SoakSettings, root: Path, supervisor: subproces
     deadline = started + settings.duration_s + READY_TIMEOUT_S
     next_report = started + 60.0
     while producer.poll() is None:
-        if supervisor.poll() is not None:
-            raise RuntimeError(f"the supervisor exited with {supervisor.returncode} during the soak")
+        if not supervisor.running:
+            raise RuntimeError(f"the supervisor exited with {supervisor.proc.returncode} during the soak")
         if time.monotonic() > deadline:
             raise RuntimeError("the producer did not stop at the end of the run")
         now = time.monotonic()

@@ -1,10 +1,12 @@
 """Arrow record batches of many records at once, from the spans the batch scanner accepted.
 
-`engine.formats.record_scan.verify_spans` accepts leading runs of plain records (v1, IPv4
+`engine.formats.record.spans.verify_spans` accepts leading runs of plain records (v1, IPv4
 hosts, ASCII topic and properties; with every CRC checked unless verify is NONE). This module
 turns such a run into one `pyarrow.RecordBatch` in the source's schema (scan.arrow_schema)
-with whole-array work: header fields are numpy gathers, text and bodies are Arrow arrays
-built from offsets into one copy of the bytes (no Python object per field).
+with whole-array work. It knows nothing of the record layout: header fields, hosts, msgIds,
+the __CRC32C tail and the properties come from the record codec (engine.formats.record.arrays,
+hosts, spans, props_many); text and bodies become Arrow arrays built from offsets into one copy
+of the bytes (no Python object per field).
 
 The result is the one `scan.message_values` / `scan.dispatch_values` give for the same
 records through `record.decode_record` (tests/spark/test_scan_batches.py compares them).
@@ -19,42 +21,25 @@ import numpy as np
 import pyarrow as pa
 
 from engine.dispatch import unindexed_rollbacks
-from engine.formats.crc32c_property import CRC32C_PREFIX, CRC32C_PROP_SIZE
-from engine.formats.properties import (
-    KEYS_SEPARATOR,
-    PROP_CRC32C,
-    PROP_KEYS,
-    PROP_TAGS,
-    PROP_UNIQ_KEY,
-    SEP_KV,
-    SEP_PROP,
+from engine.formats.properties import PROP_CRC32C, PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
+from engine.formats.record.arrays import gather_field, slices, take_spans
+from engine.formats.record.dispatch_columns import decode_dispatch
+from engine.formats.record.hosts import MSG_ID_V4_CHARS, Host, host_texts, msg_id_digits, packed_hosts
+from engine.formats.record.layout import BODY_OFFSET, PROPERTIES_LENGTH_SIZE
+from engine.formats.record.props_many import (
+    key_heads,
+    may_repeat_keys,
+    name_head,
+    split_pairs,
+    split_tokens,
 )
-from engine.formats.record import PROPERTIES_LENGTH_SIZE
-from engine.formats.record_batch import HEADER_DTYPE, gather, gather_field, gather_int, int_view
-from engine.formats.record_scan import RecordSpans, decode_dispatch
+from engine.formats.record.spans import RecordSpans, crc32c_tails
 
-_SEP_KV, _SEP_PROP, _SPACE = SEP_KV[0], SEP_PROP[0], KEYS_SEPARATOR.encode()[0]
-_PREFIX_U8 = np.frombuffer(CRC32C_PREFIX, dtype=np.uint8)
-_HEX_U8 = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
-_NIBBLE_SHIFTS = np.arange(60, -4, -4, dtype=np.int64)  # 16 hex digits of a 64-bit value, MSB first
-_NIBBLE_SHIFTS_U = _NIBBLE_SHIFTS.astype(np.uint64)
 _TS = pa.timestamp("us", tz="UTC")
-
-
-def _field_offset(name: str) -> int:
-    return HEADER_DTYPE.fields[name][1]
+_PADDING_BYTES = 8  # after the properties blob: a key head reads 8 bytes at any key start
 
 
 # ---------------------------------------------------------------- arrays from spans
-
-
-def take_spans(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(int32 offsets, bytes) of the spans u8[starts[i]:ends[i]] laid end to end."""
-    lens = ends - starts
-    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    index = np.repeat(starts - offsets[:-1], lens) + np.arange(offsets[-1], dtype=np.int64)
-    return offsets.astype(np.int32), u8[index]
 
 
 def string_array(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray,
@@ -71,7 +56,7 @@ def body_array(chunk: bytes, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
     """Bodies as an Arrow binary array: one join of slices (bodies are large; no index array)."""
     offsets = np.zeros(len(starts) + 1, dtype=np.int64)
     np.cumsum(ends - starts, out=offsets[1:])
-    data = b"".join(map(chunk.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+    data = b"".join(slices(chunk, starts, ends))
     return pa.Array.from_buffers(pa.binary(), len(starts),
                                  [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
 
@@ -91,72 +76,26 @@ def _list_array(rows: np.ndarray, n: int, values: pa.Array) -> pa.Array:
 
 
 def _props_blob(chunk: bytes, spans: RecordSpans) -> tuple[np.ndarray, np.ndarray]:
-    """Every record's properties end to end (u8, then 8 bytes of padding) and each record's
-    end in it."""
-    pieces = list(map(chunk.__getitem__, map(slice, spans.props_pos.tolist(), spans.ends.tolist())))
-    blob = b"".join([*pieces, bytes(8)])
+    """Every record's properties end to end (u8, then padding) and each record's end in it."""
+    blob = b"".join([*slices(chunk, spans.props_pos, spans.ends), bytes(_PADDING_BYTES)])
     return np.frombuffer(blob, dtype=np.uint8), np.cumsum(spans.ends - spans.props_pos)
 
 
 def parse_pieces(u8: np.ndarray, row_ends: np.ndarray) -> tuple[np.ndarray, ...] | None:
     """(rows, key starts, separators, value ends, key heads) of every key/value pair, in record
-    order, as decode_properties finds them; None if a record may repeat a key. `u8` ends with
-    8 bytes of padding; a key head is its first 8 bytes (less if shorter) as a little-endian int."""
-    n = len(row_ends)
-    row_starts = np.concatenate([[0], row_ends[:-1]])
-    p2 = np.flatnonzero(u8 == _SEP_PROP)
-    p1 = np.flatnonzero(u8 == _SEP_KV)
-    starts = np.concatenate([row_starts, p2 + 1])
-    rows = np.concatenate([np.arange(n), np.searchsorted(row_ends, p2, side="right")])
-    order = np.lexsort((starts, rows))
-    starts, rows = starts[order], rows[order]
-    keep = rows < n
-    starts, rows = starts[keep], rows[keep]
-    limit = row_ends[rows]
-    nxt = np.searchsorted(p2, starts)
-    nxt_pos = p2[np.minimum(nxt, len(p2) - 1)] if len(p2) else limit
-    ends = np.where((nxt < len(p2)) & (nxt_pos < limit), nxt_pos, limit)
-    j = np.searchsorted(p1, starts)
-    kv = p1[np.minimum(j, len(p1) - 1)] if len(p1) else starts
-    pair = (j < len(p1)) & (kv > starts) & (kv < ends - 1)
-    rows, starts, kv, ends = rows[pair], starts[pair], kv[pair], ends[pair]
-    heads = _key_heads(u8, starts, kv)
-    if _may_repeat_keys(u8, rows, starts, kv, heads):
+    order, as decode_properties finds them; None if a record may repeat a key (a dict keeps the
+    first one's place and the last one's value: left to the scalar path). `u8` ends with
+    padding (props_many.key_heads)."""
+    pairs = split_pairs(u8, row_ends)
+    heads = key_heads(u8, pairs)
+    if may_repeat_keys(u8, pairs, heads):
         return None
-    return rows, starts, kv, ends, heads
-
-
-def _key_heads(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    lens = np.minimum(ends - starts, 8).astype(np.uint64)
-    masks = np.where(lens >= 8, np.uint64(2**64 - 1), (np.uint64(1) << (lens * np.uint64(8))) - np.uint64(1))
-    return int_view(u8, "<u8")[starts] & masks
-
-
-def _name_head(name: str) -> tuple[int, np.uint64]:
-    raw = name.encode()
-    assert len(raw) <= 8
-    return len(raw), np.uint64(int.from_bytes(raw, "little"))
-
-
-def _may_repeat_keys(u8: np.ndarray, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                     heads: np.ndarray) -> bool:
-    """True when some record may hold one key twice: same length, first and last 8 bytes
-    (exact up to 16 bytes; a longer look-alike only sends the run to the scalar path)."""
-    if not len(rows):
-        return False
-    lens = ends - starts
-    tails = np.where(lens > 8, int_view(u8, "<u8")[np.maximum(ends - 8, 0)], np.uint64(0))
-    order = np.lexsort((tails, heads, lens, rows))
-    same = np.ones(len(rows) - 1, dtype=bool)
-    for column in (rows, lens, heads, tails):
-        ordered = column[order]
-        same &= ordered[1:] == ordered[:-1]
-    return bool(same.any())
+    return (*pairs, heads)
 
 
 def _named(starts: np.ndarray, kv: np.ndarray, heads: np.ndarray, name: str) -> np.ndarray:
     """Which pairs have the key `name` (at most 8 bytes: the key head is the whole key)."""
-    length, head = _name_head(name)
+    length, head = name_head(name)
     return (kv - starts == length) & (heads == head)
 
 
@@ -173,52 +112,22 @@ def _value_column(u8: np.ndarray, n: int, rows: np.ndarray, kv: np.ndarray, ends
 def _key_tokens(u8: np.ndarray, n: int, rows: np.ndarray, starts: np.ndarray,
                 ends: np.ndarray) -> pa.Array:
     """list<string>: each row's KEYS value split on spaces, empty tokens dropped (split_keys)."""
-    spaces = np.flatnonzero(u8 == _SPACE)
-    inside = np.searchsorted(starts, spaces, side="right") - 1
-    spaces = spaces[(inside >= 0) & (spaces < ends[np.maximum(inside, 0)])] if len(starts) else spaces[:0]
-    t_start = np.sort(np.concatenate([starts, spaces + 1]))
-    t_end = np.sort(np.concatenate([ends, spaces]))
-    nonempty = t_end > t_start
-    t_start, t_end = t_start[nonempty], t_end[nonempty]
-    t_rows = rows[np.searchsorted(starts, t_start, side="right") - 1] if len(starts) else rows
+    t_rows, t_start, t_end = split_tokens(u8, rows, starts, ends)
     return _list_array(t_rows, n, string_array(u8, t_start, t_end))
 
 
-def _has_crc_tail(chunk_u8: np.ndarray, spans: RecordSpans) -> np.ndarray:
-    """Per record: a well-formed __CRC32C tail ends it (decode_record then drops that key)."""
-    tails = gather(chunk_u8, spans.ends - CRC32C_PROP_SIZE, CRC32C_PROP_SIZE)
-    digits = tails[:, len(CRC32C_PREFIX):-1]
-    return ((spans.ends - spans.props_pos >= CRC32C_PROP_SIZE)
-            & (tails[:, :len(CRC32C_PREFIX)] == _PREFIX_U8).all(axis=1) & (tails[:, -1] == _SEP_PROP)
-            & ((digits >= ord("0")) & (digits <= ord("9"))).all(axis=1))
-
-
-# ---------------------------------------------------------------- hosts and ids
-
-
-def _host_columns(chunk_u8: np.ndarray, starts: np.ndarray, prefix: str) -> tuple[pa.Array, np.ndarray]:
+def _host_column(chunk_u8: np.ndarray, starts: np.ndarray, host: Host) -> tuple[pa.Array, np.ndarray]:
     """`ip:port` text of each record's born or store host, and the packed (ip << 32 | port)."""
-    ip = gather_int(chunk_u8, starts + _field_offset(f"{prefix}_ip"), ">u4").astype(np.uint64)
-    port = gather_int(chunk_u8, starts + _field_offset(f"{prefix}_port"), ">u4").astype(np.uint64)
-    packed = (ip << np.uint64(32)) | port
-    distinct, inverse = np.unique(packed, return_inverse=True)
-    texts = [f"{v >> 56}.{(v >> 48) & 255}.{(v >> 40) & 255}.{(v >> 32) & 255}:{_signed32(v)}"
-             for v in distinct.tolist()]
-    return pa.array(texts, type=pa.string()).take(pa.array(inverse.ravel())), packed
-
-
-def _signed32(packed: int) -> int:
-    port = packed & 0xFFFFFFFF
-    return port - (1 << 32) if port >= 1 << 31 else port
+    packed = packed_hosts(chunk_u8, starts, host)
+    texts, inverse = host_texts(packed)
+    return pa.array(texts, type=pa.string()).take(pa.array(inverse)), packed
 
 
 def msg_id_array(store_packed: np.ndarray, commit_pos: np.ndarray) -> pa.Array:
-    """make_msg_id of IPv4 store hosts: 32 upper-case hex digits (ip, port, commit_pos)."""
+    """make_msg_id of IPv4 store hosts, as an Arrow string array."""
     n = len(commit_pos)
-    digits = np.empty((n, 32), dtype=np.uint8)
-    digits[:, :16] = _HEX_U8[(store_packed[:, None] >> _NIBBLE_SHIFTS_U) & np.uint64(0xF)]
-    digits[:, 16:] = _HEX_U8[(commit_pos[:, None] >> _NIBBLE_SHIFTS) & 0xF]
-    offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
+    digits = msg_id_digits(store_packed, commit_pos)
+    offsets = np.arange(0, MSG_ID_V4_CHARS * n + 1, MSG_ID_V4_CHARS, dtype=np.int32)
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(digits)])
 
 
@@ -243,16 +152,17 @@ def message_batch(chunk: bytes, spans: RecordSpans, base_pos: int,
     if pieces is None:
         return None
     rows, k_start, kv, v_end, heads = pieces
-    drop = _named(k_start, kv, heads, PROP_CRC32C) & _has_crc_tail(chunk_u8, spans)[rows]
+    has_tail, _ = crc32c_tails(chunk_u8, spans.props_pos, spans.ends)  # decode_record drops that key
+    drop = _named(k_start, kv, heads, PROP_CRC32C) & has_tail[rows]
     if drop.any():
         rows, k_start, kv, v_end, heads = (a[~drop] for a in (rows, k_start, kv, v_end, heads))
     keys_mask = _named(k_start, kv, heads, PROP_KEYS)
     props = pa.MapArray.from_arrays(pa.array(_row_offsets(rows, n)), string_array(u8, k_start, kv),
                                     string_array(u8, kv + 1, v_end))
-    born, _ = _host_columns(chunk_u8, starts, "born")
-    store, store_packed = _host_columns(chunk_u8, starts, "store")
+    born, _ = _host_column(chunk_u8, starts, Host.BORN)
+    store, store_packed = _host_column(chunk_u8, starts, Host.STORE)
     commit_pos = base_pos + starts
-    body_pos = starts + HEADER_DTYPE.itemsize
+    body_pos = starts + BODY_OFFSET
     columns = [
         pa.array(commit_pos), _int_array(spans.ends - starts, pa.int32()),
         string_array(chunk_u8, spans.topic_pos, spans.props_pos - PROPERTIES_LENGTH_SIZE),

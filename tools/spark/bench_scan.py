@@ -29,9 +29,11 @@ from engine.formats.record import Verify
 from engine.mapped_file import Access
 from engine.message import Message
 from engine.recovery import RecoveryMode
-from engine.store import MessageStore, close_parts, open_parts
+from engine.store import MessageStore
 from engine.store_dir import config_for_store, read_meta
+from engine.store_open import close_parts, open_parts
 from tools.spark import jobs
+from tools.spark.options import parse_options
 from tools.spark.partitions import (
     BlockReader,
     ScanFilter,
@@ -41,7 +43,7 @@ from tools.spark.partitions import (
     pread_reader,
 )
 from tools.spark.scan import read_batches
-from tools.spark.source import MqstoreReader, parse_options
+from tools.spark.source import MqstoreReader
 
 MiB = 1 << 20
 

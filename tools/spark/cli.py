@@ -1,12 +1,13 @@
 """`mqstore spark <job>`: export, check, rebuild, stats on Spark (the main CLI calls these).
 
-    mqstore spark export  --store DIR --to OUT [--format parquet] [--mode errorifexists]
+    mqstore spark export  --store DIR --to OUT [--format parquet|json|orc|csv]
+                          [--mode errorifexists|overwrite|append|ignore|incremental]
     mqstore spark check   --store DIR [--json]          exit 1 when there are findings
     mqstore spark rebuild --store DIR [--json]
     mqstore spark stats   --store DIR [--json] [--plot PNG]
     common: --master URL (default: the configured spark.master, else local[*]),
             --conf KEY=VALUE (repeatable), --option KEY=VALUE
-            (data source options: topics, startTime, ...; see tools.spark.source)
+            (data source options: topics, startTime, ...; see docs/SPARK.md)
 
 One line per stage goes to stderr; Spark shows its own stage progress bar there too.
 """
@@ -47,9 +48,11 @@ def add_spark_parser(subparsers) -> argparse.ArgumentParser:
     p = jobs.add_parser("export", help="write every message as Parquet (or --format), by topic and date")
     _common(p)
     p.add_argument("--to", required=True, help="output directory")
-    p.add_argument("--format", default="parquet", help="Spark output format (default parquet)")
+    p.add_argument("--format", default="parquet", choices=("parquet", "json", "orc", "csv"),
+                   help="output format (default parquet; csv flattens keys, properties and body)")
     p.add_argument("--mode", default="errorifexists",
-                   choices=("errorifexists", "overwrite", "append", "ignore"))
+                   choices=("errorifexists", "overwrite", "append", "ignore", "incremental"),
+                   help="incremental: append only what earlier incremental runs did not write")
     p = jobs.add_parser("check", help="distributed fsck: records, consume queues, index coverage")
     _common(p)
     p.add_argument("--json", action="store_true")
@@ -84,9 +87,9 @@ def run_spark(args: argparse.Namespace) -> int:
 def _run_job(jobs, spark, args: argparse.Namespace, store: str) -> int:
     options = dict(args.option)
     if args.job == "export":
-        result = jobs.export(spark, store, args.to, fmt=args.format, mode=args.mode, options=options,
-                             say=_say)
-        print(f"exported {result.rows} messages to {result.path} ({len(result.partitions)} "
+        result = jobs.export(spark, store, args.to, fmt=args.format, mode=jobs.ExportMode(args.mode),
+                             options=options, say=_say)
+        print(f"wrote {result.rows} messages to {result.path} ({len(result.partitions)} "
               "topic/date partitions)")
         return CliExit.OK
     if args.job == "check":

@@ -2,7 +2,8 @@
 
 1. Records: every record is decoded with every CRC (the source's `verify=report`); bad ones
    are CORRUPT_RECORD, or TORN_TAIL when nothing valid follows them.
-2. Consume queues: every entry file is read by a task; entries and consumable records are
+2. Consume queues: every entry file is read by a task; entries and consumable records (a
+   record with a bad CRC but sound structure included: no knock-on findings) are
    joined on (topic, queue id, queue offset): an entry without its record, a record without
    its entry, and differing commit_pos / size / tagsCode are findings; so are entries sharing
    a commit_pos. Entries below the log's first position are expired, not findings.
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.check import Finding, FindingKind
+from engine.check_findings import Finding, FindingKind
 from engine.errors import CheckpointError
 from engine.formats.checkpoint import decode_checkpoint
 from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE, FILLER_SIZE_MARK
@@ -38,11 +39,15 @@ from engine.formats.index_file import (
 )
 from engine.naming import CHECKPOINT_FILE, CONSUMEQUEUE_DIR, INDEX_DIR
 from tools.spark.layout import StoreFormat, StoreLayout, read_layout
+from tools.spark.session import read_store
+from tools.spark.tasks import flat_map, flat_map_items
 
 Say = Callable[[str], None]
 MAX_FINDINGS_PER_KIND = 50
 CONSUMABLE_SQL = "(sys_flag & 12) NOT IN (4, 12)"
 KEY_ROWS_DDL = "shard int, key_hash int, commit_pos long, key string"
+ENTRY_DDL = "topic string, queue_id int, queue_offset long, e_pos long, e_size int, e_tags long, path string"
+FOUND_DDL = "shard int, key_hash int, commit_pos long, problem string, path string"
 _ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("commit_pos", ">i8"), ("time_diff_s", ">i4"),
                          ("prev_index", ">i4")])
 
@@ -73,8 +78,6 @@ class CheckReport:
 
 def check(spark, store: str | Path, *, say: Say = lambda _: None) -> CheckReport:
     """Verify `store` with Spark, read-only; an empty findings list means it is consistent."""
-    from tools.spark.jobs import read_store
-
     started = time.monotonic()
     root = Path(store).resolve()
     layout = read_layout(root)
@@ -84,7 +87,9 @@ def check(spark, store: str | Path, *, say: Say = lambda _: None) -> CheckReport
     try:
         _check_records(records, layout, report)
         if layout.format is StoreFormat.MQSTORE:
-            valid = records.where("error IS NULL")
+            # A record whose CRC fails but whose structure holds still has its entry and keys:
+            # matching them keeps one bad record one finding, as engine.check reports it.
+            valid = records.where("topic IS NOT NULL")
             say("check: consume queues against the commitlog")
             _check_queues(spark, valid, root, layout, report)
             say("check: index coverage of every key")
@@ -147,10 +152,8 @@ def read_queue_file(item: tuple[str, int, str]) -> list[tuple]:
 
 
 def _check_queues(spark, valid, root: Path, layout: StoreLayout, report: CheckReport) -> None:
-    files = _queue_files(root)
-    entries = spark.createDataFrame(
-        spark.sparkContext.parallelize(files, max(1, min(len(files), 64))).flatMap(read_queue_file),
-        "topic string, queue_id int, queue_offset long, e_pos long, e_size int, e_tags long, path string")
+    entries = flat_map_items(spark, _queue_files(root), "topic string, queue_id int, path string",
+                             read_queue_file, ENTRY_DDL)
     entries = entries.where(f"e_pos >= {layout.min_pos}").persist()
     try:
         per_pos = entries.groupBy("e_pos").count().selectExpr(
@@ -245,19 +248,18 @@ def _walk_chains(heads: np.ndarray, entries: np.ndarray, slot_count: int,
     return reached, problem
 
 
-def expected_key_rows(shards: int, row) -> Iterator[tuple]:
-    """Executor side: (shard, key hash, commit_pos, `topic#key`) for each index key of a record."""
-    for key in row.index_keys:
-        yield (shard_of(row.topic, key, shards), index_key_hash_of(row.topic, key), row.commit_pos,
-               f"{row.topic}#{key}")
+def expected_key_rows(shards: int, row: tuple) -> Iterator[tuple]:
+    """Executor side: (shard, key hash, commit_pos, `topic#key`) for each index key of a record
+    (commit_pos, topic, index_keys)."""
+    commit_pos, topic, keys = row
+    for key in keys:
+        yield shard_of(topic, key, shards), index_key_hash_of(topic, key), commit_pos, f"{topic}#{key}"
 
 
 def _check_index(spark, valid, root: Path, layout: StoreLayout, report: CheckReport) -> None:
-    files = _index_files(root, layout.index_shards)
     reader = functools.partial(read_index_file, layout.index_slot_count, layout.index_entry_count)
-    found = spark.createDataFrame(
-        spark.sparkContext.parallelize(files, max(1, min(len(files), 64))).flatMap(reader),
-        "shard int, key_hash int, commit_pos long, problem string, path string").persist()
+    found = flat_map_items(spark, _index_files(root, layout.index_shards), "shard int, path string", reader,
+                           FOUND_DDL).persist()
     try:
         for r in found.where("problem IS NOT NULL").collect():
             _add(report, FindingKind.INDEX_FILE_CORRUPT, r.path, r.problem)
@@ -265,8 +267,8 @@ def _check_index(spark, valid, root: Path, layout: StoreLayout, report: CheckRep
         report.index_entries = found.count()
         durable = _index_durable(root, layout.index_shards)
         keyed = valid.where("size(index_keys) > 0").select("commit_pos", "topic", "index_keys")
-        key_rows = keyed.rdd.flatMap(functools.partial(expected_key_rows, layout.index_shards))
-        keys = spark.createDataFrame(key_rows, KEY_ROWS_DDL).where(_durable_sql(durable))
+        key_rows = flat_map(keyed, functools.partial(expected_key_rows, layout.index_shards), KEY_ROWS_DDL)
+        keys = key_rows.where(_durable_sql(durable))
         unmatched = keys.join(found.select("shard", "key_hash", "commit_pos", "path"),
                               ["shard", "key_hash", "commit_pos"], "full_outer")
         for r in unmatched.where("key IS NULL OR path IS NULL").orderBy("commit_pos").limit(2000).collect():

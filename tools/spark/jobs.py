@@ -7,100 +7,20 @@ master and Spark configuration work) and a store directory that every executor c
 
 from __future__ import annotations
 
-import math
-import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tools.spark.export import ExportMode, ExportResult, export
 from tools.spark.fsck import CheckReport, check
 from tools.spark.rebuild import RebuildReport, rebuild
-from tools.spark.source import register
+from tools.spark.session import configured_master, prepare_worker_env, read_store, spark_session
 
-__all__ = ["CheckReport", "ExportResult", "RebuildReport", "StatsReport", "check", "export", "read_store",
-           "rebuild", "spark_session", "stats"]
+__all__ = ["CheckReport", "ExportMode", "ExportResult", "RebuildReport", "StatsReport", "check",
+           "configured_master", "export", "prepare_worker_env", "read_store", "rebuild", "spark_session",
+           "stats"]
 
 Say = Callable[[str], None]
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONF = {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "true"}
-
-
-def prepare_worker_env() -> None:
-    """Python workers must run this interpreter and import mqstore's packages."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(REPO_ROOT) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
-
-
-def configured_master() -> str | None:
-    """spark.master from the usual configuration (MASTER, spark-defaults.conf), if any."""
-    if os.environ.get("MASTER"):
-        return os.environ["MASTER"]
-    conf_dirs = [os.environ.get("SPARK_CONF_DIR"), os.environ.get("SPARK_HOME") and
-                 os.path.join(os.environ["SPARK_HOME"], "conf")]
-    for conf_dir in filter(None, conf_dirs):
-        path = Path(conf_dir) / "spark-defaults.conf"
-        lines = path.read_text().splitlines() if path.is_file() else []
-        for line in lines:
-            parts = line.split(None, 1)
-            if len(parts) == 2 and parts[0] == "spark.master":
-                return parts[1].strip()
-    return None
-
-
-def spark_session(master: str | None = None, conf: Mapping[str, str] | None = None,
-                  app_name: str = "mqstore"):
-    """A SparkSession with format("mqstore") available; `conf` wins over the defaults. The
-    master is `master`, else the configured spark.master, else local[*]."""
-    from pyspark.sql import SparkSession
-
-    prepare_worker_env()
-    builder = SparkSession.builder.appName(app_name)
-    if master or not configured_master():
-        builder = builder.master(master or "local[*]")
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    register(spark)
-    return spark
-
-
-def read_store(spark, store: str, **options: str):
-    """spark.read.format("mqstore") with `options` (see tools.spark.source)."""
-    register(spark)
-    return spark.read.format("mqstore").options(**options).load(str(store))
-
-
-# ------------------------------------------------------------------------------ export
-
-
-@dataclass
-class ExportResult:
-    path: str
-    format: str
-    rows: int
-    partitions: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def export(spark, store: str | Path, to: str | Path, *, fmt: str = "parquet", mode: str = "errorifexists",
-           options: Mapping[str, str] | None = None, say: Say = lambda _: None) -> ExportResult:
-    """Write every message (after `options` filters) to `to`, partitioned by topic and date."""
-    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
-
-    say(f"export: reading {store}, writing {fmt} to {to}")
-    df = read_store(spark, str(store), **(options or {})).withColumn("date", F.to_date("store_ts"))
-    df.write.partitionBy("topic", "date").mode(mode).format(fmt).save(str(to))
-    say("export: counting what was written")
-    written = spark.read.format(fmt).load(str(to))
-    pairs = written.select("topic", "date").distinct().collect()
-    parts = sorted(f"topic={r.topic}/date={r.date}" for r in pairs)
-    return ExportResult(str(to), fmt, written.count(), parts)
 
 
 # ------------------------------------------------------------------------------- stats
@@ -190,8 +110,3 @@ def _human(n: int) -> str:
             return f"{n}{unit}"
         n //= 1024
     return f"{n}Gi"
-
-
-def log2_bucket(size_bytes: int) -> int:
-    """The histogram bucket of a record size (what stats computes in Spark)."""
-    return math.floor(math.log2(size_bytes))

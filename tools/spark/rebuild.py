@@ -39,15 +39,17 @@ from engine.consume_queue import ConsumeQueue
 from engine.dispatch import consumable_rows, key_hashes_and_shards, queue_groups
 from engine.errors import BadInputError, ReadOnlyStoreError, StoreLockedError
 from engine.formats.checkpoint import Checkpoint
-from engine.formats.record_scan import DispatchColumns
+from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.mapped_file import Access, ensure_dir, fsync_dir, remove_tree
 from engine.naming import ABORT_FILE, CONSUMEQUEUE_DIR, INDEX_DIR
 from engine.shard_index import ShardIndex
 from engine.store_dir import holder_pid
 from tools.spark.layout import StoreFormat, StoreLayout, read_layout
+from tools.spark.options import parse_options
 from tools.spark.partitions import ScanRange
 from tools.spark.scan import ScanSpec, read_batches
-from tools.spark.source import MqstoreReader, parse_options
+from tools.spark.source import MqstoreReader
+from tools.spark.tasks import run_tasks
 
 STAGING_DIR = ".rebuild"
 SPILL_DIR = "spill"
@@ -94,19 +96,15 @@ def rebuild(spark, store: str | Path, *, say: Say = lambda _: None) -> RebuildRe
         ensure_dir(staging / name)
     report = RebuildReport(str(root))
     reader = MqstoreReader(parse_options({"path": str(root), "view": "dispatch"}))
-    ranges = [p.value for p in reader.partitions()]
-    context = spark.sparkContext
+    ranges = [rng for p in reader.partitions() for rng in p.value]
     say(f"rebuild: scanning the commitlog ({len(ranges)} ranges)")
-    spilled = (context.parallelize(list(enumerate(ranges)), max(len(ranges), 1))
-               .map(functools.partial(spill_range, str(staging), reader.spec, layout.index_shards))
-               .collect())
+    spill = functools.partial(spill_range, str(staging), reader.spec, layout.index_shards)
+    spilled = run_tasks(spark, spill, list(enumerate(ranges)))
     report.data_end_pos = max((end for end, _ in spilled), default=0) or layout.min_pos
     queues = sorted({queue for _, queue_keys in spilled for queue in queue_keys})
     say(f"rebuild: writing {len(queues)} consume queues and {layout.index_shards} index shards")
     tasks = [("shard", shard) for shard in range(layout.index_shards)] + [("queue", q) for q in queues]
-    written = (context.parallelize(tasks, len(tasks))
-               .map(functools.partial(write_task, str(staging), layout))
-               .collect())
+    written = run_tasks(spark, functools.partial(write_task, str(staging), layout), tasks)
     for kind, key, count, files in written:
         if kind == "queue":
             report.queues += 1

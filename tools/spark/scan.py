@@ -6,7 +6,7 @@ owns; the walk over the pread blocks is engine.log_walker's (step, run_starts, v
 this module decodes the records, applies the row filters and verification.
 
 Two paths, same rows (tests/spark/test_scan_batches.py): `read_batches` reads RUN_BYTES at a
-time and hands the leading records the batch scanner accepts (engine.formats.record_scan:
+time and hands the leading records the batch scanner accepts (engine.formats.record.spans:
 find_starts + verify_spans, which checks every CRC unless verify is NONE) to
 tools.spark.arrow_columns, which builds one Arrow batch per run with whole-array work; the
 first record it refuses (a filler, unwritten space, damage, a v2/IPv6 record, non-ASCII
@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 from engine.dispatch import index_keys
 from engine.errors import CorruptRecordError
 from engine.formats.record import FILLER_SIZE, Filler, Record, Verify, decode_record
-from engine.formats.record_batch import gather_field
-from engine.formats.record_scan import RecordSpans
+from engine.formats.record.arrays import gather_field
+from engine.formats.record.spans import RecordSpans
 from engine.log_walker import LogWindow, NeedBytes, record_decoder, run_starts, step, verify_run
 from tools.spark.arrow_columns import dispatch_batch, message_batch
 from tools.spark.partitions import BlockReader, ScanRange, first_record_at, pread_reader
@@ -284,7 +284,7 @@ def read_scalar_batches(rng: ScanRange, spec: ScanSpec) -> Iterator[pa.RecordBat
 def read_batches(rng: ScanRange, spec: ScanSpec) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the range's rows that pass the row filter (bad records always pass).
 
-    Runs of plain records go through the batch scanner (engine.formats.record_scan: framing,
+    Runs of plain records go through the batch scanner (engine.formats.record.spans: framing,
     and every CRC unless verify is NONE) into whole Arrow batches (tools.spark.arrow_columns);
     the first record it does not accept, and the next SCALAR_RUN after it, go through the
     reference decoder, which decodes it, reports it or raises, as iter_range does."""

@@ -1,20 +1,15 @@
 """The `mqstore` PySpark data source: `spark.read.format("mqstore").load(STORE_DIR)`.
 
-One row per message (see `MESSAGE_FIELDS` in scan.py). Options (all optional, strings):
+One row per message (see `MESSAGE_FIELDS` in scan.py). Options: tools/spark/options.py and
+docs/SPARK.md (unknown ones are refused). A user-given schema (`.schema("commit_pos bigint,
+topic string")`) may name any subset of the view's columns, with their types; the rows then
+hold those columns in that order.
 
-    topics             comma-separated topic names (rows and, through consume queues, ranges)
-    startTime endTime  store-time range [start, end): epoch ms or ISO-8601 (naive = UTC)
-    startPos endPos    commit-position range [start, end): records starting in it
-    verify             none (structure only, default) | fail (every CRC, raise) |
-                       report (every CRC, adds an `error` column; bad records become rows)
-    format             auto (default) | mqstore | rocketmq (no store.json, no __CRC32C;
-                       the segment size is the size of the segment files)
-    maxPartitionBytes  bytes of commitlog per partition (default 128 MiB)
-    splitMode          sample (bounds at record starts found by the planner, default) | walk
-    topicPruning       consumequeue (default) | off
-    timeSlackMs        how far store time may step back when pruning by time (default 60000)
-    view               messages (default) | dispatch (the columns consume queues and index use)
-    startingOffsets    streaming only: earliest (default) | latest | a commit position
+Filters on topic, queue_id, commit_pos, queue_offset and store_ts are pushed into the scan
+(tools/spark/pushdown.py) with `option("filterPushdown", "true")`, which needs the session
+conf `spark.sql.python.filterPushdown.enabled=true` (off by default; Spark refuses to plan a
+reader that implements pushFilters while it is off, hence the option: a session without the
+conf still reads, unfiltered). `tools.spark.session` sets both.
 
 A batch read of a running store (its lock is held) stops at the checkpoint's durable
 position, as the stream does; a stopped store is read to the end of its valid data.
@@ -26,144 +21,69 @@ JVM. So `pyspark_mqstore` makes format("mqstore") work with no call, wherever mq
 installed normally or editable in compat/strict mode (a default, "lenient" setuptools editable
 install hides the module from iter_modules), or its directory is on PYTHONPATH. A discovered
 source cannot be registered again: `spark.dataSource.register(MqstoreDataSource)` then raises
-DATA_SOURCE_ALREADY_EXISTS, so call `register(spark)`, which registers only when needed.
+DATA_SOURCE_ALREADY_EXISTS, so call `register(spark)`, which takes that as done.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from collections.abc import Iterator
+from dataclasses import replace
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, Filter, InputPartition
+from pyspark.sql.types import StructType
 
 from engine.errors import BadInputError
 from engine.store_dir import holder_pid
-from tools.spark.layout import StoreFormat, StoreLayout, read_durable_pos, read_layout
-from tools.spark.partitions import (
-    DEFAULT_PARTITION_BYTES,
-    ScanFilter,
-    ScanRange,
-    SplitMode,
-    plan_scan,
-)
-from tools.spark.scan import RowFilter, ScanSpec, VerifyMode, View, arrow_schema, read_batches
+from tools.spark.kafka_view import HEADER_TYPE, KAFKA_FIELDS
+from tools.spark.layout import read_durable_pos, read_layout
+from tools.spark.options import OutputView, SourceOptions, parse_options
+from tools.spark.partitions import plan_scan
+from tools.spark.pushdown import push
+from tools.spark.read_plan import ALL_ROWS, RowSelection, pack_ranges, read_partition
+from tools.spark.scan import VerifyMode, View, arrow_schema
+from tools.spark.stream import MqstoreStreamReader
 
 SOURCE_NAME = "mqstore"
 _DDL_TYPES = {
     pa.int64(): "bigint", pa.int32(): "int", pa.string(): "string", pa.binary(): "binary",
     pa.timestamp("us", tz="UTC"): "timestamp", pa.list_(pa.string()): "array<string>",
     pa.map_(pa.string(), pa.string()): "map<string,string>",
+    pa.list_(HEADER_TYPE): "array<struct<key:string,value:binary>>",
 }
 
 
-@dataclass(frozen=True)
-class SourceOptions:
-    """The parsed options of one read."""
-
-    root: str
-    scan_filter: ScanFilter
-    verify_mode: VerifyMode = VerifyMode.NONE
-    store_format: StoreFormat | None = None
-    target_bytes: int = DEFAULT_PARTITION_BYTES
-    split_mode: SplitMode = SplitMode.SAMPLE
-    prune_topics: bool = True
-    view: View = View.MESSAGES
-    starting_offsets: str = "earliest"
-
-    def scan_spec(self, layout: StoreLayout) -> ScanSpec:
-        f = self.scan_filter
-        return ScanSpec(self.verify_mode, layout.full_verify, RowFilter(f.topics, f.start_ms, f.end_ms),
-                        self.view)
-
-    def pruning_filter(self) -> ScanFilter:
-        """The filter the planner prunes with (topics only when topic pruning is on)."""
-        if self.prune_topics:
-            return self.scan_filter
-        return ScanFilter(self.scan_filter.start_pos, self.scan_filter.end_pos, self.scan_filter.start_ms,
-                          self.scan_filter.end_ms, None, self.scan_filter.time_slack_ms)
+def output_columns(output: OutputView, verify_mode: VerifyMode) -> dict[str, str]:
+    """Name -> Spark type of every column the reader yields, in order."""
+    if output is OutputView.KAFKA:
+        fields = [pa.field(name, kind) for name, kind in KAFKA_FIELDS]
+        fields += [f for f in arrow_schema(View.MESSAGES, verify_mode) if f.name == "error"]
+    else:
+        fields = list(arrow_schema(output.scan_view, verify_mode))
+    return {f.name: _DDL_TYPES[f.type] for f in fields}
 
 
-def _option(options: Mapping[str, str], name: str, default: str | None = None) -> str | None:
-    """Case-insensitive lookup (Spark lower-cases option names on some paths)."""
-    lowered = name.lower()
-    for key, value in options.items():
-        if key.lower() == lowered:
-            return value
-    return default
-
-
-def _choice(options: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
-    value = (_option(options, name, default) or default).strip().lower()
-    if value not in allowed:
-        raise BadInputError(name, f"{value!r} is not one of {', '.join(allowed)}")
-    return value
-
-
-def _int_option(options: Mapping[str, str], name: str, default: int | None) -> int | None:
-    text = _option(options, name)
-    if text is None or not text.strip():
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise BadInputError(name, f"{text!r} is not an integer") from None
-
-
-def parse_time_ms(name: str, text: str | None) -> int | None:
-    """Epoch milliseconds from digits or an ISO-8601 time (a naive time is UTC)."""
-    if text is None or not text.strip():
-        return None
-    text = text.strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise BadInputError(name, f"{text!r} is neither epoch ms nor an ISO-8601 time") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
-
-
-def parse_options(options: Mapping[str, str]) -> SourceOptions:
-    """Validate the reader options (BadInputError names the bad option)."""
-    root = _option(options, "path") or _option(options, "store")
-    if not root:
-        raise BadInputError("path", "give the store directory: .load(STORE_DIR)")
-    topics_text = _option(options, "topics")
-    topics = frozenset(t.strip() for t in topics_text.split(",") if t.strip()) if topics_text else None
-    scan_filter = ScanFilter(
-        start_pos=_int_option(options, "startPos", 0) or 0, end_pos=_int_option(options, "endPos", None),
-        start_ms=parse_time_ms("startTime", _option(options, "startTime")),
-        end_ms=parse_time_ms("endTime", _option(options, "endTime")), topics=topics,
-        time_slack_ms=_int_option(options, "timeSlackMs", 60_000) or 0)
-    store_format = _choice(options, "format", "auto", ("auto", "mqstore", "rocketmq"))
-    target_bytes = _int_option(options, "maxPartitionBytes", DEFAULT_PARTITION_BYTES)
-    if target_bytes is None or target_bytes < 1:
-        raise BadInputError("maxPartitionBytes", "must be a positive number of bytes")
-    return SourceOptions(
-        root=root, scan_filter=scan_filter,
-        verify_mode=VerifyMode(_choice(options, "verify", "none", ("none", "fail", "report"))),
-        store_format=None if store_format == "auto" else StoreFormat(store_format),
-        target_bytes=target_bytes,
-        split_mode=SplitMode(_choice(options, "splitMode", "sample", ("sample", "walk"))),
-        prune_topics=_choice(options, "topicPruning", "consumequeue", ("consumequeue", "off")) != "off",
-        view=View(_choice(options, "view", "messages", ("messages", "dispatch"))),
-        starting_offsets=(_option(options, "startingOffsets", "earliest") or "earliest").strip().lower())
-
-
-def schema_ddl(view: View, verify_mode: VerifyMode) -> str:
+def schema_ddl(output: OutputView, verify_mode: VerifyMode) -> str:
     """The Spark schema (DDL) matching the Arrow batches the reader yields."""
-    return ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in arrow_schema(view, verify_mode))
+    return ", ".join(f"{name} {kind}" for name, kind in output_columns(output, verify_mode).items())
 
 
-class RangePartition(InputPartition):
-    """One ScanRange (picklable, shipped to an executor)."""
-
-    def __init__(self, scan_range: ScanRange):
-        super().__init__(scan_range)
+def selected_columns(schema: StructType, output: OutputView,
+                     verify_mode: VerifyMode) -> tuple[str, ...] | None:
+    """The columns a user-given schema asks for (None: the full schema, in order); each must
+    be one of the view's columns with its type."""
+    full = output_columns(output, verify_mode)
+    names = tuple(schema.fieldNames())
+    if names == tuple(full):
+        return None
+    for field in schema.fields:
+        if field.name not in full:
+            raise BadInputError("schema", f"{field.name!r} is not a column of the {output.value} view "
+                                f"(columns: {', '.join(full)})")
+        if field.dataType.simpleString() != full[field.name]:
+            raise BadInputError("schema", f"column {field.name!r} is {full[field.name]}, not "
+                                f"{field.dataType.simpleString()}")
+    return names
 
 
 class MqstoreDataSource(DataSource):
@@ -175,22 +95,26 @@ class MqstoreDataSource(DataSource):
 
     def schema(self) -> str:
         opts = parse_options(self.options)
-        return schema_ddl(opts.view, opts.verify_mode)
+        return schema_ddl(opts.output, opts.verify_mode)
 
-    def reader(self, schema) -> DataSourceReader:
-        return MqstoreReader(parse_options(self.options))
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts = parse_options(self.options)
+        columns = selected_columns(schema, opts.output, opts.verify_mode)
+        reader_class = PushdownReader if opts.filter_pushdown else MqstoreReader
+        return reader_class(opts, RowSelection(columns=columns, output=opts.output))
 
-    def streamReader(self, schema):  # noqa: N802 - the PySpark API's name
-        from tools.spark.stream import MqstoreStreamReader
-
-        return MqstoreStreamReader(parse_options(self.options))
+    def streamReader(self, schema: StructType):  # noqa: N802 - the PySpark API's name
+        opts = parse_options(self.options)
+        columns = selected_columns(schema, opts.output, opts.verify_mode)
+        return MqstoreStreamReader(opts, RowSelection(columns=columns, output=opts.output))
 
 
 class MqstoreReader(DataSourceReader):
-    """Plans ranges on the driver; reads one range per partition on the executors."""
+    """Plans ranges on the driver; reads one partition's ranges on an executor."""
 
-    def __init__(self, opts: SourceOptions):
+    def __init__(self, opts: SourceOptions, selection: RowSelection = ALL_ROWS):
         self.opts = opts
+        self.selection = selection
         self.layout = read_layout(opts.root, opts.store_format)
         self.spec = opts.scan_spec(self.layout)
 
@@ -200,16 +124,36 @@ class MqstoreReader(DataSourceReader):
             scan_filter = replace(scan_filter, end_pos=read_durable_pos(self.opts.root))
         ranges = plan_scan(self.layout, scan_filter, target_bytes=self.opts.target_bytes,
                            split_mode=self.opts.split_mode)
-        return [RangePartition(r) for r in ranges]
+        return list(pack_ranges(ranges, self.opts.target_bytes))
 
     def read(self, partition: InputPartition | None) -> Iterator[pa.RecordBatch]:
-        if partition is None:  # Spark reads one empty partition when the plan has none
-            return iter(())
-        return read_batches(partition.value, self.spec)
+        # Spark reads one InputPartition(None) when the plan is empty
+        ranges = None if partition is None else partition.value
+        return read_partition(ranges, self.spec, self.selection, self.opts.on_data_loss)
+
+
+class PushdownReader(MqstoreReader):
+    """MqstoreReader that also takes Spark's filters into the scan (option filterPushdown)."""
+
+    def pushFilters(self, filters: list[Filter]) -> list[Filter]:  # noqa: N802 - the PySpark API's name
+        """Apply what the scan can (see tools/spark/pushdown.py); return what Spark must."""
+        if self.opts.verify_mode is VerifyMode.REPORT or self.opts.output is OutputView.KAFKA:
+            return list(filters)
+        columns = frozenset(output_columns(self.opts.output, self.opts.verify_mode))
+        pushed, rest = push(list(filters), self.opts.scan_filter, self.selection, columns)
+        self.opts = replace(self.opts, scan_filter=pushed.scan_filter)
+        self.selection = pushed.selection
+        self.spec = self.opts.scan_spec(self.layout)
+        return rest
 
 
 def register(spark) -> None:
-    """Make format("mqstore") resolve in `spark` unless discovery already did (idempotent)."""
-    manager = spark._jsparkSession.sessionState().dataSourceManager()
-    if not manager.dataSourceExists(SOURCE_NAME):
+    """Make format("mqstore") resolve in `spark` unless discovery already did (idempotent).
+    Uses only the public API, so it works over Spark Connect too."""
+    from pyspark.errors import AnalysisException
+
+    try:
         spark.dataSource.register(MqstoreDataSource)
+    except AnalysisException as exc:  # a statically discovered source cannot be registered again
+        if exc.getCondition() != "DATA_SOURCE_ALREADY_EXISTS":
+            raise

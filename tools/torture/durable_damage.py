@@ -31,15 +31,10 @@ from engine.accepted_damage import load_accepted
 from engine.checkpoint import load_checkpoint
 from engine.config import StoreConfig
 from engine.naming import ABORT_FILE, CHECKPOINT_FILE, commitlog_dir, segment_files
+from tools.store_process import TIMEOUT_S, StoreProcess, wait_until
 from tools.torture.faults import flip_byte, record_spans
-from tools.torture.processes import (
-    REPO_ROOT,
-    START_TIMEOUT_S,
-    StoreProcess,
-    TortureError,
-    child_env,
-    wait_until,
-)
+from tools.torture.processes import TortureError
+from workers.child_env import REPO_ROOT, child_env
 
 DATA_DIRS = ("commitlog", "consumequeue", "index", "quarantine")
 
@@ -73,7 +68,7 @@ def expect_refused_start(store: StoreProcess, commit_pos: int) -> None:
     before = data_files(store.root)
     store.start()
     wait_until(lambda: store.proc.poll() is not None, "the start on a damaged store to exit",
-               START_TIMEOUT_S)
+               TIMEOUT_S)
     text = store.log_text()
     if store.proc.returncode == 0 or f"commit_pos {commit_pos}" not in text \
             or "recover --rebuild" not in text:
@@ -126,7 +121,7 @@ def run_recover(store: StoreProcess, mode: str) -> dict:
     done = subprocess.run([sys.executable, "-m", "tools.cli", "recover", "--store", str(store.root),
                            "--config", str(store.config_path), f"--{mode}", "--json"],
                           cwd=REPO_ROOT, env=child_env(store.env), capture_output=True, text=True,
-                          timeout=START_TIMEOUT_S)
+                          timeout=TIMEOUT_S)
     if done.returncode != 0:
         raise TortureError(f"mqstore recover --{mode} exited {done.returncode}: {done.stderr}")
     return json.loads(done.stdout)

@@ -45,8 +45,8 @@ from engine.status import PutStatus
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.producer import attach_running_store
 from ipc.run_info import run_dir
-from tools.torture.processes import REPO_ROOT, child_env
 from tools.torture.verify import store_config
+from workers.child_env import REPO_ROOT, child_env
 
 TOPIC = "Hostile"
 EXIT_STORE_GONE = 4

@@ -125,11 +125,6 @@ def ledger_paths(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.name.endswith(LEDGER_SUFFIX))
 
 
-def read_ledgers(directory: Path) -> list[LedgerEntry]:
-    """Every entry of every ledger file in `directory`, file by file."""
-    return [entry for path in ledger_paths(directory) for entry in read_ledger(path)]
-
-
 def count_lines(directory: Path) -> int:
     """How many complete entries the ledgers of `directory` hold (cheap: counts newlines)."""
     total = 0

@@ -55,6 +55,7 @@ from ipc.control_block import (
     SUPERVISOR_GROUP_OFFSET,
     Role,
 )
+from tools.store_process import StoreProcess, StoreProcessError, is_stopped, wait_until, write_store_config
 from tools.torture.durable_damage import (
     damage_below_line,
     expect_refused_start,
@@ -65,14 +66,7 @@ from tools.torture.faults import DurablePositions, Tear, simulate_power_loss
 from tools.torture.figures import Figures, RoundRecord
 from tools.torture.hostile import acks_path, attack, verify_hostile_acks
 from tools.torture.ledger import LedgerReader
-from tools.torture.processes import (
-    ProducerFleet,
-    StoreProcess,
-    TortureError,
-    is_stopped,
-    wait_until,
-    write_store_config,
-)
+from tools.torture.processes import ProducerFleet, TortureError
 from tools.torture.verify import (
     AcceptedDamage,
     OperatorCut,
@@ -172,7 +166,7 @@ class TortureRun:
                 if record.problems:
                     self.figures.failure = f"round {number}: " + "; ".join(record.problems)
                     break
-        except TortureError as exc:
+        except StoreProcessError as exc:  # a TortureError or a store process's timeout
             self.figures.failure = str(exc)
         except Exception as exc:  # any other error ends the run as a failure, traceback kept
             self.figures.failure = "".join(traceback.format_exception(exc)[-6:])

@@ -1,0 +1,197 @@
+"""Opening a store for writing: the one sequence `MessageStore.open` and the supervisor share.
+
+1. classify the directory: a RocketMQ store is refused (every byte kept), a new one is laid out;
+2. read store.json, refuse one that disagrees with the files (hand-edited), and let its frozen
+   layout sizes win over the settings;
+3. take the store lock (a second writer is refused), then run the caller's step for what a
+   crashed previous owner left (the supervisor's stale children and shared memory);
+4. open the parts (a routine recovery first refuses damage below the durable line on read-only
+   views; a rebuild or salvage first pads short segments) and recover them: abort file and
+   checkpoint, truncation, re-dispatch;
+5. create `abort` (present until a clean stop removes it);
+6. hand the derived files over: the in-process store keeps them open and dispatches itself, the
+   supervisor closes them for its dispatcher and index-builder processes (`Dispatch`).
+
+A failure at any step after the lock closes what was opened and releases the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from engine.commitlog import CommitLog
+from engine.config import StoreConfig
+from engine.consume_queue_table import ConsumeQueueTable
+from engine.durable_line import pad_short_segments, refuse_short_segments
+from engine.errors import CorruptIndexError
+from engine.formats.store_meta import StoreMeta
+from engine.frozen_settings import refuse_inconsistent_meta
+from engine.mapped_file import Access, ensure_dir, fsync_dir
+from engine.naming import QUARANTINE_DIR, index_shard_dir
+from engine.open_files import queue_file_budget
+from engine.recovery import (
+    RecoveryMode,
+    RecoveryReport,
+    StoreParts,
+    detect_shutdown,
+    recover,
+    refuse_damage_before_opening,
+)
+from engine.shard_index import ShardIndex
+from engine.store_dir import (
+    StoreKind,
+    StoreLock,
+    config_for_store,
+    create_store_dir,
+    inspect_store_dir,
+    is_fresh_store,
+    mark_running,
+    read_meta,
+    refuse_foreign_store,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Dispatch(Enum):
+    """Who builds the consume queues and the index from the log once the store is open."""
+
+    IN_PROCESS = "in-process"  # MessageStore: keeps queues and shards open, dispatches on put
+    CHILD_PROCESSES = "child-processes"  # the supervisor: its children open them themselves
+
+
+@dataclass
+class OpenedStore:
+    """A store open for writing, recovered, marked running, and locked by this process."""
+
+    root: Path
+    config: StoreConfig  # the settings with store.json's frozen layout applied
+    meta: StoreMeta
+    lock: StoreLock
+    report: RecoveryReport
+    new_store: bool  # laid out by this open: nothing was recovered
+    commitlog: CommitLog
+    next_offsets: dict[tuple[str, int], int]  # (topic, queue_id) -> the next queue offset
+    parts: StoreParts | None  # every part, open; None under Dispatch.CHILD_PROCESSES
+
+
+def open_store(root: str | Path, config: StoreConfig, *, writer: str, dispatch: Dispatch,
+               recovery: RecoveryMode = RecoveryMode.ROUTINE,
+               progress: Callable[[int, int], None] | None = None,
+               after_lock: Callable[[], None] | None = None) -> OpenedStore:
+    """Run the open sequence of the module doc. `writer` names the opener in the refusal of a
+    foreign store ("<writer> would write it"); `after_lock` runs once the lock is held."""
+    root = Path(root)
+    kind = inspect_store_dir(root)
+    if kind is StoreKind.ROCKETMQ:
+        refuse_foreign_store(root, f"{writer} would write it")
+    meta = create_store_dir(root, config) if kind is StoreKind.NEW else read_meta(root)
+    if kind is StoreKind.MQSTORE:
+        refuse_inconsistent_meta(root, meta)  # a hand-edited store.json is not trusted
+    new_store = is_fresh_store(root)
+    store_config = config_for_store(meta, config)
+    if store_config.index_shards != config.index_shards:
+        log.warning("store.json fixes index_shards at %d (asked for %d)",
+                    store_config.index_shards, config.index_shards)
+    lock = StoreLock.acquire(root)
+    try:
+        if after_lock is not None:
+            after_lock()
+        parts, report = _recover(root, store_config, recovery, progress, new_store)
+        mark_running(root)
+    except BaseException:
+        lock.release()
+        raise
+    next_offsets = {(q.topic, q.queue_id): q.max_offset for q in parts.queues}
+    if dispatch is Dispatch.CHILD_PROCESSES:
+        _close_derived(parts)
+    return OpenedStore(root, store_config, meta, lock, report, new_store, parts.commitlog,
+                       next_offsets, parts if dispatch is Dispatch.IN_PROCESS else None)
+
+
+def _recover(root: Path, config: StoreConfig, mode: RecoveryMode,
+             progress: Callable[[int, int], None] | None,
+             new_store: bool) -> tuple[StoreParts, RecoveryReport]:
+    """Open the parts and recover them, logging what was found; closes them if recovery fails."""
+    shutdown = detect_shutdown(root)
+    if new_store:
+        log.info("new store %s: created, nothing to recover", root)
+    else:
+        log.info("recovering store %s after a %s shutdown", root, shutdown.value)
+    parts = open_for_recovery(root, config, mode)
+    try:
+        report = recover(parts, shutdown, mode=mode, progress=progress)
+    except BaseException:
+        close_parts(parts)
+        raise
+    for line in [] if new_store else report.summary_lines():
+        log.info("%s", line)
+    return parts, report
+
+
+def open_for_recovery(root: Path, config: StoreConfig, mode: RecoveryMode) -> StoreParts:
+    """The writable parts `recover` works on, opened only once the mode allows writing: a routine
+    recovery first refuses damage below the durable line on a read-only view; a rebuild or a
+    salvage first pads short segments with zeros (each logged at WARNING)."""
+    if mode is not RecoveryMode.ROUTINE:
+        for path, size_bytes in pad_short_segments(root, config.commitlog_file_size):
+            log.warning("extended short segment %s from %d bytes with zeros", path, size_bytes)
+    else:
+        refuse_damage_before_opening(root, config)
+    return open_parts(root, config, Access.READ_WRITE)
+
+
+def open_parts(root: Path, config: StoreConfig, access: Access) -> StoreParts:
+    """Open the commitlog, consume queues and index shards of a store.
+
+    A writer that finds an index shard it cannot read moves the shard aside to quarantine/
+    and starts it empty; recovery then rebuilds it from the commitlog (the index is derived).
+    A writer refuses a short commitlog segment (StoreCorruptError; a rebuild pads it first).
+    """
+    if access is Access.READ_WRITE:
+        refuse_short_segments(root, config.commitlog_file_size)
+    commitlog = CommitLog.open(root, config.commitlog_file_size, access)
+    queues = ConsumeQueueTable.load(root, config.consume_queue_entries, access,
+                                    queue_file_budget(config.max_open_queue_files))
+    shards, damaged = [], []
+    for n in range(config.index_shards):
+        try:
+            shards.append(open_shard(root, config, n, access))
+        except CorruptIndexError:
+            if access is not Access.READ_WRITE:
+                raise
+            quarantine_shard(root, n)
+            shards.append(open_shard(root, config, n, access))
+            damaged.append(n)
+    return StoreParts(Path(root), commitlog, queues, shards, damaged)
+
+
+def open_shard(root: Path, config: StoreConfig, shard: int, access: Access) -> ShardIndex:
+    return ShardIndex.load(root, shard, config.index_slot_count, config.index_entry_count, access)
+
+
+def quarantine_shard(root: Path, shard: int) -> Path:
+    """Move an unreadable index shard's directory aside (kept for inspection, never deleted)."""
+    target = ensure_dir(Path(root) / QUARANTINE_DIR) / f"index-{shard}.{int(time.time() * 1000)}"
+    os.replace(index_shard_dir(root, shard), target)
+    fsync_dir(target.parent)
+    fsync_dir(index_shard_dir(root, shard).parent)
+    return target
+
+
+def close_parts(parts: StoreParts) -> None:
+    parts.commitlog.close()
+    _close_derived(parts)
+
+
+def _close_derived(parts: StoreParts) -> None:
+    """Close the consume queues and index shards (the commitlog stays open)."""
+    parts.queues.close()
+    for shard in parts.shards:
+        shard.close()

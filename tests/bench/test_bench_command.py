@@ -1,0 +1,24 @@
+"""`mqstore bench` reaches the bench's own parser through the CLI's delegation (tools.cli)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.cli import main
+
+
+def test_mqstore_bench_help_is_the_bench_parser(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: mqstore bench")
+    assert "--producers" in out
+
+
+def test_mqstore_bench_refuses_an_unknown_schedule_before_starting_anything(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--start", "--workdir", str(tmp_path), "--schedule", "bursty"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'bursty'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

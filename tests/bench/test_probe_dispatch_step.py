@@ -1,0 +1,12 @@
+"""tools.bench.probes.dispatch_step runs end to end on a few steps (a smoke test, not a benchmark)."""
+
+from __future__ import annotations
+
+from tools.bench.probes import dispatch_step
+
+
+def test_bench_dispatch_step_reports_both_paths_for_every_step_size(capsys):
+    out = dispatch_step.main(["--records", "1,4", "--steps", "5", "--runs", "1"])
+    assert sorted(out) == [1, 4]
+    assert all(row["batch_us"] > 0 and row["each_us"] > 0 for row in out.values())
+    assert "record by record" in capsys.readouterr().out

@@ -1,0 +1,1 @@
+"""Micro-benchmark probes, one mechanism each: `python -m tools.bench.probes.<name>`."""

@@ -1,0 +1,172 @@
+"""Operator commands: `mqstore topics`, `groups`, `lag`, `exporter` and `status --watch`.
+
+The tables come from tools.inventory (read-only, live or stopped store); each prints a table
+for people or, with --json, a JSON list for scripts. The exporter serves Prometheus metrics
+(tools.exporter). `status --watch` redraws `mqstore status` every second until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from workers.exit_codes import CliExit
+
+DEFAULT_LISTEN = "127.0.0.1:9460"
+WATCH_INTERVAL_S = 1.0
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+def add_parsers(command) -> None:
+    p = command("topics", "per topic and queue: min/max queue offset, messages, bytes, oldest "
+                "and newest store time (read-only; live or stopped store)", cmd_topics)
+    p.add_argument("--json", action="store_true")
+    p = command("groups", "consumer groups: committed offsets, queues and last commit time",
+                cmd_groups)
+    p.add_argument("--json", action="store_true")
+    p = command("lag", "per group and queue: committed offset, max offset, lag in messages and "
+                "in time, last commit time", cmd_lag)
+    p.add_argument("--group", help="only this consumer group (an unknown group is an error)")
+    p.add_argument("--json", action="store_true")
+    p = command("exporter", "serve Prometheus metrics of the store over HTTP (a process of its "
+                "own; reads shared memory and files on each scrape)", cmd_exporter)
+    p.add_argument("--listen", default=DEFAULT_LISTEN,
+                   help=f"HOST:PORT to serve /metrics on (default {DEFAULT_LISTEN})")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback --listen address (the metrics name topics and groups)")
+
+
+# ---------------------------------------------------------------------------------- tables
+def cmd_topics(args: argparse.Namespace) -> int:
+    from tools.inventory import topic_table
+
+    rows = topic_table(args.store)
+    if args.json:
+        print(json.dumps([row.as_dict() for row in rows], indent=2))
+        return CliExit.OK
+    print(render_table(("topic", "queue", "min offset", "max offset", "messages", "bytes",
+                        "oldest", "newest"),
+                       [(r.topic, r.queue_id, r.min_offset, r.max_offset, r.messages,
+                         human_bytes(r.stored_bytes), clock(r.oldest_store_time_ms),
+                         clock(r.newest_store_time_ms)) for r in rows],
+                       empty="no topics yet"))
+    return CliExit.OK
+
+
+def cmd_groups(args: argparse.Namespace) -> int:
+    from tools.inventory import group_table
+
+    rows = group_table(args.store)
+    if args.json:
+        print(json.dumps([row.as_dict() for row in rows], indent=2))
+        return CliExit.OK
+    print(render_table(("group", "topic", "queue", "committed offset", "committed at"),
+                       [(g.group, c.topic, c.queue_id, c.committed_offset, clock(c.commit_time_ms))
+                        for g in rows for c in g.committed],
+                       empty="no consumer group has committed an offset"))
+    return CliExit.OK
+
+
+def cmd_lag(args: argparse.Namespace) -> int:
+    from tools.inventory import lag_table
+
+    rows = lag_table(args.store, args.group)
+    if args.json:
+        print(json.dumps([row.as_dict() for row in rows], indent=2))
+        return CliExit.OK
+    print(render_table(("group", "topic", "queue", "committed", "max offset", "lag msgs", "lag time",
+                        "committed at"),
+                       [(r.group, r.topic, r.queue_id, dash(r.committed_offset), r.max_offset,
+                         r.lag_messages, human_ms(r.lag_ms), clock(r.last_commit_time_ms))
+                        for r in rows],
+                       empty="no consumer group has committed an offset"))
+    return CliExit.OK
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, empty: str) -> str:
+    """Columns padded to their widest cell; text left-aligned, numbers right-aligned."""
+    if not rows:
+        return empty
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    numeric = [all(isinstance(row[i], int) or row[i] == "-" for row in rows) for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        return "  ".join(c.rjust(w) if num else c.ljust(w)
+                         for c, w, num in zip(row, widths, numeric, strict=True)).rstrip()
+
+    return "\n".join(line(row) for row in cells)
+
+
+def clock(ms: int | None) -> str:
+    """Local date and time of an epoch-ms stamp, '-' for none."""
+    if ms is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"
+
+
+def dash(value: object) -> object:
+    return "-" if value is None else value
+
+
+def human_bytes(size_bytes: int) -> str:
+    """Bytes in B below 1 KiB, else in the largest binary unit up to GiB, one decimal."""
+    if size_bytes < 1024:
+        return f"{size_bytes} B"
+    exponent = min(3, (size_bytes.bit_length() - 1) // 10)
+    return f"{size_bytes / 1024 ** exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"
+
+
+def human_ms(ms: int) -> str:
+    if ms < 1000:
+        return f"{ms} ms"
+    seconds = ms / 1000
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+# ---------------------------------------------------------------------------------- watch
+def watch_status(args: argparse.Namespace) -> int:
+    """Redraw the status each second until Ctrl-C (then exit 0: ending the view is the normal
+    way out). Each sample spans the interval, so rates cover the time between two frames."""
+    from workers.status_report import collect_status, render_status
+
+    draw = _json_line if args.json else _frame(CLEAR_SCREEN if sys.stdout.isatty() else "")
+    try:
+        while True:
+            started_s = time.monotonic()
+            status = collect_status(args.store, sample_s=WATCH_INTERVAL_S)
+            draw(status, render_status)
+            # a stopped store answers at once: pace the frames, do not spin
+            time.sleep(max(WATCH_INTERVAL_S - (time.monotonic() - started_s), 0.0))
+    except KeyboardInterrupt:
+        return CliExit.OK
+
+
+def _json_line(status: dict, _render: Callable[[dict], str]) -> None:
+    print(json.dumps(status), flush=True)
+
+
+def _frame(head: str) -> Callable[[dict, Callable[[dict], str]], None]:
+    """Frames each under a time line, after `head` (a terminal's clear-screen; nothing for a
+    pipe, so a log of the view stays readable)."""
+    def draw(status: dict, render: Callable[[dict], str]) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        print(f"{head}--- {stamp}  (mqstore status --watch; Ctrl-C ends)\n{render(status)}\n",
+              flush=True)
+
+    return draw
+
+
+# ---------------------------------------------------------------------------------- exporter
+def cmd_exporter(args: argparse.Namespace) -> int:
+    from tools.exporter import parse_listen, require_loopback, serve
+
+    host, port = parse_listen(args.listen)
+    if not args.allow_remote:
+        require_loopback(host)
+    return serve(args.store, host, port)
