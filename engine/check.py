@@ -32,12 +32,9 @@ A finding's kinds, its value and its JSON form live in engine.check_findings.
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from engine.accepted_damage import AcceptedSpan, accepted_damage_path, load_accepted
 from engine.check_commitlog import LogScan, Progress, scan_log
@@ -48,12 +45,10 @@ from engine.commitlog import CommitLog
 from engine.errors import AcceptedDamageError, CheckpointError, NotAStoreError, SegmentLayoutError
 from engine.formats.checkpoint import decode_checkpoint, decode_rocketmq_checkpoint, is_rocketmq_checkpoint
 from engine.formats.record import Verify
+from engine.log_tail import tail_end
 from engine.mapped_file import Access
-from engine.naming import CHECKPOINT_FILE, commitlog_dir, is_segment_name
+from engine.naming import CHECKPOINT_FILE, commitlog_dir, infer_segment_bytes, segment_files
 from engine.store_dir import StoreKind, inspect_store_dir, read_meta
-
-ROCKETMQ_DEFAULT_SEGMENT_BYTES = 1 << 30
-WRITTEN_END_CHUNK_BYTES = 1 << 20  # the zeros a writer keeps ahead are about this long
 
 
 @dataclass(frozen=True)
@@ -89,8 +84,9 @@ def check_summary(root: Path | str, *, progress: Progress | None = None) -> Chec
         shard_count = meta.index_shards
     else:
         meta, verify, shard_count = None, Verify.ROCKETMQ, 0
-        segment_bytes = _rocketmq_segment_bytes(root)
     try:
+        if meta is None:  # a RocketMQ store records no segment size: its files share one
+            segment_bytes = infer_segment_bytes(segment_files(commitlog_dir(root)))
         log = CommitLog.open(root, segment_bytes, Access.READ_ONLY)
     except SegmentLayoutError as exc:
         out.add(FindingKind.LAYOUT, exc.path or str(commitlog_dir(root)), exc.message)
@@ -119,27 +115,13 @@ def check_summary(root: Path | str, *, progress: Progress | None = None) -> Chec
 def _against_written_bytes(progress: Progress, log: CommitLog) -> Progress:
     """`progress` with the bytes written to the log as its total, not the size of its segments:
     a small store in a 1 GiB segment is checked "of 0.1 MiB", not "of 1024.0 MiB"."""
-    written_bytes = _written_end(log) - log.min_pos
+    written_bytes = tail_end(log, log.min_pos) - log.min_pos
 
     def report(done_bytes: int, segments_bytes: int) -> None:
         if done_bytes >= segments_bytes:  # the walk's last call: everything written was checked
             done_bytes = written_bytes
         progress(done_bytes, max(written_bytes, done_bytes))
     return report
-
-
-def _written_end(log: CommitLog) -> int:
-    """The position after the log's last non-zero byte (min_pos when nothing is written): holes
-    of the sparse segments are skipped, the zeros written ahead of the writer read backwards."""
-    segs = log.segments
-    for segment in reversed(segs.segments):
-        for lo, hi in reversed(segment.data_ranges()):
-            for stop in range(hi, lo, -WRITTEN_END_CHUNK_BYTES):
-                start = max(stop - WRITTEN_END_CHUNK_BYTES, lo)
-                chunk = np.frombuffer(segment.read(start, stop - start), dtype=np.uint8)
-                if chunk.any():
-                    return segs.base_of(segment) + stop - int(np.argmax(chunk[::-1] != 0))
-    return segs.min_pos
 
 
 def _load_accepted(root: Path, out: FindingList) -> list[AcceptedSpan]:
@@ -149,15 +131,6 @@ def _load_accepted(root: Path, out: FindingList) -> list[AcceptedSpan]:
     except AcceptedDamageError as exc:
         out.add(FindingKind.LAYOUT, exc.path or str(accepted_damage_path(root)), exc.message)
         return []
-
-
-def _rocketmq_segment_bytes(root: Path) -> int:
-    """A RocketMQ store records no segment size: take it from its first segment file."""
-    directory = commitlog_dir(root)
-    names = sorted(n for n in os.listdir(directory) if is_segment_name(n))
-    if not names:
-        return ROCKETMQ_DEFAULT_SEGMENT_BYTES
-    return os.stat(directory / names[0]).st_size or ROCKETMQ_DEFAULT_SEGMENT_BYTES
 
 
 def _check_checkpoint(root: Path, kind: StoreKind, scan: LogScan | None, shard_count: int,

@@ -21,7 +21,8 @@ from engine.commitlog import CommitLog
 from engine.dispatch import enters_consume_queue, keys_by_shard
 from engine.formats.index_file import index_key_hash_of
 from engine.formats.record import Filler, Record, Verify
-from engine.log_walk import BadRegion, walk_log
+from engine.log_walk import walk_log
+from engine.log_walker import BadRegion
 
 Progress = Callable[[int, int], None]
 RecordVisitor = Callable[[Record, dict[int, list[str]]], None]  # a record and its keys by shard

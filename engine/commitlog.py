@@ -38,14 +38,14 @@ from engine.formats.record import (
     Filler,
     Record,
     Verify,
-    decode_header,
     decode_record,
     encode_filler,
     stamp_record,
 )
 from engine.formats.record.stamp_many import StampableRecords, check_stampable, stamp_checked_records
+from engine.log_walker import LogWindow, header_decoder, record_decoder
 from engine.mapped_file import Access, MappedFile, remove_file
-from engine.naming import commitlog_dir, is_segment_name, name_to_offset
+from engine.naming import commitlog_dir, segment_files
 from engine.segment_queue import SegmentQueue
 
 
@@ -290,21 +290,42 @@ class CommitLog:
             raise BadInputError("size", f"[{commit_pos}, +{size}) crosses a segment end")
         return segment, file_pos
 
+    def window_at(self, pos: int) -> LogWindow | None:
+        """The mapped segment holding `pos` as a walker's window (a read-only view adopts
+        segments the writer has made since); None when no segment holds it."""
+        segment = self.segments.find(pos)
+        if segment is None and self.segments.access is Access.READ_ONLY:
+            self.refresh()
+            segment = self.segments.find(pos)
+        if segment is None:
+            return None
+        base_pos = self.segments.base_of(segment)
+        return LogWindow(segment.buf, base_pos, base_pos + segment.size_bytes, str(segment.path))
+
     def scan(self, start_pos: int, end_pos: int | None = None,
              verify: Verify = Verify.MQSTORE) -> Scanner:
         """Iterate Records from `start_pos` (a record boundary); see Scanner for the rules."""
-        return Scanner(self, start_pos, end_pos,
-                       lambda buf, pos, base: decode_record(buf, pos, verify=verify, base_pos=base))
+        return Scanner(self.window_at, self._scan_start(start_pos), self._scan_end(end_pos),
+                       record_decoder(verify))
 
     def scan_batches(self, start_pos: int, end_pos: int | None = None,
                      verify: Verify = Verify.MQSTORE) -> BatchScanner:
         """Like scan (scan_headers with Verify.STRUCTURE), many records per step: ScannedRuns."""
-        return BatchScanner(self, start_pos, end_pos, verify)
+        return BatchScanner(self.window_at, self._scan_start(start_pos), self._scan_end(end_pos), verify)
 
     def scan_headers(self, start_pos: int, end_pos: int | None = None) -> Scanner:
         """Like scan, yielding RecordHeaders (no CRC check): the dispatcher's fast path."""
-        return Scanner(self, start_pos, end_pos,
-                       lambda buf, pos, base: decode_header(buf, pos, base_pos=base))
+        return Scanner(self.window_at, self._scan_start(start_pos), self._scan_end(end_pos),
+                       header_decoder)
+
+    def _scan_start(self, start_pos: int) -> int:
+        if start_pos < self.min_pos:
+            raise BadInputError("start_pos", f"{start_pos} is below the log start {self.min_pos}")
+        return start_pos
+
+    def _scan_end(self, end_pos: int | None) -> int:
+        """A scan's end: `end_pos`, by default the end of the last segment."""
+        return self.segments.end_pos if end_pos is None else end_pos
 
     # -------------------------------------------------------- cut and retain
 
@@ -360,12 +381,9 @@ class CommitLog:
 
     def _remove_stray_files(self, from_pos: int) -> None:
         """Delete unadopted segment files (a preallocated one) at or past `from_pos`."""
-        directory = self.segments.directory
-        if not directory.is_dir():
-            return
-        for name in os.listdir(directory):
-            if is_segment_name(name) and name_to_offset(name) >= from_pos:
-                remove_file(directory / name)
+        for file in segment_files(self.segments.directory):
+            if file.base_pos >= from_pos:
+                remove_file(file.path)
 
     def remove_oldest_segment(self) -> Path:
         """Retention: delete the first segment; never the one being written."""

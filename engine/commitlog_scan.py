@@ -1,97 +1,70 @@
-"""Walking the commitlog forward: Scanner (record by record, with the reference decoders) and
-BatchScanner (runs of records checked together by engine.formats.record.spans). Both follow
-fillers to the next segment and stop at a record that would cross `end_pos`; see
-engine.commitlog for the layout they walk."""
+"""Walking the commitlog forward over its mapped segments: Scanner (record by record) and
+BatchScanner (runs of records checked together). The walk and its stop rules are
+engine.log_walker's; this module only hands it one segment after another.
+
+Segments come from a `WindowSource` (CommitLog.window_at: the mapped segment holding a
+position, as a LogWindow), so this module does not know the CommitLog class.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from engine.errors import BadInputError, CorruptRecordError
-from engine.formats.record import (
-    TOTAL_SIZE_FIELD,
-    Filler,
-    Record,
-    RecordHeader,
-    Verify,
-    decode_header,
-    decode_record,
-)
+from engine.errors import CorruptRecordError
+from engine.formats.record import Filler, Record, RecordHeader, Verify
 from engine.formats.record.dispatch_columns import DispatchColumns, columns_from_headers, decode_dispatch
-from engine.formats.record.spans import RecordSpans, find_starts, verify_spans
-from engine.mapped_file import Access, MappedFile
+from engine.formats.record.spans import RecordSpans
+from engine.log_walker import UNWRITTEN_REASON, Decoder, LogWindow, Stop, run_decoder, step, step_run
 
-if TYPE_CHECKING:
-    from engine.commitlog import CommitLog
-
-Decoder = Callable[[memoryview, int, int], Record | RecordHeader | Filler]
+WindowSource = Callable[[int], LogWindow | None]  # the whole segment holding a position, or None
 
 
-class _LogWalk:
-    """A walk of the log from `start_pos` to `end_pos` (default: the end of the last segment):
-    `pos` is where the next record starts, `fillers` counts the fillers crossed."""
-
-    def __init__(self, log: CommitLog, start_pos: int, end_pos: int | None):
-        if start_pos < log.min_pos:
-            raise BadInputError("start_pos", f"{start_pos} is below the log start {log.min_pos}")
-        self.log = log
-        self.pos = start_pos
-        self.end_pos = log.segments.end_pos if end_pos is None else end_pos
-        self.fillers = 0
-
-    def _segment(self) -> MappedFile | None:
-        """The segment holding `pos` (a reader adopts segments the writer has made since)."""
-        segment = self.log.segments.find(self.pos)
-        if segment is None and self.log.segments.access is Access.READ_ONLY:
-            self.log.refresh()
-            segment = self.log.segments.find(self.pos)
-        return segment
-
-
-class Scanner(_LogWalk):
+class Scanner:
     """Iterator over the records of [start_pos, end_pos), following fillers to the next segment.
 
     `pos` is always where the next record would start: after a normal end it is where the scan
     stopped (>= end_pos, or the start of a record that would cross end_pos, or the base of a
     segment that is not there); after a CorruptRecordError it is the bad record's commit_pos,
     the cut point for recovery. Unwritten (zero) bytes raise CorruptRecordError too: whether
-    that is a clean end is the caller's decision. `end_pos` defaults to the end of the last
-    segment. `fillers` counts the fillers crossed.
+    that is a clean end is the caller's decision. `fillers` counts the fillers crossed.
     """
 
-    def __init__(self, log: CommitLog, start_pos: int, end_pos: int | None, decode: Decoder):
-        super().__init__(log, start_pos, end_pos)
+    def __init__(self, windows: WindowSource, start_pos: int, end_pos: int, decode: Decoder):
+        self.pos = start_pos
+        self.end_pos = end_pos
+        self.fillers = 0
+        self._windows = windows
         self._decode = decode
+        self._window: LogWindow | None = None
 
     def __iter__(self) -> Iterator:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Record | RecordHeader:
         while self.pos < self.end_pos:
-            segment = self._segment()
-            if segment is None:
+            window = self.window()
+            if window is None:
                 break
-            base_pos = self.log.segments.base_of(segment)
-            file_pos = self.pos - base_pos
-            space_left = segment.size_bytes - file_pos
-            if space_left >= TOTAL_SIZE_FIELD.size:
-                size = TOTAL_SIZE_FIELD.unpack_from(segment.buf, file_pos)[0]
-                if 0 < size <= space_left and self.pos + size > self.end_pos:
-                    break  # a record past the requested end: stop before it
-            item = self._decode(segment.buf, file_pos, base_pos)
+            item = step(window, self.pos, self.end_pos, self._decode)
             if isinstance(item, Filler):
-                if item.size != space_left:
-                    raise CorruptRecordError(f"filler of {item.size} bytes, {space_left} left in "
-                                             "the segment", pos=self.pos, size=item.size)
                 self.fillers += 1
-                self.pos = base_pos + segment.size_bytes
+                self.pos = window.segment_end_pos
                 continue
-            if item.total_size <= 0:  # defensive: a decoder must never yield this
-                raise CorruptRecordError("non-positive TOTALSIZE", pos=self.pos)
-            self.pos += item.total_size
-            return item
+            if item is Stop.UNWRITTEN:
+                raise CorruptRecordError(UNWRITTEN_REASON, pos=self.pos)
+            if isinstance(item, Record | RecordHeader):
+                self.pos += item.total_size
+                return item
+            break  # the requested end, or a record crossing it
         raise StopIteration
+
+    def window(self) -> LogWindow | None:
+        """The segment holding `pos` (kept while the walk stays in it)."""
+        window = self._window
+        if window is None or not window.base_pos <= self.pos < window.segment_end_pos:
+            window = self._window = self._windows(self.pos)
+        return window
 
 
 class ScannedRun(NamedTuple):
@@ -120,48 +93,42 @@ class ScannedRun(NamedTuple):
         return decode_dispatch(self.buf, self.spans, self.base_pos)
 
 
-class BatchScanner(_LogWalk):
+class BatchScanner:
     """Scanner's rules, many records per step: yields ScannedRuns from `start_pos`.
 
-    Each step walks and checks up to `run_bytes` of one segment with the batch codec
-    (engine.formats.record.spans); the first record the batch path does not accept (a filler,
-    a v2 or IPv6 record, non-ASCII text, damage) is read by a one-step Scanner with the
-    reference decoder, which yields it or raises CorruptRecordError at its position. So `pos`,
-    `fillers` and the errors are those of `CommitLog.scan` (verify given) or `scan_headers`
-    (Verify.STRUCTURE).
+    Each step walks and checks up to `run_bytes` of one segment (log_walker.step_run); the
+    first record the batch path does not accept (a filler, a v2 or IPv6 record, non-ASCII
+    text, damage) is read by a one-step Scanner with the reference decoder, which yields it or
+    raises CorruptRecordError at its position. So `pos`, `fillers` and the errors are those of
+    `CommitLog.scan` (verify given) or `scan_headers` (Verify.STRUCTURE).
     """
 
-    def __init__(self, log: CommitLog, start_pos: int, end_pos: int | None, verify: Verify,
+    def __init__(self, windows: WindowSource, start_pos: int, end_pos: int, verify: Verify,
                  run_bytes: int = 1 << 20):
-        super().__init__(log, start_pos, end_pos)
+        self.pos = start_pos
+        self.end_pos = end_pos
+        self.fillers = 0
         self.verify = verify
         self.run_bytes = run_bytes
+        self._records = Scanner(windows, start_pos, end_pos, run_decoder(verify))
 
     def __iter__(self) -> Iterator[ScannedRun]:
         return self
 
     def __next__(self) -> ScannedRun:
+        records = self._records
+        records.pos = self.pos
         if self.pos >= self.end_pos:
             raise StopIteration
-        probe = Scanner(self.log, self.pos, self.end_pos, self._decode)  # for what the batch path refuses
-        segment = probe._segment()
-        if segment is None:
+        window = records.window()
+        if window is None:
             raise StopIteration
-        base_pos = self.log.segments.base_of(segment)
-        file_pos = self.pos - base_pos
-        limit = min(self.end_pos - base_pos, segment.size_bytes, file_pos + self.run_bytes)
-        starts = find_starts(segment.buf, file_pos, limit, base_pos)
-        if len(starts):
-            spans = verify_spans(segment.buf, starts, base_pos, self.verify)
-            if spans.count:
-                self.pos = base_pos + int(spans.ends[-1])
-                return ScannedRun(segment.buf, base_pos, spans, None)
+        spans = step_run(window, self.pos, self.end_pos, self.verify, self.run_bytes)
+        if spans is not None:
+            self.pos = window.base_pos + int(spans.ends[-1])
+            return ScannedRun(window.buf, window.base_pos, spans, None)
+        fillers = records.fillers
         try:
-            return ScannedRun(None, 0, None, next(probe))
+            return ScannedRun(None, 0, None, next(records))
         finally:
-            self.pos, self.fillers = probe.pos, self.fillers + probe.fillers
-
-    def _decode(self, buf, pos: int, base_pos: int) -> Record | RecordHeader | Filler:
-        if self.verify is Verify.STRUCTURE:
-            return decode_header(buf, pos, base_pos=base_pos)
-        return decode_record(buf, pos, verify=self.verify, base_pos=base_pos)
+            self.pos, self.fillers = records.pos, self.fillers + records.fillers - fillers

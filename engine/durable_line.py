@@ -29,7 +29,7 @@ from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
 from engine.log_tail import segment_base
 from engine.log_walk import is_zero_from, valid_records_between
-from engine.naming import commitlog_dir, is_segment_name, name_to_offset, offset_to_name
+from engine.naming import commitlog_dir, offset_to_name, segment_files
 
 
 class DurableLine(NamedTuple):
@@ -93,9 +93,7 @@ def pad_short_segments(root: Path, segment_bytes: int) -> list[tuple[Path, int]]
 
 
 def _short_segments(root: Path, segment_bytes: int) -> list[tuple[Path, int, int]]:
-    directory = commitlog_dir(root)
-    names = sorted(n for n in os.listdir(directory) if is_segment_name(n)) if directory.is_dir() else []
-    sizes = [(directory / n, name_to_offset(n), (directory / n).stat().st_size) for n in names]
+    sizes = [(path, base, path.stat().st_size) for base, path in segment_files(commitlog_dir(root))]
     return [(path, base, size) for path, base, size in sizes if size < segment_bytes]
 
 

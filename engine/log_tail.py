@@ -16,7 +16,7 @@ import numpy as np
 
 from engine.commitlog import CommitLog
 from engine.formats.record import Verify
-from engine.log_walk import valid_records_between
+from engine.log_walk import is_zero_from, valid_records_between
 from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import quarantine_name
 
@@ -35,9 +35,9 @@ def quarantine_tail(commitlog: CommitLog, directory: Path, cut_pos: int, now_ms:
                     ) -> QuarantinedTail | None:
     """Copy the log's bytes from cut_pos to its last written byte into a new file in
     `directory`; None when nothing was written past cut_pos (a clean end, not a tear)."""
-    if is_unwritten(commitlog, cut_pos):
+    if is_zero_from(commitlog, cut_pos):
         return None
-    end_pos = _tail_end(commitlog, cut_pos)
+    end_pos = tail_end(commitlog, cut_pos)
     path = ensure_dir(directory) / quarantine_name(cut_pos, now_ms)
     write_new_file(path, log_chunks(commitlog, cut_pos, end_pos))
     records = valid_records_between(commitlog, cut_pos, end_pos, Verify.MQSTORE).count
@@ -52,27 +52,16 @@ def data_segments_after(commitlog: CommitLog, cut_pos: int) -> list[Path]:
     return [s.path for s in seg.segments if seg.base_of(s) > cut_base and not s.is_zero()]
 
 
-def is_unwritten(commitlog: CommitLog, pos: int) -> bool:
-    """True when every byte from pos to the end of the log is zero: a clean end, not a tear."""
-    segments = commitlog.segments
-    segment = segments.find(pos)
-    if segment is None:
-        return True
-    base = segments.base_of(segment)
-    if not segment.is_zero(pos - base):
-        return False
-    return all(s.is_zero() for s in segments.segments if segments.base_of(s) > base)
-
-
 def segment_base(commitlog: CommitLog, pos: int) -> int:
     """The base position of the segment that holds (or would hold) pos."""
     seg = commitlog.segments
     return pos - (pos - seg.min_pos) % seg.segment_bytes if seg.segments else 0
 
 
-def _tail_end(commitlog: CommitLog, cut_pos: int) -> int:
+def tail_end(commitlog: CommitLog, cut_pos: int) -> int:
     """The position after the last non-zero byte at or past cut_pos (cut_pos if there is none):
-    the end of what the cut removes. Read backwards a chunk at a time, holes skipped."""
+    the end of what a cut there removes, and of what a check reads. Read backwards a chunk at a
+    time, holes skipped."""
     seg = commitlog.segments
     for segment in reversed(seg.segments):
         base = seg.base_of(segment)

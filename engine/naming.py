@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
-from engine.errors import BadInputError
+from engine.errors import BadInputError, SegmentLayoutError
 
 NAME_DIGITS = 20
 TOPIC_MAX_BYTES = 127
@@ -26,6 +30,7 @@ CONSUMER_OFFSET_FILE = "consumerOffset.json"
 BACKUP_SUFFIX = ".bak"
 TEMP_SUFFIX = ".tmp"
 LOG_FILE = "mqstore.log"
+ROCKETMQ_SEGMENT_BYTES = 1 << 30  # RocketMQ's default commitlog segment size
 
 
 def offset_to_name(pos: int) -> str:
@@ -42,6 +47,58 @@ def name_to_offset(name: str) -> int:
 
 def is_segment_name(name: str) -> bool:
     return len(name) == NAME_DIGITS and name.isdigit()
+
+
+# ---------------------------------------------------------------- segment listing
+
+
+class SegmentFile(NamedTuple):
+    """One segment file of a directory: the position of its first byte, and its path."""
+
+    base_pos: int
+    path: Path
+
+
+def segment_files(directory: Path) -> list[SegmentFile]:
+    """The segment files of `directory` (20-digit names) by base position; other names are
+    not listed, and a missing directory lists none."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    names = sorted(n for n in os.listdir(directory) if is_segment_name(n))
+    return [SegmentFile(name_to_offset(n), directory / n) for n in names]
+
+
+def check_segment_bases(files: Sequence[SegmentFile], segment_bytes: int) -> None:
+    """Every base a multiple of `segment_bytes` and each one `segment_bytes` after the one
+    before (no gap): else SegmentLayoutError at the first file that breaks the rule."""
+    for file in files:
+        if file.base_pos % segment_bytes:
+            raise SegmentLayoutError(f"segment name is not a multiple of the segment size {segment_bytes}",
+                                     path=str(file.path))
+    for prev, file in itertools.pairwise(files):
+        if file.base_pos != prev.base_pos + segment_bytes:
+            expected = offset_to_name(prev.base_pos + segment_bytes)
+            raise SegmentLayoutError(f"gap in segments: expected {expected}", path=str(file.path))
+
+
+def check_segment_sizes(files: Sequence[SegmentFile], segment_bytes: int) -> None:
+    """Every file exactly `segment_bytes` long: else SegmentLayoutError."""
+    for file in files:
+        size_bytes = os.stat(file.path).st_size
+        if size_bytes != segment_bytes:
+            raise SegmentLayoutError(f"segment is {size_bytes} bytes, not {segment_bytes}",
+                                     path=str(file.path))
+
+
+def infer_segment_bytes(files: Sequence[SegmentFile]) -> int:
+    """The segment size of a store that records none (RocketMQ's): the size its segment files
+    share (RocketMQ's default without files); SegmentLayoutError when they differ or are zero."""
+    sizes = {os.stat(file.path).st_size for file in files}
+    if len(sizes) > 1 or 0 in sizes:
+        raise SegmentLayoutError(f"segment files of sizes {sorted(sizes)}: they must share one, "
+                                 "not zero", path=str(files[0].path.parent))
+    return sizes.pop() if sizes else ROCKETMQ_SEGMENT_BYTES
 
 
 def validate_topic(topic: object) -> str:

@@ -43,7 +43,8 @@ from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
 from engine.formats.record.dispatch_columns import DispatchColumns
-from engine.log_tail import data_segments_after, is_unwritten, quarantine_tail, segment_base
+from engine.log_tail import data_segments_after, quarantine_tail, segment_base
+from engine.log_walk import is_zero_from
 from engine.mapped_file import Access
 from engine.naming import ABORT_FILE, QUARANTINE_DIR
 from engine.salvage import (
@@ -321,12 +322,12 @@ def _scan_from(parts: StoreParts, start_pos: int, report: RecoveryReport,
                 progress(pos - start_pos, max(end_hint, pos - start_pos))
     except CorruptRecordError as exc:
         if first and exc.pos == start_pos and start_pos != segment_base(commitlog, start_pos) \
-                and not is_unwritten(commitlog, exc.pos):
+                and not is_zero_from(commitlog, exc.pos):
             raise  # not known to be a record boundary: the caller rescans from the segment base
         pos = exc.pos
         if broken:
             _rebuild_queues(parts, broken, pos, report, accepted)
-        return pos, None if is_unwritten(commitlog, pos) else exc.reason
+        return pos, None if is_zero_from(commitlog, pos) else exc.reason
     if broken:
         _rebuild_queues(parts, broken, pos, report, accepted)
     return pos, None

@@ -33,10 +33,11 @@ from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import consumable_rows, enters_consume_queue, queue_groups
 from engine.errors import BadInputError, CorruptRecordError
 from engine.formats.cq_entry import FILLER_SIZE_MARK
-from engine.formats.record import Filler, Record, Verify
+from engine.formats.record import Record, Verify
 from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.log_tail import log_chunks
-from engine.log_walk import BadRegion, decode_checked, walk_log
+from engine.log_walk import walk_log
+from engine.log_walker import BadRegion, OnBadBytes, record_decoder, walk
 from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import QUARANTINE_DIR, offset_to_name
 
@@ -159,18 +160,15 @@ def _put_placeholders(queue: ConsumeQueue, offsets: list[int], log: CommitLog, s
 
 def _structure_walk(log: CommitLog, span: AcceptedSpan) -> Iterator[Record]:
     """The records from the span's start that decode without checksums and end inside it."""
-    segment = log.segments.find(span.start_pos)
-    base = log.segments.base_of(segment)
-    pos = span.start_pos
-    while pos < span.end_pos:
-        try:
-            record = decode_checked(segment, pos - base, base, Verify.STRUCTURE)
-        except CorruptRecordError:
-            return
-        if isinstance(record, Filler) or record.end_pos > span.end_pos:
-            return
-        yield record
-        pos = record.end_pos
+    window = log.window_at(span.start_pos)
+    try:
+        for item in walk(window, span.start_pos, span.end_pos, record_decoder(Verify.STRUCTURE),
+                         Verify.STRUCTURE, OnBadBytes.RAISE):
+            if not isinstance(item, Record):
+                return
+            yield item
+    except CorruptRecordError:
+        return
 
 
 def _unreadable_pos(log: CommitLog, span: AcceptedSpan) -> int:

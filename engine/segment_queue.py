@@ -13,7 +13,7 @@ from pathlib import Path
 
 from engine.errors import SegmentLayoutError
 from engine.mapped_file import Access, MappedFile, ReadAhead, ensure_dir, settled_names
-from engine.naming import is_segment_name, name_to_offset, offset_to_name
+from engine.naming import check_segment_bases, is_segment_name, name_to_offset, offset_to_name, segment_files
 from engine.open_files import OpenFileBudget
 
 
@@ -46,26 +46,15 @@ class SegmentQueue:
         if foreign:
             raise SegmentLayoutError(f"foreign file {foreign[0]!r} among segments",
                                      path=str(queue.directory / foreign[0]))
-        expected_base = None
-        for name in names:
-            base_pos = name_to_offset(name)
-            path = queue.directory / name
-            if base_pos % segment_bytes:
-                raise SegmentLayoutError(
-                    f"segment name is not a multiple of the segment size {segment_bytes}",
-                    path=str(path))
-            if expected_base is not None and base_pos != expected_base:
-                raise SegmentLayoutError(
-                    f"gap in segments: expected {offset_to_name(expected_base)}", path=str(path))
+        files = segment_files(queue.directory)
+        check_segment_bases(files, segment_bytes)
+        for file in files:
             try:
-                queue._append(MappedFile.open(path, access, segment_bytes, read_ahead, budget))
+                queue._append(MappedFile.open(file.path, access, segment_bytes, read_ahead, budget))
             except FileNotFoundError:
                 if access is not Access.READ_ONLY:
                     raise
                 queue.close()  # behind the retention line, with all before it
-                expected_base = None
-                continue
-            expected_base = base_pos + segment_bytes
         return queue
 
     def _append(self, segment: MappedFile) -> None:
@@ -149,16 +138,16 @@ class SegmentQueue:
         """Read-only views adopt segments the writer created since load (and forget deleted ones)."""
         if not self.directory.is_dir():
             return
-        names = sorted(n for n in (p.name for p in self.directory.iterdir()) if is_segment_name(n))
-        bases = [name_to_offset(n) for n in names]
+        files = segment_files(self.directory)
+        bases = {file.base_pos for file in files}
         gone = [i for i, base_pos in enumerate(self._bases) if base_pos not in bases]
         for i in reversed(gone):
             self.segments.pop(i).close()
             self._bases.pop(i)
-        for name, base_pos in zip(names, bases, strict=True):
+        for base_pos, path in files:
             if (not self._bases or base_pos == self.end_pos) and base_pos not in self._bases:
                 try:
-                    self._append(MappedFile.open(self.directory / name, self.access,
+                    self._append(MappedFile.open(path, self.access,
                                                  self.segment_bytes, self.read_ahead, self.budget))
                 except (FileNotFoundError, SegmentLayoutError):
                     break  # being created right now; adopt it next time

@@ -21,7 +21,8 @@ import psutil
 
 from engine.commitlog import CommitLog
 from engine.errors import ServiceNotAvailableError, StoreError
-from engine.formats.record import BLANK_MAGIC, V4_HEADER_SIZE, store_ts_at
+from engine.formats.record import V4_HEADER_SIZE, store_ts_at
+from engine.log_walker import is_filler_head
 from engine.mapped_file import Access
 from engine.naming import ABORT_FILE
 from engine.store_dir import StoreKind, holder_pid, inspect_store_dir, read_meta
@@ -236,9 +237,9 @@ def _lag_ms(root: Path, p: Positions, limit: int) -> dict:
 
 def _store_ts(commitlog: CommitLog, pos: int) -> int | None:
     try:
-        head = commitlog.read_bytes(pos, 8)
-        if int.from_bytes(head[4:8], "big") == BLANK_MAGIC:
-            pos = commitlog.next_segment_pos(pos)
+        window = commitlog.window_at(pos)
+        if window is not None and is_filler_head(window, pos):
+            pos = window.segment_end_pos
         return store_ts_at(commitlog.read_bytes(pos, V4_HEADER_SIZE), 0)
     except (StoreError, ValueError):
         return None

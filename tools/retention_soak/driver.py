@@ -19,7 +19,6 @@ hour. What it checks, after the producer stops and the store caught up:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.check import check
+from engine.naming import commitlog_dir, segment_files
 from engine.status import GetStatus
 from ipc.consumer import Consumer
 from ipc.control_block import ControlBlock
@@ -144,7 +144,7 @@ def _sample_until_done(settings: SoakSettings, root: Path, supervisor: StoreProc
         if time.monotonic() > deadline:
             raise RuntimeError("the producer did not stop at the end of the run")
         now = time.monotonic()
-        segments = len(os.listdir(root / "commitlog"))
+        segments = len(segment_files(commitlog_dir(root)))
         samples.append((now - started, used_bytes(root), segments))
         if now >= next_report:
             next_report += 60.0

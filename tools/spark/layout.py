@@ -6,18 +6,22 @@ nothing is mapped, so this is safe on a live store and on executors.
 
 from __future__ import annotations
 
-import itertools
-import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
 from engine.checkpoint import load_checkpoint
-from engine.errors import NotAStoreError, SegmentLayoutError
+from engine.errors import NotAStoreError
 from engine.formats.record import Verify
 from engine.formats.store_meta import decode_store_meta
-from engine.naming import STORE_META_FILE, commitlog_dir, is_segment_name, name_to_offset
+from engine.naming import (
+    STORE_META_FILE,
+    check_segment_bases,
+    check_segment_sizes,
+    commitlog_dir,
+    infer_segment_bytes,
+    segment_files,
+)
 
 
 class StoreFormat(Enum):
@@ -62,7 +66,7 @@ def read_layout(root: str | Path, store_format: StoreFormat | None = None) -> St
     directory = commitlog_dir(root)
     if not directory.is_dir():
         raise NotAStoreError("no commitlog/ directory here", path=str(root))
-    names = sorted(n for n in os.listdir(directory) if is_segment_name(n))
+    files = segment_files(directory)
     meta_path = root / STORE_META_FILE
     if store_format is None:
         store_format = StoreFormat.MQSTORE if meta_path.exists() else StoreFormat.ROCKETMQ
@@ -74,28 +78,11 @@ def read_layout(root: str | Path, store_format: StoreFormat | None = None) -> St
                      index_slot_count=meta.index_slot_count,
                      index_entry_count=meta.index_entry_count, index_shards=meta.index_shards)
     else:
-        segment_bytes = _inferred_segment_bytes(directory, names)
-    segments = tuple(Segment(str(directory / n), name_to_offset(n)) for n in names)
-    _check_segments(segments, segment_bytes)
+        segment_bytes = infer_segment_bytes(files)
+    check_segment_bases(files, segment_bytes)
+    check_segment_sizes(files, segment_bytes)
+    segments = tuple(Segment(str(file.path), file.base_pos) for file in files)
     return StoreLayout(str(root), store_format, segment_bytes, segments, **sizes)
-
-
-def _inferred_segment_bytes(directory: Path, names: list[str]) -> int:
-    """A RocketMQ store records no segment size: every segment file has it."""
-    sizes = {os.stat(directory / n).st_size for n in names}
-    if len(sizes) > 1:
-        raise SegmentLayoutError(f"segments of different sizes {sorted(sizes)}", path=str(directory))
-    return sizes.pop() if sizes else 1 << 30
-
-
-def _check_segments(segments: Sequence[Segment], segment_bytes: int) -> None:
-    for prev, seg in itertools.pairwise(segments):
-        if seg.base_pos != prev.base_pos + segment_bytes:
-            raise SegmentLayoutError(f"gap in segments after {prev.base_pos}", path=seg.path)
-    for seg in segments:
-        if seg.base_pos % segment_bytes or os.stat(seg.path).st_size != segment_bytes:
-            raise SegmentLayoutError(f"segment is not {segment_bytes} bytes at a multiple of it",
-                                     path=seg.path)
 
 
 def read_durable_pos(root: str | Path) -> int | None:

@@ -2,7 +2,8 @@
 
 Runs on executors. Files are read with pread (never mapped), so a live store is safe to read
 below its durable position. The chain rules (see partitions.py) decide which records a range
-owns; this module decodes them, applies the row filters and verification.
+owns; the walk over the pread blocks is engine.log_walker's (step, run_starts, verify_run);
+this module decodes the records, applies the row filters and verification.
 
 Two paths, same rows (tests/spark/test_scan_batches.py): `read_batches` reads RUN_BYTES at a
 time and hands the leading records the batch scanner accepts (engine.formats.record.spans:
@@ -22,7 +23,6 @@ commit_pos and error), and so do unwritten bytes followed by data.
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -34,9 +34,10 @@ import pyarrow.compute as pc
 
 from engine.dispatch import index_keys
 from engine.errors import CorruptRecordError
-from engine.formats.record import BLANK_MAGIC, FILLER_SIZE, Record, Verify, decode_record
+from engine.formats.record import FILLER_SIZE, Filler, Record, Verify, decode_record
 from engine.formats.record.arrays import gather_field
-from engine.formats.record.spans import RecordSpans, find_starts, verify_spans
+from engine.formats.record.spans import RecordSpans
+from engine.log_walker import LogWindow, NeedBytes, record_decoder, run_starts, step, verify_run
 from tools.spark.arrow_columns import dispatch_batch, message_batch
 from tools.spark.partitions import BlockReader, ScanRange, first_record_at, pread_reader
 
@@ -46,7 +47,6 @@ BATCH_BODY_BYTES = 32 << 20
 RUN_BYTES = 4 << 20  # one batch-scanner run: one pread, one Arrow batch
 SCALAR_RUN = 64  # records read by the reference decoder after one the batch path refused
 _ZERO_CHECK_BYTES = 1 << 20
-_CHAIN_HEAD = struct.Struct(">iI")
 
 
 class VerifyMode(Enum):
@@ -138,32 +138,37 @@ def _step(fd: int, blocks: BlockReader, rng: ScanRange, pos: int,
 
 def _decode_at(blocks: BlockReader, rng: ScanRange, pos: int,
                spec: ScanSpec) -> Record | BadRecord | SegmentEnd:
-    """The record at file_pos `pos`, or how the segment's data ends there."""
-    space_left = rng.segment_bytes - pos
-    head, off = blocks.view(pos, min(FILLER_SIZE, space_left))
-    if len(head) - off < FILLER_SIZE:
-        return _bad(rng, pos, spec, f"only {len(head) - off} bytes left in the segment")
-    total_size, magic = _CHAIN_HEAD.unpack_from(head, off)
-    if total_size == 0 and magic == 0:
-        return SegmentEnd.UNWRITTEN
-    if magic == BLANK_MAGIC:
-        if total_size == space_left:
-            return SegmentEnd.FILLER
-        return _bad(rng, pos, spec, f"filler of {total_size} bytes with {space_left} left")
-    buf, off = blocks.view(pos, min(max(total_size, FILLER_SIZE), space_left))
-    base_pos = rng.base_pos + pos - off
+    """The record at file_pos `pos`, or how the segment's data ends there (engine.log_walker.step
+    over the cached block, read again from `pos` where the record runs past it)."""
+    commit_pos = rng.base_pos + pos
+    decode = record_decoder(spec.verify)
+    window = blocks.window(pos, FILLER_SIZE, rng.base_pos, rng.segment_bytes)
     try:
-        return decode_record(buf, off, verify=spec.verify, base_pos=base_pos)
+        item = step(window, commit_pos, window.segment_end_pos, decode)
+        if isinstance(item, NeedBytes):
+            window = blocks.window(pos, item.size_bytes, rng.base_pos, rng.segment_bytes)
+            if window.end_pos - commit_pos < item.size_bytes:
+                return _bad(rng, pos, spec, f"only {window.end_pos - commit_pos} bytes left in the file")
+            item = step(window, commit_pos, window.segment_end_pos, decode)
     except CorruptRecordError as exc:
         if spec.verify_mode is not VerifyMode.REPORT:
             exc.path = rng.path
             raise
-        reason = exc.reason
+        return BadRecord(commit_pos, exc.reason, _structure_only(window, commit_pos))
+    if isinstance(item, Filler):
+        return SegmentEnd.FILLER
+    if isinstance(item, Record):
+        return item
+    return SegmentEnd.UNWRITTEN  # Stop.UNWRITTEN: a range's record start is below its segment's end
+
+
+def _structure_only(window: LogWindow, commit_pos: int) -> Record | None:
+    """The record at `commit_pos` decoded without checksums, None when its structure is bad too."""
     try:
-        record = decode_record(buf, off, verify=Verify.STRUCTURE, base_pos=base_pos)
+        item = step(window, commit_pos, window.segment_end_pos, record_decoder(Verify.STRUCTURE))
     except CorruptRecordError:
-        return BadRecord(rng.base_pos + pos, reason)
-    return BadRecord(rng.base_pos + pos, reason, record)
+        return None
+    return item if isinstance(item, Record) else None
 
 
 def _bad(rng: ScanRange, pos: int, spec: ScanSpec, reason: str) -> BadRecord:
@@ -330,13 +335,10 @@ def read_run(fd: int, rng: ScanRange, pos: int, verify: Verify) -> Run | None:
     """The leading records from file_pos `pos` (a record start) that lie in RUN_BYTES, start
     below the range end and pass verify_spans(verify); None when the first one does not."""
     chunk = os.pread(fd, min(RUN_BYTES, rng.segment_bytes - pos), pos)
-    base_pos = rng.base_pos + pos
-    starts = find_starts(chunk, 0, len(chunk), base_pos)
-    starts = starts[starts < rng.end - pos]
-    if not len(starts):
-        return None
-    spans = verify_spans(chunk, starts, base_pos, verify)
-    return Run(chunk, spans, base_pos) if spans.count else None
+    window = LogWindow(chunk, rng.base_pos + pos, rng.base_pos + rng.segment_bytes, rng.path)
+    starts = run_starts(window, window.base_pos, window.segment_end_pos, RUN_BYTES)
+    spans = verify_run(window, starts[starts < rng.end - pos], verify)  # the range owns what starts in it
+    return None if spans is None else Run(chunk, spans, window.base_pos)
 
 
 def _run_batches(run: Run, spec: ScanSpec, builder: BatchBuilder) -> Iterator[pa.RecordBatch]:

@@ -30,7 +30,7 @@ from typing import NamedTuple
 from engine.accepted_damage import load_accepted
 from engine.checkpoint import load_checkpoint
 from engine.config import StoreConfig
-from engine.naming import ABORT_FILE, CHECKPOINT_FILE, commitlog_dir, is_segment_name, name_to_offset
+from engine.naming import ABORT_FILE, CHECKPOINT_FILE, commitlog_dir, segment_files
 from tools.store_process import TIMEOUT_S, StoreProcess, wait_until
 from tools.torture.faults import flip_byte, record_spans
 from tools.torture.processes import TortureError
@@ -141,6 +141,5 @@ def data_files(root: Path) -> dict[str, str]:
 def log_bytes(root: Path) -> tuple[int, bytes]:
     """(first segment's base, the segments end to end): the log indexed by commit_pos - base."""
     directory = commitlog_dir(root)
-    names = sorted(n for n in os.listdir(directory) if is_segment_name(n))
-    return (name_to_offset(names[0]) if names else 0,
-            b"".join((directory / n).read_bytes() for n in names))
+    files = segment_files(directory)
+    return (files[0].base_pos if files else 0, b"".join(file.path.read_bytes() for file in files))

@@ -61,7 +61,7 @@ from engine.naming import (
     TEMP_SUFFIX,
     commitlog_dir,
     is_segment_name,
-    name_to_offset,
+    segment_files,
 )
 from ipc.control_block import Positions
 
@@ -131,11 +131,8 @@ def simulate_power_loss(root: Path, durable: DurablePositions, config: StoreConf
 def _old_versions(root: Path, durable: DurablePositions, config: StoreConfig):
     """(path, bytes of the file at its last sync) for every data file of the store."""
     segment_bytes = config.commitlog_file_size
-    directory = commitlog_dir(root)
-    for name in sorted(os.listdir(directory)) if directory.is_dir() else ():
-        if is_segment_name(name):
-            yield directory / name, _old_segment(directory / name, name_to_offset(name),
-                                                 segment_bytes, durable.commitlog_flushed_pos)
+    for base_pos, path in segment_files(commitlog_dir(root)):
+        yield path, _old_segment(path, base_pos, segment_bytes, durable.commitlog_flushed_pos)
     for path in sorted((root / CONSUMEQUEUE_DIR).glob("*/*/*")):
         if is_segment_name(path.name):
             yield path, _old_queue_file(path, durable.cq_durable_pos)
