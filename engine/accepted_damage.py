@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from enum import Enum
 from pathlib import Path
 
 from engine.commitlog import CommitLog
 from engine.commitlog_scan import ScannedRun
 from engine.errors import AcceptedDamageError, CorruptRecordError
-from engine.formats.record import Verify
+from engine.formats.record import Record, Verify
 from engine.mapped_file import ensure_dir, write_file_atomically
 from engine.naming import QUARANTINE_DIR
 
@@ -76,26 +77,36 @@ def is_accepted(spans: list[AcceptedSpan], start_pos: int, end_pos: int) -> bool
     return span is not None and end_pos <= span.end_pos
 
 
+class ScanUnit(Enum):
+    """What a ScanPastAccepted yields: checked runs of records (CommitLog.scan_batches, for
+    re-dispatch) or decoded Records one by one (CommitLog.scan, for readers of fields)."""
+
+    RUNS = "runs"
+    RECORDS = "records"
+
+
 class ScanPastAccepted:
-    """CommitLog.scan_batches from `start_pos`, going on after each accepted span (`on_span`
+    """A scan of the commitlog from `start_pos`, going on after each accepted span (`on_span`
     hears of it) up to `end_pos`; a CorruptRecordError outside every accepted span ends the
-    scan as before.
+    scan as before. The one place the rule "pass over accepted damage, stop at new" is written.
     `pos` is the scanner's: where the next record would start, or the bad record's position."""
 
     def __init__(self, log: CommitLog, start_pos: int, spans: list[AcceptedSpan],
                  verify: Verify = Verify.MQSTORE,
-                 on_span: Callable[[AcceptedSpan], None] | None = None, end_pos: int | None = None):
+                 on_span: Callable[[AcceptedSpan], None] | None = None, end_pos: int | None = None,
+                 unit: ScanUnit = ScanUnit.RUNS):
         self._log, self._spans, self._verify, self._on_span = log, spans, verify, on_span
         self._end_pos = end_pos
+        self._scan = log.scan_batches if unit is ScanUnit.RUNS else log.scan
         self.pos = start_pos
 
-    def __iter__(self) -> Iterator[ScannedRun]:
+    def __iter__(self) -> Iterator[ScannedRun | Record]:
         while True:
-            scanner = self._log.scan_batches(self.pos, self._end_pos, self._verify)
+            scanner = self._scan(self.pos, self._end_pos, self._verify)
             try:
-                for run in scanner:
+                for item in scanner:
                     self.pos = scanner.pos
-                    yield run
+                    yield item
                 self.pos = scanner.pos
                 return
             except CorruptRecordError as exc:

@@ -13,12 +13,15 @@ import stat
 
 import pytest
 
+from engine.accepted_damage import ScanPastAccepted, ScanUnit, load_accepted
 from engine.check import check, check_summary
 from engine.check_findings import FindingKind
 from engine.checkpoint import load_checkpoint, write_checkpoint
-from engine.errors import BadInputError
+from engine.commitlog import CommitLog
+from engine.errors import BadInputError, CorruptRecordError
 from engine.formats.cq_entry import encode_cq_entry
 from engine.formats.record import MAGIC_OFFSET, QUEUE_ID_OFFSET, TOTAL_SIZE_OFFSET
+from engine.mapped_file import Access
 from engine.message import Message
 from engine.naming import LOCK_FILE
 from engine.recovery import RecoveryMode
@@ -343,3 +346,24 @@ def test_a_damaged_record_whose_queue_id_is_wrong_makes_no_queue(tmp_path):
     with reopen(tmp_path):  # a start accepts the store (no queue beyond queue_count)
         pass
     assert check(tmp_path) == []
+
+
+def test_a_record_scan_past_accepted_damage_yields_every_other_record(tmp_path):
+    """ScanPastAccepted by record (the torture's ledger check and byte flips walk this way)
+    goes on after the accepted span and hears of it once; the span's record is not yielded."""
+    results, before = damaged_crash(tmp_path, flip_body)
+    salvage(tmp_path).close()
+    log = CommitLog.open(tmp_path, SMALL_CONFIG.commitlog_file_size, Access.READ_ONLY)
+    try:
+        heard = []
+        scan = ScanPastAccepted(log, log.min_pos, load_accepted(tmp_path), unit=ScanUnit.RECORDS,
+                                on_span=heard.append)
+        positions = []
+        with pytest.raises(CorruptRecordError, match="unwritten"):  # past the last record
+            for record in scan:
+                positions.append(record.commit_pos)
+    finally:
+        log.close()
+    assert positions == [r.commit_pos for i, r in enumerate(results) if i != VICTIM]
+    assert [s.start_pos for s in heard] == [results[VICTIM].commit_pos]
+    assert scan.pos == len(before)  # where the written records end

@@ -270,26 +270,18 @@ def flip_byte(path: Path, file_pos: int, mask: int = 0xFF) -> int:
 def record_spans(root: Path, config: StoreConfig) -> list[tuple[Path, int, int, int]]:
     """(segment path, file_pos, size, commit_pos) of every record in the commitlog, in order
     (past damage an operator's salvage accepted, as recovery goes)."""
-    from engine.accepted_damage import load_accepted, span_at
+    from engine.accepted_damage import ScanPastAccepted, ScanUnit, load_accepted
     from engine.commitlog import CommitLog
 
     log = CommitLog.open(root, config.commitlog_file_size, Access.READ_ONLY)
-    accepted = load_accepted(root)
     spans = []
-    pos = log.min_pos
     try:
-        while True:
-            scanner = log.scan(pos)
-            try:
-                for record in scanner:
-                    base = record.commit_pos - record.commit_pos % config.commitlog_file_size
-                    spans.append((commitlog_dir(root) / f"{base:020d}", record.commit_pos - base,
-                                  record.total_size, record.commit_pos))
-            except CorruptRecordError:
-                if (span := span_at(accepted, scanner.pos)) is not None:
-                    pos = span.end_pos
-                    continue
-            break  # the end of written data
+        for record in ScanPastAccepted(log, log.min_pos, load_accepted(root), unit=ScanUnit.RECORDS):
+            base = record.commit_pos - record.commit_pos % config.commitlog_file_size
+            spans.append((commitlog_dir(root) / f"{base:020d}", record.commit_pos - base,
+                          record.total_size, record.commit_pos))
+    except CorruptRecordError:
+        pass  # the end of written data
     finally:
         log.close()
     return spans

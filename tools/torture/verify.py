@@ -32,14 +32,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engine.accepted_damage import AcceptedSpan, load_accepted, span_at
+from engine.accepted_damage import AcceptedSpan, ScanPastAccepted, ScanUnit, load_accepted
 from engine.check import check
 from engine.commitlog import CommitLog
 from engine.config import StoreConfig
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.errors import CorruptRecordError
 from engine.formats.index_file import shard_of
-from engine.formats.record import Verify
 from engine.mapped_file import Access
 from engine.shard_index import ShardIndex
 from engine.store_dir import config_for_store, read_meta
@@ -109,21 +108,16 @@ class LogIndex:
     def scan(self, commitlog: CommitLog, accepted: list[AcceptedSpan]) -> int:
         """Read records from where the last scan ended to the end of the log, past the accepted
         damaged spans; returns how many."""
-        pos = max(self.scanned_end, commitlog.min_pos)
+        scan = ScanPastAccepted(commitlog, max(self.scanned_end, commitlog.min_pos), accepted,
+                                unit=ScanUnit.RECORDS)
         count = 0
-        while True:
-            scanner = commitlog.scan(pos, verify=Verify.MQSTORE)
-            try:
-                for record in scanner:
-                    count += 1
-                    self._add(record)
-            except CorruptRecordError:
-                span = span_at(accepted, scanner.pos)
-                if span is not None:
-                    pos = span.end_pos
-                    continue
-            break  # the end of written data (check() has already judged what lies there)
-        self.scanned_end = scanner.pos
+        try:
+            for record in scan:
+                count += 1
+                self._add(record)
+        except CorruptRecordError:
+            pass  # the end of written data (check() has already judged what lies there)
+        self.scanned_end = scan.pos
         return count
 
     def _add(self, record) -> None:
