@@ -20,7 +20,7 @@ from engine.check_findings import FindingKind, FindingList
 from engine.errors import SegmentLayoutError
 from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE, FILLER_SIZE_MARK
 from engine.mapped_file import Access, MappedFile
-from engine.naming import CONSUMEQUEUE_DIR, is_segment_name, is_topic_name, name_to_offset
+from engine.naming import CONSUMEQUEUE_DIR, is_topic_name, segment_files
 
 _QUEUE_KINDS = (FindingKind.CQ_ENTRY_MISMATCH, FindingKind.CQ_GAP, FindingKind.CQ_MISSING_ENTRY,
                 FindingKind.CQ_DUPLICATE, FindingKind.CQ_PAST_END)
@@ -63,27 +63,27 @@ def _read_queue(directory: Path, entries_per_file: int, out: FindingList) -> tup
     """All entries from the first file to the end of the last as one array (missing or unreadable
     files read as zeros), and the queue offset of its first entry."""
     file_bytes = entries_per_file * CQ_ENTRY_SIZE
-    names = sorted(os.listdir(directory)) if directory.is_dir() else []
-    bases = []
-    for name in names:
-        if not is_segment_name(name) or name_to_offset(name) % file_bytes:
-            out.add(FindingKind.LAYOUT, directory / name, "not a consume-queue file name")
-        else:
-            bases.append(name_to_offset(name))
-    if not bases:
+    files = segment_files(directory)  # the segments; what else the directory holds is a finding
+    listed = {file.path.name for file in files}
+    foreign = [name for name in os.listdir(directory) if name not in listed] if directory.is_dir() else []
+    misaligned = [file.path.name for file in files if file.base_pos % file_bytes]
+    for name in sorted(foreign + misaligned):
+        out.add(FindingKind.LAYOUT, directory / name, "not a consume-queue file name")
+    aligned = [file for file in files if not file.base_pos % file_bytes]
+    if not aligned:
         return np.zeros(0, dtype=CQ_DTYPE), 0
-    entries = np.zeros((bases[-1] + file_bytes - bases[0]) // CQ_ENTRY_SIZE, dtype=CQ_DTYPE)
-    for base in bases:
-        path = directory / f"{base:020d}"
+    first_pos = aligned[0].base_pos
+    entries = np.zeros((aligned[-1].base_pos + file_bytes - first_pos) // CQ_ENTRY_SIZE, dtype=CQ_DTYPE)
+    for base_pos, path in aligned:
         try:
             mapped = MappedFile.open(path, Access.READ_ONLY, expected_bytes=file_bytes)
         except SegmentLayoutError as exc:
             out.add(FindingKind.LAYOUT, path, exc.message)
             continue
-        at = (base - bases[0]) // CQ_ENTRY_SIZE
+        at = (base_pos - first_pos) // CQ_ENTRY_SIZE
         entries[at:at + entries_per_file] = np.frombuffer(mapped.buf, dtype=CQ_DTYPE)
         mapped.close()
-    return entries, bases[0] // CQ_ENTRY_SIZE
+    return entries, first_pos // CQ_ENTRY_SIZE
 
 
 def _check_queue(topic: str, queue_id: int, entries: np.ndarray, first: int, scan: LogScan,

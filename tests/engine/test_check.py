@@ -294,6 +294,20 @@ def test_check_foreign_file_in_commitlog_is_layout(tmp_path):
     assert findings[0].path.endswith("notes.txt")
 
 
+def test_check_foreign_and_misaligned_files_in_a_consume_queue_are_layout(tmp_path):
+    """A name that is no segment's, and a segment whose base is not a multiple of the file
+    size, are each one LAYOUT finding; the queue's real files are still read (no other finding)."""
+    make_store(tmp_path, 6)
+    directory = consume_queue_dir(tmp_path, TOPIC, 0)
+    (directory / "notes.txt").write_text("x")
+    misaligned = directory / offset_to_name(CQ_ENTRY_SIZE * CONFIG.consume_queue_entries * 7 + 20)
+    misaligned.write_bytes(b"\0" * CQ_ENTRY_SIZE * CONFIG.consume_queue_entries)
+    findings = check(tmp_path)
+    assert sorted((f.kind, Path(f.path).name) for f in findings) == \
+        [(FindingKind.LAYOUT, misaligned.name), (FindingKind.LAYOUT, "notes.txt")]
+    assert all(f.detail == "not a consume-queue file name" for f in findings)
+
+
 def _end_of_log(root: Path) -> int:
     """End of valid data, from check itself (the last record's end or a filler's)."""
     return check_summary(root).end_pos
