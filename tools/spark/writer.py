@@ -180,26 +180,23 @@ def _send(producer, batch: list[Message], sent: int, store: str) -> int:
     return sent
 
 
-class MqstoreWriter(DataSourceWriter):
+class _RowSender:
+    """What a task of either writer does: parse the options once, send its rows (write_rows)."""
+
+    def __init__(self, options: Mapping[str, str], columns: WriterColumns):
+        self.target = parse_writer_options(options)
+        self.columns = columns
+
+    def write(self, iterator: Iterator) -> WriteCount:
+        return write_rows(self.target, self.columns, iterator)
+
+
+class MqstoreWriter(_RowSender, DataSourceWriter):
     """A batch write: every task sends its rows; nothing to commit beyond the acks."""
 
-    def __init__(self, options: Mapping[str, str], columns: WriterColumns):
-        self.target = parse_writer_options(options)
-        self.columns = columns
 
-    def write(self, iterator: Iterator) -> WriteCount:
-        return write_rows(self.target, self.columns, iterator)
-
-
-class MqstoreStreamWriter(DataSourceStreamWriter):
+class MqstoreStreamWriter(_RowSender, DataSourceStreamWriter):
     """The streaming sink: every micro-batch's tasks send their rows (at least once)."""
-
-    def __init__(self, options: Mapping[str, str], columns: WriterColumns):
-        self.target = parse_writer_options(options)
-        self.columns = columns
-
-    def write(self, iterator: Iterator) -> WriteCount:
-        return write_rows(self.target, self.columns, iterator)
 
     def commit(self, messages: list, batchId: int) -> None:  # noqa: N803 - the PySpark API's name
         """Nothing to do: every row was acknowledged before its task ended."""
