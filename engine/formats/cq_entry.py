@@ -33,7 +33,6 @@ assert CQ_DTYPE.itemsize == CQ_ENTRY_SIZE
 FILLER_SIZE_MARK = 0x7FFFFFFF  # Integer.MAX_VALUE in the size field marks a filler entry
 FILLER_ENTRY = (0, FILLER_SIZE_MARK, 0)
 FILLER_ENTRY_BYTES = CQ_ENTRY.pack(*FILLER_ENTRY)
-UNWRITTEN_ENTRY_BYTES = bytes(CQ_ENTRY_SIZE)
 
 
 class CqEntry(NamedTuple):

@@ -52,7 +52,6 @@ INDEX_ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("commit_pos", ">i8"), ("time
                               ("prev_index", ">i4")])
 assert SLOT_DTYPE.itemsize == SLOT_SIZE and INDEX_ENTRY_DTYPE.itemsize == INDEX_ENTRY_SIZE
 
-EMPTY_SLOT = 0
 FIRST_INDEX = 1  # index_count of a fresh file; entry 0 is never used
 INT32_MAX = 2**31 - 1
 KEY_SEPARATOR = "#"

@@ -24,8 +24,6 @@ KAFKA_FIELDS = (
     ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")), ("timestampType", pa.int32()),
     ("headers", pa.list_(HEADER_TYPE)),
 )
-KAFKA_DDL = ("key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
-             "timestampType int, headers array<struct<key:string,value:binary>>")
 
 
 def _headers(properties: pa.Array) -> pa.Array:

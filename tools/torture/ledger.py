@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,16 +106,6 @@ class LedgerWriter:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def read_ledger(path: Path) -> Iterator[LedgerEntry]:
-    """Every complete line of one ledger file (a torn last line is skipped)."""
-    with open(path, "rb") as fh:
-        data = fh.read()
-    end = data.rfind(b"\n") + 1
-    for line in data[:end].decode().splitlines():
-        if line:
-            yield LedgerEntry.from_line(line)
 
 
 def ledger_paths(directory: Path) -> list[Path]:

@@ -42,11 +42,6 @@ def gather_int(u8: np.ndarray, positions: np.ndarray, be_dtype) -> np.ndarray:
     return int_view(u8, be_dtype)[positions].astype(np.int64)
 
 
-def scatter_int(u8: np.ndarray, positions: np.ndarray, values, be_dtype) -> None:
-    """Write each value as a big-endian `be_dtype` at its position."""
-    int_view(u8, be_dtype)[positions] = values
-
-
 def gather_field(u8: np.ndarray, starts: np.ndarray, name: str) -> np.ndarray:
     """Header field `name` of the records at `starts` (IPv4 layout), as int64."""
     dtype, offset = HEADER_DTYPE.fields[name][:2]
