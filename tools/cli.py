@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Commands other issues build, each a package exposing add_<name>_parser(subparsers) and
+# Commands with a package of their own, each exposing add_<name>_parser(subparsers) and
 # run_<name>(args); imported only when that command runs, so a missing optional dependency
 # (pyspark) breaks only its own command.
 DELEGATED = {

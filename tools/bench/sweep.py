@@ -1,5 +1,6 @@
-"""Scaling sweeps (bar 6): one `mqstore bench --start` per value of producers or body size, each
-repeated --runs times, then the median table and the scaling plot (tools.bench.plot.render_scaling).
+"""Scaling sweeps (the scaling target of docs/BENCHMARKS.md): one `mqstore bench --start` per value
+of producers or body size, each repeated --runs times, then the median table and the scaling plot
+(tools.bench.plot.render_scaling).
 
     python -m tools.bench.sweep --axis producers --values 1,2,4,8,16 --runs 3 --out sweep-p --peer redis
     python -m tools.bench.sweep --axis size --values 64,256,1024,4096,16384,65536 --out sweep-s

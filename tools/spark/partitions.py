@@ -17,15 +17,10 @@ Two ways to choose the bounds (`SplitMode`), both exact:
 - WALK: bounds at fixed byte offsets, no planning I/O; every executor walks from the segment
   start to its bound, so a segment cut in k ranges pays about k/2 walks of itself.
 
-Measured (CPython 3.11, page cache warm, 1 GiB segment of ~1.2 KiB records, 907k records,
-a loaded 2-core VM): the walk costs ~0.7-0.85 us per record (SAMPLE planned the segment in
-0.77 s; a WALK range reaching mid-segment spent 0.31 s). Decoding (scan.read_batches, the
-batch path) costs ~12 us per record on one core (83k records/s, 94 MB/s; 2.15 GiB store at
-load ~9, docs/BENCHMARKS.md "Spark pipeline"), about ten times the walk. So WALK adds ~35%
-of executor time to an 8-way split segment (each range walks, on average, 3.5 ranges' worth
-of heads), and SAMPLE adds ~1 s of serial driver time per GiB (more under load), ~9% x the
-executor cores of the scan time: prefer SAMPLE locally and WALK (`splitMode=walk`, with a
-larger `maxPartitionBytes` to cut the walks) from ~4 executor cores up.
+Prefer SAMPLE locally and WALK (`splitMode=walk`, with a larger `maxPartitionBytes` to cut the
+walks) from ~4 executor cores up: SAMPLE costs serial driver time, WALK a walk per range, and
+decoding costs about ten times the walk, so WALK's share shrinks with more cores
+(docs/DECISIONS.md#spark-split-mode).
 
 Pruning: a segment is skipped when the store times it can hold (from its first record to the
 next segment's first record; store time never goes back in commit order, less a slack) miss

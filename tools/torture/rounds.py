@@ -80,7 +80,7 @@ KILL_TARGETS = ("supervisor", "dispatcher", "index", "producer")  # what `random
 TARGETS = (*KILL_TARGETS, "hostile")
 FAULTS = ("kill", "power-loss")
 ACK_TIMEOUT_S = 120.0
-HOSTILE_REQUESTS = 300  # per hostile round: random bit flips hit the old SYSFLAG bug within 300
+HOSTILE_REQUESTS = 300  # per hostile round: enough random flips to reach every header field's check
 KILL_JITTER_S = 0.03
 # the RecoveryReport line the supervisor logs: "... from commit_pos X to CUT in MS ms"
 _ENGINE_RECOVERY_RE = re.compile(r"bytes from commit_pos \d+ to (\d+) in (\d+) ms")

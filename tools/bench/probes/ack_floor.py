@@ -1,5 +1,6 @@
 """The fastest durable acknowledgement a Python group commit gets on this machine: the floor
-under bars 1 and 2 of `mqstore bench` for the store's process shape, with none of its work.
+under the durable targets of `mqstore bench` (docs/BENCHMARKS.md, durable batched and one at a
+time) for the store's process shape, with none of its work (docs/DECISIONS.md#python-floor).
 
 N producer processes each put one request (B records of S bytes) into a shared-memory slot,
 post the server's semaphore and sleep on their own; one server process takes every pending
