@@ -95,7 +95,7 @@ class ScanPastAccepted:
                  verify: Verify = Verify.MQSTORE,
                  on_span: Callable[[AcceptedSpan], None] | None = None, end_pos: int | None = None,
                  unit: ScanUnit = ScanUnit.RUNS):
-        self._log, self._spans, self._verify, self._on_span = log, spans, verify, on_span
+        self._spans, self._verify, self._on_span = spans, verify, on_span
         self._end_pos = end_pos
         self._scan = log.scan_batches if unit is ScanUnit.RUNS else log.scan
         self.pos = start_pos
