@@ -5,8 +5,9 @@ module that moved, fails here. A section headed by a folder (`## engine/: ...`) 
 file name relative to that folder (`record/layout.py` under `engine/formats/`); a name that is
 not in the folder is looked for from the repository root (`pyspark_mqstore.py`,
 `ipc/retention_block.py` in prose). A package's `__init__.py` holds its docstring only and needs
-no row. The last test runs the checker over a tiny tree in tmp_path, so a checker that caught
-nothing fails.
+no row. A dotted name in the text (`workers.appender`, `tools.store_process.StoreProcess`) names
+a module, or a class, function or constant its module defines. The last test runs the checkers
+over a tiny tree in tmp_path, so a checker that caught nothing fails.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ TOP_MODULES = ("pyspark_mqstore.py",)
 SECTION = re.compile(r"^#{2,6} `?([\w/]+/)`?:", re.MULTILINE)
 HEADING = re.compile(r"^#{1,6} ", re.MULTILINE)
 MODULE_NAME = re.compile(r"`([\w/]+\.py)`")
+DOTTED_NAME = re.compile(r"`((?:engine|ipc|workers|tools)(?:\.[A-Za-z_]\w*)+)`")
 
 
 def code_modules(root: Path) -> set[str]:
@@ -64,10 +66,32 @@ def architecture_gaps(root: Path, page: Path) -> tuple[list[str], list[str]]:
     return sorted(code_modules(root) - named), sorted(missing)
 
 
+def unresolved_dotted(text: str, root: Path) -> list[str]:
+    """Dotted names on the page (`workers.appender`, `tools.store_process.StoreProcess`) whose
+    module does not exist, or whose last part the module does not define at its top level."""
+    unresolved = []
+    for dotted in sorted(set(DOTTED_NAME.findall(text))):
+        parts = dotted.split(".")
+        if parts[-1] == "py":
+            continue  # a file name such as `engine.py`, checked as a module name
+        if (root.joinpath(*parts).with_suffix(".py")).is_file() or root.joinpath(*parts).is_dir():
+            continue
+        module = root.joinpath(*parts[:-1]).with_suffix(".py")
+        defined = re.compile(rf"^(?:class|def) {re.escape(parts[-1])}\b|^{re.escape(parts[-1])} =", re.M)
+        if not (module.is_file() and defined.search(module.read_text(encoding="utf-8"))):
+            unresolved.append(dotted)
+    return unresolved
+
+
 def test_architecture_names_every_module_and_only_modules_that_exist():
     unnamed, stale = architecture_gaps(ROOT, ROOT / "docs" / "ARCHITECTURE.md")
     assert unnamed == [], "modules without a row in docs/ARCHITECTURE.md"
     assert stale == [], "docs/ARCHITECTURE.md names modules that do not exist"
+
+
+def test_every_dotted_name_on_architecture_resolves():
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    assert unresolved_dotted(text, ROOT) == []
 
 
 def test_the_checker_finds_an_unnamed_and_a_stale_module(tmp_path):
@@ -83,3 +107,8 @@ def test_the_checker_finds_an_unnamed_and_a_stale_module(tmp_path):
     unnamed, stale = architecture_gaps(tmp_path, page)
     assert unnamed == ["engine/forgotten.py"]
     assert stale == ["gone/old.py (in section without a folder)", "moved.py (in section engine/)"]
+    (tmp_path / "engine" / "kept.py").write_text("class Kept:\n    pass\n", encoding="utf-8")
+    dotted = ("`engine.kept`, `engine.kept.Kept`, `engine.formats`, `engine.kept.Gone`, "
+              "`ipc.gone`, `engine.formats.codec.Nothing`")
+    assert unresolved_dotted(dotted, tmp_path) == ["engine.formats.codec.Nothing", "engine.kept.Gone",
+                                                   "ipc.gone"]
