@@ -20,7 +20,6 @@ import sys
 
 from workers.exit_codes import CliExit
 
-JOBS = ("export", "check", "rebuild", "stats")
 
 
 def _key_value(text: str) -> tuple[str, str]:
