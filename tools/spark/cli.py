@@ -21,7 +21,6 @@ import sys
 from workers.exit_codes import CliExit
 
 
-
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
