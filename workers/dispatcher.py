@@ -194,9 +194,10 @@ class Dispatcher(ChildProcess):
 
     def step(self) -> bool:
         limit = self._limit()
-        if limit <= self.pos:  # an owed builder post is made by the idle wait (_idle_wait_s)
-            return False
         now = time.monotonic()
+        if limit <= self.pos:  # an owed builder post is made by the idle wait (_idle_wait_s)
+            self._held = self._plan_quiet(now)
+            return False
         self._held = None if self._stopping else self._plan_hold(limit - self.pos, now)
         if self._held is not None:
             return False
@@ -233,6 +234,15 @@ class Dispatcher(ChildProcess):
         else:
             wait_s, wake = max(wait_s, pace_wait_s(backlog_bytes, since_s)), HoldWake.AT_END
         return Hold(now + wait_s, wake) if wait_s > 0 else None
+
+    def _plan_quiet(self, now: float) -> Hold | None:
+        """With nothing to dispatch, whether to sleep out the pace interval of the last step
+        (AT_END) instead of waking for the flushes of it: while no consumer keeps up they could
+        not be dispatched before it ends anyway. None: the idle wait, woken by the next flush."""
+        if self._stopping or self._consumers_waited or self.waiters.anyone_waiting():
+            return None
+        wait_s = pace_wait_s(0, now - self._stepped_at)
+        return Hold(now + wait_s, HoldWake.AT_END) if wait_s > 0 else None
 
     def _sleep_until_woken(self, now: float) -> None:
         """The child's idle wait, except that an AT_END hold is slept out: the posts that

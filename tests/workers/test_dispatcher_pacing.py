@@ -317,3 +317,33 @@ def test_while_a_full_disk_is_waited_out_an_owed_post_is_made_not_spun_on(tmp_pa
     finally:
         builder.close()
         builder.unlink()
+
+
+def test_with_nothing_to_dispatch_after_a_step_the_rest_of_the_interval_is_slept_out(stepping):
+    """The flushes of a pace interval could not be dispatched before it ends: waking for each
+    (one message per flush) only to hold it cost a wake-up per flush."""
+    dispatcher, clock, ends = stepping
+    flushed_to(dispatcher, ends[0])
+    assert dispatcher.step()
+    stepped_at = clock.now - STEP_S
+    assert not dispatcher.step()  # nothing new yet
+    assert dispatcher._held == Hold(stepped_at + PACE_INTERVAL_S, HoldWake.AT_END)
+    dispatcher.wakeup.post()  # a flush meanwhile does not end the sleep
+    dispatcher._sleep_until_woken(clock.now)
+    assert clock.now == pytest.approx(stepped_at + PACE_INTERVAL_S)
+    assert dispatcher.wakeup.pending_posts == 0
+    assert not dispatcher.step() and dispatcher._held is None  # the interval is over: idle wait
+
+
+def test_with_nothing_to_dispatch_a_consumer_that_keeps_up_leaves_the_dispatcher_on_posts(stepping,
+                                                                                        tmp_path):
+    dispatcher, _, ends = stepping
+    with ConsumerWaiter.register(dispatcher.waiters, tmp_path / "run") as waiter:
+        dispatcher.waiters.waiting[waiter.index] = 1
+        flushed_to(dispatcher, ends[0])
+        assert dispatcher.step() and dispatcher._consumers_waited  # posted it, which cleared the flag
+        assert not dispatcher.step() and dispatcher._held is None  # the next flush's post wakes it
+        flushed_to(dispatcher, ends[-1])  # large: not coalesced
+        assert dispatcher.step() and not dispatcher._consumers_waited  # busy: nobody to post
+        dispatcher.waiters.waiting[waiter.index] = 1  # it waits again
+        assert not dispatcher.step() and dispatcher._held is None
