@@ -41,7 +41,8 @@ def test_send_and_wait_with_no_consumer_is_dispatched_once_per_pace_interval(tmp
         flushes = store.positions().flush_count
         assert len(moves) >= 2
         span_s = moves[-1] - moves[0]
-        # steps begin at least PACE_INTERVAL_S apart: at most one per interval and the first,
-        # and one more for a first move seen late (the span looks shorter than it was)
-        assert len(moves) <= span_s / PACE_INTERVAL_S + 2, (len(moves), span_s, flushes)
+        # steps begin at least PACE_INTERVAL_S apart, so the moves seen are fewer than
+        # span / interval + 2 (the first one may be seen late); one more for a step the busy
+        # machine stretched (a move is seen when a step ends, not when it begins)
+        assert len(moves) <= span_s / PACE_INTERVAL_S + 3, (len(moves), span_s, flushes)
         assert flushes > 2 * len(moves)  # the point: many flushes a step
