@@ -9,8 +9,8 @@ writes the consume-queue entries (engine.dispatch.dispatch_columns_to_consume_qu
 put_batch per queue, the rules of dispatch_to_consume_queue), publishes `dispatched_pos` after
 each batch and wakes long-polling consumers. A small backlog right after a step waits up to
 COALESCE_S for more to join it (coalesce_wait_s); while no consumer keeps up, a backlog short of
-a step window waits until the dispatcher's share of the time is down to MAX_DUTY (pace_wait_s),
-and the dispatcher sleeps that hold out (HoldWake) instead of waking for every flush it holds.
+a step window waits until PACE_INTERVAL_S after the last step began (pace_wait_s), and the
+dispatcher sleeps that hold out (HoldWake) instead of waking for every flush it holds.
 Every `cq_flush_interval_ms` it msyncs the queues and publishes `cq_durable_pos`, from which the
 supervisor's checkpoint is written.
 
@@ -62,13 +62,10 @@ from workers.step_window import MAX_STEP_BYTES, scan_window
 log = logging.getLogger(__name__)
 COALESCE_S = 0.002  # a small backlog within this long of the last step waits for the rest of it
 COALESCE_BELOW_BYTES = 32 << 10  # a backlog at least this big is not held for COALESCE_S
-# While no consumer long-polls, the dispatcher steps at most this share of the time: after a
-# step of d seconds the next waits until d / MAX_DUTY after its start (at most
-# PACE_MAX_WAIT_S), so a busy store gets fewer, bigger steps, each step's fixed cost shared by
-# more records (pace_wait_s). A waiting consumer gets every flush at once instead.
-# See docs/DECISIONS.md#dispatcher-pacing.
-MAX_DUTY = 0.2
-PACE_MAX_WAIT_S = 0.005
+# While no consumer long-polls, the dispatcher steps at most once per PACE_INTERVAL_S: a step's
+# fixed cost is shared by every flush of the interval, however cheap the step (pace_wait_s).
+# A waiting consumer gets every flush at once instead. See docs/DECISIONS.md#dispatcher-pacing.
+PACE_INTERVAL_S = 0.01
 # A backlog this small is decoded record by record: below ~32 records the reference decoder
 # costs less than the batch codec's fixed cost per step, and 4 KiB holds at most ~32 of the
 # smallest records (see docs/DECISIONS.md#small-batches-scalar).
@@ -89,15 +86,14 @@ def coalesce_wait_s(backlog_bytes: int, since_last_step_s: float) -> float:
     return max(COALESCE_S - since_last_step_s, 0.0)
 
 
-def pace_wait_s(backlog_bytes: int, since_last_step_s: float, last_step_s: float) -> float:
+def pace_wait_s(backlog_bytes: int, since_last_step_s: float) -> float:
     """How long a dispatcher no consumer waits for holds `backlog_bytes` (0: not at all),
-    `since_last_step_s` after the start of a step that took `last_step_s`: until its duty since
-    that start is down to MAX_DUTY, at most PACE_MAX_WAIT_S after it, so a step's fixed cost is
-    shared by more records (see docs/DECISIONS.md#dispatcher-pacing). A whole step window is not
-    held (a hold that began on less is slept out: at most PACE_MAX_WAIT_S)."""
+    `since_last_step_s` after the start of the last step: until PACE_INTERVAL_S after it, so
+    one step's fixed cost serves every flush of the interval (see
+    docs/DECISIONS.md#dispatcher-pacing). A whole step window is not held."""
     if backlog_bytes >= MAX_STEP_BYTES:
         return 0.0
-    return max(min(last_step_s / MAX_DUTY, PACE_MAX_WAIT_S) - since_last_step_s, 0.0)
+    return max(PACE_INTERVAL_S - since_last_step_s, 0.0)
 
 
 class HoldWake(enum.Enum):
@@ -165,7 +161,6 @@ class Dispatcher(ChildProcess):
         self.builder_wakeups = self._open_builder_wakeups()
         self.builder_posts = PostPacer(BUILDER_POST_INTERVAL_S)
         self._stepped_at = float("-inf")  # when the last step that was not held began
-        self._step_s = 0.0  # how long it took (wall time: see _plan_hold)
         self._consumers_waited = False  # its new position woke a long-polling consumer
         self._held: Hold | None = None  # the backlog's hold (coalesced or paced), if any
         self.blocks_dropped = 0  # blocks too big for the ring (their builders scan instead)
@@ -199,9 +194,10 @@ class Dispatcher(ChildProcess):
 
     def step(self) -> bool:
         limit = self._limit()
-        if limit <= self.pos:  # an owed builder post is made by the idle wait (_idle_wait_s)
-            return False
         now = time.monotonic()
+        if limit <= self.pos:  # an owed builder post is made by the idle wait (_idle_wait_s)
+            self._held = self._plan_quiet(now)
+            return False
         self._held = None if self._stopping else self._plan_hold(limit - self.pos, now)
         if self._held is not None:
             return False
@@ -218,7 +214,6 @@ class Dispatcher(ChildProcess):
                 self._consumers_waited = self.waiters.notify_waiters() > 0
             self.builder_posts.progress()  # posted after dispatched_pos: see index_builder's gap rule
             self._post_builders_if_due()
-        self._step_s = time.monotonic() - now
         return True
 
     def _plan_hold(self, backlog_bytes: int, now: float) -> Hold | None:
@@ -229,18 +224,25 @@ class Dispatcher(ChildProcess):
 
         For a consumer that keeps up each flush's post looks again (ON_POST: a backlog grown
         past COALESCE_BELOW_BYTES goes at once). Without one the hold is slept out (AT_END), so
-        a consumer that starts waiting during it waits until it ends, within PACE_MAX_WAIT_S,
+        a consumer that starts waiting during it waits until it ends, within PACE_INTERVAL_S,
         and so does a backlog that grows meanwhile. The waiter table is the store's, not a
-        queue's, so one consumer long-polling an idle topic turns pacing off for all. Steps are
-        timed by the wall clock: a step that the busy machine stretches holds the next one
-        longer, which is the point."""
+        queue's, so one consumer long-polling an idle topic turns pacing off for all."""
         since_s = now - self._stepped_at
         wait_s = coalesce_wait_s(backlog_bytes, since_s)
         if self._consumers_waited or self.waiters.anyone_waiting():
             wake = HoldWake.ON_POST
         else:
-            wait_s, wake = max(wait_s, pace_wait_s(backlog_bytes, since_s, self._step_s)), HoldWake.AT_END
+            wait_s, wake = max(wait_s, pace_wait_s(backlog_bytes, since_s)), HoldWake.AT_END
         return Hold(now + wait_s, wake) if wait_s > 0 else None
+
+    def _plan_quiet(self, now: float) -> Hold | None:
+        """With nothing to dispatch, whether to sleep out the pace interval of the last step
+        (AT_END) instead of waking for the flushes of it: while no consumer keeps up they could
+        not be dispatched before it ends anyway. None: the idle wait, woken by the next flush."""
+        if self._stopping or self._consumers_waited or self.waiters.anyone_waiting():
+            return None
+        wait_s = pace_wait_s(0, now - self._stepped_at)
+        return Hold(now + wait_s, HoldWake.AT_END) if wait_s > 0 else None
 
     def _sleep_until_woken(self, now: float) -> None:
         """The child's idle wait, except that an AT_END hold is slept out: the posts that

@@ -138,6 +138,9 @@ def test_child_that_cannot_boot_is_not_restarted(storm):
     storm.start()
     storm.wait_acks(30)
     foreign = storm.root / INDEX_DIR / "1" / "not-an-index-file"
+    # the builder makes its directory with its first keys, up to a dispatcher pace interval
+    # and a builder post interval behind the acknowledgements
+    wait_until(foreign.parent.is_dir, "index builder 1's directory", 60)
     foreign.write_bytes(b"junk")  # ShardIndex.load refuses a foreign file: BOOT_FAILED
     os.kill(storm.store.child_pid(Role.INDEX_BUILDER, 1), signal.SIGKILL)
     code, log = storm.wait_gave_up()

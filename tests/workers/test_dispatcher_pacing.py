@@ -1,9 +1,9 @@
 """The dispatcher's pacing, on given times (binary fractions, so the arithmetic is exact): it
 posts the index builders at most once per interval, busy or idle, and never leaves progress
 unposted (PostPacer); it holds a small backlog for COALESCE_S after a step; and while no consumer
-keeps up it holds any backlog until its duty is down to MAX_DUTY (pace_wait_s) and sleeps that
-hold out (HoldWake); `step` and the idle wait themselves are driven through below, over a real
-commitlog, control block, waiter table and semaphore."""
+keeps up it holds any backlog short of a step window until PACE_INTERVAL_S after the last step
+began (pace_wait_s) and sleeps that hold out (HoldWake); `step` and the idle wait themselves
+are driven through below, over a real commitlog, control block, waiter table and semaphore."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from workers.child import HEARTBEAT_INTERVAL_S
 from workers.dispatcher import (
     COALESCE_BELOW_BYTES,
     COALESCE_S,
-    MAX_DUTY,
-    PACE_MAX_WAIT_S,
+    PACE_INTERVAL_S,
     Dispatcher,
     Hold,
     HoldWake,
@@ -104,17 +103,22 @@ STEP_S = 2.0 ** -10  # ~1 ms, a step of a few hundred records
 LARGE_BACKLOG_BYTES = 64 << 10  # one flush at bar 1: not held by coalescing
 
 
-def test_after_a_step_the_next_waits_until_the_duty_is_down_to_max_duty():
+def test_after_a_step_the_next_waits_until_the_pace_interval_after_its_start():
     assert coalesce_wait_s(LARGE_BACKLOG_BYTES, 0.0) == 0.0  # without pacing it would go at once
-    assert pace_wait_s(LARGE_BACKLOG_BYTES, STEP_S, STEP_S) == pytest.approx(STEP_S / MAX_DUTY - STEP_S)
-    assert pace_wait_s(LARGE_BACKLOG_BYTES, STEP_S / MAX_DUTY, STEP_S) == 0.0
+    assert pace_wait_s(LARGE_BACKLOG_BYTES, STEP_S) == pytest.approx(PACE_INTERVAL_S - STEP_S)
+    assert pace_wait_s(LARGE_BACKLOG_BYTES, PACE_INTERVAL_S) == 0.0
 
 
-def test_pacing_holds_a_backlog_at_most_pace_max_wait_s_and_never_a_whole_window():
-    long_step_s = 1.0  # a step that took a second (a stalled disk): no second-long hold after it
-    assert pace_wait_s(LARGE_BACKLOG_BYTES, 0.0, long_step_s) == PACE_MAX_WAIT_S
-    assert pace_wait_s(MAX_STEP_BYTES, 0.0, long_step_s) == 0.0
-    assert pace_wait_s(LARGE_BACKLOG_BYTES, 60.0, STEP_S) == 0.0
+def test_a_cheap_step_is_paced_as_long_as_a_dear_one():
+    """One message per flush makes steps of a few records: duty-based pacing let them come
+    every ~2 ms, one step's fixed cost for every two or three messages."""
+    cheap_step_s = 2.0 ** -14  # ~61 us
+    assert pace_wait_s(900, cheap_step_s) == pytest.approx(PACE_INTERVAL_S - cheap_step_s)
+
+
+def test_pacing_never_holds_a_whole_window():
+    assert pace_wait_s(MAX_STEP_BYTES, 0.0) == 0.0
+    assert pace_wait_s(LARGE_BACKLOG_BYTES, 60.0) == 0.0
 
 
 @pytest.fixture
@@ -125,7 +129,7 @@ def paced_dispatcher(tmp_path):
     table = WaiterTable.create(tmp_path, entry_count=2)
     dispatcher = Dispatcher.__new__(Dispatcher)
     dispatcher.waiters = table
-    dispatcher._stepped_at, dispatcher._step_s = 100.0, STEP_S
+    dispatcher._stepped_at = 100.0
     dispatcher._consumers_waited = False
     yield dispatcher
     table.close()
@@ -134,7 +138,7 @@ def paced_dispatcher(tmp_path):
 
 def test_with_no_consumer_waiting_a_busy_dispatcher_is_paced(paced_dispatcher):
     hold = paced_dispatcher._plan_hold(LARGE_BACKLOG_BYTES, 100.0 + STEP_S)
-    assert hold.until_s == pytest.approx(100.0 + STEP_S / MAX_DUTY)
+    assert hold.until_s == pytest.approx(100.0 + PACE_INTERVAL_S)
     assert hold.wake is HoldWake.AT_END  # nobody is owed it sooner: slept out
 
 
@@ -176,7 +180,7 @@ def stepping(tmp_path, monkeypatch):
     dispatcher.waiters = WaiterTable.create(tmp_path, entry_count=2)
     dispatcher.sync_flush, dispatcher.published_pos, dispatcher._stopping = True, 0, False
     dispatcher.builder_wakeups, dispatcher.builder_posts = [], PostPacer(INTERVAL_S)
-    dispatcher._stepped_at, dispatcher._step_s = float("-inf"), 0.0
+    dispatcher._stepped_at = float("-inf")
     dispatcher._consumers_waited, dispatcher._held = False, None
     dispatcher._disk_full_since = None
     dispatcher.wakeup = Wakeup.create(f"/mqstore-test-{os.getpid()}-stepping")
@@ -204,14 +208,13 @@ def flushed_to(dispatcher, pos: int) -> None:
     dispatcher.ctl.publish_flushed(pos)
 
 
-def test_step_holds_the_next_backlog_until_its_duty_is_down_and_then_dispatches_it(stepping):
+def test_step_holds_the_next_backlog_until_the_pace_interval_and_then_dispatches_it(stepping):
     dispatcher, clock, ends = stepping
     flushed_to(dispatcher, ends[0])
     assert dispatcher.step() and dispatcher.pos == ends[0]  # nothing before it: at once
-    assert dispatcher._step_s == STEP_S
     flushed_to(dispatcher, ends[-1])  # ~90 KiB more: coalescing alone would not hold it
     assert not dispatcher.step()
-    hold_end = 100.0 + STEP_S / MAX_DUTY
+    hold_end = 100.0 + PACE_INTERVAL_S
     assert dispatcher._held.until_s == pytest.approx(hold_end)
     assert dispatcher._idle_wait_s(clock.now) == pytest.approx(hold_end - clock.now)  # sleeps to it
     clock.now = hold_end
@@ -314,3 +317,33 @@ def test_while_a_full_disk_is_waited_out_an_owed_post_is_made_not_spun_on(tmp_pa
     finally:
         builder.close()
         builder.unlink()
+
+
+def test_with_nothing_to_dispatch_after_a_step_the_rest_of_the_interval_is_slept_out(stepping):
+    """The flushes of a pace interval could not be dispatched before it ends: waking for each
+    (one message per flush) only to hold it cost a wake-up per flush."""
+    dispatcher, clock, ends = stepping
+    flushed_to(dispatcher, ends[0])
+    assert dispatcher.step()
+    stepped_at = clock.now - STEP_S
+    assert not dispatcher.step()  # nothing new yet
+    assert dispatcher._held == Hold(stepped_at + PACE_INTERVAL_S, HoldWake.AT_END)
+    dispatcher.wakeup.post()  # a flush meanwhile does not end the sleep
+    dispatcher._sleep_until_woken(clock.now)
+    assert clock.now == pytest.approx(stepped_at + PACE_INTERVAL_S)
+    assert dispatcher.wakeup.pending_posts == 0
+    assert not dispatcher.step() and dispatcher._held is None  # the interval is over: idle wait
+
+
+def test_with_nothing_to_dispatch_a_consumer_that_keeps_up_leaves_the_dispatcher_on_posts(stepping,
+                                                                                        tmp_path):
+    dispatcher, _, ends = stepping
+    with ConsumerWaiter.register(dispatcher.waiters, tmp_path / "run") as waiter:
+        dispatcher.waiters.waiting[waiter.index] = 1
+        flushed_to(dispatcher, ends[0])
+        assert dispatcher.step() and dispatcher._consumers_waited  # posted it, which cleared the flag
+        assert not dispatcher.step() and dispatcher._held is None  # the next flush's post wakes it
+        flushed_to(dispatcher, ends[-1])  # large: not coalesced
+        assert dispatcher.step() and not dispatcher._consumers_waited  # busy: nobody to post
+        dispatcher.waiters.waiting[waiter.index] = 1  # it waits again
+        assert not dispatcher.step() and dispatcher._held is None
