@@ -6,6 +6,11 @@ Measures, on one store:
 - decode rate of one core without Spark (the per-executor ceiling);
 - the Spark scan (count and sum over every row: every record is decoded into Arrow), median
   of --runs, page cache warm (one untimed scan first), load average beside each run;
+- the body scan of issue #23: `count(*), sum(length(body))` through the mqstore source (all
+  columns, and with `.schema("body binary")`, which decodes only bodies) against Spark's
+  Parquet scan of the same rows (the store exported once with df.write.parquet), runs
+  alternated, medians of --runs, MB/s of body bytes and of store bytes, wall and CPU seconds
+  (the JVM and its Python workers), the ratio to Parquet;
 - rebuild of consume queues and index from a copy of the commitlog: the Spark job, and the
   single-process paths (the dispatcher's batch dispatch over the log; recovery REBUILD).
 `--make-mb N` first writes a store of about N MiB of ~1 KiB messages if DIR does not exist.
@@ -21,6 +26,8 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 from engine.config import StoreConfig
 from engine.dispatch import dispatch_columns
@@ -137,6 +144,67 @@ def measure_spark_scan(spark, store: str, target_bytes: int, runs: int = 3) -> d
     return {**_median_runs(once, runs), "partitions": df.rdd.getNumPartitions()}
 
 
+BODY_QUERY = ("count(*) AS n", "sum(length(body)) AS body_bytes")
+
+
+def _tree_cpu_s() -> float:
+    """CPU seconds of this process and its descendants (the JVM, the Python workers), reaped
+    children included."""
+    total = 0.0
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def _body_scan_once(query, store_bytes: int) -> dict:
+    cpu_before = _tree_cpu_s()
+    row, seconds = _timed(query.first)
+    cpu_s = _tree_cpu_s() - cpu_before
+    return {"records": row.n, "body_bytes": row.body_bytes, "seconds": round(seconds, 3),
+            "cpu_s": round(cpu_s, 2), "body_mb_per_s": round(row.body_bytes / MiB / seconds, 1),
+            "store_mb_per_s": round(store_bytes / MiB / seconds, 1)}
+
+
+def measure_body_scan(spark, store: str, target_bytes: int, parquet_dir: Path, runs: int = 3) -> dict:
+    """`count(*), sum(length(body))` over every row: the mqstore source with all columns and
+    with `.schema("body binary")`, and Spark's Parquet scan of the same rows (exported to
+    `parquet_dir` once). Runs alternate between the three; page cache warm (one untimed
+    run of each first)."""
+    df = jobs.read_store(spark, store, maxPartitionBytes=str(target_bytes))
+    if not parquet_dir.exists():
+        _, seconds = _timed(lambda: df.drop("store").write.parquet(str(parquet_dir)))
+        export_s = round(seconds, 1)
+    else:
+        export_s = None
+    store_bytes = df.selectExpr("sum(size) AS b").first().b
+    queries = {
+        "mqstore": df.selectExpr(*BODY_QUERY),
+        "mqstore_body_schema": spark.read.format("mqstore").schema("body binary")
+        .option("maxPartitionBytes", str(target_bytes)).load(store).selectExpr(*BODY_QUERY),
+        "parquet": spark.read.parquet(str(parquet_dir)).selectExpr(*BODY_QUERY),
+    }
+    results: dict[str, list[dict]] = {name: [] for name in queries}
+    for query in queries.values():
+        query.first()
+    for _ in range(runs):
+        for name, query in queries.items():
+            results[name].append({**_body_scan_once(query, store_bytes), "load_before": _load()})
+    out: dict = {"store_bytes": store_bytes, "parquet_dir": str(parquet_dir), "export_s": export_s,
+                 "partitions": df.rdd.getNumPartitions()}
+    for name, rows in results.items():
+        ordered = sorted(rows, key=lambda r: r["seconds"])
+        out[name] = {"median": ordered[len(ordered) // 2], "runs": rows}
+    parquet_s = out["parquet"]["median"]["seconds"]
+    out["ratio_to_parquet"] = {name: round(parquet_s / out[name]["median"]["seconds"], 3)
+                               for name in ("mqstore", "mqstore_body_schema")}
+    return out
+
+
 def _copy_commitlog(store: str, parent: Path) -> Path:
     copy = Path(tempfile.mkdtemp(prefix="rebuild-", dir=parent)) / "store"
     copy.mkdir()
@@ -203,6 +271,16 @@ def measure_engine_rebuild(store: str, runs: int = 1) -> dict:
     return {"dispatcher": _median_runs(dispatcher, runs), "recovery_rebuild": _median_runs(recovery, runs)}
 
 
+def _body_scan(spark, store: str, target_bytes: int, args) -> dict:
+    if args.parquet_dir:
+        return measure_body_scan(spark, store, target_bytes, Path(args.parquet_dir).resolve(), args.body_runs)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-parquet-", dir=Path(store).parent))
+    try:
+        return measure_body_scan(spark, store, target_bytes, scratch / "parquet", args.body_runs)
+    finally:
+        shutil.rmtree(scratch)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.spark.bench_scan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -212,10 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--segment-mb", type=int, default=1024, help="segment size of a --make-mb store")
     p.add_argument("--max-partition-mb", type=int, default=128)
     p.add_argument("--runs", type=int, default=3, help="timed Spark scans (median reported)")
+    p.add_argument("--body-runs", type=int, default=3,
+                   help="timed body scans against Parquet, alternated (0: none)")
+    p.add_argument("--parquet-dir", help="the store exported to Parquet (written once if absent; "
+                   "default: a temporary directory beside the store, removed after)")
     p.add_argument("--rebuild-runs", type=int, default=0, help="timed Spark rebuilds (0: none)")
     p.add_argument("--engine-rebuild-runs", type=int, default=0,
                    help="timed single-process rebuilds (no Spark)")
     p.add_argument("--skip-planning", action="store_true")
+    p.add_argument("--skip-scan", action="store_true", help="skip the count and sum(size) scan")
     p.add_argument("--skip-decode", action="store_true")
     args = p.parse_args(argv)
     store, target_bytes = str(Path(args.store).resolve()), args.max_partition_mb * MiB
@@ -227,11 +310,13 @@ def main(argv: list[str] | None = None) -> int:
         result["planning"] = measure_planning(store, target_bytes)
     if not args.skip_decode:
         result["decode_one_core"] = {**measure_decode(store, target_bytes), "load_before": _load()}
-    if args.runs or args.rebuild_runs:
+    if args.runs or args.rebuild_runs or args.body_runs:
         spark = jobs.spark_session(args.master, {"spark.ui.showConsoleProgress": "false"}, "mqstore-bench")
         try:
             spark.sparkContext.setLogLevel("ERROR")
-            if args.runs:
+            if args.body_runs:
+                result["body_scan"] = _body_scan(spark, store, target_bytes, args)
+            if args.runs and not args.skip_scan:
                 result["spark_scan"] = measure_spark_scan(spark, store, target_bytes, args.runs)
             if args.rebuild_runs:
                 result["rebuild"] = measure_rebuild(spark, store, args.rebuild_runs)
