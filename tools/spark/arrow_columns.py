@@ -2,11 +2,12 @@
 
 `engine.formats.record.spans.verify_spans` accepts leading runs of plain records (v1, IPv4
 hosts, ASCII topic and properties; with every CRC checked unless verify is NONE). This module
-turns such a run into one `pyarrow.RecordBatch` in the source's schema (scan.arrow_schema)
-with whole-array work. It knows nothing of the record layout: header fields, hosts, msgIds,
-the __CRC32C tail and the properties come from the record codec (engine.formats.record.arrays,
-hosts, spans, props_many); text and bodies become Arrow arrays built from offsets into one copy
-of the bytes (no Python object per field).
+turns such a run into one `pyarrow.RecordBatch` in the source's schema (scan.arrow_schema),
+or only the columns a scan asks for (the others are not decoded), with whole-array work. It
+knows nothing of the record layout: header fields, hosts, msgIds, the __CRC32C tail and the
+properties come from the record codec (engine.formats.record.arrays, hosts, spans,
+props_many); text and bodies become Arrow arrays built from offsets into one copy of the
+bytes (no Python object per field).
 
 The result is the one `scan.message_values` / `scan.dispatch_values` give for the same
 records through `record.decode_record` (tests/spark/test_scan_batches.py compares them).
