@@ -101,6 +101,15 @@ def test_asked_columns_equal_the_reference_rows(store_dir, records, columns, opt
     assert len(got) > 50
 
 
+def test_pushed_down_predicates_read_columns_the_schema_lacks(store_dir, records):
+    """A queue_id or queue_offset predicate keeps its rows when the schema asks for bodies only."""
+    selection = RowSelection(columns=("body",), queue_ids=frozenset({1}), min_queue_offset=3)
+    reader = MqstoreReader(parse_options({"path": str(store_dir)}), selection)
+    got = [row for part in reader.partitions() for batch in reader.read(part) for row in batch.to_pylist()]
+    kept = [r for _, r in sorted(records.items()) if r.queue_id == 1 and r.queue_offset >= 3]
+    assert got == [{"body": r.body} for r in kept] and 0 < len(kept) < len(records)
+
+
 def test_bodies_alone_skip_the_properties(store_dir, records, monkeypatch):
     """Asking for bodies decodes no properties, hosts or msgIds (the scan of bodies pays for
     bodies only); asking for tags does parse the properties."""
