@@ -21,6 +21,7 @@ from engine.formats.record.stamp_many import stamp_records
 from tests.spark.stores import T0_MS
 from tools.spark.arrow_columns import parse_pieces
 from tools.spark.options import parse_options
+from tools.spark.read_plan import RowSelection
 from tools.spark.scan import read_scalar_batches
 from tools.spark.source import MqstoreReader
 
@@ -74,6 +75,53 @@ def test_fast_path_reports_the_same_bad_record(store_dir, records, tmp_path):
     with pytest.raises(Exception, match="BODYCRC mismatch"):
         for part in reader.partitions():
             list(reader.read(part))
+
+
+def asked_rows(root, columns: tuple[str, ...], **options) -> list[dict]:
+    """Rows of a read whose user-given schema asks for `columns` (the fast path only)."""
+    reader = MqstoreReader(parse_options({"path": str(root), **options}), RowSelection(columns=columns))
+    return [row for part in reader.partitions() for batch in reader.read(part) for row in batch.to_pylist()]
+
+
+COLUMN_SETS = [("body",), ("topic", "body"), ("keys", "commit_pos", "tags"), ("msg_id", "store_host"),
+               ("born_host", "size", "store_ts"), ("properties", "uniq_key", "queue_id", "store")]
+
+
+@pytest.mark.parametrize("options", [{}, {"topics": "orders,audit"}, {"verify": "report"}],
+                         ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+@pytest.mark.parametrize("columns", COLUMN_SETS, ids=",".join)
+def test_asked_columns_equal_the_reference_rows(store_dir, records, columns, options):
+    """A read that decodes only the asked columns gives the reference decoder's values of them."""
+    _, scalar = both_paths(store_dir, **options)
+    wanted = [c for c in columns if c != "store"]
+    expected = [{c: row[c] for c in wanted} for row in scalar]
+    got = asked_rows(store_dir, columns, **options)
+    assert [{c: row[c] for c in wanted} for row in got] == expected
+    assert all(list(row) == list(columns) for row in got)
+    assert len(got) > 50
+
+
+def test_pushed_down_predicates_read_columns_the_schema_lacks(store_dir, records):
+    """A queue_id or queue_offset predicate keeps its rows when the schema asks for bodies only."""
+    selection = RowSelection(columns=("body",), queue_ids=frozenset({1}), min_queue_offset=3)
+    reader = MqstoreReader(parse_options({"path": str(store_dir)}), selection)
+    got = [row for part in reader.partitions() for batch in reader.read(part) for row in batch.to_pylist()]
+    kept = [r for _, r in sorted(records.items()) if r.queue_id == 1 and r.queue_offset >= 3]
+    assert got == [{"body": r.body} for r in kept] and 0 < len(kept) < len(records)
+
+
+def test_bodies_alone_skip_the_properties(store_dir, records, monkeypatch):
+    """Asking for bodies decodes no properties, hosts or msgIds (the scan of bodies pays for
+    bodies only); asking for tags does parse the properties."""
+    def refuse(*_args):
+        raise AssertionError("decoded a column nobody asked for")
+
+    for name in ("parse_pieces", "packed_hosts", "msg_id_array"):
+        monkeypatch.setattr(f"tools.spark.arrow_columns.{name}", refuse)
+    bodies = asked_rows(store_dir, ("body",))
+    assert sorted(len(row["body"]) for row in bodies) == sorted(len(r.body) for r in records.values())
+    with pytest.raises(AssertionError, match="nobody asked"):
+        asked_rows(store_dir, ("tags",))
 
 
 def _segment(props_raws: list[bytes], topics: list[bytes], segment_bytes: int = 1 << 16) -> bytes:

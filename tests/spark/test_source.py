@@ -99,6 +99,18 @@ def test_a_schema_with_some_columns_returns_those_columns(spark, store_dir, reco
     assert {(r.commit_pos, r.topic) for r in rows} == {(p, r.topic) for p, r in records.items()}
 
 
+@pytest.mark.slow
+def test_a_body_schema_sums_the_bodies_of_the_rows_kept(spark, store_dir, records):
+    """The scan of bodies decodes only bodies, yet a topics option and a pushed-down queue_id
+    filter still keep exactly their rows."""
+    df = (spark.read.format("mqstore").schema("queue_id int, body binary").option("topics", "orders")
+          .option("filterPushdown", "true").load(str(store_dir)).where("queue_id = 1"))
+    row = df.selectExpr("count(*) AS n", "sum(length(body)) AS body_bytes").first()
+    kept = [r for r in records.values() if r.topic == "orders" and r.queue_id == 1]
+    assert (row.n, row.body_bytes) == (len(kept), sum(len(r.body) for r in kept))
+    assert 0 < len(kept) < len(records)
+
+
 def test_a_schema_naming_an_unknown_column_or_a_wrong_type_is_refused(store_dir):
     source = MqstoreDataSource({"path": str(store_dir)})
     with pytest.raises(BadInputError, match="'partition' is not a column of the messages view"):

@@ -2,11 +2,12 @@
 
 `engine.formats.record.spans.verify_spans` accepts leading runs of plain records (v1, IPv4
 hosts, ASCII topic and properties; with every CRC checked unless verify is NONE). This module
-turns such a run into one `pyarrow.RecordBatch` in the source's schema (scan.arrow_schema)
-with whole-array work. It knows nothing of the record layout: header fields, hosts, msgIds,
-the __CRC32C tail and the properties come from the record codec (engine.formats.record.arrays,
-hosts, spans, props_many); text and bodies become Arrow arrays built from offsets into one copy
-of the bytes (no Python object per field).
+turns such a run into one `pyarrow.RecordBatch` in the source's schema (scan.arrow_schema),
+or only the columns a scan asks for (the others are not decoded), with whole-array work. It
+knows nothing of the record layout: header fields, hosts, msgIds, the __CRC32C tail and the
+properties come from the record codec (engine.formats.record.arrays, hosts, spans,
+props_many); text and bodies become Arrow arrays built from offsets into one copy of the
+bytes (no Python object per field).
 
 The result is the one `scan.message_values` / `scan.dispatch_values` give for the same
 records through `record.decode_record` (tests/spark/test_scan_batches.py compares them).
@@ -116,13 +117,6 @@ def _key_tokens(u8: np.ndarray, n: int, rows: np.ndarray, starts: np.ndarray,
     return _list_array(t_rows, n, string_array(u8, t_start, t_end))
 
 
-def _host_column(chunk_u8: np.ndarray, starts: np.ndarray, host: Host) -> tuple[pa.Array, np.ndarray]:
-    """`ip:port` text of each record's born or store host, and the packed (ip << 32 | port)."""
-    packed = packed_hosts(chunk_u8, starts, host)
-    texts, inverse = host_texts(packed)
-    return pa.array(texts, type=pa.string()).take(pa.array(inverse)), packed
-
-
 def msg_id_array(store_packed: np.ndarray, commit_pos: np.ndarray) -> pa.Array:
     """make_msg_id of IPv4 store hosts, as an Arrow string array."""
     n = len(commit_pos)
@@ -142,43 +136,102 @@ def _int_array(values: np.ndarray, kind: pa.DataType) -> pa.Array:
     return pa.array(values.astype(kind.to_pandas_dtype()), type=kind)
 
 
+_PROPERTY_COLUMNS = frozenset({"tags", "keys", "uniq_key", "properties"})
+
+
+class _Run:
+    """One run's bytes and spans, and the columns of the MESSAGES view built from them on
+    demand: a column nobody asked for costs nothing (a `.schema("body binary")` read decodes
+    only bodies), and the properties are parsed once for the four columns made of them."""
+
+    def __init__(self, chunk: bytes, spans: RecordSpans, base_pos: int):
+        self.chunk, self.spans, self.base_pos = chunk, spans, base_pos
+        self.u8 = np.frombuffer(chunk, dtype=np.uint8)
+        self.commit_pos = base_pos + spans.starts
+        self._store_packed: np.ndarray | None = None
+
+    def pieces(self) -> tuple[np.ndarray, ...] | None:
+        """(props blob, rows, key starts, separators, value ends, key heads) without the
+        __CRC32C tail decode_record drops; None: a record may repeat a key."""
+        u8, row_ends = _props_blob(self.chunk, self.spans)
+        pieces = parse_pieces(u8, row_ends)
+        if pieces is None:
+            return None
+        rows, k_start, kv, v_end, heads = pieces
+        has_tail, _ = crc32c_tails(self.u8, self.spans.props_pos, self.spans.ends)
+        drop = _named(k_start, kv, heads, PROP_CRC32C) & has_tail[rows]
+        if drop.any():
+            rows, k_start, kv, v_end, heads = (a[~drop] for a in (rows, k_start, kv, v_end, heads))
+        return u8, rows, k_start, kv, v_end, heads
+
+    def field(self, name: str) -> np.ndarray:
+        return gather_field(self.u8, self.spans.starts, name)
+
+    def packed_host(self, host: Host) -> np.ndarray:
+        """(ip << 32 | port) of each record's born or store host (the store's kept for msg_id)."""
+        if host is Host.BORN:
+            return packed_hosts(self.u8, self.spans.starts, host)
+        if self._store_packed is None:
+            self._store_packed = packed_hosts(self.u8, self.spans.starts, host)
+        return self._store_packed
+
+    def host(self, host: Host) -> pa.Array:
+        """`ip:port` text of each record's born or store host."""
+        texts, inverse = host_texts(self.packed_host(host))
+        return pa.array(texts, type=pa.string()).take(pa.array(inverse))
+
+    def msg_id(self) -> pa.Array:
+        return msg_id_array(self.packed_host(Host.STORE), self.commit_pos)
+
+    def body(self) -> pa.Array:
+        body_pos = self.spans.starts + BODY_OFFSET
+        return body_array(self.chunk, body_pos, body_pos + self.spans.body_lens)
+
+
+def _property_columns(pieces: tuple[np.ndarray, ...], n: int) -> dict[str, pa.Array]:
+    """tags, keys, uniq_key and properties of a run, as decode_record gives them."""
+    u8, rows, k_start, kv, v_end, heads = pieces
+    keys_mask = _named(k_start, kv, heads, PROP_KEYS)
+    return {
+        "tags": _value_column(u8, n, rows, kv, v_end, _named(k_start, kv, heads, PROP_TAGS)),
+        "keys": _key_tokens(u8, n, rows[keys_mask], kv[keys_mask] + 1, v_end[keys_mask]),
+        "uniq_key": _value_column(u8, n, rows, kv, v_end, _named(k_start, kv, heads, PROP_UNIQ_KEY)),
+        "properties": pa.MapArray.from_arrays(pa.array(_row_offsets(rows, n)), string_array(u8, k_start, kv),
+                                              string_array(u8, kv + 1, v_end)),
+    }
+
+
+_MESSAGE_COLUMNS = {
+    "commit_pos": lambda r: pa.array(r.commit_pos),
+    "size": lambda r: _int_array(r.spans.ends - r.spans.starts, pa.int32()),
+    "topic": lambda r: string_array(r.u8, r.spans.topic_pos, r.spans.props_pos - PROPERTIES_LENGTH_SIZE),
+    "queue_id": lambda r: _int_array(r.field("queue_id"), pa.int32()),
+    "queue_offset": lambda r: pa.array(r.field("queue_offset")),
+    "msg_id": _Run.msg_id,
+    "born_ts": lambda r: pa.array(r.field("born_ts_ms") * 1000, type=_TS),
+    "store_ts": lambda r: pa.array(r.field("store_ts_ms") * 1000, type=_TS),
+    "born_host": lambda r: r.host(Host.BORN),
+    "store_host": lambda r: r.host(Host.STORE),
+    "sys_flag": lambda r: _int_array(r.field("sys_flag"), pa.int32()),
+    "reconsume_times": lambda r: _int_array(r.field("reconsume_times"), pa.int32()),
+    "body": _Run.body,
+}
+
+
 def message_batch(chunk: bytes, spans: RecordSpans, base_pos: int,
                   schema: pa.Schema) -> pa.RecordBatch | None:
-    """The MESSAGES view of the accepted records of `chunk` (None: duplicate property keys)."""
-    chunk_u8 = np.frombuffer(chunk, dtype=np.uint8)
-    n, starts = spans.count, spans.starts
-    u8, row_ends = _props_blob(chunk, spans)
-    pieces = parse_pieces(u8, row_ends)
-    if pieces is None:
-        return None
-    rows, k_start, kv, v_end, heads = pieces
-    has_tail, _ = crc32c_tails(chunk_u8, spans.props_pos, spans.ends)  # decode_record drops that key
-    drop = _named(k_start, kv, heads, PROP_CRC32C) & has_tail[rows]
-    if drop.any():
-        rows, k_start, kv, v_end, heads = (a[~drop] for a in (rows, k_start, kv, v_end, heads))
-    keys_mask = _named(k_start, kv, heads, PROP_KEYS)
-    props = pa.MapArray.from_arrays(pa.array(_row_offsets(rows, n)), string_array(u8, k_start, kv),
-                                    string_array(u8, kv + 1, v_end))
-    born, _ = _host_column(chunk_u8, starts, Host.BORN)
-    store, store_packed = _host_column(chunk_u8, starts, Host.STORE)
-    commit_pos = base_pos + starts
-    body_pos = starts + BODY_OFFSET
-    columns = [
-        pa.array(commit_pos), _int_array(spans.ends - starts, pa.int32()),
-        string_array(chunk_u8, spans.topic_pos, spans.props_pos - PROPERTIES_LENGTH_SIZE),
-        _int_array(gather_field(chunk_u8, starts, "queue_id"), pa.int32()),
-        pa.array(gather_field(chunk_u8, starts, "queue_offset")),
-        _value_column(u8, n, rows, kv, v_end, _named(k_start, kv, heads, PROP_TAGS)),
-        _key_tokens(u8, n, rows[keys_mask], kv[keys_mask] + 1, v_end[keys_mask]),
-        _value_column(u8, n, rows, kv, v_end, _named(k_start, kv, heads, PROP_UNIQ_KEY)),
-        msg_id_array(store_packed, commit_pos),
-        pa.array(gather_field(chunk_u8, starts, "born_ts_ms") * 1000, type=_TS),
-        pa.array(gather_field(chunk_u8, starts, "store_ts_ms") * 1000, type=_TS), born, store,
-        _int_array(gather_field(chunk_u8, starts, "sys_flag"), pa.int32()),
-        _int_array(gather_field(chunk_u8, starts, "reconsume_times"), pa.int32()), props,
-        body_array(chunk, body_pos, body_pos + spans.body_lens),
-    ]
-    return _with_error_column(columns, n, schema)
+    """The MESSAGES view of the accepted records of `chunk`, only the columns `schema` names
+    (any subset of the view's, an `error` column all null); None: duplicate property keys."""
+    run, n = _Run(chunk, spans, base_pos), spans.count
+    props: dict[str, pa.Array] = {}
+    if _PROPERTY_COLUMNS.intersection(schema.names):
+        pieces = run.pieces()
+        if pieces is None:
+            return None
+        props = _property_columns(pieces, n)
+    columns = [pa.nulls(n, type=pa.string()) if name == "error" else
+               props[name] if name in props else _MESSAGE_COLUMNS[name](run) for name in schema.names]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def dispatch_batch(chunk: bytes, spans: RecordSpans, base_pos: int, schema: pa.Schema) -> pa.RecordBatch:

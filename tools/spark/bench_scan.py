@@ -3,9 +3,17 @@
 Measures, on one store:
 - planning: the driver's chain walk that places range bounds at record starts (SAMPLE), and
   the executor-side walk a WALK range pays to reach the middle of a segment;
-- decode rate of one core without Spark (the per-executor ceiling);
+- decode rate of one core without Spark (the per-executor ceiling), of every column and of
+  bodies alone;
 - the Spark scan (count and sum over every row: every record is decoded into Arrow), median
   of --runs, page cache warm (one untimed scan first), load average beside each run;
+- the body scan of issue #23: `count(*), sum(length(body))` through the mqstore source (all
+  columns, and with `.schema("body binary")`, which decodes only bodies) against Spark's
+  Parquet scan of the same rows (the store exported once with df.write.parquet), runs
+  alternated, medians of --runs, MB/s of body bytes and of store bytes, wall and CPU seconds
+  (the JVM and its Python workers), the ratio to Parquet; beside them the floor of any Python
+  data source: one that hands Spark ready-made Arrow batches of as many bodies of the same
+  length (no reading, no decoding);
 - rebuild of consume queues and index from a copy of the commitlog: the Spark job, and the
   single-process paths (the dispatcher's batch dispatch over the log; recovery REBUILD).
 `--make-mb N` first writes a store of about N MiB of ~1 KiB messages if DIR does not exist.
@@ -21,6 +29,12 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from engine.config import StoreConfig
 from engine.dispatch import dispatch_columns
@@ -42,6 +56,7 @@ from tools.spark.partitions import (
     plan_scan,
     pread_reader,
 )
+from tools.spark.read_plan import RowSelection
 from tools.spark.scan import read_batches
 from tools.spark.source import MqstoreReader
 
@@ -103,6 +118,24 @@ def measure_decode(store: str, target_bytes: int) -> dict:
     return _rates(rows, size, seconds)
 
 
+def measure_decode_bodies(store: str, target_bytes: int) -> dict:
+    """One core, no Spark: what the body scan's tasks do (`.schema("body binary")`: only
+    bodies decoded); bytes are body bytes."""
+    reader = MqstoreReader(parse_options({"path": store, "maxPartitionBytes": str(target_bytes)}),
+                           RowSelection(columns=("body",)))
+
+    def run():
+        rows = size = 0
+        for part in reader.partitions():
+            for batch in reader.read(part):
+                rows += batch.num_rows
+                size += pc.sum(pc.binary_length(batch.column("body"))).as_py() or 0
+        return rows, size
+
+    (rows, size), seconds = _timed(run)
+    return _rates(rows, size, seconds)
+
+
 def _rates(rows: int, size: int, seconds: float) -> dict:
     return {"records": rows, "bytes": size, "seconds": round(seconds, 3),
             "records_per_s": round(rows / seconds), "mb_per_s": round(size / MiB / seconds, 1)}
@@ -135,6 +168,112 @@ def measure_spark_scan(spark, store: str, target_bytes: int, runs: int = 3) -> d
         return _rates(row.n, row.bytes or 0, seconds)
 
     return {**_median_runs(once, runs), "partitions": df.rdd.getNumPartitions()}
+
+
+FLOOR_SOURCE = "mqstore_bench_floor"
+FLOOR_BATCH_ROWS = 4096
+
+
+class _FloorReader(DataSourceReader):
+    def __init__(self, rows: int, body_bytes: int, partitions: int):
+        self.rows, self.body_bytes, self.partition_count = rows, body_bytes, partitions
+
+    def partitions(self) -> list[InputPartition]:
+        share = -(-self.rows // self.partition_count)
+        return [InputPartition(min(share, self.rows - i * share)) for i in range(self.partition_count)]
+
+    def read(self, partition: InputPartition):
+        n = min(FLOOR_BATCH_ROWS, partition.value)
+        offsets = np.arange(0, self.body_bytes * n + 1, self.body_bytes, dtype=np.int32)
+        bodies = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                        pa.py_buffer(bytes(self.body_bytes * n))])
+        batch = pa.RecordBatch.from_arrays([bodies], names=["body"])
+        left = partition.value
+        while left > 0:
+            yield batch.slice(0, min(n, left))
+            left -= n
+
+
+class FloorSource(DataSource):
+    """`rows` bodies of `bodyBytes` each as ready-made Arrow batches over `partitions` tasks:
+    what any Python data source pays to hand Spark its rows, reading and decoding nothing."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FLOOR_SOURCE
+
+    def schema(self) -> str:
+        return "body binary"
+
+    def reader(self, schema) -> _FloorReader:
+        return _FloorReader(int(self.options["rows"]), int(self.options["bodyBytes"]),
+                            int(self.options["partitions"]))
+
+
+BODY_QUERY = ("count(*) AS n", "sum(length(body)) AS body_bytes")
+
+
+def _tree_cpu_s() -> float:
+    """CPU seconds of this process and its descendants (the JVM, the Python workers), reaped
+    children included."""
+    total = 0.0
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def _body_scan_once(query, store_bytes: int) -> dict:
+    cpu_before = _tree_cpu_s()
+    row, seconds = _timed(query.first)
+    cpu_s = _tree_cpu_s() - cpu_before
+    return {"records": row.n, "body_bytes": row.body_bytes, "seconds": round(seconds, 3),
+            "cpu_s": round(cpu_s, 2), "body_mb_per_s": round(row.body_bytes / MiB / seconds, 1),
+            "store_mb_per_s": round(store_bytes / MiB / seconds, 1)}
+
+
+def measure_body_scan(spark, store: str, target_bytes: int, parquet_dir: Path, runs: int = 3) -> dict:
+    """`count(*), sum(length(body))` over every row: the mqstore source with all columns and
+    with `.schema("body binary")`, and Spark's Parquet scan of the same rows (exported to
+    `parquet_dir` once). Runs alternate between the three; page cache warm (one untimed
+    run of each first)."""
+    df = jobs.read_store(spark, store, maxPartitionBytes=str(target_bytes))
+    if not parquet_dir.exists():
+        _, seconds = _timed(lambda: df.drop("store").write.parquet(str(parquet_dir)))
+        export_s = round(seconds, 1)
+    else:
+        export_s = None
+    totals = df.selectExpr("sum(size) AS b", *BODY_QUERY).first()
+    store_bytes, partitions = totals.b, df.rdd.getNumPartitions()
+    spark.dataSource.register(FloorSource)
+    queries = {
+        "mqstore": df.selectExpr(*BODY_QUERY),
+        "mqstore_body_schema": spark.read.format("mqstore").schema("body binary")
+        .option("maxPartitionBytes", str(target_bytes)).load(store).selectExpr(*BODY_QUERY),
+        "parquet": spark.read.parquet(str(parquet_dir)).selectExpr(*BODY_QUERY),
+        "python_source_floor": spark.read.format(FLOOR_SOURCE).options(
+            rows=str(totals.n), bodyBytes=str(totals.body_bytes // max(totals.n, 1)),
+            partitions=str(partitions)).load().selectExpr(*BODY_QUERY),
+    }
+    results: dict[str, list[dict]] = {name: [] for name in queries}
+    for query in queries.values():
+        query.first()
+    for _ in range(runs):
+        for name, query in queries.items():
+            results[name].append({**_body_scan_once(query, store_bytes), "load_before": _load()})
+    out: dict = {"store_bytes": store_bytes, "parquet_dir": str(parquet_dir), "export_s": export_s,
+                 "partitions": partitions}
+    for name, rows in results.items():
+        ordered = sorted(rows, key=lambda r: r["seconds"])
+        out[name] = {"median": ordered[len(ordered) // 2], "runs": rows}
+    parquet_s = out["parquet"]["median"]["seconds"]
+    out["ratio_to_parquet"] = {name: round(parquet_s / out[name]["median"]["seconds"], 3)
+                               for name in ("mqstore", "mqstore_body_schema", "python_source_floor")}
+    return out
 
 
 def _copy_commitlog(store: str, parent: Path) -> Path:
@@ -203,6 +342,16 @@ def measure_engine_rebuild(store: str, runs: int = 1) -> dict:
     return {"dispatcher": _median_runs(dispatcher, runs), "recovery_rebuild": _median_runs(recovery, runs)}
 
 
+def _body_scan(spark, store: str, target_bytes: int, args) -> dict:
+    if args.parquet_dir:
+        return measure_body_scan(spark, store, target_bytes, Path(args.parquet_dir).resolve(), args.body_runs)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-parquet-", dir=Path(store).parent))
+    try:
+        return measure_body_scan(spark, store, target_bytes, scratch / "parquet", args.body_runs)
+    finally:
+        shutil.rmtree(scratch)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.spark.bench_scan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -212,10 +361,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--segment-mb", type=int, default=1024, help="segment size of a --make-mb store")
     p.add_argument("--max-partition-mb", type=int, default=128)
     p.add_argument("--runs", type=int, default=3, help="timed Spark scans (median reported)")
+    p.add_argument("--body-runs", type=int, default=3,
+                   help="timed body scans against Parquet, alternated (0: none)")
+    p.add_argument("--parquet-dir", help="the store exported to Parquet (written once if absent; "
+                   "default: a temporary directory beside the store, removed after)")
     p.add_argument("--rebuild-runs", type=int, default=0, help="timed Spark rebuilds (0: none)")
     p.add_argument("--engine-rebuild-runs", type=int, default=0,
                    help="timed single-process rebuilds (no Spark)")
     p.add_argument("--skip-planning", action="store_true")
+    p.add_argument("--skip-scan", action="store_true", help="skip the count and sum(size) scan")
     p.add_argument("--skip-decode", action="store_true")
     args = p.parse_args(argv)
     store, target_bytes = str(Path(args.store).resolve()), args.max_partition_mb * MiB
@@ -227,11 +381,15 @@ def main(argv: list[str] | None = None) -> int:
         result["planning"] = measure_planning(store, target_bytes)
     if not args.skip_decode:
         result["decode_one_core"] = {**measure_decode(store, target_bytes), "load_before": _load()}
-    if args.runs or args.rebuild_runs:
+        result["decode_bodies_one_core"] = {**measure_decode_bodies(store, target_bytes),
+                                            "load_before": _load()}
+    if args.runs or args.rebuild_runs or args.body_runs:
         spark = jobs.spark_session(args.master, {"spark.ui.showConsoleProgress": "false"}, "mqstore-bench")
         try:
             spark.sparkContext.setLogLevel("ERROR")
-            if args.runs:
+            if args.body_runs:
+                result["body_scan"] = _body_scan(spark, store, target_bytes, args)
+            if args.runs and not args.skip_scan:
                 result["spark_scan"] = measure_spark_scan(spark, store, target_bytes, args.runs)
             if args.rebuild_runs:
                 result["rebuild"] = measure_rebuild(spark, store, args.rebuild_runs)

@@ -26,7 +26,7 @@ from tools.spark.kafka_view import kafka_batch
 from tools.spark.options import DataLoss, OutputView
 from tools.spark.partitions import ScanRange
 from tools.spark.scan import ScanSpec, read_batches
-from tools.spark.stores import with_store_column
+from tools.spark.stores import STORE_COLUMN, with_store_column
 
 LOG = logging.getLogger("mqstore.spark")
 DATA_LOSS_HINT = 'set the source option failOnDataLoss to "false" to go on without them'
@@ -85,6 +85,18 @@ class RowSelection:
     end_queue_offset: int | None = None
     columns: tuple[str, ...] | None = None
     output: OutputView = OutputView.MESSAGES
+
+    def scan_columns(self) -> frozenset[str] | None:
+        """The scanned columns these rows and columns are made of (None: all): a user-given
+        schema's, and the ones the pushed-down predicates read."""
+        if self.columns is None or self.output is not OutputView.MESSAGES:
+            return None
+        needed = set(self.columns) - {STORE_COLUMN}
+        if self.queue_ids is not None:
+            needed.add("queue_id")
+        if self.min_queue_offset is not None or self.end_queue_offset is not None:
+            needed.add("queue_offset")
+        return frozenset(needed)
 
     def apply(self, batch: pa.RecordBatch, store: str) -> pa.RecordBatch:
         """The rows kept of a scanned `batch` of `store`, in the output's shape and columns."""

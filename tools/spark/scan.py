@@ -83,16 +83,28 @@ class RowFilter:
 
 @dataclass(frozen=True)
 class ScanSpec:
-    """Everything an executor needs besides the range (picklable)."""
+    """Everything an executor needs besides the range (picklable). `columns`: the columns the
+    reader returns (None: all of the view's); only those are decoded."""
 
     verify_mode: VerifyMode
     full_verify: Verify
     row_filter: RowFilter
     view: View = View.MESSAGES
+    columns: frozenset[str] | None = None
 
     @property
     def verify(self) -> Verify:
         return Verify.STRUCTURE if self.verify_mode is VerifyMode.NONE else self.full_verify
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The batches' columns: `columns`, the topic when the row filter reads it, and the
+        error, in the view's order."""
+        full = arrow_schema(self.view, self.verify_mode)
+        if self.columns is None:
+            return full
+        kept = self.columns | {ERROR_FIELD[0]} | ({"topic"} if self.row_filter.topics is not None else set())
+        return pa.schema([f for f in full if f.name in kept])
 
 
 @dataclass(frozen=True)
@@ -230,12 +242,14 @@ def dispatch_values(r: Record) -> tuple:
 
 
 class BatchBuilder:
-    """Collects rows and turns them into Arrow record batches (columns by one transpose)."""
+    """Collects rows and turns them into Arrow record batches (columns by one transpose) of
+    the spec's schema."""
 
-    def __init__(self, view: View, verify_mode: VerifyMode):
-        self.schema = arrow_schema(view, verify_mode)
-        self._values = message_values if view is View.MESSAGES else dispatch_values
-        self._with_error = verify_mode is VerifyMode.REPORT
+    def __init__(self, spec: ScanSpec):
+        self.schema = arrow_schema(spec.view, spec.verify_mode)
+        self.output_schema = spec.schema
+        self._values = message_values if spec.view is View.MESSAGES else dispatch_values
+        self._with_error = spec.verify_mode is VerifyMode.REPORT
         self._rows: list[tuple] = []
         self._body_bytes = 0
 
@@ -263,12 +277,12 @@ class BatchBuilder:
                   for column, field in zip(columns, self.schema, strict=True)]
         self._rows = []
         self._body_bytes = 0
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema).select(self.output_schema.names)
 
 
 def read_scalar_batches(rng: ScanRange, spec: ScanSpec) -> Iterator[pa.RecordBatch]:
     """read_batches through the reference decoder only, one record at a time (for tests)."""
-    builder = BatchBuilder(spec.view, spec.verify_mode)
+    builder = BatchBuilder(spec)
     accepts = spec.row_filter.accepts
     for item in iter_range(rng, spec):
         record = item.record if isinstance(item, BadRecord) else item
@@ -288,7 +302,7 @@ def read_batches(rng: ScanRange, spec: ScanSpec) -> Iterator[pa.RecordBatch]:
     and every CRC unless verify is NONE) into whole Arrow batches (tools.spark.arrow_columns);
     the first record it does not accept, and the next SCALAR_RUN after it, go through the
     reference decoder, which decodes it, reports it or raises, as iter_range does."""
-    builder = BatchBuilder(spec.view, spec.verify_mode)
+    builder = BatchBuilder(spec)
     fd = os.open(rng.path, os.O_RDONLY)
     try:
         blocks = BlockReader(pread_reader(fd), READ_BLOCK_BYTES)
@@ -343,9 +357,10 @@ def read_run(fd: int, rng: ScanRange, pos: int, verify: Verify) -> Run | None:
 
 def _run_batches(run: Run, spec: ScanSpec, builder: BatchBuilder) -> Iterator[pa.RecordBatch]:
     if spec.view is View.DISPATCH:
-        batch = dispatch_batch(run.chunk, run.spans, run.base_pos, builder.schema)
+        batch = dispatch_batch(run.chunk, run.spans, run.base_pos, builder.schema).select(
+            builder.output_schema.names)
     else:
-        batch = message_batch(run.chunk, run.spans, run.base_pos, builder.schema)
+        batch = message_batch(run.chunk, run.spans, run.base_pos, builder.output_schema)
     if batch is None:  # a record repeats a property name: the reference decoder's dict decides
         for start in run.spans.starts.tolist():
             record = decode_record(run.chunk, start, verify=spec.verify, base_pos=run.base_pos)

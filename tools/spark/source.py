@@ -129,7 +129,13 @@ class MqstoreReader(DataSourceReader):
         self.opts = opts
         self.selection = selection
         self.layouts = {store: read_layout(store, opts.store_format) for store in opts.paths.resolve()}
-        self.specs = {store: opts.scan_spec(layout) for store, layout in self.layouts.items()}
+        self.specs = self._scan_specs()
+
+    def _scan_specs(self) -> dict[str, ScanSpec]:
+        """Each store's scan, decoding only the columns the selection needs."""
+        columns = self.selection.scan_columns()
+        return {store: replace(self.opts.scan_spec(layout), columns=columns)
+                for store, layout in self.layouts.items()}
 
     @property
     def layout(self) -> StoreLayout:
@@ -174,7 +180,7 @@ class PushdownReader(MqstoreReader):
         pushed, rest = push(list(filters), self.opts.scan_filter, self.selection, columns)
         self.opts = replace(self.opts, scan_filter=pushed.scan_filter)
         self.selection = pushed.selection
-        self.specs = {store: self.opts.scan_spec(layout) for store, layout in self.layouts.items()}
+        self.specs = self._scan_specs()
         return rest
 
 
