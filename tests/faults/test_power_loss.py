@@ -193,3 +193,20 @@ def test_power_loss_that_tears_a_consume_queue_entry_is_repaired(tmp_path):
     with MessageStore.open(root, SYNC):
         pass
     assert check(root) == []
+
+
+def test_power_loss_while_an_index_file_is_being_created_keeps_it_blank(tmp_path):
+    """A crash inside IndexFile.create can leave the shard's newest file shorter than its header:
+    the power-loss model keeps it as it is (nothing older to go back to), and the restart
+    quarantines and rebuilds that shard."""
+    rng = random.Random(3)
+    root = tmp_path / "store"
+    _, _, durable = crash_with_unflushed_tail(root, rng, volatile_count=50)
+    shard_dir = root / INDEX_DIR / "0"
+    blank = shard_dir / "99999999999999999"  # sorts after every real file name: the shard's newest
+    blank.write_bytes(b"")
+    simulate_power_loss(root, durable, SYNC, rng)
+    assert blank.read_bytes() == b""
+    with MessageStore.open(root, SYNC):
+        pass
+    assert check(root) == []

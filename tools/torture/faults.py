@@ -166,7 +166,11 @@ def _old_index_file(path: Path, previous: Path | None, config: StoreConfig,
     """The shard's last file trimmed back to `durable_pos` (trim_from restores entries, slots and
     header); a file with nothing durable goes back to its header as created."""
     with open(path, "rb") as fh:
-        header = decode_index_header(fh.read(INDEX_HEADER_SIZE))
+        head = fh.read(INDEX_HEADER_SIZE)
+    try:
+        header = decode_index_header(head)
+    except CorruptIndexError:  # shorter than a header: a crash inside create(), nothing older
+        return path.read_bytes()
     if header.index_count <= 1:
         return path.read_bytes()  # nothing in it since it was created (and synced)
     if header.begin_commit_pos >= durable_pos:
