@@ -386,7 +386,9 @@ class Producer:
                                  uniq_prefix=block.prefix, first_counter=block.first_counter,
                                  born_ts_ms=time.time_ns() // 1_000_000, born_host=self._born_host,
                                  store_host=self._store_host)
-        if n and int(encoded.sizes.max()) > self._mailbox.data_bytes:
+        # no record can be larger than the slot when all of them together fit in it
+        slot_bytes = self._mailbox.data_bytes
+        if len(encoded.buf) > slot_bytes and int(encoded.sizes.max()) > slot_bytes:
             raise BadInputError("bodies", f"a record of {int(encoded.sizes.max())} bytes is larger "
                                 f"than a mailbox slot ({self._mailbox.data_bytes} bytes)")
         return encoded

@@ -391,7 +391,9 @@ class SlotSender:
         except StoreError as exc:  # the supervisor refused the request as a whole
             self._unanswered_seq = None
             return failed_rows(count, PutStatus.MESSAGE_ILLEGAL), str(exc)
-        if (rows["status"] == PutStatus.SERVICE_NOT_AVAILABLE).all() \
+        # the first row decides the common case without a whole-array compare
+        if rows["status"][0] == PutStatus.SERVICE_NOT_AVAILABLE \
+                and (rows["status"] == PutStatus.SERVICE_NOT_AVAILABLE).all() \
                 and link.ctl.store_state is not StoreState.READY:
             self._drop_link()  # refused by a stopping supervisor, before any append
             return None
