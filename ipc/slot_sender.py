@@ -252,6 +252,22 @@ class SlotSender:
         finally:
             self._free_slot()
 
+    def request_now(self, data: bytes, count: int) -> tuple[np.ndarray, str | None] | None:
+        """For a caller that waits: `count` records (`data`, end to end) sent as one request
+        from the calling thread, with no Pending, queue or result builder on the way (they
+        cost a one-record send more than its encoding); the answer rows and the reason as
+        _request gives them. None, and nothing sent, when they need more than one request or
+        the slot is busy: then Pending and send_or_enqueue."""
+        if count > self.mailbox.max_batch or len(data) > self.mailbox.data_bytes \
+                or not self._claim_idle_slot():
+            return None
+        try:
+            rows, reason = self._answer([memoryview(data)], count, True)
+        finally:
+            self._free_slot()
+        self._fail_queued_if_gone(rows, reason)
+        return rows, reason
+
     def _claim_idle_slot(self) -> bool:
         with self._cond:
             if self.queue or self._busy or self._closing:
@@ -331,15 +347,24 @@ class SlotSender:
     # ------------------------------------------------------------------------------ requests
     def _perform(self, request: _Request) -> None:
         """Send one request, wait for its answer and deliver the rows to their senders."""
-        try:
-            rows, reason = self._request(request.pieces, request.count, request.wait)
-        except Exception as exc:  # never leave a caller's Future unresolved
-            log.exception("producer request failed")
-            rows, reason = failed_rows(request.count, PutStatus.UNKNOWN_ERROR), str(exc)
+        rows, reason = self._answer(request.pieces, request.count, request.wait)
         at = 0
         for pending, first, end in request.runs:
             pending.deliver(pending.places(first, end), rows[at:at + end - first], reason)
             at += end - first
+        self._fail_queued_if_gone(rows, reason)
+
+    def _answer(self, pieces: list[memoryview], count: int, wait: bool) -> tuple[np.ndarray, str | None]:
+        """_request's answer; an unexpected error becomes UNKNOWN_ERROR rows (a caller waits
+        for them)."""
+        try:
+            return self._request(pieces, count, wait)
+        except Exception as exc:  # never leave a caller's Future unresolved
+            log.exception("producer request failed")
+            return failed_rows(count, PutStatus.UNKNOWN_ERROR), str(exc)
+
+    def _fail_queued_if_gone(self, rows: np.ndarray, reason: str | None) -> None:
+        """No supervisor came back for this request: the queued records fail too."""
         if reason is not None and rows["status"][0] == PutStatus.SERVICE_NOT_AVAILABLE:
             self._fail_queued(reason)
 
