@@ -1,13 +1,15 @@
 """How a producer's encoded records reach the supervisor: one mailbox slot, a bounded local
 queue and one sender thread.
 
-Every send becomes `Pending` records (end to end in one buffer, with a callback for their
-answer rows). `enqueue` puts them on the local queue, which the sender thread drains: it
-coalesces whatever is queued into one mailbox request (up to the slot's record and byte
-limits, never mixing wait and no-wait records), sends it and waits for its answer while the
-next batch accumulates. Many threads calling send() therefore cost one request per group, not
-one per message. The queue is bounded in bytes: when the store is behind, enqueueing blocks up
-to `enqueue_timeout_s` and then answers OS_PAGE_CACHE_BUSY (not stored).
+A send becomes `Pending` records (end to end in one buffer, with a callback for their answer
+rows). `enqueue` puts them on the local queue, which the sender thread drains: it coalesces
+whatever is queued into one mailbox request (up to the slot's record and byte limits, never
+mixing wait and no-wait records), sends it and waits for its answer while the next batch
+accumulates. Many threads calling send() therefore cost one request per group, not one per
+message. A caller that waits, with the slot idle and its records fitting one request, sends
+them from its own thread with no Pending (`request_now`). The queue is bounded in bytes: when
+the store is behind, enqueueing blocks up to `enqueue_timeout_s` and then answers
+OS_PAGE_CACHE_BUSY (not stored).
 
 Restarts (ipc.reattach): before publishing a request the sender looks whether its supervisor is
 still alive and READY; when it is not, it waits up to `reattach_timeout_s` for the next one,
