@@ -124,7 +124,8 @@ class BatchResultBuilder:
     calls `done(result)` once every message has its row."""
 
     def __init__(self, count: int, msg_id_prefix: str, done: Callable[[BatchResult], None]):
-        self._rows = np.zeros(count, dtype=RESULT_DTYPE)
+        self._count = count
+        self._rows: np.ndarray | None = None  # made at the first answer that is not the whole batch
         self._reasons: dict[int, str] = {}
         self._msg_id_prefix = msg_id_prefix
         self._done = done
@@ -133,17 +134,25 @@ class BatchResultBuilder:
 
     def fail(self, index: int, status: PutStatus, reason: str) -> None:
         """Message `index` gets `status` without being sent (it failed validation)."""
-        self._rows["status"][index] = status
+        self._own_rows()["status"][index] = status
         self._reasons[index] = reason
         self._arrived(1)
 
     def put(self, where: slice | np.ndarray, rows: np.ndarray, reason: str | None) -> None:
         """The answer rows of the messages at `where`; `reason` applies to all of them (an answer
         made in this process: the supervisor gone, a timeout)."""
-        self._rows[where] = rows
+        if self._rows is None and len(rows) == self._count and _whole(where, self._count):
+            self._rows = rows  # one answer for the whole batch (send and wait): taken as it is
+        else:
+            self._own_rows()[where] = rows
         if reason is not None:
-            self._reasons.update(dict.fromkeys(np.arange(len(self._rows))[where].tolist(), reason))
+            self._reasons.update(dict.fromkeys(np.arange(self._count)[where].tolist(), reason))
         self._arrived(len(rows))
+
+    def _own_rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows = np.zeros(self._count, dtype=RESULT_DTYPE)
+        return self._rows
 
     def finish_if_complete(self) -> None:
         """Call `done` now if nothing is expected (an empty batch, or every message failed)."""
@@ -156,7 +165,13 @@ class BatchResultBuilder:
             if done:
                 self._missing = -1  # call done once
         if done:
-            self._done(BatchResult(self._rows, self._reasons, self._msg_id_prefix))
+            self._done(BatchResult(self._own_rows(), self._reasons, self._msg_id_prefix))
+
+
+def _whole(where: slice | np.ndarray, count: int) -> bool:
+    """`where` is the slice of all `count` messages in order."""
+    return type(where) is slice and where.start in (0, None) and where.stop == count \
+        and where.step in (1, None)
 
 
 def failed_rows(count: int, status: PutStatus) -> np.ndarray:

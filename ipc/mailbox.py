@@ -402,8 +402,11 @@ class ProducerSlot:
         if seq != int(self.mailbox.req_seq[self.index]):
             raise ValueError(f"request {seq} is not this slot's latest request")
         self._await_seq(seq, timeout_s, alive)
-        count = int(self.mailbox.resp_count[self.index])
-        results = self.mailbox.results[self.index][:count].copy()
+        mb = self.mailbox
+        count = int(mb.resp_count[self.index])
+        # a private copy by one bytes copy: ndarray.copy() of a slice cost ~2 us per request
+        at = mb.areas_offset + self.index * mb.slot_stride
+        results = np.frombuffer(bytearray(mb.region.buf[at:at + count * RESULT_SIZE]), RESULT_DTYPE)
         if count != self._sent_count:
             raise StoreError(f"supervisor rejected request {seq} of mailbox slot {self.index} "
                              f"({count} results for {self._sent_count} records)")

@@ -318,8 +318,17 @@ class Producer:
 
         Bad input (a body that is not bytes or too large, a bad key, columns of different
         lengths, ...) raises BadInputError naming it, and nothing of the call is sent."""
-        submit = self._live_sender().send_or_enqueue
-        return self._columns_future(topic, bodies, keys, tags, queue_ids, submit).result()
+        sender = self._live_sender()
+        encoded = self._encode_open(topic, bodies, keys, tags, queue_ids)
+        count = len(encoded.starts)
+        answer = sender.request_now(encoded.buf, count) if count else None
+        if answer is not None:  # sent from this thread: the answer rows are the result
+            rows, reason = answer
+            reasons = {} if reason is None else dict.fromkeys(range(count), reason)
+            return BatchResult(rows, reasons, self._msg_id_prefix)
+        future: Future = Future()
+        self._submit_columns(encoded, future.set_result, sender.send_or_enqueue)
+        return future.result()
 
     def send_columns_async(self, topic: str, bodies: Sequence[bytes], *,
                            keys: Sequence[str] | None = None, tags: str | None = None,
@@ -357,9 +366,18 @@ class Producer:
                       done: Callable[[BatchResult], None], submit: Callable[[list[Pending]], None]) -> None:
         """Check and encode the columns (BadInputError: nothing is sent), then submit them:
         SlotSender.enqueue, or send_or_enqueue for a caller that waits for the answer."""
+        self._submit_columns(self._encode_open(topic, bodies, keys, tags, queue_ids), done, submit)
+
+    def _encode_open(self, topic: str, bodies: Sequence[bytes], keys: Sequence[str] | None,
+                     tags: str | None, queue_ids: Sequence[int] | int | None) -> EncodedRecords:
+        """_encode_columns, in a producer that is not closed (StoreClosedError)."""
         if self._sender.closing or self._closed:
             raise StoreClosedError("the producer is closed", path=str(self.root))
-        encoded = self._encode_columns(topic, bodies, keys, tags, queue_ids)
+        return self._encode_columns(topic, bodies, keys, tags, queue_ids)
+
+    def _submit_columns(self, encoded: EncodedRecords, done: Callable[[BatchResult], None],
+                        submit: Callable[[list[Pending]], None]) -> None:
+        """Hand encoded columns to `submit` as one Pending; `done` gets their BatchResult."""
         builder = BatchResultBuilder(len(encoded.starts), self._msg_id_prefix, done)
         if not len(encoded.starts):
             builder.finish_if_complete()
@@ -386,7 +404,9 @@ class Producer:
                                  uniq_prefix=block.prefix, first_counter=block.first_counter,
                                  born_ts_ms=time.time_ns() // 1_000_000, born_host=self._born_host,
                                  store_host=self._store_host)
-        if n and int(encoded.sizes.max()) > self._mailbox.data_bytes:
+        # no record can be larger than the slot when all of them together fit in it
+        slot_bytes = self._mailbox.data_bytes
+        if len(encoded.buf) > slot_bytes and int(encoded.sizes.max()) > slot_bytes:
             raise BadInputError("bodies", f"a record of {int(encoded.sizes.max())} bytes is larger "
                                 f"than a mailbox slot ({self._mailbox.data_bytes} bytes)")
         return encoded

@@ -1,13 +1,15 @@
 """How a producer's encoded records reach the supervisor: one mailbox slot, a bounded local
 queue and one sender thread.
 
-Every send becomes `Pending` records (end to end in one buffer, with a callback for their
-answer rows). `enqueue` puts them on the local queue, which the sender thread drains: it
-coalesces whatever is queued into one mailbox request (up to the slot's record and byte
-limits, never mixing wait and no-wait records), sends it and waits for its answer while the
-next batch accumulates. Many threads calling send() therefore cost one request per group, not
-one per message. The queue is bounded in bytes: when the store is behind, enqueueing blocks up
-to `enqueue_timeout_s` and then answers OS_PAGE_CACHE_BUSY (not stored).
+A send becomes `Pending` records (end to end in one buffer, with a callback for their answer
+rows). `enqueue` puts them on the local queue, which the sender thread drains: it coalesces
+whatever is queued into one mailbox request (up to the slot's record and byte limits, never
+mixing wait and no-wait records), sends it and waits for its answer while the next batch
+accumulates. Many threads calling send() therefore cost one request per group, not one per
+message. A caller that waits, with the slot idle and its records fitting one request, sends
+them from its own thread with no Pending (`request_now`). The queue is bounded in bytes: when
+the store is behind, enqueueing blocks up to `enqueue_timeout_s` and then answers
+OS_PAGE_CACHE_BUSY (not stored).
 
 Restarts (ipc.reattach): before publishing a request the sender looks whether its supervisor is
 still alive and READY; when it is not, it waits up to `reattach_timeout_s` for the next one,
@@ -252,6 +254,22 @@ class SlotSender:
         finally:
             self._free_slot()
 
+    def request_now(self, data: bytes, count: int) -> tuple[np.ndarray, str | None] | None:
+        """For a caller that waits: `count` records (`data`, end to end) sent as one request
+        from the calling thread, with no Pending, queue or result builder on the way (they
+        cost a one-record send more than its encoding); the answer rows and the reason as
+        _request gives them. None, and nothing sent, when they need more than one request or
+        the slot is busy: then Pending and send_or_enqueue."""
+        if count > self.mailbox.max_batch or len(data) > self.mailbox.data_bytes \
+                or not self._claim_idle_slot():
+            return None
+        try:
+            rows, reason = self._answer([memoryview(data)], count, True)
+        finally:
+            self._free_slot()
+        self._fail_queued_if_gone(rows, reason)
+        return rows, reason
+
     def _claim_idle_slot(self) -> bool:
         with self._cond:
             if self.queue or self._busy or self._closing:
@@ -331,15 +349,24 @@ class SlotSender:
     # ------------------------------------------------------------------------------ requests
     def _perform(self, request: _Request) -> None:
         """Send one request, wait for its answer and deliver the rows to their senders."""
-        try:
-            rows, reason = self._request(request.pieces, request.count, request.wait)
-        except Exception as exc:  # never leave a caller's Future unresolved
-            log.exception("producer request failed")
-            rows, reason = failed_rows(request.count, PutStatus.UNKNOWN_ERROR), str(exc)
+        rows, reason = self._answer(request.pieces, request.count, request.wait)
         at = 0
         for pending, first, end in request.runs:
             pending.deliver(pending.places(first, end), rows[at:at + end - first], reason)
             at += end - first
+        self._fail_queued_if_gone(rows, reason)
+
+    def _answer(self, pieces: list[memoryview], count: int, wait: bool) -> tuple[np.ndarray, str | None]:
+        """_request's answer; an unexpected error becomes UNKNOWN_ERROR rows (a caller waits
+        for them)."""
+        try:
+            return self._request(pieces, count, wait)
+        except Exception as exc:  # never leave a caller's Future unresolved
+            log.exception("producer request failed")
+            return failed_rows(count, PutStatus.UNKNOWN_ERROR), str(exc)
+
+    def _fail_queued_if_gone(self, rows: np.ndarray, reason: str | None) -> None:
+        """No supervisor came back for this request: the queued records fail too."""
         if reason is not None and rows["status"][0] == PutStatus.SERVICE_NOT_AVAILABLE:
             self._fail_queued(reason)
 
@@ -391,7 +418,9 @@ class SlotSender:
         except StoreError as exc:  # the supervisor refused the request as a whole
             self._unanswered_seq = None
             return failed_rows(count, PutStatus.MESSAGE_ILLEGAL), str(exc)
-        if (rows["status"] == PutStatus.SERVICE_NOT_AVAILABLE).all() \
+        # the first row decides the common case without a whole-array compare
+        if rows["status"][0] == PutStatus.SERVICE_NOT_AVAILABLE \
+                and (rows["status"] == PutStatus.SERVICE_NOT_AVAILABLE).all() \
                 and link.ctl.store_state is not StoreState.READY:
             self._drop_link()  # refused by a stopping supervisor, before any append
             return None

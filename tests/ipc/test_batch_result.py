@@ -73,3 +73,25 @@ def test_builder_of_nothing_finishes_when_told():
     done = []
     BatchResultBuilder(0, PREFIX, done.append).finish_if_complete()
     assert len(done) == 1 and len(done[0]) == 0
+
+
+def test_builder_takes_one_answer_of_the_whole_batch_as_it_is():
+    done = []
+    answer = rows((0, 1, 30, 0, 1), (0, 2, 40, 0, 1))
+    builder = BatchResultBuilder(2, PREFIX, done.append)
+    builder.put(slice(0, 2), answer, None)
+    assert done[0].rows is answer  # send and wait: no second array, no copy
+    done.clear()
+    builder = BatchResultBuilder(2, PREFIX, done.append)
+    builder.put(slice(0, 2), failed_rows(2, PutStatus.UNKNOWN_ERROR), "no answer within 5 s")
+    assert [done[0].reason(i) for i in range(2)] == ["no answer within 5 s"] * 2
+
+
+def test_builder_copies_answers_of_part_of_the_batch():
+    done = []
+    first, second = rows((0, 1, 30, 0, 1)), rows((0, 2, 40, 0, 1))
+    builder = BatchResultBuilder(2, PREFIX, done.append)
+    builder.put(slice(0, 1), first, None)
+    builder.put(slice(1, 2), second, None)
+    assert done[0].commit_pos.tolist() == [30, 40]
+    assert done[0].rows is not first and done[0].rows is not second

@@ -310,3 +310,20 @@ def test_split_records_rejects_inconsistent_framing():
 def test_attach_without_supervisor_raises_service_not_available(store_dir):
     with pytest.raises(ServiceNotAvailableError):
         Mailbox.attach(store_dir)
+
+
+def test_wait_response_gives_a_private_writable_copy_of_its_rows(store_dir):
+    server = MailboxServer.create(store_dir, slot_count=2, data_bytes=4096, max_batch=8)
+    with ProducerSlot.claim(server.mailbox, store_dir / "run", alive=lambda: True) as slot:
+        seq = slot.write_request([make_record(1, 0, 0, 10), make_record(1, 0, 1, 10)])
+        server.complete(slot.index, seq, [(0, 1, 500, 7, 1), (0, 1, 600, 8, 1)])
+        first = slot.wait_response(seq, 5, lambda: True)
+        seq = slot.write_request([make_record(1, 1, 0, 10)])
+        server.complete(slot.index, seq, [(2, 0, 0, 0, 0)])
+        second = slot.wait_response(seq, 5, lambda: True)
+    assert first.dtype == RESULT_DTYPE and first["commit_pos"].tolist() == [500, 600]
+    assert first["queue_offset"].tolist() == [7, 8] and second["status"].tolist() == [2]
+    first["status"][0] = 3  # the producer's own rows (BatchResultBuilder writes into them)
+    assert server.mailbox.results[slot.index]["status"][0] == 2
+    server.close()
+    server.unlink()

@@ -157,3 +157,29 @@ def test_a_caller_interrupted_while_waiting_leaves_the_producer_usable(store):
             os.kill(ctl.supervisor_pid, signal.SIGCONT)
         result = producer.send("INTR", b"after")
     assert result.status is PutStatus.PUT_OK, result
+
+
+def test_request_now_sends_one_request_when_idle_and_declines_when_busy_or_too_big(store):
+    """request_now answers an idle slot's request in the caller's thread; with a request in
+    flight, or more records than one request holds, it sends nothing and returns None."""
+    with Producer(store.root) as producer:
+        sender = producer._sender
+        encoded = producer._encode_columns("NOW", [b"a", b"b"], None, None, 1)
+        rows, reason = sender.request_now(encoded.buf, 2)
+        assert reason is None and rows["status"].tolist() == [PutStatus.PUT_OK] * 2
+        assert rows["queue_offset"].tolist() == [0, 1] and rows["queue_id"].tolist() == [1, 1]
+        assert sender.request_now(encoded.buf, sender.mailbox.max_batch + 1) is None
+        gate, taken = threading.Event(), threading.Event()
+
+        def stall(where, rows, reason):  # the sender thread holds the slot until the gate opens
+            taken.set()
+            gate.wait(30)
+
+        sender.enqueue([Pending(producer._encode_columns("NOW", [b"c"], None, None, 1), stall, True)])
+        assert taken.wait(30)
+        try:
+            assert sender.request_now(encoded.buf, 2) is None
+        finally:
+            gate.set()
+        result = producer.send_columns("NOW", [b"d"], queue_ids=1)
+        assert result.ok and result.queue_offset.tolist() == [3]  # "c" went, nothing twice
