@@ -19,8 +19,8 @@ from pathlib import Path
 from engine.commitlog import CommitLog
 from engine.commitlog_scan import ScannedRun
 from engine.errors import AcceptedDamageError, CorruptRecordError
+from engine.filesystem import ensure_dir, write_file_atomically
 from engine.formats.record import Record, Verify
-from engine.mapped_file import ensure_dir, write_file_atomically
 from engine.naming import QUARANTINE_DIR
 
 ACCEPTED_DAMAGE_FILE = "accepted-damage.json"

@@ -13,8 +13,8 @@ from enum import Enum
 from pathlib import Path
 
 from engine.errors import CheckpointError, DiskFullError
+from engine.filesystem import DISK_FULL_ERRNOS, remove_file, write_file_atomically
 from engine.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from engine.mapped_file import DISK_FULL_ERRNOS, remove_file, write_file_atomically
 from engine.naming import BACKUP_SUFFIX, CHECKPOINT_FILE, TEMP_SUFFIX
 
 

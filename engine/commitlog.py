@@ -32,6 +32,7 @@ import numpy as np
 
 from engine.commitlog_scan import BatchScanner, Scanner
 from engine.errors import BadInputError, DiskFullError, StoreError
+from engine.filesystem import remove_file
 from engine.formats.record import (
     FILLER_SIZE,
     TOTAL_SIZE_FIELD,
@@ -44,7 +45,7 @@ from engine.formats.record import (
 )
 from engine.formats.record.stamp_many import StampableRecords, check_stampable, stamp_checked_records
 from engine.log_walker import LogWindow, header_decoder, record_decoder
-from engine.mapped_file import Access, MappedFile, remove_file
+from engine.mapped_file import Access, MappedFile
 from engine.naming import commitlog_dir, segment_files
 from engine.segment_queue import SegmentQueue
 

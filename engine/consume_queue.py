@@ -37,6 +37,7 @@ from typing import NoReturn
 import numpy as np
 
 from engine.errors import BadInputError, CorruptConsumeQueueError, DiskFullError
+from engine.filesystem import DISK_FULL_ERRNOS
 from engine.formats.cq_entry import (
     CQ_DTYPE,
     CQ_ENTRY,
@@ -46,7 +47,7 @@ from engine.formats.cq_entry import (
     decode_cq_entry,
     encode_cq_entry,
 )
-from engine.mapped_file import DISK_FULL_ERRNOS, RESERVE_STEP_BYTES, Access, MappedFile, ReadAhead
+from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile, ReadAhead
 from engine.naming import consume_queue_dir, offset_to_name, validate_topic
 from engine.open_files import OpenFileBudget
 from engine.segment_queue import SegmentQueue

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from engine.consume_queue import ConsumeQueue, check_queue_id
-from engine.mapped_file import Access, remove_tree
+from engine.filesystem import remove_tree
+from engine.mapped_file import Access
 from engine.naming import CONSUMEQUEUE_DIR, consume_queue_dir, is_topic_name, validate_topic
 from engine.open_files import OpenFileBudget, queue_file_budget
 

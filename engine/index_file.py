@@ -32,6 +32,7 @@ from engine.errors import (
     StoreClosedError,
     StoreError,
 )
+from engine.filesystem import DISK_FULL_ERRNOS
 from engine.formats.index_file import (
     FIRST_INDEX,
     INDEX_ENTRY,
@@ -54,7 +55,7 @@ from engine.formats.index_file import (
 from engine.formats.java_hash import index_key_hash
 from engine.index_changes import ChangedRanges, TakenRanges
 from engine.index_trim import heads_after_trim, kept_count
-from engine.mapped_file import DISK_FULL_ERRNOS, RESERVE_STEP_BYTES, Access, MappedFile, ReadAhead
+from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile, ReadAhead
 
 _header_unpack, _header_pack = INDEX_HEADER.unpack_from, INDEX_HEADER.pack_into
 _slot_unpack, _slot_pack = SLOT.unpack_from, SLOT.pack_into

@@ -15,9 +15,9 @@ from typing import NamedTuple
 import numpy as np
 
 from engine.commitlog import CommitLog
+from engine.filesystem import ensure_dir, write_new_file
 from engine.formats.record import Verify
 from engine.log_walk import is_zero_from, valid_records_between
-from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import quarantine_name
 
 QUARANTINE_CHUNK_BYTES = 8 << 20  # the cut-off tail is copied to its quarantine file this much at a time

@@ -1,4 +1,6 @@
-"""The only module that maps, syncs, truncates, renames and deletes store files.
+"""One store file mapped whole (MappedFile): the only module that maps, reserves, writes, syncs
+and zeroes store files. Whole-file operations (atomic writes, removal, directory fsync) are
+engine.filesystem.
 
 Segments are fixed-size and created sparse (ftruncate), so a 1 GiB default costs no disk
 until written. Readers map read-only and see the writer's bytes through the page cache.
@@ -11,8 +13,6 @@ import ctypes
 import errno
 import mmap
 import os
-import shutil
-from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,19 +26,18 @@ from engine.errors import (
     StoreError,
     StorePermissionError,
 )
+from engine.filesystem import DISK_FULL_ERRNOS, PAGE_BYTES, fsync_dir, remove_file
 from engine.naming import TEMP_SUFFIX
 from engine.owners import permission_hint
 
 if TYPE_CHECKING:
     from engine.open_files import OpenFileBudget
 
-PAGE_BYTES = mmap.PAGESIZE
 RESERVE_STEP_BYTES = 4 << 20
 ZERO_CHUNK_BYTES = 1 << 20  # blocks are allocated ahead of the writer in steps of this size
 _ZEROS_VIEW = memoryview(bytes(ZERO_CHUNK_BYTES))
 ZERO_AHEAD_BYTES = 1 << 20  # reserve_zeroed keeps this much written zeros ahead of the writer
 ZERO_STEP_BYTES = 256 << 10  # the zeros ahead end on a multiple of this
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # what a write or allocation raises on a full disk
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 
 
@@ -427,64 +426,6 @@ def _start_writeback(fd: int, start_pos: int, length: int) -> None:
         _SYNC_FILE_RANGE(fd, start_pos, length, SYNC_FILE_RANGE_WRITE)
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make a create, rename or unlink in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def ensure_dir(directory: Path) -> Path:
-    """Create `directory` (owner-only) and its parents, durably."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fsync_dir(directory.parent)
-    return directory
-
-
-def write_file_atomically(path: Path, data: bytes, *, backup_suffix: str | None = None) -> None:
-    """Replace `path` with `data`: write temp, fsync, (copy old to backup), rename, fsync dir."""
-    path = Path(path)
-    tmp = path.with_name(path.name + TEMP_SUFFIX)
-    _write_synced(tmp, (data,))
-    if backup_suffix is not None and path.exists():
-        backup = path.with_name(path.name + backup_suffix)
-        backup_tmp = backup.with_name(backup.name + TEMP_SUFFIX)
-        shutil.copyfile(path, backup_tmp)
-        os.chmod(backup_tmp, 0o600)
-        _fsync_path(backup_tmp)
-        os.replace(backup_tmp, backup)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def write_new_file(path: Path, chunks: Iterable) -> None:
-    """Write a new side file (e.g. a quarantined tail) durably from `chunks` (bytes-like, in
-    order: a large file is never whole in memory), under a temporary name that is renamed once
-    synced, so a crash leaves the whole file or none."""
-    path = Path(path)
-    tmp = path.with_name(path.name + TEMP_SUFFIX)
-    _write_synced(tmp, chunks)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def _write_synced(path: Path, chunks: Iterable) -> None:
-    """Write `chunks` in order as the whole content of `path` (owner-only) and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        for chunk in chunks:
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def settled_names(directory: Path, access: Access) -> list[str]:
     """The names in `directory`, sorted, without `.tmp` files: creates that have not renamed
     yet (MappedFile.create). The writer, which loads before it writes, removes them as a
@@ -497,35 +438,3 @@ def settled_names(directory: Path, access: Access) -> list[str]:
         elif access is Access.READ_WRITE:
             remove_file(path)
     return names
-
-
-def remove_file(path: Path) -> None:
-    """Remove a file durably (missing is fine)."""
-    path = Path(path)
-    path.unlink(missing_ok=True)
-    fsync_dir(path.parent)
-
-
-def remove_tree(directory: Path) -> None:
-    """Remove a directory tree durably (missing is fine)."""
-    directory = Path(directory)
-    if directory.exists():
-        shutil.rmtree(directory)
-        fsync_dir(directory.parent)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def disk_usage_ratio(path: Path) -> float:
-    """Used fraction of the filesystem holding `path` (what retention's thresholds compare)."""
-    st = os.statvfs(path)
-    total = st.f_blocks * st.f_frsize
-    if total == 0:
-        return 0.0
-    return 1.0 - (st.f_bavail * st.f_frsize) / total

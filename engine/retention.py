@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from engine.config import StoreConfig
 from engine.errors import BadInputError
-from engine.mapped_file import disk_usage_ratio
+from engine.filesystem import disk_usage_ratio
 
 if TYPE_CHECKING:
     from engine.commitlog import CommitLog, SegmentInfo

@@ -32,13 +32,13 @@ from engine.consume_queue import ConsumeQueue
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import consumable_rows, enters_consume_queue, queue_groups
 from engine.errors import BadInputError, CorruptRecordError
+from engine.filesystem import ensure_dir, write_new_file
 from engine.formats.cq_entry import FILLER_SIZE_MARK
 from engine.formats.record import Record, Verify
 from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.log_tail import log_chunks
 from engine.log_walk import walk_log
 from engine.log_walker import BadRegion, OnBadBytes, record_decoder, walk
-from engine.mapped_file import ensure_dir, write_new_file
 from engine.naming import QUARANTINE_DIR, offset_to_name
 
 _MAX_PLACEHOLDER_BYTES = FILLER_SIZE_MARK - 1  # the filler mark itself is not a size

@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 
 from engine.errors import SegmentLayoutError
-from engine.mapped_file import Access, MappedFile, ReadAhead, ensure_dir, settled_names
+from engine.filesystem import ensure_dir
+from engine.mapped_file import Access, MappedFile, ReadAhead, settled_names
 from engine.naming import check_segment_bases, is_segment_name, name_to_offset, offset_to_name, segment_files
 from engine.open_files import OpenFileBudget
 

@@ -24,11 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import DiskFullError, ReadOnlyStoreError, SegmentLayoutError, StoreClosedError
+from engine.filesystem import ensure_dir, remove_file
 from engine.formats.index_file import IndexHeader, check_geometry, index_key
 from engine.formats.java_hash import index_key_hash
 from engine.index_file import IndexFile, IndexFileFullError, is_blank, raise_if_disk_full
 from engine.index_sync import PacedSync
-from engine.mapped_file import Access, ensure_dir, remove_file, settled_names
+from engine.mapped_file import Access, settled_names
 from engine.naming import index_file_name, index_shard_dir
 
 INT64_MAX = 2**63 - 1

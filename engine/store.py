@@ -23,6 +23,7 @@ from engine.errors import (
     DiskFullError,
     StoreClosedError,
 )
+from engine.filesystem import disk_usage_ratio
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.index_file import shard_of
@@ -37,7 +38,6 @@ from engine.formats.record import (
 )
 from engine.formats.record.encode_many import EncodedRecords, encode_records
 from engine.formats.uniq_key import new_uniq_keys
-from engine.mapped_file import disk_usage_ratio
 from engine.message import (
     Message,
     encode_message_properties,

@@ -14,8 +14,8 @@ from typing import NoReturn
 
 from engine.config import StoreConfig
 from engine.errors import NotAStoreError, ReadOnlyStoreError, StoreLockedError, StorePermissionError
+from engine.filesystem import ensure_dir, remove_file, write_file_atomically
 from engine.formats.store_meta import StoreMeta, decode_store_meta, encode_store_meta, from_config
-from engine.mapped_file import ensure_dir, remove_file, write_file_atomically
 from engine.naming import (
     ABORT_FILE,
     CHECKPOINT_FILE,

@@ -30,9 +30,10 @@ from engine.config import StoreConfig
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.durable_line import pad_short_segments, refuse_short_segments
 from engine.errors import CorruptIndexError
+from engine.filesystem import ensure_dir, fsync_dir
 from engine.formats.store_meta import StoreMeta
 from engine.frozen_settings import refuse_inconsistent_meta
-from engine.mapped_file import Access, ensure_dir, fsync_dir
+from engine.mapped_file import Access
 from engine.naming import QUARANTINE_DIR, index_shard_dir
 from engine.open_files import queue_file_budget
 from engine.recovery import (

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engine.errors import BadInputError, StoreError
-from engine.mapped_file import ensure_dir, write_file_atomically
+from engine.filesystem import ensure_dir, write_file_atomically
 from engine.naming import BACKUP_SUFFIX, CONFIG_DIR, CONSUMER_OFFSET_FILE, validate_topic
 
 OffsetTable = dict[str, dict[int, int]]

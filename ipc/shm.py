@@ -28,7 +28,7 @@ from pathlib import Path
 import posix_ipc
 
 from engine.errors import BadInputError, ServiceNotAvailableError, StoreError, StorePermissionError
-from engine.mapped_file import ensure_dir, remove_file, write_file_atomically
+from engine.filesystem import ensure_dir, remove_file, write_file_atomically
 from engine.owners import describe_uid
 
 SHM_DIR = Path("/dev/shm")

@@ -45,7 +45,7 @@ import numpy as np
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.errors import BadInputError, DiskFullError, StoreError
-from engine.mapped_file import disk_usage_ratio
+from engine.filesystem import disk_usage_ratio
 from engine.retention import is_disk_full
 from engine.status import PutStatus
 from ipc.mailbox import RESULT_DTYPE, MailboxServer, PendingRequest, RequestFlag

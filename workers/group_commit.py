@@ -40,7 +40,7 @@ from typing import TypeVar
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.errors import StoreError
-from engine.mapped_file import PAGE_BYTES
+from engine.filesystem import PAGE_BYTES
 from ipc.control_block import ControlBlock
 
 FAULT_FSYNC_DELAY_ENV = "MQSTORE_FAULT_FSYNC_DELAY_MS"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from engine.commitlog import CommitLog
 from engine.config import StoreConfig
-from engine.mapped_file import disk_usage_ratio
+from engine.filesystem import disk_usage_ratio
 from engine.retention import (
     PassKind,
     RetentionReport,

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from engine.errors import ReadOnlyStoreError
+from engine.filesystem import PAGE_BYTES
 from engine.formats.index_file import INDEX_ENTRY_SIZE, entry_pos, slot_pos
-from engine.mapped_file import PAGE_BYTES, Access, MappedFile
+from engine.mapped_file import Access, MappedFile
 from engine.shard_index import ShardIndex
 
 SLOTS = 16_384  # a 64 KiB slot table: 16 pages

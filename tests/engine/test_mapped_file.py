@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from engine.errors import DiskFullError, StoreError
+from engine.filesystem import PAGE_BYTES
 from engine.mapped_file import (
-    PAGE_BYTES,
     RESERVE_STEP_BYTES,
     ZERO_AHEAD_BYTES,
     ZERO_STEP_BYTES,

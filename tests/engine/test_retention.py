@@ -22,7 +22,8 @@ from engine.check import check
 from engine.commitlog import SegmentInfo
 from engine.config import StoreConfig
 from engine.errors import BadInputError
-from engine.mapped_file import Access, disk_usage_ratio
+from engine.filesystem import disk_usage_ratio
+from engine.mapped_file import Access
 from engine.naming import commitlog_dir, consume_queue_dir, index_shard_dir
 from engine.recovery import StoreParts
 from engine.retention import RetentionReason, local_hour, plan_retention, run_retention

@@ -38,9 +38,10 @@ from engine.checkpoint import write_checkpoint
 from engine.consume_queue import ConsumeQueue
 from engine.dispatch import consumable_rows, key_hashes_and_shards, queue_groups
 from engine.errors import BadInputError, ReadOnlyStoreError, StoreLockedError
+from engine.filesystem import ensure_dir, fsync_dir, remove_tree
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.record.dispatch_columns import DispatchColumns
-from engine.mapped_file import Access, ensure_dir, fsync_dir, remove_tree
+from engine.mapped_file import Access
 from engine.naming import ABORT_FILE, CONSUMEQUEUE_DIR, INDEX_DIR
 from engine.shard_index import ShardIndex
 from engine.store_dir import holder_pid

@@ -44,6 +44,7 @@ import numpy as np
 
 from engine.config import StoreConfig
 from engine.errors import CorruptIndexError, CorruptRecordError
+from engine.filesystem import PAGE_BYTES
 from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE
 from engine.formats.index_file import (
     INDEX_HEADER,
@@ -52,7 +53,7 @@ from engine.formats.index_file import (
     entry_pos,
 )
 from engine.index_file import IndexFile
-from engine.mapped_file import PAGE_BYTES, Access
+from engine.mapped_file import Access
 from engine.naming import (
     BACKUP_SUFFIX,
     CHECKPOINT_FILE,
