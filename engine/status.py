@@ -30,6 +30,12 @@ class PutStatus(IntEnum):
         return self in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT)
 
 
+# PutStatus values as plain ints, for comparing numpy status columns on hot paths: numpy
+# compares an IntEnum member through a slow generic path (~4 us a compare, ~0.1 us an int).
+PUT_OK_CODE = int(PutStatus.PUT_OK)
+SERVICE_NOT_AVAILABLE_CODE = int(PutStatus.SERVICE_NOT_AVAILABLE)
+
+
 class GetStatus(IntEnum):
     """Outcome of get_messages, with RocketMQ's meanings (reference §9.1)."""
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from engine.status import PutResult, PutStatus
+from engine.status import PUT_OK_CODE, PutResult, PutStatus
 from ipc.mailbox import RESULT_DTYPE
 
 _STATUSES = tuple(PutStatus)
@@ -66,7 +66,7 @@ class BatchResult(Sequence[PutResult]):
     @property
     def ok(self) -> bool:
         """True when every message got PUT_OK."""
-        return bool((self.status == PutStatus.PUT_OK).all())
+        return bool((self.status == PUT_OK_CODE).all())
 
     def status_counts(self) -> dict[PutStatus, int]:
         """How many messages got each status (statuses that occur only)."""

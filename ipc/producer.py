@@ -188,6 +188,15 @@ def _message(topic: str, body: bytes, tags: str | None, keys: Iterable[str] | st
                    wait=wait)
 
 
+def _fits_columns(keys: Iterable[str] | str, properties: Mapping[str, str] | None, wait: bool) -> bool:
+    """True when send()'s message has send_columns' shape: no user properties, WAIT, and one
+    key (a str) or none."""
+    if properties or wait is not True:
+        return False
+    return type(keys) is str or (type(keys) in (tuple, list) and len(keys) <= 1
+                                 and all(type(key) is str for key in keys))
+
+
 def _resolve(future: Future, convert: Callable[[BatchResult], object]) -> Callable[[BatchResult], None]:
     return lambda result: future.set_result(convert(result))
 
@@ -271,6 +280,12 @@ class Producer:
              queue_id: int | None = None, properties: Mapping[str, str] | None = None,
              wait: bool = True) -> PutResult:
         """Put one message; blocks until the store answers (PUT_OK after the flush under sync)."""
+        if _fits_columns(keys, properties, wait):  # send_columns' direct path, no Message
+            key_column = [keys] if type(keys) is str else list(keys) or None
+            try:
+                return self.send_columns(topic, (body,), keys=key_column, tags=tags, queue_ids=queue_id)[0]
+            except BadInputError:
+                pass  # the message path gives a bad message its status
         message = _message(topic, body, tags, keys, queue_id, properties, wait)
         return self._send_one(message, self._live_sender().send_or_enqueue).result()
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from engine.errors import ServiceNotAvailableError, StoreClosedError, StoreError
 from engine.formats.record.encode_many import EncodedRecords
-from engine.status import PutStatus
+from engine.status import SERVICE_NOT_AVAILABLE_CODE, PutStatus
 from ipc.batch_result import failed_rows
 from ipc.control_block import ControlBlock, StoreState
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
@@ -367,7 +367,7 @@ class SlotSender:
 
     def _fail_queued_if_gone(self, rows: np.ndarray, reason: str | None) -> None:
         """No supervisor came back for this request: the queued records fail too."""
-        if reason is not None and rows["status"][0] == PutStatus.SERVICE_NOT_AVAILABLE:
+        if reason is not None and rows["status"][0] == SERVICE_NOT_AVAILABLE_CODE:
             self._fail_queued(reason)
 
     def _request(self, pieces: list[memoryview], count: int, wait: bool) -> tuple[np.ndarray, str | None]:
@@ -419,8 +419,8 @@ class SlotSender:
             self._unanswered_seq = None
             return failed_rows(count, PutStatus.MESSAGE_ILLEGAL), str(exc)
         # the first row decides the common case without a whole-array compare
-        if rows["status"][0] == PutStatus.SERVICE_NOT_AVAILABLE \
-                and (rows["status"] == PutStatus.SERVICE_NOT_AVAILABLE).all() \
+        if rows["status"][0] == SERVICE_NOT_AVAILABLE_CODE \
+                and (rows["status"] == SERVICE_NOT_AVAILABLE_CODE).all() \
                 and link.ctl.store_state is not StoreState.READY:
             self._drop_link()  # refused by a stopping supervisor, before any append
             return None

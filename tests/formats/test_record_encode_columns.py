@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import BadInputError
-from engine.formats.record import MAX_PROPERTIES_BYTES, Verify, decode_record, encode_record, stamp_record
+from engine.formats.record import (
+    MAX_PROPERTIES_BYTES,
+    Verify,
+    decode_record,
+    encode_many,
+    encode_record,
+    stamp_record,
+)
 from engine.formats.record.encode_many import encode_columns, encode_records
 from engine.formats.uniq_key import UniqKeyBlock
 from engine.message import Message, build_properties, encode_message_properties, key_column
@@ -114,3 +121,29 @@ def test_longest_key_that_fits_the_properties_limit():
     assert fits.buf == reference("T", [b"x"], [longest], None, [0], UniqKeyBlock(PREFIX, 0, 1))[0]
     with pytest.raises(BadInputError, match="exceed 32767"):
         columns("T", [b"x"], [longest + "k"], None, 0, UniqKeyBlock(PREFIX, 0, 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(topic=TOPIC, tags=TAGS, data=st.data(), n=st.integers(1, 40),
+       first_counter=st.sampled_from([0, 0xFFFFFF - 3]), with_keys=st.booleans())
+def test_few_record_path_is_byte_identical_to_the_vector_path(topic, tags, data, n, first_counter,
+                                                               with_keys):
+    """_encode_few (up to STRUCT_PATH_MAX_RECORDS records) against the numpy path, any n."""
+    bodies = data.draw(st.lists(st.binary(max_size=300), min_size=n, max_size=n))
+    keys_raw = key_column(data.draw(st.lists(KEY, min_size=n, max_size=n)), n) if with_keys else None
+    queue_ids = data.draw(st.lists(st.integers(0, 2**31 - 1), min_size=n, max_size=n) | st.just(3))
+    args = (topic.encode(), bodies, queue_ids, keys_raw, tags.encode() if tags is not None else None,
+            PREFIX, first_counter, BORN_TS_MS, BORN, STORE)
+    few = encode_many._encode_few(*args)
+    vector = encode_many._encode_vector(*args)
+    assert bytes(few.buf) == bytes(vector.buf)
+    assert few.starts.tolist() == vector.starts.tolist() and few.sizes.tolist() == vector.sizes.tolist()
+    assert few.starts.dtype == vector.starts.dtype == few.sizes.dtype
+
+
+def test_few_record_path_refuses_a_bad_host():
+    with pytest.raises(BadInputError) as info:
+        encode_columns(b"T", [b"x"], 0, keys_raw=None, tags_raw=None, uniq_prefix=PREFIX,
+                       first_counter=0, born_ts_ms=BORN_TS_MS, born_host=("not-an-ip", 1),
+                       store_host=STORE)
+    assert info.value.field == "host"

@@ -111,6 +111,35 @@ def test_send_batch_of_plain_messages_writes_the_same_records(store):
                 expected_log_bytes(record, tags=message.tags, key=message.keys[0])
 
 
+def test_send_of_one_plain_message_takes_the_columns_path_and_writes_the_same_record(store, monkeypatch):
+    """send() of a message without properties goes through send_columns (no Message built);
+    the log must not tell the difference, and every other message still takes the message path."""
+    import ipc.producer as producer_module
+    built = []
+    real_message = producer_module._message
+    monkeypatch.setattr(producer_module, "_message", lambda *args: built.append(args) or real_message(*args))
+    with Producer(store.root) as producer:
+        keyed = producer.send("COLS_SEND", b"one %b", keys="k-%é", tags="t")
+        listed = producer.send("COLS_SEND", b"listed", keys=["k2"], queue_id=3)
+        plain = producer.send("COLS_SEND", b"plain")
+        assert not built
+        two_keys = producer.send("COLS_SEND", b"two", keys=("a", "b"))
+        with_props = producer.send("COLS_SEND", b"props", properties={"p": "v"})
+        bad = producer.send("COLS_SEND", b"bad queue", queue_id=99)
+    assert len(built) == 3 and bad.status == PutStatus.MESSAGE_ILLEGAL
+    assert all(put.ok for put in (keyed, listed, plain, two_keys, with_props))
+    store.wait_caught_up()
+    with Consumer(store.root, "cols") as consumer:
+        records = pull_all(consumer, "COLS_SEND")
+    for put, tags, key in ((keyed, "t", "k-%é"), (listed, None, "k2"), (plain, None, None)):
+        record = records[put.commit_pos]
+        assert put.msg_id == record.msg_id and put.queue_offset == record.queue_offset
+        assert log_bytes(store.root, record.commit_pos, record.total_size) == \
+            expected_log_bytes(record, tags=tags, key=key)
+    assert records[listed.commit_pos].queue_id == 3
+    assert records[two_keys.commit_pos].keys == ("a", "b")
+
+
 def test_a_batch_larger_than_a_request_is_split_and_answered_in_order(store):
     count = 2600  # the mailbox takes at most 1024 records per request
     with Producer(store.root) as producer, store.ctl() as ctl:
