@@ -58,8 +58,10 @@ from engine.naming import validate_topic
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
 _I32 = struct.Struct(">i")  # BODYLENGTH
+# The header fields both paths check: by struct index in `check`, by 32-bit word in the batch.
+_WORD_FIELDS = ("total_size", "magic", "body_crc", "queue_id", "sys_flag", "body_length")
 _F_TOTAL, _F_MAGIC, _F_BODY_CRC, _F_QUEUE_ID, _F_SYS_FLAG, _F_BODY_LENGTH = (
-    FIELD_INDEX[name] for name in ("total_size", "magic", "body_crc", "queue_id", "sys_flag", "body_length"))
+    FIELD_INDEX[name] for name in _WORD_FIELDS)
 # Bit 0x4 is set in exactly the PREPARED (0x4) and ROLLBACK (0xC) transaction types: records
 # that RocketMQ keeps out of consume queues. mqstore has no transactions, so a producer may not
 # send them (one it acknowledged with a queue offset and then kept out of its queue left a gap).
@@ -75,7 +77,6 @@ _HEADER_WORDS = V4_HEADER_SIZE // _WORD_BYTES
 _TAIL_VOID = f"V{CRC32C_PROP_SIZE}"
 _RESERVED_TAIL = np.void(CRC32C_RESERVED)
 _HEADER_VOID = f"V{V4_HEADER_SIZE}"
-_WORD_FIELDS = ("total_size", "magic", "body_crc", "queue_id", "sys_flag", "body_length")
 _CHECKED_WORDS = np.array([FIELD_OFFSETS[name] // _WORD_BYTES for name in _WORD_FIELDS])
 _TOTAL_WORD, _MAGIC_WORD, _BODY_CRC_WORD, _QUEUE_ID_WORD, _SYS_FLAG_WORD, _BODY_LENGTH_WORD = range(
     len(_WORD_FIELDS))
