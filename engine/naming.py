@@ -152,3 +152,8 @@ def index_file_name(now_ms: int | None = None) -> str:
 def quarantine_name(cut_pos: int, now_ms: int) -> str:
     """Side file for a torn tail cut at `cut_pos` (ZODB's .trN idea)."""
     return f"{offset_to_name(cut_pos)}.{now_ms}.torn"
+
+
+def damaged_copy_name(start_pos: int, now_ms: int) -> str:
+    """Side file for the bytes of a damaged span a salvage accepted, starting at `start_pos`."""
+    return f"{offset_to_name(start_pos)}.{now_ms}.damaged"

@@ -39,7 +39,7 @@ from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.log_tail import log_chunks
 from engine.log_walk import walk_log
 from engine.log_walker import BadRegion, OnBadBytes, record_decoder, walk
-from engine.naming import QUARANTINE_DIR, offset_to_name
+from engine.naming import QUARANTINE_DIR, damaged_copy_name
 
 _MAX_PLACEHOLDER_BYTES = FILLER_SIZE_MARK - 1  # the filler mark itself is not a size
 
@@ -72,7 +72,7 @@ def accept_new_damage(root: Path, log: CommitLog, accepted: list[AcceptedSpan], 
     directory = ensure_dir(Path(root) / QUARANTINE_DIR)
     spans = list(accepted)
     for region in new:
-        path = directory / f"{offset_to_name(region.start_pos)}.{now_ms}.damaged"
+        path = directory / damaged_copy_name(region.start_pos, now_ms)
         write_new_file(path, log_chunks(log, region.start_pos, region.resume_pos))
         spans.append(AcceptedSpan(region.start_pos, region.resume_pos, region.reason, now_ms, str(path)))
     return sorted(spans, key=lambda s: s.start_pos)
