@@ -107,13 +107,17 @@ class BatchScanner:
                  run_bytes: int = 1 << 20):
         self.pos = start_pos
         self.end_pos = end_pos
-        self.fillers = 0
         self.verify = verify
         self.run_bytes = run_bytes
         self._records = Scanner(windows, start_pos, end_pos, run_decoder(verify))
 
     def __iter__(self) -> Iterator[ScannedRun]:
         return self
+
+    @property
+    def fillers(self) -> int:
+        """The fillers crossed: only the one-step Scanner crosses them (a run stops before one)."""
+        return self._records.fillers
 
     def __next__(self) -> ScannedRun:
         records = self._records
@@ -127,8 +131,7 @@ class BatchScanner:
         if spans is not None:
             self.pos = window.base_pos + int(spans.ends[-1])
             return ScannedRun(window.buf, window.base_pos, spans, None)
-        fillers = records.fillers
         try:
             return ScannedRun(None, 0, None, next(records))
         finally:
-            self.pos, self.fillers = records.pos, self.fillers + records.fillers - fillers
+            self.pos = records.pos
