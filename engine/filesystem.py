@@ -20,11 +20,7 @@ DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # what a write or al
 
 def fsync_dir(directory: Path) -> None:
     """Make a create, rename or unlink in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync_path(directory, os.O_RDONLY | os.O_DIRECTORY)
 
 
 def ensure_dir(directory: Path) -> Path:
@@ -91,8 +87,9 @@ def remove_tree(directory: Path) -> None:
         fsync_dir(directory.parent)
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
+    """fsync what `path` names, opened read-only with `flags`."""
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:
