@@ -17,7 +17,7 @@ import numpy as np
 from engine.commitlog import CommitLog
 from engine.filesystem import ensure_dir, write_new_file
 from engine.formats.record import Verify
-from engine.log_walk import is_zero_from, valid_records_between
+from engine.log_walk import valid_records_between
 from engine.naming import quarantine_name
 
 QUARANTINE_CHUNK_BYTES = 8 << 20  # the cut-off tail is copied to its quarantine file this much at a time
@@ -35,9 +35,9 @@ def quarantine_tail(commitlog: CommitLog, directory: Path, cut_pos: int, now_ms:
                     ) -> QuarantinedTail | None:
     """Copy the log's bytes from cut_pos to its last written byte into a new file in
     `directory`; None when nothing was written past cut_pos (a clean end, not a tear)."""
-    if is_zero_from(commitlog, cut_pos):
-        return None
     end_pos = tail_end(commitlog, cut_pos)
+    if end_pos == cut_pos:  # only zeros past the cut
+        return None
     path = ensure_dir(directory) / quarantine_name(cut_pos, now_ms)
     write_new_file(path, log_chunks(commitlog, cut_pos, end_pos))
     records = valid_records_between(commitlog, cut_pos, end_pos, Verify.MQSTORE).count
