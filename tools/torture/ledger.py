@@ -25,6 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.filesystem import fsync_dir
+
 LEDGER_SUFFIX = ".ledger"
 IDENTITY_PROPERTY = "TORTURE_ID"
 STATUS_OK = "ok"
@@ -81,7 +83,7 @@ class LedgerWriter:
         self.path = Path(path)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.entry_count = 0
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
 
     def append_batch(self, entries: Iterable[LedgerEntry]) -> int:
         """Write the lines of a batch and fsync once; returns how many were written."""
@@ -122,14 +124,6 @@ def count_lines(directory: Path) -> int:
         with open(path, "rb") as fh:
             total += fh.read().count(b"\n")
     return total
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class LedgerReader:
