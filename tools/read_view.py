@@ -44,8 +44,7 @@ class ReadView:
             ctl = None
         if ctl is not None:
             if ctl.supervisor_alive():
-                sync = ctl.flush_policy.value == "sync"
-                self.limit = ctl.flushed_pos if sync else ctl.written_pos
+                self.limit = ctl.readable_pos
             ctl.close()
 
     def at(self, commit_pos: int) -> Record:
