@@ -348,6 +348,12 @@ class ControlBlock:
         return self._read(SUPERVISOR_GROUP_OFFSET, SUPERVISOR_GROUP)[1]
 
     @property
+    def readable_pos(self) -> int:
+        """The first commit position a reader must not read yet: flushed under sync flush (only
+        acknowledged records), written under async."""
+        return self.flushed_pos if self.flush_policy is FlushPolicy.SYNC else self.written_pos
+
+    @property
     def dispatched_pos(self) -> int:
         return self._read(DISPATCHER_GROUP_OFFSET, DISPATCHER_GROUP)[0]
 

@@ -195,12 +195,10 @@ class StoreCollector:
                                  "committed the queue, Unix seconds", labels=labels)
         for row in lag_table(self.root):
             key = [row.group, row.topic, str(row.queue_id)]
-            if row.committed_offset is not None:
-                committed.add_metric(key, row.committed_offset)
+            _add_known(committed, key, row.committed_offset)
             lag.add_metric(key, row.lag_messages)
             lag_s.add_metric(key, row.lag_ms / 1000)
-            if row.last_commit_time_ms is not None:
-                last.add_metric(key, row.last_commit_time_ms / 1000)
+            _add_known(last, key, _seconds(row.last_commit_time_ms))
         yield from (committed, lag, lag_s, last)
 
 
@@ -210,6 +208,17 @@ def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
 
 def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, help_text, value=value)
+
+
+def _add_known(family: Metric, key: list[str], value: float | None) -> None:
+    """Add one sample unless its value is unknown (None): a missing series, never a made-up 0."""
+    if value is not None:
+        family.add_metric(key, value)
+
+
+def _seconds(value_ms: float | None) -> float | None:
+    """Milliseconds as seconds, an unknown (None) staying unknown."""
+    return None if value_ms is None else value_ms / 1000
 
 
 def _put_latency(latency: dict) -> HistogramMetricFamily:
@@ -239,8 +248,7 @@ def _positions(status: dict) -> Iterator[Metric]:
                               "processed (0 when caught up)", labels=["stage"])
     for stage in ("flush", "dispatch"):
         lag.add_metric([stage], lag_b[stage])
-        if lag_ms[stage] is not None:
-            lag_s.add_metric([stage], lag_ms[stage] / 1000)
+        _add_known(lag_s, [stage], _seconds(lag_ms[stage]))
     indexed = GaugeMetricFamily("mqstore_index_position_bytes", "Commit position each index shard "
                                 "has processed and made durable", labels=["shard", "stage"])
     index_lag = GaugeMetricFamily("mqstore_index_lag_bytes", "Bytes an index shard is behind",
@@ -251,8 +259,7 @@ def _positions(status: dict) -> Iterator[Metric]:
         indexed.add_metric([str(shard), "processed"], processed)
         indexed.add_metric([str(shard), "durable"], pos["index_durable"][shard])
         index_lag.add_metric([str(shard)], lag_b["index"][shard])
-        if lag_ms["index"][shard] is not None:
-            index_lag_s.add_metric([str(shard)], lag_ms["index"][shard] / 1000)
+        _add_known(index_lag_s, [str(shard)], _seconds(lag_ms["index"][shard]))
     yield from (position, lag, lag_s, indexed, index_lag, index_lag_s)
 
 
@@ -273,10 +280,7 @@ def _processes(processes: list[dict]) -> Iterator[Metric]:
         key = [proc["role"], str(proc["shard"])]
         up.add_metric(key, int(proc["state"] != "gone"))
         restarts.add_metric(key, proc["restarts"])
-        if proc["cpu_seconds"] is not None:
-            cpu.add_metric(key, proc["cpu_seconds"])
-        if proc["rss_bytes"] is not None:
-            rss.add_metric(key, proc["rss_bytes"])
-        if proc["rss_anon_bytes"] is not None:
-            anon.add_metric(key, proc["rss_anon_bytes"])
+        _add_known(cpu, key, proc["cpu_seconds"])
+        _add_known(rss, key, proc["rss_bytes"])
+        _add_known(anon, key, proc["rss_anon_bytes"])
     yield from (up, cpu, rss, anon, restarts)

@@ -10,13 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.commitlog import CommitLog
-from engine.errors import (
-    BadInputError,
-    CorruptRecordError,
-    NotAStoreError,
-    ServiceNotAvailableError,
-    StoreError,
-)
+from engine.errors import BadInputError, CorruptRecordError, NotAStoreError, StoreError
 from engine.formats.index_file import shard_of
 from engine.formats.record import Record, Verify
 from engine.mapped_file import Access
@@ -37,16 +31,7 @@ class ReadView:
         self.root = root
         self.meta = read_meta(root)
         self.commitlog = CommitLog.open(root, self.meta.commitlog_file_size, Access.READ_ONLY)
-        self.limit: int | None = None
-        try:
-            ctl = ControlBlock.attach(root)
-        except (ServiceNotAvailableError, StoreError):
-            ctl = None
-        if ctl is not None:
-            if ctl.supervisor_alive():
-                sync = ctl.flush_policy.value == "sync"
-                self.limit = ctl.flushed_pos if sync else ctl.written_pos
-            ctl.close()
+        self.limit = _readable_limit(root)
 
     def at(self, commit_pos: int) -> Record:
         """The record at `commit_pos`, checksum verified; BadInputError when there is none."""
@@ -81,3 +66,14 @@ class ReadView:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _readable_limit(root: Path) -> int | None:
+    """A live supervisor's readable_pos; None when no supervisor serves the store (no control
+    block, ServiceNotAvailableError being a StoreError, or a dead supervisor's leftover)."""
+    try:
+        ctl = ControlBlock.attach(root)
+    except StoreError:
+        return None
+    with ctl:
+        return ctl.readable_pos if ctl.supervisor_alive() else None

@@ -322,7 +322,7 @@ def _wait_dispatched(store_dir: str, deadline: float) -> None:
     from ipc.control_block import ControlBlock
 
     with ControlBlock.attach(store_dir) as ctl:
-        target = ctl.flushed_pos if ctl.flush_policy.value == "sync" else ctl.written_pos
+        target = ctl.readable_pos
         while ctl.dispatched_pos < target:
             if time.monotonic() > deadline:
                 raise BenchError(f"the dispatcher did not reach {target} (at {ctl.dispatched_pos})")
