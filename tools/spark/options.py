@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import Enum
 
@@ -80,10 +80,7 @@ class SourceOptions:
 
     def pruning_filter(self) -> ScanFilter:
         """The filter the planner prunes with (topics only when topic pruning is on)."""
-        if self.prune_topics:
-            return self.scan_filter
-        return ScanFilter(self.scan_filter.start_pos, self.scan_filter.end_pos, self.scan_filter.start_ms,
-                          self.scan_filter.end_ms, None, self.scan_filter.time_slack_ms)
+        return self.scan_filter if self.prune_topics else replace(self.scan_filter, topics=None)
 
 
 def refuse_unknown(options: Mapping[str, str]) -> None:
