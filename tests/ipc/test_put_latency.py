@@ -10,21 +10,16 @@ import textwrap
 
 import pytest
 
-from ipc.control_block import PUT_LATENCY_GROUP_OFFSET, TOTAL_SIZE, ControlBlock, FlushCode
+from ipc.control_block import PUT_LATENCY_GROUP_OFFSET, TOTAL_SIZE
 from ipc.put_latency import BOUNDS_NS, BUCKET_COUNT, LatencyHistogram, LatencyTally
-from ipc.shm import issue_shm_token, unlink_stale_regions
-from ipc.wakeup import unlink_all
+from tests.ipc.control_blocks import control_block
 from workers.child_env import REPO_ROOT, child_env
 
 
 @pytest.fixture
 def ctl(tmp_path):
-    issue_shm_token(tmp_path)  # what a supervisor does before creating its regions
-    block = ControlBlock.create(tmp_path, 1, FlushCode.SYNC)
-    yield block
-    block.close()
-    unlink_stale_regions(tmp_path)
-    unlink_all(tmp_path)
+    with control_block(tmp_path, 1) as block:
+        yield block
 
 
 def tally_of(*latencies_ns: int) -> LatencyTally:

@@ -15,23 +15,16 @@ from ipc.control_block import (
     PUT_LATENCY_GROUP_OFFSET,
     PUT_STATUS_GROUP_OFFSET,
     TOTAL_SIZE,
-    ControlBlock,
-    FlushCode,
     Role,
 )
 from ipc.retention_block import SHARD_CLEAN_OFFSET, ChildClean, RetentionBlock, RetentionLine
-from ipc.shm import issue_shm_token, unlink_stale_regions
-from ipc.wakeup import unlink_all
+from tests.ipc.control_blocks import control_block
 
 
 @pytest.fixture
 def ctl(tmp_path):
-    issue_shm_token(tmp_path)  # what a supervisor does before creating its regions
-    block = ControlBlock.create(tmp_path, 3, FlushCode.SYNC)
-    yield block
-    block.close()
-    unlink_stale_regions(tmp_path)
-    unlink_all(tmp_path)
+    with control_block(tmp_path, 3) as block:
+        yield block
 
 
 def test_the_retention_area_fits_the_layout_before_the_put_status_and_latency_groups():

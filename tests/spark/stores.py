@@ -74,3 +74,16 @@ def engine_records(root: Path) -> dict[int, object]:
     finally:
         store.close()
     return out
+
+
+def start_available_now(frame, out: Path, checkpoint: Path):
+    """Start a Trigger.AvailableNow query writing the streaming `frame` to `out` as Parquet."""
+    return (frame.writeStream.format("parquet").option("path", str(out))
+            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+
+
+def run_available_now(frame, out: Path, checkpoint: Path, timeout_s: float) -> None:
+    """start_available_now, waited for; the query must end without an exception."""
+    query = start_available_now(frame, out, checkpoint)
+    query.awaitTermination(timeout_s)
+    assert query.exception() is None

@@ -12,7 +12,7 @@ from pyspark.sql.datasource import EqualTo, In
 
 from engine.check import check as engine_check
 from engine.errors import BadInputError, DataLossError
-from tests.spark.stores import T0_MS, FakeClock, message_batches, write_store
+from tests.spark.stores import T0_MS, FakeClock, message_batches, run_available_now, write_store
 from tools.spark.options import parse_options
 from tools.spark.source import PushdownReader
 from tools.spark.stream import MqstoreStreamReader
@@ -103,12 +103,9 @@ def test_stream_offsets_are_per_store_and_data_loss_names_its_store(tmp_path):
 
 
 def _run_stream(spark, glob, out, checkpoint) -> None:
-    query = (spark.readStream.format("mqstore").load(glob)
-             .selectExpr("store", "properties['seq'] AS seq", "commit_pos")
-             .writeStream.format("parquet").option("path", str(out))
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-    query.awaitTermination(180)
-    assert query.exception() is None
+    frame = spark.readStream.format("mqstore").load(glob).selectExpr("store", "properties['seq'] AS seq",
+                                                                      "commit_pos")
+    run_available_now(frame, out, checkpoint, 180)
 
 
 @pytest.mark.slow

@@ -15,7 +15,16 @@ from engine.checkpoint import load_checkpoint
 from engine.errors import BadInputError, DataLossError
 from engine.store import MessageStore
 from tests.conftest import ROCKETMQ_SAMPLES
-from tests.spark.stores import SMALL_CONFIG, T0_MS, FakeClock, engine_records, message_batches, write_store
+from tests.spark.stores import (
+    SMALL_CONFIG,
+    T0_MS,
+    FakeClock,
+    engine_records,
+    message_batches,
+    run_available_now,
+    start_available_now,
+    write_store,
+)
 from tools.spark.options import parse_options
 from tools.spark.source import MqstoreReader
 from tools.spark.stream import MqstoreStreamReader
@@ -44,11 +53,7 @@ def test_latest_offset_is_what_the_checkpoint_says_is_durable(tmp_path):
 
 
 def _run_once(spark, root, out, checkpoint) -> None:
-    query = (spark.readStream.format("mqstore").load(str(root))
-             .writeStream.format("parquet").option("path", str(out))
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-    query.awaitTermination(120)
-    assert query.exception() is None
+    run_available_now(spark.readStream.format("mqstore").load(str(root)), out, checkpoint, 120)
 
 
 @pytest.mark.slow
@@ -109,9 +114,8 @@ def _retention(root, keep_from_pos: int) -> int:
 
 
 def _stream(spark, root, out, checkpoint, **options):
-    return (spark.readStream.format("mqstore").options(**options).load(str(root))
-            .writeStream.format("parquet").option("path", str(out))
-            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    return start_available_now(spark.readStream.format("mqstore").options(**options).load(str(root)),
+                               out, checkpoint)
 
 
 @pytest.mark.slow

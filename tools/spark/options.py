@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import Enum
 
@@ -80,10 +80,7 @@ class SourceOptions:
 
     def pruning_filter(self) -> ScanFilter:
         """The filter the planner prunes with (topics only when topic pruning is on)."""
-        if self.prune_topics:
-            return self.scan_filter
-        return ScanFilter(self.scan_filter.start_pos, self.scan_filter.end_pos, self.scan_filter.start_ms,
-                          self.scan_filter.end_ms, None, self.scan_filter.time_slack_ms)
+        return self.scan_filter if self.prune_topics else replace(self.scan_filter, topics=None)
 
 
 def refuse_unknown(options: Mapping[str, str]) -> None:
@@ -101,7 +98,7 @@ def refuse_options(options: Mapping[str, str], known: Mapping[str, str | None], 
             raise BadInputError(key, f"unknown {what}{hint} (known: {', '.join(known)})")
 
 
-def _option(options: Mapping[str, str], name: str, default: str | None = None) -> str | None:
+def option_value(options: Mapping[str, str], name: str, default: str | None = None) -> str | None:
     """Case-insensitive lookup (Spark lower-cases option names on some paths)."""
     lowered = name.lower()
     for key, value in options.items():
@@ -111,14 +108,14 @@ def _option(options: Mapping[str, str], name: str, default: str | None = None) -
 
 
 def _choice(options: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
-    value = (_option(options, name, default) or default).strip().lower()
+    value = (option_value(options, name, default) or default).strip().lower()
     if value not in allowed:
         raise BadInputError(name, f"{value!r} is not one of {', '.join(allowed)}")
     return value
 
 
 def _int_option(options: Mapping[str, str], name: str, default: int | None) -> int | None:
-    text = _option(options, name)
+    text = option_value(options, name)
     if text is None or not text.strip():
         return default
     try:
@@ -153,13 +150,13 @@ def parse_time_ms(name: str, text: str | None) -> int | None:
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
     """Validate the reader options (BadInputError names the bad option)."""
     refuse_unknown(options)
-    paths = parse_store_paths(_option(options, "path"), _option(options, "paths"))
-    topics_text = _option(options, "topics")
+    paths = parse_store_paths(option_value(options, "path"), option_value(options, "paths"))
+    topics_text = option_value(options, "topics")
     topics = frozenset(t.strip() for t in topics_text.split(",") if t.strip()) if topics_text else None
     scan_filter = ScanFilter(
         start_pos=_int_option(options, "startPos", 0) or 0, end_pos=_int_option(options, "endPos", None),
-        start_ms=parse_time_ms("startTime", _option(options, "startTime")),
-        end_ms=parse_time_ms("endTime", _option(options, "endTime")), topics=topics,
+        start_ms=parse_time_ms("startTime", option_value(options, "startTime")),
+        end_ms=parse_time_ms("endTime", option_value(options, "endTime")), topics=topics,
         time_slack_ms=_int_option(options, "timeSlackMs", 60_000) or 0)
     store_format = _choice(options, "format", "auto", ("auto", "mqstore", "rocketmq"))
     target_bytes = _int_option(options, "maxPartitionBytes", DEFAULT_PARTITION_BYTES)
@@ -174,7 +171,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         split_mode=SplitMode(_choice(options, "splitMode", "sample", ("sample", "walk"))),
         prune_topics=_choice(options, "topicPruning", "consumequeue", ("consumequeue", "off")) != "off",
         output=OutputView(_choice(options, "view", "messages", ("messages", "dispatch", "kafka"))),
-        starting_offsets=(_option(options, "startingOffsets", "earliest") or "earliest").strip().lower(),
+        starting_offsets=(option_value(options, "startingOffsets", "earliest") or "earliest").strip().lower(),
         on_data_loss=DataLoss.FAIL if _choice(options, "failOnDataLoss", "true", ("true", "false")) == "true"
         else DataLoss.SKIP,
         max_records_per_trigger=_positive(options, "maxRecordsPerTrigger"),

@@ -12,6 +12,7 @@ and reading) is lost data: `DataLoss.FAIL` raises DataLossError naming its commi
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -148,12 +149,7 @@ def read_partition(partition: RangePartition | None, selection: RowSelection,
         except FileNotFoundError:  # read_batches opens the segment before its first batch
             report_loss(lost(rng), on_loss)
             continue
-        for batch in _chain(first, batches):
+        for batch in itertools.chain((first,), batches):
             batch = selection.apply(batch, source.store)
             if batch.num_rows:
                 yield batch
-
-
-def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    yield first
-    yield from rest

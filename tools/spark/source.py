@@ -102,16 +102,19 @@ class MqstoreDataSource(DataSource):
         opts = parse_options(self.options)
         return schema_ddl(opts.output, opts.verify_mode)
 
-    def reader(self, schema: StructType) -> DataSourceReader:
+    def _read_options(self, schema: StructType) -> tuple[SourceOptions, RowSelection]:
+        """The parsed options, and the view and columns of `schema` the rows are shaped to."""
         opts = parse_options(self.options)
         columns = selected_columns(schema, opts.output, opts.verify_mode)
+        return opts, RowSelection(columns=columns, output=opts.output)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts, selection = self._read_options(schema)
         reader_class = PushdownReader if opts.filter_pushdown else MqstoreReader
-        return reader_class(opts, RowSelection(columns=columns, output=opts.output))
+        return reader_class(opts, selection)
 
     def streamReader(self, schema: StructType):  # noqa: N802 - the PySpark API's name
-        opts = parse_options(self.options)
-        columns = selected_columns(schema, opts.output, opts.verify_mode)
-        return MqstoreStreamReader(opts, RowSelection(columns=columns, output=opts.output))
+        return MqstoreStreamReader(*self._read_options(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> MqstoreWriter:
         refuse_overwrite(overwrite)

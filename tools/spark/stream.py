@@ -33,6 +33,7 @@ seen when the query started, and nothing newer.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -49,7 +50,6 @@ from tools.spark.layout import StoreLayout, read_durable_pos, read_layout
 from tools.spark.options import DataLoss, SourceOptions
 from tools.spark.partitions import (
     BlockReader,
-    ScanFilter,
     chain_end,
     first_record_at,
     next_record_pos,
@@ -194,9 +194,8 @@ class StoreStream:
             lost = DataLossError(start_pos, min(self.layout.min_pos, end_pos), path=self.store,
                                  hint=DATA_LOSS_HINT)
             report_loss(lost, self.opts.on_data_loss)
-        f = self.opts.scan_filter
-        scan_filter = ScanFilter(max(start_pos, self.layout.min_pos), end_pos, f.start_ms, f.end_ms,
-                                 f.topics if self.opts.prune_topics else None, f.time_slack_ms)
+        scan_filter = replace(self.opts.pruning_filter(), start_pos=max(start_pos, self.layout.min_pos),
+                              end_pos=end_pos)
         ranges = plan_scan(self.layout, scan_filter, target_bytes=self.opts.target_bytes,
                            split_mode=self.opts.split_mode, known_start=start_pos)
         return StoreRanges(self.source, tuple(ranges))

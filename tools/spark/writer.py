@@ -35,7 +35,7 @@ from pyspark.sql.types import (
 
 from engine.errors import BadInputError, PutFailedError
 from engine.message import Message
-from tools.spark.options import refuse_options
+from tools.spark.options import option_value, refuse_options
 
 DEFAULT_BATCH_SIZE = 256
 # checkpointLocation is Spark's (a streaming query hands it to its sink too); the sink keeps no state
@@ -104,11 +104,10 @@ class WriteTarget:
 
 def parse_writer_options(options: Mapping[str, str]) -> WriteTarget:
     refuse_options(options, WRITER_OPTIONS, "mqstore writer option")
-    lowered = {k.lower(): v for k, v in options.items()}
-    store = (lowered.get("path") or "").strip()
+    store = (option_value(options, "path") or "").strip()
     if not store or "," in store:
         raise BadInputError("path", "give the one store to write into: .option('path', STORE_DIR)")
-    text = lowered.get("batchsize") or str(DEFAULT_BATCH_SIZE)
+    text = option_value(options, "batchSize") or str(DEFAULT_BATCH_SIZE)
     if not text.strip().isdigit() or int(text) < 1:
         raise BadInputError("batchSize", f"{text!r} is not a positive number")
     return WriteTarget(store, int(text))
