@@ -10,13 +10,15 @@ import pytest
 from tools.bench import report, sweep
 
 
-def _doc(mqstore: float, redis: float | None, p99: float = 2.0) -> dict:
+def _doc(mqstore: float, redis: float | None, p99: float = 2.0, sqlite: float | None = None) -> dict:
     def run(rate: float) -> dict:
         return {"summary": {"pub_msgs_per_s": rate, "pub_latency": {"p99_ms": p99}}}
 
     runs = {"mqstore": run(mqstore)}
     if redis is not None:
         runs["redis"] = run(redis)
+    if sqlite is not None:
+        runs["sqlite"] = run(sqlite)
     return {"runs": runs}
 
 
@@ -25,7 +27,7 @@ def test_medians_and_ratio_per_value():
     rows = sweep.medians(docs)
     assert rows[0]["mqstore"]["msgs_per_s"] == 200 and rows[0]["redis"]["msgs_per_s"] == 60
     assert rows[0]["mqstore"]["runs_msgs_per_s"] == [100, 300, 200]
-    assert rows[0]["ratio"] == 3.33 and "ratio" not in rows[1]
+    assert rows[0]["ratios"] == {"redis": 3.33} and rows[1]["ratios"] == {}
     assert sweep.table("producers", rows).splitlines() == [
         "| producers | 1 | 4 |",
         "|---|---|---|",
@@ -33,8 +35,17 @@ def test_medians_and_ratio_per_value():
         "| mqstore publish p99 ms | 2.0 | 2.0 |",
         "| redis msg/s | 60 | - |",
         "| redis publish p99 ms | 2.0 | - |",
-        "| ratio | 3.33 | - |",
+        "| mqstore / redis | 3.33 | - |",
     ]
+
+
+def test_two_peers_get_a_ratio_row_each():
+    docs = {1: [_doc(100, 50, sqlite=200), _doc(120, 40, sqlite=100), _doc(110, 55, sqlite=220)]}
+    rows = sweep.medians(docs)
+    assert rows[0]["ratios"] == {"redis": 2.2, "sqlite": 0.55}
+    lines = sweep.table("producers", rows).splitlines()
+    assert lines[-2:] == ["| mqstore / redis | 2.20 |", "| mqstore / sqlite | 0.55 |"]
+    assert "| sqlite msg/s | 200 |" in lines
 
 
 def test_the_axis_flag_comes_last_so_it_wins_over_extra_arguments(tmp_path):
@@ -69,6 +80,28 @@ def test_an_unknown_axis_is_refused_by_the_parser(tmp_path, capsys):
         sweep.main(["--axis", "consumers", "--values", "1", "--out", str(tmp_path / "o")])
     assert exc.value.code == 2 and "invalid choice: 'consumers'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_peer_is_refused_by_the_parser(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        sweep.main(["--axis", "size", "--values", "64", "--out", str(tmp_path / "o"),
+                    "--peer", "redis,mongo"])
+    assert exc.value.code == 2 and "'mongo' is not a peer" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_sweep_with_the_sqlite_peer_measures_both_and_their_ratio(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    argv = ["--axis", "size", "--values", "64", "--runs", "1", "--out", str(out), "--peer", "sqlite",
+            "--seconds", "1", "--warmup", "0.5", "--", "--interval", "1", "--batch", "8"]
+    assert sweep.main(argv) == 0
+    assert "[1/1] size 64 run 1: mqstore " in capsys.readouterr().out
+    doc = json.loads((out / "size-64-1.json").read_text())
+    assert sorted(doc["runs"]) == ["mqstore", "sqlite"] and "--peer sqlite" in doc["command"]
+    (row,) = json.loads((out / "size.json").read_text())["rows"]
+    assert row["sqlite"]["msgs_per_s"] > 0 and row["ratios"]["sqlite"] > 0
+    assert "| mqstore / sqlite |" in (out / "size.md").read_text()
 
 
 @pytest.mark.slow

@@ -90,7 +90,8 @@ def render_scaling(rows: list[dict], path: str, *, x_label: str, load_1m: float 
 
     fig, (rate_ax, lat_ax) = plt.subplots(2, 1, figsize=(8, 7))
     rows = sorted(rows, key=lambda row: row["value"])
-    backends = sorted({name for row in rows for name, cell in row.items() if isinstance(cell, dict)})
+    backends = sorted({name for row in rows for name, cell in row.items()
+                       if isinstance(cell, dict) and "msgs_per_s" in cell})
     for name in backends:
         xs = [row["value"] for row in rows if name in row]
         rate_ax.plot(xs, [row[name]["msgs_per_s"] for row in rows if name in row], STYLES.get(name, ":"),

@@ -2,7 +2,7 @@
 of producers or body size, each repeated --runs times, then the median table and the scaling plot
 (tools.bench.plot.render_scaling).
 
-    python -m tools.bench.sweep --axis producers --values 1,2,4,8,16 --runs 3 --out sweep-p --peer redis
+    python -m tools.bench.sweep --axis producers --values 1,2,4,8,16 --out sweep-p --peer redis,sqlite
     python -m tools.bench.sweep --axis size --values 64,256,1024,4096,16384,65536 --out sweep-s
 
 Each run is `mqstore bench --start --consumers 0 --keys --batch 64 --flush sync --index-shards 2`,
@@ -33,6 +33,7 @@ from pathlib import Path
 
 from engine.errors import StoreError
 from tools.bench import report
+from tools.bench.peers import parse_peers
 from workers.child_env import REPO_ROOT, child_env
 
 PROG = "python -m tools.bench.sweep"
@@ -80,7 +81,7 @@ def checked_timeout_s(axis: str, values: list[int], common: list[str], out: Path
             raise SweepError("the bench refuses these arguments (its message is above)") from None
         except StoreError as exc:
             raise SweepError(f"the bench refuses {AXES[axis]} {value} with these arguments: {exc}") from None
-    backends = 2 if parsed.peer else 1
+    backends = 1 + len(parsed.peer or ())
     return backends * (parsed.warmup + parsed.seconds + RUN_MARGIN_S)
 
 
@@ -169,7 +170,8 @@ def _wait_then_stop(proc: subprocess.Popen) -> None:
 
 
 def medians(docs: dict[int, list[dict]]) -> list[dict]:
-    """Per value: median publish rate and p99 per backend over its runs, and the mqstore/peer ratio."""
+    """Per value: median publish rate and p99 per backend over its runs, and per peer the ratio
+    of the medians, mqstore / peer (`ratios`)."""
     rows = []
     for value, runs in docs.items():
         row: dict = {"value": value, "runs": len(runs)}
@@ -178,17 +180,22 @@ def medians(docs: dict[int, list[dict]]) -> list[dict]:
             row[name] = {"msgs_per_s": statistics.median(s["pub_msgs_per_s"] for s in summaries),
                          "p99_ms": statistics.median(s["pub_latency"]["p99_ms"] for s in summaries),
                          "runs_msgs_per_s": [s["pub_msgs_per_s"] for s in summaries]}
-        peer = next((name for name in row if name not in ("value", "runs", "mqstore")), None)
-        if peer and "mqstore" in row and row[peer]["msgs_per_s"]:
-            row["ratio"] = round(row["mqstore"]["msgs_per_s"] / row[peer]["msgs_per_s"], 2)
+        peers = [name for name in row if name not in ("value", "runs", "mqstore")]
+        row["ratios"] = {peer: round(row["mqstore"]["msgs_per_s"] / row[peer]["msgs_per_s"], 2)
+                         for peer in peers if "mqstore" in row and row[peer]["msgs_per_s"]}
         rows.append(row)
     return rows
 
 
+def backend_names(rows: list[dict]) -> set[str]:
+    """The backends measured in `rows` (the cells that hold a median rate)."""
+    return {name for row in rows for name, cell in row.items()
+            if isinstance(cell, dict) and "msgs_per_s" in cell}
+
+
 def table(axis: str, rows: list[dict]) -> str:
     """The medians as a Markdown table, one column per value."""
-    names = sorted({name for row in rows for name in row if isinstance(row[name], dict)},
-                   key=lambda name: name != "mqstore")
+    names = sorted(backend_names(rows), key=lambda name: name != "mqstore")
     lines = [f"| {X_LABELS[axis]} | " + " | ".join(str(row["value"]) for row in rows) + " |",
              "|---|" + "---|" * len(rows)]
     for name in names:
@@ -196,9 +203,9 @@ def table(axis: str, rows: list[dict]) -> str:
             f"{row[name]['msgs_per_s']:,.0f}" if name in row else "-" for row in rows) + " |")
         lines.append(f"| {name} publish p99 ms | " + " | ".join(
             f"{row[name]['p99_ms']:.1f}" if name in row else "-" for row in rows) + " |")
-    if any("ratio" in row for row in rows):
-        lines.append("| ratio | " + " | ".join(f"{row['ratio']:.2f}" if "ratio" in row else "-"
-                                                 for row in rows) + " |")
+    for peer in sorted({peer for row in rows for peer in row["ratios"]}):
+        lines.append(f"| mqstore / {peer} | " + " | ".join(
+            f"{row['ratios'][peer]:.2f}" if peer in row["ratios"] else "-" for row in rows) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -214,7 +221,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--values", required=True, help="comma-separated values of the axis")
     parser.add_argument("--runs", type=int, default=3, help="runs per value (default 3)")
     parser.add_argument("--out", type=Path, required=True, help="directory for documents, table, plot")
-    parser.add_argument("--peer", choices=("redis",), help="run Redis Streams beside each run")
+    parser.add_argument("--peer", type=parse_peers,
+                        help="peers run beside each run: redis, sqlite or both (redis,sqlite)")
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per run (default 8)")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per run (default 2)")
     return parser.parse_args(argv), extra
@@ -235,7 +243,7 @@ def _check(args: argparse.Namespace, extra: list[str]) -> tuple[list[int], list[
     if importlib.util.find_spec("matplotlib") is None:
         raise SweepError("the plot needs matplotlib: pip install 'mqstore[plot]'")
     common = ["--seconds", f"{args.seconds:g}", "--warmup", f"{args.warmup:g}",
-              *(["--peer", args.peer] if args.peer else []), *extra]
+              *(["--peer", ",".join(args.peer)] if args.peer else []), *extra]
     return values, common, checked_timeout_s(args.axis, values, common, args.out)
 
 
