@@ -159,7 +159,9 @@ class IndexBuilder(ChildProcess):
         if len(parts) == 1:
             return block
         return KeyBlock(parts[-1].block_no, block.start_pos, parts[-1].end_pos,
-                        *(np.concatenate(columns) for columns in zip(*(p[3:] for p in parts), strict=True)))
+                        np.concatenate([p.key_hash for p in parts]),
+                        np.concatenate([p.commit_pos for p in parts]),
+                        np.concatenate([p.store_ts_ms for p in parts]))
 
     def _next_block(self, pos: int) -> KeyBlock | None:
         if self.reader is None or self.ring.retired:
