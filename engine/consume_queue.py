@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import struct
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
@@ -54,6 +55,7 @@ from engine.segment_queue import SegmentQueue
 
 _FILLER_BYTES = encode_cq_entry(*FILLER_ENTRY)
 _entry_unpack = CQ_ENTRY.unpack_from
+_entry_pack = CQ_ENTRY.pack
 _SCAN_CHUNK_ENTRIES = 4096
 _RECOVER_FILES = 3  # RocketMQ recovers from the third-to-last file
 
@@ -177,6 +179,25 @@ class ConsumeQueue:
         self._max_offset += count - present
         self._max_commit_end = int(commits[-1] + sizes[-1])
         return count - present + repaired
+
+    def put_few(self, queue_offsets: list[int], commit_positions: list[int], sizes: list[int],
+                tags_codes: list[int]) -> int:
+        """put_batch for a few entries given as lists: an append of one run at max_offset is
+        packed with struct (no numpy fixed cost per queue); anything else goes to put_batch."""
+        count = len(queue_offsets)
+        first = queue_offsets[0] if count else -1
+        if (first != self._max_offset or queue_offsets[-1] - first != count - 1
+                or queue_offsets != list(range(first, first + count))
+                or min(commit_positions) < 0 or min(sizes) <= 0):
+            return self.put_batch(queue_offsets, commit_positions, sizes, tags_codes)
+        try:
+            data = b"".join(map(_entry_pack, commit_positions, sizes, tags_codes))
+        except struct.error as exc:
+            raise BadInputError("put_few", str(exc)) from None
+        self._write(first, data)
+        self._max_offset = first + count
+        self._max_commit_end = commit_positions[-1] + sizes[-1]
+        return count
 
     def initialize_with_offset(self, queue_offset: int) -> None:
         """Drop every file and restart the queue empty at `queue_offset` (min = max)."""

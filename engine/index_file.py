@@ -60,6 +60,7 @@ from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile, ReadAhead
 _header_unpack, _header_pack = INDEX_HEADER.unpack_from, INDEX_HEADER.pack_into
 _slot_unpack, _slot_pack = SLOT.unpack_from, SLOT.pack_into
 _entry_unpack, _entry_pack = INDEX_ENTRY.unpack_from, INDEX_ENTRY.pack_into
+FEW_KEYS = 64  # up to this many keys a put_hashes goes key by key (~1 us a key; numpy ~50 us)
 
 
 class IndexFileFullError(StoreError):
@@ -200,6 +201,10 @@ class IndexFile:
         end = start + m * INDEX_ENTRY_SIZE
         if end > self._reserved_end:
             self._reserve(end)
+        if m <= FEW_KEYS:
+            self._put_each(buf, key_hashes[:m].tolist(), commit_positions[:m].tolist(),
+                           store_ts_ms[:m].tolist(), (begin_ts, begin_pos, slots_used, count))
+            return m
         hashes, positions = key_hashes[:m].astype(np.int64), commit_positions[:m].astype(np.int64)
         times = store_ts_ms[:m].astype(np.int64)
         numbers = count + np.arange(m, dtype=np.int64)
@@ -220,6 +225,28 @@ class IndexFile:
         _header_pack(buf, 0, begin_ts, int(times[-1]), begin_pos, int(positions[-1]),
                      slots_used + int(np.count_nonzero(prev == 0)), count + m)
         return m
+
+    def _put_each(self, buf, hashes: list[int], positions: list[int], times: list[int],
+                  header: tuple[int, int, int, int]) -> None:
+        """put_hashes key by key with struct, put_key's steps (entry, then slot; the header
+        once at the end): the same bytes, without the numpy path's fixed cost for a few keys.
+        `header`: (begin_ts, begin_pos, slots_used, count) before the batch."""
+        begin_ts, begin_pos, slots_used, count = header
+        slot_count = self.slot_count
+        first_keys = count <= 1  # the file's first key sets its begin, as in put_hashes
+        for key_hash, commit_pos, store_ts in zip(hashes, positions, times, strict=True):
+            spos = slot_pos(key_hash % slot_count)
+            head = _slot_unpack(buf, spos)[0]
+            if head <= 0 or head > count:
+                head = 0
+            _entry_pack(buf, entry_pos(slot_count, count), key_hash, commit_pos,
+                        time_diff_s(store_ts, begin_ts), head)
+            _slot_pack(buf, spos, count)
+            if first_keys:
+                begin_ts, begin_pos, first_keys = store_ts, commit_pos, False
+            slots_used += head == 0
+            count += 1
+        _header_pack(buf, 0, begin_ts, times[-1], begin_pos, positions[-1], slots_used, count)
 
     def select(self, key: str, begin_ms: int, end_ms: int, max_count: int) -> list[int]:
         """Commit positions of entries with key's hash stored in [begin_ms, end_ms], newest first."""

@@ -312,6 +312,16 @@ class RingReader:
             self.next_block = block_no + 1
             return KeyBlock(block_no, start_pos, end_pos, *columns)
 
+    def read_continuing(self, end_pos: int, limit_pos: int) -> KeyBlock | None:
+        """The next block if it starts exactly at `end_pos` and ends by `limit_pos` (it continues
+        a block just read); else None, and the reader stays where it was."""
+        next_block, overruns = self.next_block, self.overruns
+        block = self.read(end_pos)
+        if block is not None and block.start_pos == end_pos and block.end_pos <= limit_pos:
+            return block
+        self.next_block, self.overruns = next_block, overruns
+        return None
+
     def _resync(self) -> None:
         """Blocks were overwritten before this reader got them: jump to a newer one."""
         self.overruns += 1

@@ -4,7 +4,7 @@ It reads the commitlog through its own read-only mapping, up to the supervisor's
 flushed position under sync flush (a consumer must never see a message a crash can take back)
 or the written position under async flush. For each run of records (CommitLog.scan_batches: many
 records per step, checked and decoded with whole-array operations; a backlog of at most
-FEW_RECORDS_BYTES record by record with the reference decoder, which costs less there) it
+FEW_RECORDS_BYTES in plain Python, engine.dispatch_few, which costs less there) it
 writes the consume-queue entries (engine.dispatch.dispatch_columns_to_consume_queues: one
 put_batch per queue, the rules of dispatch_to_consume_queue), publishes `dispatched_pos` after
 each batch and wakes long-polling consumers. A small backlog right after a step waits up to
@@ -46,9 +46,10 @@ from engine.commitlog_scan import BatchScanner
 from engine.config import FlushPolicy
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns_to_consume_queues, shard_key_columns
+from engine.dispatch_few import decode_few, few_key_columns, few_to_consume_queues
 from engine.errors import StoreError
 from engine.formats.record import Verify
-from engine.formats.record.dispatch_columns import DispatchColumns, columns_from_headers
+from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.mapped_file import Access
 from engine.open_files import queue_file_budget
 from engine.retention import expire_queues
@@ -66,12 +67,12 @@ COALESCE_BELOW_BYTES = 32 << 10  # a backlog at least this big is not held for C
 # fixed cost is shared by every flush of the interval, however cheap the step (pace_wait_s).
 # A waiting consumer gets every flush at once instead. See docs/DECISIONS.md#dispatcher-pacing.
 PACE_INTERVAL_S = 0.01
-# A backlog this small is decoded record by record: below ~32 records the reference decoder
-# costs less than the batch codec's fixed cost per step, and 4 KiB holds at most ~32 of the
-# smallest records (see docs/DECISIONS.md#small-batches-scalar).
-FEW_RECORDS_BYTES = 4 << 10
+# A backlog this small is dispatched in plain Python (engine.dispatch_few): ~3-4 us a record
+# against the batch codec's ~0.5 ms fixed cost a step; 32 KiB holds at most ~250 of the smallest
+# records, where the two cost about the same (see docs/DECISIONS.md#small-batches-scalar).
+FEW_RECORDS_BYTES = 32 << 10
 # index lag may be tens of ms: fewer wake-ups, bigger batches (docs/DECISIONS.md#builder-post-interval)
-BUILDER_POST_INTERVAL_S = 0.005
+BUILDER_POST_INTERVAL_S = 0.02
 _EMPTY = np.zeros(0, dtype=np.int64)
 _NO_KEYS = (_EMPTY, _EMPTY, _EMPTY)
 
@@ -205,7 +206,7 @@ class Dispatcher(ChildProcess):
         if limit - self.pos <= FEW_RECORDS_BYTES:
             end_pos, count = self._dispatch_few(limit)
         else:
-            end_pos, count = self._dispatch_window(limit)
+            end_pos, count = self._dispatch_window(self.pos, limit)
         if end_pos > self.pos:
             self.pos = end_pos
             if self.pos > self.published_pos:
@@ -274,25 +275,35 @@ class Dispatcher(ChildProcess):
             wait_s = min(wait_s, max(self._held.until_s - now, 0.0))
         return wait_s
 
-    def _dispatch_window(self, limit: int) -> tuple[int, int]:
-        """Dispatch up to MAX_STEP_BYTES of the backlog with the batch codec; returns the
+    def _dispatch_window(self, start_pos: int, limit: int) -> tuple[int, int]:
+        """Dispatch up to MAX_STEP_BYTES from start_pos with the batch codec; returns the
         position reached and the records dispatched."""
-        scanner = scan_window(self.commitlog, self.pos, limit)
+        scanner = scan_window(self.commitlog, start_pos, limit)
         count = self._dispatch(scanner)
-        if scanner.pos == self.pos:  # one record larger than the window
-            scanner = self.commitlog.scan_batches(self.pos, limit, Verify.STRUCTURE)
+        if scanner.pos == start_pos:  # one record larger than the window
+            scanner = self.commitlog.scan_batches(start_pos, limit, Verify.STRUCTURE)
             count += self._dispatch(scanner)
         return scanner.pos, count
 
     def _dispatch_few(self, limit: int) -> tuple[int, int]:
-        """Dispatch a backlog of at most FEW_RECORDS_BYTES as one run of records decoded one
-        by one (record.decode_header, the reference decoder the batch codec agrees with);
-        returns the position reached and the records dispatched."""
-        scanner = self.commitlog.scan_headers(self.pos, limit)
-        headers = list(scanner)
-        if scanner.pos > self.pos:
-            self._dispatch_run(columns_from_headers(headers) if headers else None, self.pos, scanner.pos)
-        return scanner.pos, len(headers)
+        """Dispatch a backlog of at most FEW_RECORDS_BYTES in plain Python (engine.dispatch_few),
+        the batch codec taking over at the first piece decode_few does not take (a filler, an
+        IPv6 host, non-ASCII text, damage); returns the position reached and the records
+        dispatched."""
+        pos, count = self.pos, 0
+        window = self.commitlog.window_at(pos)
+        if window is not None:
+            few = decode_few(window.buf, pos - window.base_pos,
+                             min(limit, window.segment_end_pos) - window.base_pos, window.base_pos)
+            if few.count:
+                few_to_consume_queues(self.queues, few)
+                if self.ring_writers:
+                    self._hand_keys(pos, few.end_pos, few_key_columns(few, self.shard_count))
+                pos, count = few.end_pos, few.count
+        if pos < limit:
+            pos, more = self._dispatch_window(pos, limit)
+            count += more
+        return pos, count
 
     def _dispatch(self, scanner: BatchScanner) -> int:
         """Every run of the scan through _dispatch_run; returns the records scanned."""

@@ -35,6 +35,8 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.dispatch import KeyColumns, dispatch_columns_to_shard, key_hashes_and_shards, put_key_columns
@@ -137,11 +139,29 @@ class IndexBuilder(ChildProcess):
             if block.start_pos > pos or block.end_pos > limit:
                 self._pending = block
                 return
+            block = self._join_continuing(block, limit, start + MAX_STEP_BYTES)
             self._pending = block  # until its keys are in: a full disk retries it
             put_key_columns(self.index, KeyColumns(block.key_hash, block.commit_pos, block.store_ts_ms),
                             block.end_pos)
             self._pending = None
             self.ring_bytes += block.end_pos - pos
+
+    def _join_continuing(self, block: KeyBlock, limit: int, step_end_pos: int) -> KeyBlock:
+        """`block` joined with the blocks that continue it up to `limit` (while it ends before
+        step_end_pos): one put_hashes for all of them, whose fixed cost is most of a small
+        block's (the dispatcher publishes a block per step; a builder wakes for several)."""
+        parts = [block]
+        while self.reader is not None and parts[-1].end_pos < step_end_pos:
+            following = self.reader.read_continuing(parts[-1].end_pos, limit)
+            if following is None:
+                break
+            parts.append(following)
+        if len(parts) == 1:
+            return block
+        return KeyBlock(parts[-1].block_no, block.start_pos, parts[-1].end_pos,
+                        np.concatenate([p.key_hash for p in parts]),
+                        np.concatenate([p.commit_pos for p in parts]),
+                        np.concatenate([p.store_ts_ms for p in parts]))
 
     def _next_block(self, pos: int) -> KeyBlock | None:
         if self.reader is None or self.ring.retired:

@@ -127,3 +127,24 @@ def index_key_shards(prefixes: list[bytes], prefix_index: np.ndarray, blob: byte
                                         seeds[int(pair) // (_MAX_TABLE_KEY_BYTES + 1)])
                           for pair in pairs], dtype=np.uint64)
     return ((zeros_crc[inverse.ravel()] ^ linear) & _MASK32).astype(np.int64) % shard_count
+
+
+_MAX_PADDED_KEY_BYTES = 512  # a longer key makes the padded matrix wasteful: hashed one by one
+_INT32_MIN_U = 0x80000000
+
+
+def padded_key_hashes(keys: list[bytes]) -> list[int]:
+    """index_key_hash of each whole ASCII index key (`topic#key` as bytes): the keys, NUL-padded
+    on the left to one length, are one matrix times the powers of 31 (a leading zero unit adds
+    nothing to a Java hash). A few numpy calls for any number of keys: the small-step path's
+    hash, where index_key_hashes' per-byte arrays cost more in fixed cost than they save."""
+    width = max(map(len, keys), default=0)
+    if width == 0:
+        return [0] * len(keys)
+    if width > _MAX_PADDED_KEY_BYTES:
+        return [index_key_hash(key.decode("ascii")) for key in keys]
+    powers = _powers(width)[width - 1::-1]
+    matrix = np.frombuffer(b"".join(key.rjust(width, b"\0") for key in keys), dtype=np.uint8)
+    sums = (matrix.reshape(len(keys), width).astype(np.uint64) @ powers) & _MASK32
+    return [h if h < _INT32_MIN_U else (0 if h == _INT32_MIN_U else 0x100000000 - h)
+            for h in sums.tolist()]

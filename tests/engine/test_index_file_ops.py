@@ -20,7 +20,7 @@ from engine.formats.index_file import (
     slot_pos,
 )
 from engine.formats.java_hash import index_key_hash
-from engine.index_file import IndexFile, IndexFileFullError
+from engine.index_file import FEW_KEYS, IndexFile, IndexFileFullError
 from engine.mapped_file import Access
 from tests.engine.test_mapped_file import resident_pages
 
@@ -216,3 +216,25 @@ def test_an_index_file_reads_no_pages_around_the_ones_it_touches(tmp_path, reope
         assert resident_pages(path, first_page, end) <= 2
     finally:
         f.close()
+
+
+@pytest.mark.parametrize("batches", [(1, 5, FEW_KEYS), (FEW_KEYS + 1, 100), (3, 150, 1, 40)])
+def test_index_file_put_hashes_key_by_key_and_vectorized_write_put_key_bytes(tmp_path, batches):
+    """Up to FEW_KEYS keys go key by key, more through numpy: both write what put_key writes,
+    colliding slots and the first key's begin included."""
+    keys = [f"T#k{i % 37}" for i in range(sum(batches))]  # repeats: chains inside and across batches
+    positions = [1000 + 50 * i for i in range(len(keys))]
+    times = [TS0 + 700 * i for i in range(len(keys))]
+    one, many = make_file(tmp_path / "one", slots=13), make_file(tmp_path / "many", slots=13)
+    for key, pos, ts in zip(keys, positions, times, strict=True):
+        one.put_key(key, pos, ts)
+    lo = 0
+    for n in batches:
+        hashes = np.array([index_key_hash(k) for k in keys[lo:lo + n]], dtype=np.int64)
+        assert many.put_hashes(hashes, np.array(positions[lo:lo + n]), np.array(times[lo:lo + n])) == n
+        lo += n
+    one.sync()
+    many.sync()
+    assert one.path.read_bytes() == many.path.read_bytes()
+    assert many.select("T#k5", TS0, TS0 + 10**9, 100) == [p for k, p in zip(keys, positions, strict=True)
+                                                          if k == "T#k5"][::-1]

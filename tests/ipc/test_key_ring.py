@@ -129,6 +129,22 @@ def test_read_skips_blocks_that_end_at_or_before_a_position(store_dir):
     assert reader.read(3 * SPAN + 50).block_no == 4  # straddling blocks are handed out
 
 
+def test_read_continuing_takes_only_a_block_that_continues_and_else_stays_put(store_dir):
+    ring = KeyRing.create(store_dir, 1, GENERATION, block_slots=16, key_slots=256)
+    writer, reader = ring.writer(0), ring.reader(0)
+    for block_no in (0, 1, 2):
+        publish(writer, block_no)
+    writer.publish(5 * SPAN, 6 * SPAN, *block_keys(5))  # a gap: 300..500 was not handed on
+    assert_block_is(reader.read(0), 0)
+    assert_block_is(reader.read_continuing(SPAN, 3 * SPAN), 1)
+    assert reader.read_continuing(2 * SPAN, 3 * SPAN - 1) is None  # block 2 ends past the limit
+    assert reader.read_continuing(2 * SPAN + 1, 9 * SPAN) is None  # does not start there
+    assert_block_is(reader.read_continuing(2 * SPAN, 3 * SPAN), 2)
+    assert reader.read_continuing(3 * SPAN, 9 * SPAN) is None  # the gap
+    assert reader.read(3 * SPAN).start_pos == 5 * SPAN  # still there for the next read
+    assert reader.read_continuing(6 * SPAN, 9 * SPAN) is None and reader.overruns == 0
+
+
 def test_empty_blocks_carry_only_a_range(store_dir):
     ring = KeyRing.create(store_dir, 1, GENERATION, block_slots=4, key_slots=16)
     writer, reader = ring.writer(0), ring.reader(0)

@@ -89,9 +89,9 @@ def test_few_records_at_a_time_dispatch_what_the_batch_path_does(two_logs):
         assert end - few.pos <= FEW_RECORDS_BYTES
         few.pos, count = few._dispatch_few(end)
         dispatched += count
-    window.pos, window_count = window._dispatch_window(ends[-1])
+    window.pos, window_count = window._dispatch_window(window.pos, ends[-1])
     while window.pos < ends[-1]:  # a window may stop short of the limit (MAX_STEP_BYTES)
-        window.pos, more = window._dispatch_window(ends[-1])
+        window.pos, more = window._dispatch_window(window.pos, ends[-1])
         window_count += more
     assert few.pos == window.pos == ends[-1]
     assert dispatched == window_count == 180

@@ -188,9 +188,9 @@ def stepping(tmp_path, monkeypatch):
     monkeypatch.setattr("workers.dispatcher.time", clock)
     dispatch_window = dispatcher._dispatch_window
 
-    def timed_dispatch_window(limit: int):
+    def timed_dispatch_window(start_pos: int, limit: int):
         clock.now += STEP_S
-        return dispatch_window(limit)
+        return dispatch_window(start_pos, limit)
 
     monkeypatch.setattr(dispatcher, "_dispatch_window", timed_dispatch_window)
     yield dispatcher, clock, [end for end in ends if end >= LARGE_BACKLOG_BYTES]

@@ -1,14 +1,17 @@
 """The dispatcher's CPU per step, isolated: decoding a run of records into dispatch columns and
-each shard's keys, with the batch codec (CommitLog.scan_batches + ScannedRun.columns) or record
-by record (CommitLog.scan_headers + columns_from_headers), at a given number of records a step.
+each shard's keys, with the batch codec (CommitLog.scan_batches + ScannedRun.columns), record
+by record with the reference decoder (CommitLog.scan_headers + columns_from_headers) or in plain
+Python (engine.dispatch_few: decode_few + few_key_columns, the dispatcher's small steps), at a
+given number of records a step.
 
     .venv/bin/python -m tools.bench.probes.dispatch_step [--records 1,2,4,8,16,32,64] [--body-bytes 256]
         [--steps 300] [--runs 3]
 
 Records are built as a producer builds them (tools.bench.probes.check_stamp: a key and a UNIQ_KEY per
 message, queue ids round robin) and appended to a commitlog in a temp directory. Each figure is
-CPU microseconds per step (`time.process_time`), median of `--runs`. The two cross at a number
-of records; workers.dispatcher.FEW_RECORDS_BYTES keeps a backlog of the smallest records below it.
+CPU microseconds per step (`time.process_time`), median of `--runs`. The batch codec and the
+plain path cross at a number of records; workers.dispatcher.FEW_RECORDS_BYTES keeps a backlog of
+the smallest records below it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 from engine.commitlog import CommitLog
 from engine.config import GiB
 from engine.dispatch import shard_key_columns
+from engine.dispatch_few import decode_few, few_key_columns
 from engine.formats.record import Verify
 from engine.formats.record.dispatch_columns import columns_from_headers
 from engine.mapped_file import Access
@@ -46,6 +50,12 @@ def step_batch(log: CommitLog, start_pos: int, end_pos: int) -> None:
 
 def step_each(log: CommitLog, start_pos: int, end_pos: int) -> None:
     shard_key_columns(columns_from_headers(list(log.scan_headers(start_pos, end_pos))), SHARDS)
+
+
+def step_plain(log: CommitLog, start_pos: int, end_pos: int) -> None:
+    window = log.window_at(start_pos)
+    few = decode_few(window.buf, start_pos - window.base_pos, end_pos - window.base_pos, window.base_pos)
+    few_key_columns(few, SHARDS)
 
 
 def time_steps(step, log: CommitLog, ends: list[int], per_step: int, steps: int) -> float:
@@ -75,15 +85,15 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, float]]:
 
 def measure(log: CommitLog, ends: list[int], sizes: list[int], steps: int, runs: int
             ) -> dict[int, dict[str, float]]:
-    """Both paths at each number of records a step, printed and returned (CPU us per step)."""
+    """The three paths at each number of records a step, printed and returned (CPU us per step)."""
     print(f"{ends[0]} bytes a record; CPU us per step, median of {runs}:")
     out: dict[int, dict[str, float]] = {}
     for n in sizes:
-        batch, each = (statistics.median(time_steps(step, log, ends, n, steps) for _ in range(runs))
-                       for step in (step_batch, step_each))
+        batch, each, plain = (statistics.median(time_steps(step, log, ends, n, steps) for _ in range(runs))
+                              for step in (step_batch, step_each, step_plain))
         print(f"  {n:4d} records ({n * ends[0]:7d} B)   batch codec {batch:7.1f}   "
-              f"record by record {each:7.1f}")
-        out[n] = {"batch_us": batch, "each_us": each}
+              f"record by record {each:7.1f}   plain {plain:7.1f}")
+        out[n] = {"batch_us": batch, "each_us": each, "plain_us": plain}
     return out
 
 
