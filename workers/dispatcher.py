@@ -72,7 +72,7 @@ PACE_INTERVAL_S = 0.01
 # records, where the two cost about the same (see docs/DECISIONS.md#small-batches-scalar).
 FEW_RECORDS_BYTES = 32 << 10
 # index lag may be tens of ms: fewer wake-ups, bigger batches (docs/DECISIONS.md#builder-post-interval)
-BUILDER_POST_INTERVAL_S = 0.02
+BUILDER_POST_INTERVAL_S = 0.005
 _EMPTY = np.zeros(0, dtype=np.int64)
 _NO_KEYS = (_EMPTY, _EMPTY, _EMPTY)
 
