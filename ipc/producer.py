@@ -72,7 +72,7 @@ from engine.errors import (
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.msg_id import make_msg_id
 from engine.formats.record import MAX_PROPERTIES_BYTES, RECORD_FIXED_SIZE
-from engine.formats.record.encode_many import EncodedRecords, encode_columns, encode_records
+from engine.formats.record.encode_many import EncodedRecords, encode_columns, encode_one, encode_records
 from engine.formats.uniq_key import new_uniq_key_block
 from engine.message import (
     Message,
@@ -104,13 +104,15 @@ BORN_IP = "127.0.0.1"
 MAX_TOPIC_CACHE = 4096
 
 
-def _new_fork_lock() -> None:
-    global _FORK_LOCK
+def _after_fork_in_child() -> None:
+    global _FORK_LOCK, _FORKS
     _FORK_LOCK = threading.Lock()
+    _FORKS += 1
 
 
 _FORK_LOCK = threading.Lock()  # one thread of a forked child adopts; new in every child
-os.register_at_fork(after_in_child=_new_fork_lock)
+_FORKS = 0  # forks into this process's line: compared per send instead of a getpid() syscall
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def attach_running_store(store_dir: str | os.PathLike) -> tuple[ControlBlock, RunInfo]:
@@ -197,6 +199,27 @@ def _fits_columns(keys: Iterable[str] | str, properties: Mapping[str, str] | Non
                                  and all(type(key) is str for key in keys))
 
 
+_SEQUENCES = (list, tuple)
+
+
+def _one_message(bodies: object, keys: object, queue_ids: object) -> tuple[object, object, object] | None:
+    """send_columns' columns as (body, key or None, queue id or None) when they hold exactly
+    one message given as lists or tuples (or an int queue id), else None. Nothing is checked."""
+    if type(bodies) not in _SEQUENCES or len(bodies) != 1:
+        return None
+    if keys is None:
+        key = None
+    elif type(keys) in _SEQUENCES and len(keys) == 1:
+        key = keys[0]
+    else:
+        return None
+    if queue_ids is None or type(queue_ids) is int:
+        return bodies[0], key, queue_ids
+    if type(queue_ids) in _SEQUENCES and len(queue_ids) == 1:
+        return bodies[0], key, queue_ids[0]
+    return None
+
+
 def _resolve(future: Future, convert: Callable[[BatchResult], object]) -> Callable[[BatchResult], None]:
     return lambda result: future.set_result(convert(result))
 
@@ -218,7 +241,7 @@ class Producer:
         self._max_pending_bytes = max_pending_bytes
         self._enqueue_timeout_s = enqueue_timeout_s
         self._sender = self._new_sender()
-        self._pid = os.getpid()
+        self._forks = _FORKS  # _FORKS when this process's slot was claimed
         self._closed = False
         self._store_host = self.info.store_ip_port
         self._msg_id_prefix = make_msg_id(self._store_host, 0)[:-16]
@@ -259,9 +282,9 @@ class Producer:
     def _live_sender(self) -> SlotSender:
         """The sender of this process: after a fork, the child's first call makes its own
         (ServiceNotAvailableError when no supervisor serves the store within the reattach bound)."""
-        if self._pid != os.getpid():
+        if self._forks != _FORKS:
             with _FORK_LOCK:
-                if self._pid != os.getpid():
+                if self._forks != _FORKS:
                     self._adopt_after_fork()
         return self._sender
 
@@ -273,7 +296,7 @@ class Producer:
         self._born_host = (BORN_IP, os.getpid() & 0x7FFFFFFF)
         if not self._closed:  # the bounded wait, as for a restart; then ServiceNotAvailableError
             self._sender = wait_for_supervisor(self.root, self._new_sender, self._reattach_timeout_s)
-        self._pid = os.getpid()
+        self._forks = _FORKS
 
     # ------------------------------------------------------------------------------ public API
     def send(self, topic: str, body: bytes, *, tags: str | None = None, keys: Iterable[str] | str = (),
@@ -281,6 +304,11 @@ class Producer:
              wait: bool = True) -> PutResult:
         """Put one message; blocks until the store answers (PUT_OK after the flush under sync)."""
         if _fits_columns(keys, properties, wait):  # send_columns' direct path, no Message
+            result = self._send_one_now(self._live_sender(), topic, body,
+                                        keys if type(keys) is str else (keys[0] if keys else None),
+                                        tags, queue_id)
+            if result is not None:
+                return result[0]
             key_column = [keys] if type(keys) is str else list(keys) or None
             try:
                 return self.send_columns(topic, (body,), keys=key_column, tags=tags, queue_ids=queue_id)[0]
@@ -334,6 +362,12 @@ class Producer:
         Bad input (a body that is not bytes or too large, a bad key, columns of different
         lengths, ...) raises BadInputError naming it, and nothing of the call is sent."""
         sender = self._live_sender()
+        one = _one_message(bodies, keys, queue_ids)
+        if one is not None:
+            body, key, queue_id = one
+            result = self._send_one_now(sender, topic, body, key, tags, queue_id)
+            if result is not None:
+                return result
         encoded = self._encode_open(topic, bodies, keys, tags, queue_ids)
         count = len(encoded.starts)
         answer = sender.request_now(encoded.buf, count) if count else None
@@ -363,7 +397,7 @@ class Producer:
         if self._closed:
             return
         self._closed = True
-        if self._pid != os.getpid():  # a forked child that never sent: the slot is the parent's
+        if self._forks != _FORKS:  # a forked child that never sent: the slot is the parent's
             with _FORK_LOCK:
                 self._adopt_after_fork()
             return
@@ -374,6 +408,63 @@ class Producer:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    # ------------------------------------------------------------------------------ one message
+    def _send_one_now(self, sender: SlotSender, topic: object, body: object, key: object,
+                      tags: object, queue_id: object) -> BatchResult | None:
+        """A blocking one-message send in the common shape, as straight-line code: one record
+        from encode_one, one request from this thread. None, and nothing sent, when the message
+        is not of that shape (a bad one included: the general path names what is wrong) or the
+        slot is busy; the general path then sends it (docs/DECISIONS.md#one-message-send)."""
+        record = self._one_record(topic, body, key, tags, queue_id)
+        if record is None:
+            return None
+        answer = sender.request_now(record, 1)
+        if answer is None:
+            return None
+        rows, reason = answer
+        return BatchResult(rows, {} if reason is None else {0: reason}, self._msg_id_prefix)
+
+    def _one_record(self, topic: object, body: object, key: object, tags: object,
+                    queue_id: object) -> bytes | None:
+        """The record of one valid message of a known topic (key: one str or None; queue_id: an
+        int or None for round robin), or None for anything else, checked by the general path."""
+        topic_raw = self._topics.get(topic) if type(topic) is str else None
+        info = self.info
+        if topic_raw is None or type(body) is not bytes or len(body) > info.max_body_bytes \
+                or self._closed or self._sender.closing:
+            return None
+        key_raw = None
+        if key is not None:  # key_column's rules for one key
+            if type(key) is not str or not key or " " in key or "\x01" in key or "\x02" in key:
+                return None
+            try:
+                key_raw = key.encode("utf-8")
+            except UnicodeEncodeError:
+                return None
+        try:
+            tags_raw = tags_text(tags)
+        except BadInputError:
+            return None
+        if queue_id is None:
+            queue_id = self._next_queue_id(topic)
+        elif type(queue_id) is not int or not 0 <= queue_id < info.queue_count:
+            return None
+        block = new_uniq_key_block(1)
+        try:
+            return encode_one(topic_raw, body, queue_id, key_raw=key_raw, tags_raw=tags_raw,
+                              uniq_prefix=block.prefix, counter=block.first_counter,
+                              born_ts_ms=time.time_ns() // 1_000_000, born_host=self._born_host,
+                              store_host=self._store_host)
+        except BadInputError:
+            return None
+
+    def _next_queue_id(self, topic: str) -> int:
+        """The next queue id of `topic`'s round robin (_round_robin_ids of one)."""
+        with self._round_robin_lock:
+            queue_id = self._round_robin.get(topic, 0)
+            self._round_robin[topic] = (queue_id + 1) % self.info.queue_count
+        return queue_id
 
     # ------------------------------------------------------------------------------ columns
     def _send_columns(self, topic: str, bodies: Sequence[bytes], keys: Sequence[str] | None,

@@ -264,7 +264,7 @@ class SlotSender:
                 or not self._claim_idle_slot():
             return None
         try:
-            rows, reason = self._answer([memoryview(data)], count, True)
+            rows, reason = self._answer([data], count, True)
         finally:
             self._free_slot()
         self._fail_queued_if_gone(rows, reason)
@@ -356,7 +356,8 @@ class SlotSender:
             at += end - first
         self._fail_queued_if_gone(rows, reason)
 
-    def _answer(self, pieces: list[memoryview], count: int, wait: bool) -> tuple[np.ndarray, str | None]:
+    def _answer(self, pieces: list[bytes | memoryview], count: int, wait: bool
+                ) -> tuple[np.ndarray, str | None]:
         """_request's answer; an unexpected error becomes UNKNOWN_ERROR rows (a caller waits
         for them)."""
         try:
@@ -370,7 +371,8 @@ class SlotSender:
         if reason is not None and rows["status"][0] == SERVICE_NOT_AVAILABLE_CODE:
             self._fail_queued(reason)
 
-    def _request(self, pieces: list[memoryview], count: int, wait: bool) -> tuple[np.ndarray, str | None]:
+    def _request(self, pieces: list[bytes | memoryview], count: int, wait: bool
+                 ) -> tuple[np.ndarray, str | None]:
         """The answer rows of one request (mailbox.RESULT_DTYPE), and the reason when they were
         made here rather than by the supervisor. Sent again to the next supervisor only while
         nothing of it can have been stored (see the module docstring)."""
