@@ -442,10 +442,12 @@ class Producer:
                 key_raw = key.encode("utf-8")
             except UnicodeEncodeError:
                 return None
-        try:
-            tags_raw = tags_text(tags)
-        except BadInputError:
-            return None
+        tags_raw = None
+        if tags is not None:
+            try:
+                tags_raw = tags_text(tags)
+            except BadInputError:
+                return None
         if queue_id is None:
             queue_id = self._next_queue_id(topic)
         elif type(queue_id) is not int or not 0 <= queue_id < info.queue_count:

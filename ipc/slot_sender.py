@@ -168,7 +168,8 @@ class SlotSender:
         self._max_pending_bytes = max_pending_bytes
         self.queue: collections.deque[Pending] = collections.deque()
         self._pending_bytes = 0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # the condition's; `with` on it costs no Python call
+        self._cond = threading.Condition(self._lock)
         self._closing = False
         self._busy = False  # a request is in flight (the sender thread's, or a caller's: send_or_enqueue)
         self._unanswered_seq: int | None = None  # written, its answer not yet taken
@@ -271,7 +272,7 @@ class SlotSender:
         return rows, reason
 
     def _claim_idle_slot(self) -> bool:
-        with self._cond:
+        with self._lock:
             if self.queue or self._busy or self._closing:
                 return False
             self._busy = True
@@ -341,7 +342,7 @@ class SlotSender:
         """The request in flight is answered. Only the sender thread with records queued and
         close() wait for that: waking the idle sender thread after every blocking send (a
         notify_all with nothing queued) cost the producer a thread switch per request."""
-        with self._cond:
+        with self._lock:
             self._busy = False
             if self.queue or self._closing:
                 self._cond.notify_all()

@@ -262,14 +262,16 @@ def _cached_after(topic_raw: bytes, tags_raw: bytes | None, with_key: bool) -> b
 
 
 @functools.lru_cache(maxsize=64)
-def _one_template(topic_raw: bytes, tags_raw: bytes | None, with_key: bool) -> tuple[bytes, int, int]:
+def _one_template(topic_raw: bytes, tags_raw: bytes | None, with_key: bool, born_host: tuple[str, int],
+                  store_host: tuple[str, int]) -> tuple[bytes, int, int, bytes, int, bytes, int]:
     """encode_one's `%` template of a whole record (header %b, body %b, then _cached_after's),
-    the record's size less its body and key, and PROPERTIESLENGTH less the key's length."""
+    the record's size less its body and key, PROPERTIESLENGTH less the key's length, and the
+    hosts packed: what a producer's records of one topic, tags and keyed share."""
     if not 1 <= len(topic_raw) <= MAX_TOPIC_BYTES:
         raise BadInputError("topic", f"must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8")
     props_base = _props_base_bytes(tags_raw, with_key)
-    return (b"%b%b" + _cached_after(topic_raw, tags_raw, with_key),
-            RECORD_FIXED_SIZE + len(topic_raw) + props_base, props_base)
+    return (b"%b%b" + _cached_after(topic_raw, tags_raw, with_key), RECORD_FIXED_SIZE + len(topic_raw)
+            + props_base, props_base, *_ipv4(born_host), *_ipv4(store_host))
 
 
 def encode_one(topic_raw: bytes, body: bytes, queue_id: int, *, key_raw: bytes | None,
@@ -278,7 +280,8 @@ def encode_one(topic_raw: bytes, body: bytes, queue_id: int, *, key_raw: bytes |
     """encode_columns' record of one message (key_raw None: no KEYS), as bytes: one struct pack
     and one `%` of a cached template, no numpy and no lists, for a blocking one-message send
     (ipc.Producer), where _encode_few's set-up cost as much as the record."""
-    template, fixed_bytes, props_base = _one_template(topic_raw, tags_raw, key_raw is not None)
+    template, fixed_bytes, props_base, born_ip, born_port, store_ip, store_port = _one_template(
+        topic_raw, tags_raw, key_raw is not None, born_host, store_host)
     key_bytes = 0 if key_raw is None else len(key_raw)
     if props_base + key_bytes > MAX_PROPERTIES_BYTES:
         raise BadInputError("properties", f"properties plus the {CRC32C_PROP_SIZE}-byte CRC32C "
@@ -286,8 +289,6 @@ def encode_one(topic_raw: bytes, body: bytes, queue_id: int, *, key_raw: bytes |
     if len(uniq_prefix) != UNIQ_KEY_CHARS - UNIQ_COUNTER_DIGITS or not uniq_prefix.isascii():
         raise BadInputError("uniq_prefix", f"{uniq_prefix!r} is not "
                             f"{UNIQ_KEY_CHARS - UNIQ_COUNTER_DIGITS} hex digits")
-    born_ip, born_port = _cached_ipv4(born_host)
-    store_ip, store_port = _cached_ipv4(store_host)
     head = _FULL_HEADER.pack(fixed_bytes + len(body) + key_bytes, MAGIC_V1,
                              zlib.crc32(body) & BODY_CRC_MASK, queue_id, 0, 0, 0, 0, born_ts_ms,
                              born_ip, born_port, 0, store_ip, store_port, 0, 0, len(body))
