@@ -73,7 +73,7 @@ from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.msg_id import make_msg_id
 from engine.formats.record import MAX_PROPERTIES_BYTES, RECORD_FIXED_SIZE
 from engine.formats.record.encode_many import EncodedRecords, encode_columns, encode_one, encode_records
-from engine.formats.uniq_key import new_uniq_key_block
+from engine.formats.uniq_key import new_uniq_key_block, reserve_uniq_keys
 from engine.message import (
     Message,
     body_column,
@@ -452,10 +452,10 @@ class Producer:
             queue_id = self._next_queue_id(topic)
         elif type(queue_id) is not int or not 0 <= queue_id < info.queue_count:
             return None
-        block = new_uniq_key_block(1)
+        uniq_prefix, counter = reserve_uniq_keys(1)
         try:
             return encode_one(topic_raw, body, queue_id, key_raw=key_raw, tags_raw=tags_raw,
-                              uniq_prefix=block.prefix, counter=block.first_counter,
+                              uniq_prefix=uniq_prefix, counter=counter,
                               born_ts_ms=time.time_ns() // 1_000_000, born_host=self._born_host,
                               store_host=self._store_host)
         except BadInputError:
