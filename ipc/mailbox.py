@@ -385,8 +385,10 @@ class ProducerSlot:
         req_seq, resp_seq = SEQS.unpack_from(self._buf, self._header_at + SEQS_OFFSET)
         if req_seq != resp_seq:
             raise StoreError(f"mailbox slot {i} still has a request in flight")
-        if isinstance(records, bytes | bytearray | memoryview):
-            data = records if type(records) is bytes else memoryview(records).cast("B")
+        if type(records) is bytes and count is not None:  # a producer's joined records
+            data = records
+        elif isinstance(records, bytes | bytearray | memoryview):
+            data = memoryview(records).cast("B")
             if count is None:
                 raise BadInputError("count", "required with a pre-joined buffer")
         else:
@@ -394,13 +396,13 @@ class ProducerSlot:
             count = len(records) if count is None else count
             if count != len(records):
                 raise BadInputError("count", f"{count} given for {len(records)} records")
+        nbytes = len(data)
         if not 1 <= count <= mb.max_batch:
             raise BadInputError("count", f"{count} records; a batch holds 1..{mb.max_batch}")
-        if len(data) > mb.data_bytes:
-            raise BadInputError("batch", f"{len(data)} bytes exceed the slot's {mb.data_bytes}")
-        self._data[:len(data)] = data
-        REQUEST_FIELDS.pack_into(self._buf, self._header_at + REQUEST_FIELDS_OFFSET, count, flags,
-                                 len(data))
+        if nbytes > mb.data_bytes:
+            raise BadInputError("batch", f"{nbytes} bytes exceed the slot's {mb.data_bytes}")
+        self._data[:nbytes] = data
+        REQUEST_FIELDS.pack_into(self._buf, self._header_at + REQUEST_FIELDS_OFFSET, count, flags, nbytes)
         self._staged_count = count
 
     def publish_request(self) -> int:

@@ -118,3 +118,12 @@ def test_status_counts_of_few_and_many_rows_agree_with_the_statuses(count):
     expected = {status: int((rows["status"] == status).sum()) for status in PutStatus}
     assert counts == {status: n for status, n in expected.items() if n}
     assert list(counts) == sorted(counts)  # in status order, whichever way they were counted
+
+
+@pytest.mark.parametrize("count", [1, 16, 17, 100])
+def test_ok_of_few_and_many_rows_is_every_status_put_ok(count):
+    rows = np.zeros(count, dtype=RESULT_DTYPE)
+    rows["status"] = PUT_OK_CODE
+    assert BatchResult(rows, {}, "P").ok is True
+    rows["status"][count // 2] = int(PutStatus.FLUSH_DISK_TIMEOUT)  # stored, but not PUT_OK
+    assert BatchResult(rows, {}, "P").ok is False

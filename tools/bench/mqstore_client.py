@@ -36,19 +36,22 @@ class MqstoreSender:
     def __init__(self, spec: WorkerSpec):
         self.producer = Producer(spec.target)
         self._plans = _topic_plans(spec.streams, spec.batch)
-        self._blocking = spec.inflight == 1
+        # per first stream, (topic, queue ids) when the whole batch goes to one topic and is sent
+        # blocking (--inflight 1): the send-and-wait shape, sent without _split
+        self._blocking_whole = [(plan[0][0], plan[0][2]) if spec.inflight == 1 and len(plan) == 1 else None
+                                for plan in self._plans]
 
     def submit(self, batch: SendBatch) -> Pending:
-        parts = self._split(batch)
-        if self._blocking and len(parts) == 1:
-            topic, bodies, keys, queue_ids = parts[0]
-            result = self.producer.send_columns(topic, bodies, keys=keys, queue_ids=queue_ids)
+        whole = self._blocking_whole[batch.first_stream]
+        if whole is not None:
+            bodies = batch.bodies
+            result = self.producer.send_columns(whole[0], bodies, keys=batch.key_column, queue_ids=whole[1])
             pending = Pending(len(bodies))
             pending.stamp()
-            pending.statuses = _counts((result,))
+            pending.statuses = {"OK": len(bodies)} if result.ok else _counts((result,))
             return pending
         futures = [self.producer.send_columns_async(topic, bodies, keys=keys, queue_ids=queue_ids)
-                   for topic, bodies, keys, queue_ids in parts]
+                   for topic, bodies, keys, queue_ids in self._split(batch)]
         future = futures[0] if len(futures) == 1 else _all_of(futures)
         pending = Pending(len(batch.bodies), future)
         future.add_done_callback(pending.stamp)
@@ -56,9 +59,6 @@ class MqstoreSender:
 
     def _split(self, batch: SendBatch) -> list[tuple[str, list[bytes], list[str] | None, list[int]]]:
         """(topic, bodies, keys, queue ids) of each topic the batch goes to."""
-        plan = self._plans[batch.first_stream]
-        if len(plan) == 1 and plan[0][1] is None:  # the whole batch to one topic
-            return [(plan[0][0], batch.bodies, batch.key_column, plan[0][2])]
         parts = []
         for topic, rows, queue_ids in self._plans[batch.first_stream]:
             bodies, keys = batch.bodies, batch.key_column
