@@ -22,7 +22,9 @@ key each, one tags): no Message and no PutResult per message. It checks the colu
 (byte-identical records) and answers with an ipc.batch_result.BatchResult, numpy columns that
 build PutResults only when asked. `send_batch` takes that path when its messages fit it (one
 topic and tags, at most one key each, no user properties, WAIT) and the message-by-message path
-otherwise, which gives each bad message its own status.
+otherwise, which gives each bad message its own status. A blocking send of one message
+(`send_columns` of one, `send` without properties) is straight-line code: its record from
+encode_many.encode_one, one request from the caller's thread (docs/DECISIONS.md#one-message-send).
 
 Threads and batching (ipc.slot_sender): every send goes through one bounded local queue drained
 by a single sender thread, which coalesces whatever is queued into one mailbox request (up to
@@ -72,8 +74,8 @@ from engine.errors import (
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.msg_id import make_msg_id
 from engine.formats.record import MAX_PROPERTIES_BYTES, RECORD_FIXED_SIZE
-from engine.formats.record.encode_many import EncodedRecords, encode_columns, encode_one, encode_records
-from engine.formats.uniq_key import new_uniq_key_block, reserve_uniq_keys
+from engine.formats.record.encode_many import EncodedRecords, encode_columns, encode_records
+from engine.formats.uniq_key import new_uniq_key_block
 from engine.message import (
     Message,
     body_column,
@@ -90,6 +92,7 @@ from engine.store_dir import StoreKind, inspect_store_dir, read_meta, refuse_for
 from ipc.batch_result import BatchResult, BatchResultBuilder
 from ipc.control_block import ControlBlock
 from ipc.mailbox import Mailbox
+from ipc.one_message import one_message, one_record
 from ipc.reattach import (
     DEFAULT_REATTACH_TIMEOUT_S,
     SupervisorWatch,
@@ -197,27 +200,6 @@ def _fits_columns(keys: Iterable[str] | str, properties: Mapping[str, str] | Non
         return False
     return type(keys) is str or (type(keys) in (tuple, list) and len(keys) <= 1
                                  and all(type(key) is str for key in keys))
-
-
-_SEQUENCES = (list, tuple)
-
-
-def _one_message(bodies: object, keys: object, queue_ids: object) -> tuple[object, object, object] | None:
-    """send_columns' columns as (body, key or None, queue id or None) when they hold exactly
-    one message given as lists or tuples (or an int queue id), else None. Nothing is checked."""
-    if type(bodies) not in _SEQUENCES or len(bodies) != 1:
-        return None
-    if keys is None:
-        key = None
-    elif type(keys) in _SEQUENCES and len(keys) == 1:
-        key = keys[0]
-    else:
-        return None
-    if queue_ids is None or type(queue_ids) is int:
-        return bodies[0], key, queue_ids
-    if type(queue_ids) in _SEQUENCES and len(queue_ids) == 1:
-        return bodies[0], key, queue_ids[0]
-    return None
 
 
 def _resolve(future: Future, convert: Callable[[BatchResult], object]) -> Callable[[BatchResult], None]:
@@ -362,7 +344,7 @@ class Producer:
         Bad input (a body that is not bytes or too large, a bad key, columns of different
         lengths, ...) raises BadInputError naming it, and nothing of the call is sent."""
         sender = self._live_sender()
-        one = _one_message(bodies, keys, queue_ids)
+        one = one_message(bodies, keys, queue_ids)
         if one is not None:
             body, key, queue_id = one
             result = self._send_one_now(sender, topic, body, key, tags, queue_id)
@@ -427,39 +409,15 @@ class Producer:
 
     def _one_record(self, topic: object, body: object, key: object, tags: object,
                     queue_id: object) -> bytes | None:
-        """The record of one valid message of a known topic (key: one str or None; queue_id: an
-        int or None for round robin), or None for anything else, checked by the general path."""
+        """ipc.one_message.one_record of a message to a topic already sent to, in a producer
+        that is not closed; None otherwise (the general path checks the topic)."""
         topic_raw = self._topics.get(topic) if type(topic) is str else None
+        if topic_raw is None or self._closed or self._sender.closing:
+            return None
         info = self.info
-        if topic_raw is None or type(body) is not bytes or len(body) > info.max_body_bytes \
-                or self._closed or self._sender.closing:
-            return None
-        key_raw = None
-        if key is not None:  # key_column's rules for one key
-            if type(key) is not str or not key or " " in key or "\x01" in key or "\x02" in key:
-                return None
-            try:
-                key_raw = key.encode("utf-8")
-            except UnicodeEncodeError:
-                return None
-        tags_raw = None
-        if tags is not None:
-            try:
-                tags_raw = tags_text(tags)
-            except BadInputError:
-                return None
-        if queue_id is None:
-            queue_id = self._next_queue_id(topic)
-        elif type(queue_id) is not int or not 0 <= queue_id < info.queue_count:
-            return None
-        uniq_prefix, counter = reserve_uniq_keys(1)
-        try:
-            return encode_one(topic_raw, body, queue_id, key_raw=key_raw, tags_raw=tags_raw,
-                              uniq_prefix=uniq_prefix, counter=counter,
-                              born_ts_ms=time.time_ns() // 1_000_000, born_host=self._born_host,
-                              store_host=self._store_host)
-        except BadInputError:
-            return None
+        return one_record(topic, topic_raw, body, key, tags, queue_id, max_body_bytes=info.max_body_bytes,
+                          queue_count=info.queue_count, round_robin=self._next_queue_id,
+                          born_host=self._born_host, store_host=self._store_host)
 
     def _next_queue_id(self, topic: str) -> int:
         """The next queue id of `topic`'s round robin (_round_robin_ids of one)."""

@@ -24,6 +24,9 @@ and one zlib.crc32, both C calls driven by `map`; no Python runs per record. Fro
 _JOIN_MIN_BODY_BYTES per body on average, the template without its header and body is applied
 per record and the pieces are joined once instead (one `%` over megabytes of bodies copies
 them several times as its output grows).
+
+`encode_one`: the same record for one message as bytes, with no numpy and no lists: one
+struct pack and one `%` of a template cached per (topic, tags, keyed), for a blocking send.
 """
 
 from __future__ import annotations
