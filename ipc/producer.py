@@ -395,15 +395,20 @@ class Producer:
     def _send_one_now(self, sender: SlotSender, topic: object, body: object, key: object,
                       tags: object, queue_id: object) -> BatchResult | None:
         """A blocking one-message send in the common shape, as straight-line code: one record
-        from encode_one, one request from this thread. None, and nothing sent, when the message
-        is not of that shape (a bad one included: the general path names what is wrong) or the
-        slot is busy; the general path then sends it (docs/DECISIONS.md#one-message-send)."""
+        from encode_one, one request from this thread (queued behind the requests of other
+        threads when the slot is busy). None, and nothing sent, when the message is not of that
+        shape: the general path then checks it and names what is wrong
+        (docs/DECISIONS.md#one-message-send)."""
         record = self._one_record(topic, body, key, tags, queue_id)
-        if record is None:
+        if record is None or len(record) > self._mailbox.data_bytes:
             return None
         answer = sender.request_now(record, 1)
-        if answer is None:
-            return None
+        if answer is None:  # the slot is busy: this record through the queue, not encoded again
+            future: Future = Future()
+            self._submit_columns(EncodedRecords(record, np.zeros(1, dtype=np.int64),
+                                                np.array([len(record)], dtype=np.int64)),
+                                 future.set_result, sender.send_or_enqueue)
+            return future.result()
         rows, reason = answer
         return BatchResult(rows, {} if reason is None else {0: reason}, self._msg_id_prefix)
 

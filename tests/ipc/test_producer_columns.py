@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,31 @@ def test_one_message_takes_the_one_record_path_and_writes_the_same_record(store,
         assert put.msg_id == record.msg_id and put.queue_offset == record.queue_offset
         assert log_bytes(store.root, record.commit_pos, record.total_size) == \
             expected_log_bytes(record, tags=tags, key=key)
+
+
+def test_one_message_while_the_slot_is_busy_is_queued_once_and_keeps_the_round_robin(store):
+    """A one-message send that finds another thread's request in flight goes through the queue
+    with the record it made: sent once, the round robin not advanced twice."""
+    with Producer(store.root) as producer:
+        first = producer.send_columns("COLS_BUSY", [b"a"])[0]
+        sender = producer._sender
+        assert sender._claim_idle_slot()  # as another thread's request in flight would
+        answers = []
+        thread = threading.Thread(target=lambda: answers.append(producer.send("COLS_BUSY", b"b", keys="k")))
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not sender.queue:  # the send waits in the queue, not in the slot
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.001)
+        sender._free_slot()
+        thread.join(10)
+        third = producer.send_columns("COLS_BUSY", [b"c"])[0]
+    assert answers[0].ok and [put.queue_id for put in (first, answers[0], third)] == [0, 1, 2]
+    store.wait_caught_up()
+    with Consumer(store.root, "cols") as consumer:
+        records = pull_all(consumer, "COLS_BUSY")
+    assert sorted(r.body for r in records.values()) == [b"a", b"b", b"c"]
+    assert records[answers[0].commit_pos].keys == ("k",)
 
 
 @pytest.mark.parametrize("kwargs, field, words", [
