@@ -21,6 +21,7 @@ from ipc.mailbox import RESULT_DTYPE
 _STATUSES = tuple(PutStatus)
 assert [int(s) for s in _STATUSES] == list(range(len(_STATUSES)))
 _STORED = np.array([status.is_stored for status in _STATUSES])
+_FEW_ROWS = 16  # up to this many rows ok and status_counts count in Python: numpy's fixed cost is more
 _DEFAULT_REASONS = {PutStatus.MESSAGE_ILLEGAL: "the supervisor refused the record",
                     PutStatus.SERVICE_NOT_AVAILABLE: "the store is stopping",
                     PutStatus.DISK_FULL: "the disk is full"}
@@ -66,12 +67,21 @@ class BatchResult(Sequence[PutResult]):
     @property
     def ok(self) -> bool:
         """True when every message got PUT_OK."""
-        return bool((self.status == PUT_OK_CODE).all())
+        statuses = self.rows["status"]
+        if len(statuses) > _FEW_ROWS:
+            return bool((statuses == PUT_OK_CODE).all())
+        return statuses.tolist().count(PUT_OK_CODE) == len(statuses)
 
     def status_counts(self) -> dict[PutStatus, int]:
-        """How many messages got each status (statuses that occur only)."""
-        counts = np.bincount(self.status, minlength=len(_STATUSES)).tolist()
-        return {_STATUSES[s]: count for s, count in enumerate(counts) if count}
+        """How many messages got each status (statuses that occur only), in status order."""
+        statuses = self.rows["status"]
+        if len(statuses) > _FEW_ROWS:
+            counts = np.bincount(statuses, minlength=len(_STATUSES)).tolist()
+            return {_STATUSES[s]: count for s, count in enumerate(counts) if count}
+        few: dict[int, int] = {}
+        for status in statuses.tolist():  # no numpy call for a send-and-wait's row or few
+            few[status] = few.get(status, 0) + 1
+        return {_STATUSES[s]: few[s] for s in sorted(few)}
 
     def reason(self, index: int) -> str | None:
         """Why message `index` was not stored (None when it was)."""

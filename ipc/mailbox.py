@@ -80,6 +80,25 @@ assert HEADER.size <= HEADER_SIZE and RESULT_SIZE == 32 and SLOT_HEADER.size <= 
 assert SLOT_HEADER_DTYPE.fields["req_seq"][1] == 8 and SLOT_HEADER_DTYPE.fields["resp_count"][1] == 40
 
 
+def _fields_struct(first: str, stop: str | None) -> tuple[struct.Struct, int]:
+    """A struct of the slot header's fields from `first` up to `stop` (None: the last one) and
+    its offset in the header: a producer's per-request reads and writes, one call each."""
+    names = [name for name, _ in SLOT_HEADER_FIELDS]
+    fields = SLOT_HEADER_FIELDS[names.index(first):names.index(stop) if stop else len(names)]
+    packed = struct.Struct("<" + "".join(fmt for _, fmt in fields))
+    offset = SLOT_HEADER_DTYPE.fields[first][1]
+    end = SLOT_HEADER_DTYPE.fields[stop][1] if stop else SLOT_HEADER.size
+    assert offset + packed.size == end, f"slot header fields {first}..{stop} are not contiguous"
+    return packed, offset
+
+
+SEQS, SEQS_OFFSET = _fields_struct("req_seq", "req_count")  # req_seq, resp_seq
+RESP_SEQ, RESP_SEQ_OFFSET = _fields_struct("resp_seq", "req_count")
+REQ_SEQ, REQ_SEQ_OFFSET = _fields_struct("req_seq", "resp_seq")
+REQUEST_FIELDS, REQUEST_FIELDS_OFFSET = _fields_struct("req_count", "resp_count")  # count, flags, bytes
+RESP_COUNT, RESP_COUNT_OFFSET = _fields_struct("resp_count", None)
+
+
 class SlotState(IntEnum):
     FREE = 0
     CLAIMED = 1
@@ -323,6 +342,9 @@ class ProducerSlot:
         self._wakeup = wakeup
         self._supervisor_wakeup = supervisor_wakeup
         self._data = mailbox.data_view(index)
+        self._buf = mailbox.region.buf
+        self._header_at = HEADER_SIZE + index * SLOT_HEADER_SIZE
+        self._results_at = mailbox.areas_offset + index * mailbox.slot_stride
         self._staged_count = 0
         self._sent_count = 0
 
@@ -350,9 +372,9 @@ class ProducerSlot:
         return slot
 
     def _wait_idle(self, timeout_s: float, alive: Callable[[], bool]) -> None:
-        seq = int(self.mailbox.req_seq[self.index])
-        if int(self.mailbox.resp_seq[self.index]) < seq:
-            self._await_seq(seq, timeout_s, alive)
+        req_seq, resp_seq = SEQS.unpack_from(self._buf, self._header_at + SEQS_OFFSET)
+        if resp_seq < req_seq:
+            self._await_seq(req_seq, timeout_s, alive)
 
     def stage_request(self, records: Sequence[bytes | bytearray | memoryview] | bytes
                       | bytearray | memoryview, *, count: int | None = None,
@@ -360,32 +382,37 @@ class ProducerSlot:
         """Copy a batch into the slot, unpublished. A list of records, or one joined buffer and
         its record count."""
         mb, i = self.mailbox, self.index
-        if int(mb.req_seq[i]) != int(mb.resp_seq[i]):
+        req_seq, resp_seq = SEQS.unpack_from(self._buf, self._header_at + SEQS_OFFSET)
+        if req_seq != resp_seq:
             raise StoreError(f"mailbox slot {i} still has a request in flight")
-        if isinstance(records, bytes | bytearray | memoryview):
+        if type(records) is bytes and count is not None:  # a producer's joined records
+            data = records
+        elif isinstance(records, bytes | bytearray | memoryview):
             data = memoryview(records).cast("B")
             if count is None:
                 raise BadInputError("count", "required with a pre-joined buffer")
         else:
-            data = memoryview(b"".join(records))
+            data = b"".join(records)
             count = len(records) if count is None else count
             if count != len(records):
                 raise BadInputError("count", f"{count} given for {len(records)} records")
+        nbytes = len(data)
         if not 1 <= count <= mb.max_batch:
             raise BadInputError("count", f"{count} records; a batch holds 1..{mb.max_batch}")
-        if len(data) > mb.data_bytes:
-            raise BadInputError("batch", f"{len(data)} bytes exceed the slot's {mb.data_bytes}")
-        self._data[:len(data)] = data
-        mb.req_count[i], mb.req_bytes[i], mb.req_flags[i] = count, len(data), RequestFlag(flags)
+        if nbytes > mb.data_bytes:
+            raise BadInputError("batch", f"{nbytes} bytes exceed the slot's {mb.data_bytes}")
+        self._data[:nbytes] = data
+        REQUEST_FIELDS.pack_into(self._buf, self._header_at + REQUEST_FIELDS_OFFSET, count, flags, nbytes)
         self._staged_count = count
 
     def publish_request(self) -> int:
         """Make the staged batch visible to the supervisor and wake it; the request's seq."""
         if not self._staged_count:
             raise StoreError(f"mailbox slot {self.index} has no staged request")
-        seq = int(self.mailbox.req_seq[self.index]) + 1
+        at = self._header_at + REQ_SEQ_OFFSET
+        seq = REQ_SEQ.unpack_from(self._buf, at)[0] + 1
         seqlock.order_fence()
-        self.mailbox.req_seq[self.index] = seq
+        REQ_SEQ.pack_into(self._buf, at, seq)
         self._sent_count, self._staged_count = self._staged_count, 0
         self._supervisor_wakeup.post()
         return seq
@@ -399,33 +426,36 @@ class ProducerSlot:
 
     def wait_response(self, seq: int, timeout_s: float, alive: Callable[[], bool]) -> np.ndarray:
         """The results of request `seq` (a RESULT_DTYPE array, one per record, in order)."""
-        if seq != int(self.mailbox.req_seq[self.index]):
+        buf, at = self._buf, self._header_at
+        req_seq, resp_seq = SEQS.unpack_from(buf, at + SEQS_OFFSET)
+        if seq != req_seq:
             raise ValueError(f"request {seq} is not this slot's latest request")
-        self._await_seq(seq, timeout_s, alive)
-        mb = self.mailbox
-        count = int(mb.resp_count[self.index])
-        # a private copy by one bytes copy: ndarray.copy() of a slice cost ~2 us per request
-        at = mb.areas_offset + self.index * mb.slot_stride
-        results = np.frombuffer(bytearray(mb.region.buf[at:at + count * RESULT_SIZE]), RESULT_DTYPE)
+        if resp_seq < seq:
+            self._await_seq(seq, timeout_s, alive)
+        else:
+            seqlock.order_fence()
+        count = RESP_COUNT.unpack_from(buf, at + RESP_COUNT_OFFSET)[0]
         if count != self._sent_count:
             raise StoreError(f"supervisor rejected request {seq} of mailbox slot {self.index} "
                              f"({count} results for {self._sent_count} records)")
-        return results
+        # a private copy by one bytes copy: ndarray.copy() of a slice cost ~2 us per request
+        results_at = self._results_at
+        return np.frombuffer(bytearray(buf[results_at:results_at + count * RESULT_SIZE]), RESULT_DTYPE)
 
     def wait_answered(self, seq: int, timeout_s: float, alive: Callable[[], bool]) -> None:
         """Wait until request `seq` is answered, without taking its results."""
         self._await_seq(seq, timeout_s, alive)
 
     def _await_seq(self, seq: int, timeout_s: float, alive: Callable[[], bool]) -> None:
-        resp_seq, i = self.mailbox.resp_seq, self.index
+        buf, at, i = self._buf, self._header_at + RESP_SEQ_OFFSET, self.index
         deadline = time.monotonic() + timeout_s
-        while resp_seq[i] < seq:
+        while RESP_SEQ.unpack_from(buf, at)[0] < seq:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ServiceNotAvailableError(f"no answer to request {seq} of mailbox slot {i} "
                                                f"within {timeout_s}s", hint="is the supervisor hung?")
             woken = self._wakeup.wait(min(WAIT_CHUNK_S, remaining))
-            if not woken and resp_seq[i] < seq and not alive():
+            if not woken and RESP_SEQ.unpack_from(buf, at)[0] < seq and not alive():
                 raise ServiceNotAvailableError("the supervisor exited before answering request "
                                                f"{seq} of mailbox slot {i}")
         seqlock.order_fence()
@@ -438,7 +468,7 @@ class ProducerSlot:
         self.mailbox.owner_pid[self.index] = 0
         self._wakeup.close()
         self._supervisor_wakeup.close()
-        self._data = None
+        self._data = self._buf = None
         slot_claim.release_slot(self._lock_fd)
         self._lock_fd = -1
 
@@ -450,7 +480,7 @@ class ProducerSlot:
             return
         self._wakeup.close()
         self._supervisor_wakeup.close()
-        self._data = None
+        self._data = self._buf = None
         os.close(self._lock_fd)
         self._lock_fd = -1
 

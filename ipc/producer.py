@@ -22,7 +22,9 @@ key each, one tags): no Message and no PutResult per message. It checks the colu
 (byte-identical records) and answers with an ipc.batch_result.BatchResult, numpy columns that
 build PutResults only when asked. `send_batch` takes that path when its messages fit it (one
 topic and tags, at most one key each, no user properties, WAIT) and the message-by-message path
-otherwise, which gives each bad message its own status.
+otherwise, which gives each bad message its own status. A blocking send of one message
+(`send_columns` of one, `send` without properties) is straight-line code: its record from
+encode_many.encode_one, one request from the caller's thread (docs/DECISIONS.md#one-message-send).
 
 Threads and batching (ipc.slot_sender): every send goes through one bounded local queue drained
 by a single sender thread, which coalesces whatever is queued into one mailbox request (up to
@@ -90,6 +92,7 @@ from engine.store_dir import StoreKind, inspect_store_dir, read_meta, refuse_for
 from ipc.batch_result import BatchResult, BatchResultBuilder
 from ipc.control_block import ControlBlock
 from ipc.mailbox import Mailbox
+from ipc.one_message import one_message, one_record
 from ipc.reattach import (
     DEFAULT_REATTACH_TIMEOUT_S,
     SupervisorWatch,
@@ -104,13 +107,15 @@ BORN_IP = "127.0.0.1"
 MAX_TOPIC_CACHE = 4096
 
 
-def _new_fork_lock() -> None:
-    global _FORK_LOCK
+def _after_fork_in_child() -> None:
+    global _FORK_LOCK, _FORKS
     _FORK_LOCK = threading.Lock()
+    _FORKS += 1
 
 
 _FORK_LOCK = threading.Lock()  # one thread of a forked child adopts; new in every child
-os.register_at_fork(after_in_child=_new_fork_lock)
+_FORKS = 0  # forks into this process's line: compared per send instead of a getpid() syscall
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def attach_running_store(store_dir: str | os.PathLike) -> tuple[ControlBlock, RunInfo]:
@@ -218,7 +223,7 @@ class Producer:
         self._max_pending_bytes = max_pending_bytes
         self._enqueue_timeout_s = enqueue_timeout_s
         self._sender = self._new_sender()
-        self._pid = os.getpid()
+        self._forks = _FORKS  # _FORKS when this process's slot was claimed
         self._closed = False
         self._store_host = self.info.store_ip_port
         self._msg_id_prefix = make_msg_id(self._store_host, 0)[:-16]
@@ -259,9 +264,9 @@ class Producer:
     def _live_sender(self) -> SlotSender:
         """The sender of this process: after a fork, the child's first call makes its own
         (ServiceNotAvailableError when no supervisor serves the store within the reattach bound)."""
-        if self._pid != os.getpid():
+        if self._forks != _FORKS:
             with _FORK_LOCK:
-                if self._pid != os.getpid():
+                if self._forks != _FORKS:
                     self._adopt_after_fork()
         return self._sender
 
@@ -273,7 +278,7 @@ class Producer:
         self._born_host = (BORN_IP, os.getpid() & 0x7FFFFFFF)
         if not self._closed:  # the bounded wait, as for a restart; then ServiceNotAvailableError
             self._sender = wait_for_supervisor(self.root, self._new_sender, self._reattach_timeout_s)
-        self._pid = os.getpid()
+        self._forks = _FORKS
 
     # ------------------------------------------------------------------------------ public API
     def send(self, topic: str, body: bytes, *, tags: str | None = None, keys: Iterable[str] | str = (),
@@ -281,6 +286,11 @@ class Producer:
              wait: bool = True) -> PutResult:
         """Put one message; blocks until the store answers (PUT_OK after the flush under sync)."""
         if _fits_columns(keys, properties, wait):  # send_columns' direct path, no Message
+            result = self._send_one_now(self._live_sender(), topic, body,
+                                        keys if type(keys) is str else (keys[0] if keys else None),
+                                        tags, queue_id)
+            if result is not None:
+                return result[0]
             key_column = [keys] if type(keys) is str else list(keys) or None
             try:
                 return self.send_columns(topic, (body,), keys=key_column, tags=tags, queue_ids=queue_id)[0]
@@ -334,6 +344,12 @@ class Producer:
         Bad input (a body that is not bytes or too large, a bad key, columns of different
         lengths, ...) raises BadInputError naming it, and nothing of the call is sent."""
         sender = self._live_sender()
+        one = one_message(bodies, keys, queue_ids)
+        if one is not None:
+            body, key, queue_id = one
+            result = self._send_one_now(sender, topic, body, key, tags, queue_id)
+            if result is not None:
+                return result
         encoded = self._encode_open(topic, bodies, keys, tags, queue_ids)
         count = len(encoded.starts)
         answer = sender.request_now(encoded.buf, count) if count else None
@@ -363,7 +379,7 @@ class Producer:
         if self._closed:
             return
         self._closed = True
-        if self._pid != os.getpid():  # a forked child that never sent: the slot is the parent's
+        if self._forks != _FORKS:  # a forked child that never sent: the slot is the parent's
             with _FORK_LOCK:
                 self._adopt_after_fork()
             return
@@ -374,6 +390,46 @@ class Producer:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    # ------------------------------------------------------------------------------ one message
+    def _send_one_now(self, sender: SlotSender, topic: object, body: object, key: object,
+                      tags: object, queue_id: object) -> BatchResult | None:
+        """A blocking one-message send in the common shape, as straight-line code: one record
+        from encode_one, one request from this thread (queued behind the requests of other
+        threads when the slot is busy). None, and nothing sent, when the message is not of that
+        shape: the general path then checks it and names what is wrong
+        (docs/DECISIONS.md#one-message-send)."""
+        record = self._one_record(topic, body, key, tags, queue_id)
+        if record is None or len(record) > self._mailbox.data_bytes:
+            return None
+        answer = sender.request_now(record, 1)
+        if answer is None:  # the slot is busy: this record through the queue, not encoded again
+            future: Future = Future()
+            self._submit_columns(EncodedRecords(record, np.zeros(1, dtype=np.int64),
+                                                np.array([len(record)], dtype=np.int64)),
+                                 future.set_result, sender.send_or_enqueue)
+            return future.result()
+        rows, reason = answer
+        return BatchResult(rows, {} if reason is None else {0: reason}, self._msg_id_prefix)
+
+    def _one_record(self, topic: object, body: object, key: object, tags: object,
+                    queue_id: object) -> bytes | None:
+        """ipc.one_message.one_record of a message to a topic already sent to, in a producer
+        that is not closed; None otherwise (the general path checks the topic)."""
+        topic_raw = self._topics.get(topic) if type(topic) is str else None
+        if topic_raw is None or self._closed or self._sender.closing:
+            return None
+        info = self.info
+        return one_record(topic, topic_raw, body, key, tags, queue_id, max_body_bytes=info.max_body_bytes,
+                          queue_count=info.queue_count, round_robin=self._next_queue_id,
+                          born_host=self._born_host, store_host=self._store_host)
+
+    def _next_queue_id(self, topic: str) -> int:
+        """The next queue id of `topic`'s round robin (_round_robin_ids of one)."""
+        with self._round_robin_lock:
+            queue_id = self._round_robin.get(topic, 0)
+            self._round_robin[topic] = (queue_id + 1) % self.info.queue_count
+        return queue_id
 
     # ------------------------------------------------------------------------------ columns
     def _send_columns(self, topic: str, bodies: Sequence[bytes], keys: Sequence[str] | None,

@@ -168,7 +168,8 @@ class SlotSender:
         self._max_pending_bytes = max_pending_bytes
         self.queue: collections.deque[Pending] = collections.deque()
         self._pending_bytes = 0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # the condition's; `with` on it costs no Python call
+        self._cond = threading.Condition(self._lock)
         self._closing = False
         self._busy = False  # a request is in flight (the sender thread's, or a caller's: send_or_enqueue)
         self._unanswered_seq: int | None = None  # written, its answer not yet taken
@@ -264,14 +265,14 @@ class SlotSender:
                 or not self._claim_idle_slot():
             return None
         try:
-            rows, reason = self._answer([memoryview(data)], count, True)
+            rows, reason = self._answer([data], count, True)
         finally:
             self._free_slot()
         self._fail_queued_if_gone(rows, reason)
         return rows, reason
 
     def _claim_idle_slot(self) -> bool:
-        with self._cond:
+        with self._lock:
             if self.queue or self._busy or self._closing:
                 return False
             self._busy = True
@@ -341,7 +342,7 @@ class SlotSender:
         """The request in flight is answered. Only the sender thread with records queued and
         close() wait for that: waking the idle sender thread after every blocking send (a
         notify_all with nothing queued) cost the producer a thread switch per request."""
-        with self._cond:
+        with self._lock:
             self._busy = False
             if self.queue or self._closing:
                 self._cond.notify_all()
@@ -356,7 +357,8 @@ class SlotSender:
             at += end - first
         self._fail_queued_if_gone(rows, reason)
 
-    def _answer(self, pieces: list[memoryview], count: int, wait: bool) -> tuple[np.ndarray, str | None]:
+    def _answer(self, pieces: list[bytes | memoryview], count: int, wait: bool
+                ) -> tuple[np.ndarray, str | None]:
         """_request's answer; an unexpected error becomes UNKNOWN_ERROR rows (a caller waits
         for them)."""
         try:
@@ -370,7 +372,8 @@ class SlotSender:
         if reason is not None and rows["status"][0] == SERVICE_NOT_AVAILABLE_CODE:
             self._fail_queued(reason)
 
-    def _request(self, pieces: list[memoryview], count: int, wait: bool) -> tuple[np.ndarray, str | None]:
+    def _request(self, pieces: list[bytes | memoryview], count: int, wait: bool
+                 ) -> tuple[np.ndarray, str | None]:
         """The answer rows of one request (mailbox.RESULT_DTYPE), and the reason when they were
         made here rather than by the supervisor. Sent again to the next supervisor only while
         nothing of it can have been stored (see the module docstring)."""

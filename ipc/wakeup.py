@@ -142,19 +142,22 @@ class Wakeup:
                 return False
             return True
         deadline = time.monotonic() + timeout_s
+        slice_s = timeout_s if timeout_s < WAIT_SLICE_S else WAIT_SLICE_S
         while True:
             # _signal's, not signal's: that wrapper makes an enum member of every signal in the
             # returned mask, ~100 us for a full one, and this is the producer's per-batch path.
             held = _signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKABLE_SIGNALS)
             try:
-                self._sem.acquire(max(min(deadline - time.monotonic(), WAIT_SLICE_S), 0.0))
+                self._sem.acquire(slice_s)
                 return True
             except (posix_ipc.BusyError, posix_ipc.SignalError):  # SignalError: a stop signal
                 pass
             finally:
                 _signal.pthread_sigmask(signal.SIG_SETMASK, held)  # pending handlers run here
-            if time.monotonic() >= deadline:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
                 return False
+            slice_s = remaining_s if remaining_s < WAIT_SLICE_S else WAIT_SLICE_S
 
     def drain(self) -> int:
         """Take every pending post without sleeping; how many there were."""

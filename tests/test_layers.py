@@ -33,7 +33,7 @@ IPC_PRIMITIVES = {
     "ipc.mailbox", "ipc.wakeup", "ipc.key_ring", "ipc.run_info", "ipc.put_latency",
 }
 IPC_CLIENT = {
-    "ipc.producer", "ipc.slot_sender", "ipc.batch_result", "ipc.reattach", "ipc.consumer",
+    "ipc.producer", "ipc.one_message", "ipc.slot_sender", "ipc.batch_result", "ipc.reattach", "ipc.consumer",
     "ipc.consumer_offsets",
 }
 

@@ -243,3 +243,17 @@ def test_interval_count(seconds, interval_s, count):
 
 def test_intended_times_is_int64():
     assert intended_times([]).dtype == np.int64
+
+
+def test_batch_of_one_is_the_same_body_as_the_first_of_a_larger_batch():
+    """build() of a batch of one packs the header itself; the bytes are the template path's."""
+    tail = bytes(range(40 - BODY_HEADER.size))
+    spec_of = {batch: WorkerSpec(role="producer", backend="mqstore", worker_id=4, target="-",
+                                 streams=(("a", 0), ("a", 1), ("b", 0)), size_bytes=40, batch=batch,
+                                 keys=True) for batch in (1, 2)}
+    one = BatchBuilder(spec_of[1], tail).build(7, 555)
+    two = BatchBuilder(spec_of[2], tail).build(7, 555)
+    assert one.bodies == [BODY_HEADER.pack(BODY_MAGIC, 4, 555, 7) + tail] == two.bodies[:1]
+    assert one.key_column == ["p4-7"] == two.key_column[:1]
+    assert one.first_stream == two.first_stream == (4 + 7) % 3 and one.streams == [("b", 0)]
+    assert intended_times(one.bodies).tolist() == [555]

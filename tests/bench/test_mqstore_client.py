@@ -52,3 +52,32 @@ def test_batches_arrive_on_their_streams_with_their_keys(tmp_path, inflight):
     finally:
         assert running.stop() == 0
     assert_check_clean(running.root)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 5])
+def test_blocking_sends_of_one_topic_are_counted_without_a_future(tmp_path, batch):
+    """--inflight 1 to one topic: Producer.send_columns, counted at once like the peers' sends."""
+    running = start_store(tmp_path / "store")
+    try:
+        streams = (("solo", 0), ("solo", 1), ("solo", 3))
+        spec = WorkerSpec(role="producer", backend="mqstore", worker_id=1, target=str(running.root),
+                          streams=streams, size_bytes=40, batch=batch, keys=True)
+        builder = BatchBuilder(spec, b"t" * (40 - BODY_HEADER.size))
+        sender = MqstoreSender(spec)
+        try:
+            batches = [builder.build(j * batch, 1000 + j) for j in range(4)]
+            pendings = [sender.submit(b) for b in batches]
+            assert all(p.future is None and p.done_ns > 0 for p in pendings)
+            assert [sender.result(p) for p in pendings] == [{"OK": batch}] * 4
+        finally:
+            sender.close()
+        running.wait_caught_up()
+        with Consumer(running.root, "bench-test") as consumer:
+            got = {(record.body, record.queue_id, record.keys[0])
+                   for _, queue_id in streams for record in consumer.pull("solo", queue_id, 0, 100).messages}
+        assert got == {(body, stream[1], key) for b in batches
+                       for body, stream, key in zip(b.bodies, b.streams, b.keys, strict=True)}
+    finally:
+        assert running.stop() == 0
+    assert_check_clean(running.root)

@@ -147,3 +147,32 @@ def test_few_record_path_refuses_a_bad_host():
                        first_counter=0, born_ts_ms=BORN_TS_MS, born_host=("not-an-ip", 1),
                        store_host=STORE)
     assert info.value.field == "host"
+
+
+@settings(max_examples=300, deadline=None)
+@given(topic=TOPIC, tags=TAGS, key=st.none() | KEY, body=st.binary(max_size=300),
+       queue_id=st.integers(0, 2**31 - 1), counter=st.sampled_from([0, 7, 0xFFFFFF, 0x1000000 + 5]))
+def test_one_record_is_byte_identical_to_the_columns_of_one(topic, tags, key, body, queue_id, counter):
+    """encode_one (a blocking send's record) against encode_columns of one message."""
+    block = UniqKeyBlock(PREFIX, counter, 1)
+    expected = columns(topic, [body], [key] if key is not None else None, tags, [queue_id], block)
+    got = encode_many.encode_one(topic.encode(), body, queue_id,
+                                 key_raw=key.encode() if key is not None else None,
+                                 tags_raw=tags.encode() if tags is not None else None, uniq_prefix=PREFIX,
+                                 counter=counter, born_ts_ms=BORN_TS_MS, born_host=BORN, store_host=STORE)
+    assert type(got) is bytes and got == bytes(expected.buf)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"topic_raw": b""}, "topic"),
+    ({"topic_raw": b"x" * 128}, "topic"),
+    ({"uniq_prefix": "ABC"}, "uniq_prefix"),
+    ({"key_raw": b"k" * MAX_PROPERTIES_BYTES}, "properties"),
+    ({"born_host": ("not-an-ip", 1)}, "host"),
+])
+def test_one_record_refuses_what_the_columns_refuse(change, field):
+    args = {"topic_raw": b"T", "key_raw": b"k", "uniq_prefix": PREFIX, "born_host": BORN, **change}
+    with pytest.raises(BadInputError) as info:
+        encode_many.encode_one(args.pop("topic_raw"), b"body", 0, tags_raw=None, counter=0,
+                               born_ts_ms=BORN_TS_MS, store_host=STORE, **args)
+    assert info.value.field == field

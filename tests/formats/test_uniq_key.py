@@ -13,10 +13,12 @@ from engine.errors import BadInputError
 from engine.formats.uniq_key import (
     UNIQ_COUNTER_MASK,
     UNIQ_KEY_CHARS,
+    UniqKeyBlock,
     decode_uniq_key,
     new_uniq_key,
     new_uniq_key_block,
     new_uniq_keys,
+    reserve_uniq_keys,
 )
 
 THREADS = 8
@@ -46,15 +48,22 @@ def hammer(take) -> list[str]:
     return [key for keys in out for key in keys]
 
 
+def reserved(count: int) -> list[str]:
+    """The keys of a reserve_uniq_keys (a blocking send's path), as a block of them."""
+    prefix, first = reserve_uniq_keys(count)
+    return UniqKeyBlock(prefix, first, count).texts()
+
+
 def mixed(i: int) -> list[str]:
-    """Every way a key is made: one key, a list, a block (the Producer's path), a list of 50."""
+    """Every way a key is made: one key, a list, a block (the Producer's path), a list of 50,
+    one reserved without a block (a blocking send's)."""
     return [[new_uniq_key()], new_uniq_keys(7), new_uniq_key_block(13).texts(),
-            new_uniq_keys(50)][i % 4]
+            new_uniq_keys(50), reserved(1)][i % 5]
 
 
 def test_keys_from_eight_threads_are_all_distinct():
     keys = hammer(mixed)
-    assert len(keys) == THREADS * ROUNDS // 4 * (1 + 7 + 13 + 50)
+    assert len(keys) == THREADS * ROUNDS // 5 * (1 + 7 + 13 + 50 + 1)
     assert len(set(keys)) == len(keys)
 
 
@@ -67,7 +76,7 @@ def test_blocks_from_eight_threads_reserve_disjoint_counter_ranges():
 def test_key_decodes_to_pid_salt_time_and_consecutive_counters():
     before_ms = time.time_ns() // 1_000_000
     block = new_uniq_key_block(3)
-    keys = [*block.texts(), new_uniq_key(), *new_uniq_keys(2)]
+    keys = [*block.texts(), new_uniq_key(), *new_uniq_keys(2), *reserved(1)]
     after_ms = time.time_ns() // 1_000_000
     assert all(len(key) == UNIQ_KEY_CHARS and key == key.upper() for key in keys)
     assert all(key[:14] == block.prefix[:14] for key in keys)  # pid and salt
@@ -76,7 +85,7 @@ def test_key_decodes_to_pid_salt_time_and_consecutive_counters():
     assert len({f.salt for f in fields}) == 1  # one generator: record's and message's keys share it
     assert all(before_ms <= f.time_ms <= after_ms for f in fields)
     first = block.first_counter
-    assert [f.counter for f in fields] == [(first + i) & UNIQ_COUNTER_MASK for i in range(6)]
+    assert [f.counter for f in fields] == [(first + i) & UNIQ_COUNTER_MASK for i in range(7)]
 
 
 def test_block_counter_wraps_at_24_bits_and_an_oversized_block_is_refused():

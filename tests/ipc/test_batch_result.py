@@ -105,3 +105,25 @@ def test_hot_path_status_codes_are_plain_ints_of_their_statuses():
     assert BatchResult(rows((PutStatus.PUT_OK, 0, 0, 0, 0)), {}, "P").ok
     mixed = rows((PutStatus.PUT_OK, 0, 0, 0, 0), (PutStatus.DISK_FULL, 0, 0, 0, 0))
     assert not BatchResult(mixed, {}, "P").ok
+
+
+@pytest.mark.parametrize("count", [1, 3, 16, 17, 200])
+def test_status_counts_of_few_and_many_rows_agree_with_the_statuses(count):
+    """Up to _FEW_ROWS rows are counted in Python, more by bincount: same counts, same order."""
+    rng = np.random.default_rng(count)
+    rows = np.zeros(count, dtype=RESULT_DTYPE)
+    rows["status"] = rng.choice([int(PutStatus.FLUSH_DISK_TIMEOUT), PUT_OK_CODE, SERVICE_NOT_AVAILABLE_CODE],
+                                size=count)
+    counts = BatchResult(rows, {}, "P").status_counts()
+    expected = {status: int((rows["status"] == status).sum()) for status in PutStatus}
+    assert counts == {status: n for status, n in expected.items() if n}
+    assert list(counts) == sorted(counts)  # in status order, whichever way they were counted
+
+
+@pytest.mark.parametrize("count", [1, 16, 17, 100])
+def test_ok_of_few_and_many_rows_is_every_status_put_ok(count):
+    rows = np.zeros(count, dtype=RESULT_DTYPE)
+    rows["status"] = PUT_OK_CODE
+    assert BatchResult(rows, {}, "P").ok is True
+    rows["status"][count // 2] = int(PutStatus.FLUSH_DISK_TIMEOUT)  # stored, but not PUT_OK
+    assert BatchResult(rows, {}, "P").ok is False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,89 @@ def test_send_of_one_plain_message_takes_the_columns_path_and_writes_the_same_re
     assert records[two_keys.commit_pos].keys == ("a", "b")
 
 
+def test_one_message_takes_the_one_record_path_and_writes_the_same_record(store, monkeypatch):
+    """A one-message send_columns or send is encoded by encode_one, not encode_columns (numpy,
+    lists); the log must not tell the difference, round robin included."""
+    import ipc.producer as producer_module
+    columns_calls = []
+    real_columns = producer_module.encode_columns
+    monkeypatch.setattr(producer_module, "encode_columns",
+                        lambda *args, **kw: columns_calls.append(args) or real_columns(*args, **kw))
+    with Producer(store.root) as producer:
+        producer.send_columns("COLS_ONE", [b"first"])  # an unknown topic: checked by the general path
+        columns_calls.clear()
+        sent = [(producer.send_columns("COLS_ONE", [b"listed %b"], keys=["k-%\u00e9"], tags="t",
+                                       queue_ids=[3])[0], "t", "k-%\u00e9"),
+                (producer.send_columns("COLS_ONE", (b"tuple",), keys=("k2",), queue_ids=2)[0], None, "k2"),
+                (producer.send_columns("COLS_ONE", [b"round robin"])[0], None, None),
+                (producer.send("COLS_ONE", b"send", keys="k3"), None, "k3")]
+        assert not columns_calls
+    assert [put.queue_id for put, _, _ in sent] == [3, 2, 1, 2]  # round robin went on from "first"
+    store.wait_caught_up()
+    with Consumer(store.root, "cols") as consumer:
+        records = pull_all(consumer, "COLS_ONE")
+    for put, tags, key in sent:
+        assert put.ok
+        record = records[put.commit_pos]
+        assert put.msg_id == record.msg_id and put.queue_offset == record.queue_offset
+        assert log_bytes(store.root, record.commit_pos, record.total_size) == \
+            expected_log_bytes(record, tags=tags, key=key)
+
+
+def test_one_message_while_the_slot_is_busy_is_queued_once_and_keeps_the_round_robin(store):
+    """A one-message send that finds another thread's request in flight goes through the queue
+    with the record it made: sent once, the round robin not advanced twice."""
+    with Producer(store.root) as producer:
+        first = producer.send_columns("COLS_BUSY", [b"a"])[0]
+        sender = producer._sender
+        assert sender._claim_idle_slot()  # as another thread's request in flight would
+        answers = []
+        thread = threading.Thread(target=lambda: answers.append(producer.send("COLS_BUSY", b"b", keys="k")))
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not sender.queue:  # the send waits in the queue, not in the slot
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.001)
+        sender._free_slot()
+        thread.join(10)
+        third = producer.send_columns("COLS_BUSY", [b"c"])[0]
+    assert answers[0].ok and [put.queue_id for put in (first, answers[0], third)] == [0, 1, 2]
+    store.wait_caught_up()
+    with Consumer(store.root, "cols") as consumer:
+        records = pull_all(consumer, "COLS_BUSY")
+    assert sorted(r.body for r in records.values()) == [b"a", b"b", b"c"]
+    assert records[answers[0].commit_pos].keys == ("k",)
+
+
+@pytest.mark.parametrize("kwargs, field, words", [
+    ({"bodies": ["text"]}, "bodies", "body 0 must be bytes, not str"),
+    ({"bodies": [b"x" * 9000]}, "bodies", "body 0: 9000 bytes exceeds the maximum of 8192"),
+    ({"keys": ["two words"]}, "keys", "key 0"),
+    ({"keys": [""]}, "keys", "key 0"),
+    ({"keys": ["a\x01b"]}, "keys", "key 0"),
+    ({"keys": ["\ud800"]}, "keys", "key 0"),
+    ({"keys": [7]}, "keys", "key 0"),
+    ({"keys": "k"}, "keys", "not a single str"),
+    ({"queue_ids": [4]}, "queue_id", "4 is outside 0..3"),
+    ({"queue_ids": -1}, "queue_id", "-1 is outside 0..3"),
+    ({"queue_ids": [True]}, "queue_id", "must be an int, not bool"),
+    ({"tags": ""}, "tags", "must not be empty"),
+    ({"topic": "bad/topic"}, "topic", "invalid"),
+    ({"keys": ["k" * 40000]}, "properties", "exceed 32767"),
+])
+def test_bad_one_message_columns_raise_as_many_do_and_send_nothing(store, kwargs, field, words):
+    """The one-record path takes only what it can check itself; anything else gets the general
+    path's error, as a batch of more messages would."""
+    args = {"topic": "COLS_BAD_ONE", "bodies": [b"a"], **kwargs}
+    with Producer(store.root) as producer, store.ctl() as ctl:
+        assert producer.send_columns("COLS_BAD_ONE", [b"topic known"]).ok
+        before = ctl.written_pos
+        with pytest.raises(BadInputError, match=words) as info:
+            producer.send_columns(args.pop("topic"), args.pop("bodies"), **args)
+        assert info.value.field == field
+        assert ctl.written_pos == before
+
+
 def test_a_batch_larger_than_a_request_is_split_and_answered_in_order(store):
     count = 2600  # the mailbox takes at most 1024 records per request
     with Producer(store.root) as producer, store.ctl() as ctl:
@@ -234,6 +318,9 @@ def test_status_counts_of_a_batch_into_a_stopping_store(tmp_path):
         assert result.status_counts() == {PutStatus.SERVICE_NOT_AVAILABLE: 4}
         assert "reattach_timeout_s = 0 s" in result[0].reason
         assert all(r.reason for r in result) and result.msg_ids() == [None] * 4
+        one = producer.send_columns("COLS_STOP", [b"z"])  # the one-record path
+        assert one.status_counts() == {PutStatus.SERVICE_NOT_AVAILABLE: 1}
+        assert "reattach_timeout_s = 0 s" in one[0].reason
     finally:
         producer.close()
     assert_check_clean(running.root)

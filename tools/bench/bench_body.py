@@ -21,7 +21,8 @@ MIN_BODY_BYTES = BODY_HEADER.size
 class BatchBuilder:
     """Makes a producer's batches from one template: spec.batch bodies of BODY_HEADER + `tail`
     side by side in a numpy array whose header fields are written per batch (two whole-column
-    writes), then cut into bytes objects by one tolist()."""
+    writes), then cut into bytes objects by one tolist(). A batch of one is one BODY_HEADER.pack
+    and `tail` (the same bytes; numpy's fixed cost is more than the body)."""
 
     def __init__(self, spec: WorkerSpec, tail: bytes):
         self.spec = spec
@@ -31,10 +32,15 @@ class BatchBuilder:
         self._whole = self._rows.view(np.dtype((np.void, len(body))))
         self._seq_offsets = np.arange(spec.batch, dtype=np.int64)
         self._key_prefix = f"p{spec.worker_id}-" if spec.keys else None
+        self._tail = tail
 
     def build(self, seq: int, intended_ns: int) -> SendBatch:
         """Messages seq..seq+batch-1 of this producer, bodies stamped with `intended_ns`."""
         spec, rows = self.spec, self._rows
+        if spec.batch == 1:
+            return SendBatch(spec.streams, (spec.worker_id + seq) % len(spec.streams),
+                             [BODY_HEADER.pack(BODY_MAGIC, spec.worker_id, intended_ns, seq) + self._tail],
+                             None if self._key_prefix is None else [f"{self._key_prefix}{seq}"])
         rows["intended_ns"] = intended_ns
         rows["seq"] = self._seq_offsets + seq
         keys = (list(map(self._key_prefix.__add__, map(str, range(seq, seq + spec.batch))))

@@ -58,13 +58,18 @@ class LatencyHistogram:
 
     # ------------------------------------------------------------------------------ record
     def record(self, value_ns: int, times: int = 1) -> None:
-        """Add one value (`times` times); pure-Python fast path of record_many."""
-        value = max(int(value_ns), 0)
-        clamped = min(value, MAX_VALUE_NS)
-        shift = max(clamped.bit_length() - SUB_BITS, 0)
-        self.counts[shift * HALF_COUNT + (clamped >> shift)] += times
-        self.min_ns = value if self.count == 0 else min(self.min_ns, value)
-        self.max_ns = max(self.max_ns, value)
+        """Add one value (`times` times); pure-Python fast path of record_many. A producer
+        records two per send: branches, not min/max calls."""
+        value = int(value_ns)
+        if value < 0:
+            value = 0
+        clamped = value if value <= MAX_VALUE_NS else MAX_VALUE_NS
+        shift = clamped.bit_length() - SUB_BITS
+        self.counts[clamped if shift <= 0 else shift * HALF_COUNT + (clamped >> shift)] += times
+        if self.count == 0 or value < self.min_ns:
+            self.min_ns = value
+        if value > self.max_ns:
+            self.max_ns = value
         self.count += times
         self.sum_ns += value * times
 

@@ -56,13 +56,15 @@ class IntervalRecorder:
                   answered_count: int, body_bytes: int, errors: dict[str, int]) -> None:
         """A producer batch: `answered_count` messages answered, `ok_count` of them stored OK."""
         self.total_msgs += ok_count
-        self.total_errors.update(errors)
+        if errors:  # an update with nothing costs ~0.5 us, twice per answered send
+            self.total_errors.update(errors)
         if intended_ns < self.measure_start_ns:
             return
         window = self._window(done_ns)
         window.msgs += ok_count
         window.msg_bytes += ok_count * body_bytes
-        window.errors.update(errors)
+        if errors:
+            window.errors.update(errors)
         window.latency.record(done_ns - intended_ns, answered_count)
         window.delay.record(sent_ns - intended_ns, answered_count)
 

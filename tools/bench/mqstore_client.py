@@ -5,16 +5,17 @@ batch (no Message or PutResult per message: the answer is counted from its numpy
 column), and stamps the completion time in the future's callback (the producer's sender
 thread), so the latency does not include the time the worker's main loop took to notice. With
 one send in flight (--inflight 1, the default) a one-topic batch goes through the blocking
-Producer.send_columns instead, as a caller that waits for each acknowledgement would send it.
+Producer.send_columns instead, as a caller that waits for each acknowledgement would send it,
+and is counted at once, with no Future: the Redis and SQLite peers' bookkeeping per send.
 MqstoreReceiver pulls its (topic, queue) streams with Consumer.pull_columns (numpy columns) and,
 when a sweep finds nothing, long-polls with Consumer.wait_for_more across all of them.
 """
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 import numpy as np
@@ -35,19 +36,22 @@ class MqstoreSender:
     def __init__(self, spec: WorkerSpec):
         self.producer = Producer(spec.target)
         self._plans = _topic_plans(spec.streams, spec.batch)
-        self._blocking = spec.inflight == 1
+        # per first stream, (topic, queue ids) when the whole batch goes to one topic and is sent
+        # blocking (--inflight 1): the send-and-wait shape, sent without _split
+        self._blocking_whole = [(plan[0][0], plan[0][2]) if spec.inflight == 1 and len(plan) == 1 else None
+                                for plan in self._plans]
 
     def submit(self, batch: SendBatch) -> Pending:
-        parts = self._split(batch)
-        if self._blocking and len(parts) == 1:
-            topic, bodies, keys, queue_ids = parts[0]
-            done: Future = Future()
-            done.set_result(self.producer.send_columns(topic, bodies, keys=keys, queue_ids=queue_ids))
-            pending = Pending(len(batch.bodies), done)
+        whole = self._blocking_whole[batch.first_stream]
+        if whole is not None:
+            bodies = batch.bodies
+            result = self.producer.send_columns(whole[0], bodies, keys=batch.key_column, queue_ids=whole[1])
+            pending = Pending(len(bodies))
             pending.stamp()
+            pending.statuses = {"OK": len(bodies)} if result.ok else _counts((result,))
             return pending
         futures = [self.producer.send_columns_async(topic, bodies, keys=keys, queue_ids=queue_ids)
-                   for topic, bodies, keys, queue_ids in parts]
+                   for topic, bodies, keys, queue_ids in self._split(batch)]
         future = futures[0] if len(futures) == 1 else _all_of(futures)
         pending = Pending(len(batch.bodies), future)
         future.add_done_callback(pending.stamp)
@@ -65,6 +69,8 @@ class MqstoreSender:
         return parts
 
     def result(self, pending: Pending) -> dict[str, int]:
+        if pending.statuses is not None:  # sent blocking, counted by submit
+            return pending.statuses
         results = pending.future.result()
         if not pending.done_ns:  # Future wakes result() before it runs the stamping callback
             pending.stamp()
@@ -74,13 +80,14 @@ class MqstoreSender:
         self.producer.close()
 
 
-def _counts(results: list[BatchResult]) -> dict[str, int]:
+def _counts(results: Sequence[BatchResult]) -> dict[str, int]:
     """Messages per status name ("OK" for PUT_OK), from the results' status columns."""
-    counts: collections.Counter = collections.Counter()
+    counts: dict[str, int] = {}
     for result in results:
         for status, count in result.status_counts().items():
-            counts["OK" if status is PutStatus.PUT_OK else status.name] += count
-    return dict(counts)
+            name = "OK" if status is PutStatus.PUT_OK else status.name
+            counts[name] = counts.get(name, 0) + count
+    return counts
 
 
 def _topic_plans(streams: tuple[tuple[str, int], ...], batch: int

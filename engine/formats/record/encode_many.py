@@ -24,6 +24,9 @@ and one zlib.crc32, both C calls driven by `map`; no Python runs per record. Fro
 _JOIN_MIN_BODY_BYTES per body on average, the template without its header and body is applied
 per record and the pieces are joined once instead (one `%` over megabytes of bodies copies
 them several times as its output grows).
+
+`encode_one`: the same record for one message as bytes, with no numpy and no lists: one
+struct pack and one `%` of a template cached per (topic, tags, keyed), for a blocking send.
 """
 
 from __future__ import annotations
@@ -140,6 +143,7 @@ _SAME_FMT = ">" + "".join(_CODES[4:-1])
 _SAME_HEADER = struct.Struct(_SAME_FMT)
 _SAME_SIZE = _SAME_HEADER.size
 _HEADER = struct.Struct(">" + "".join(_CODES[:4]) + f"{_SAME_SIZE}s" + _CODES[-1])
+_FULL_HEADER = struct.Struct(V4_HEADER_FMT)  # every field, for encode_one
 assert _HEADER.size == V4_HEADER_SIZE and struct.calcsize(">" + "".join(_CODES[:4])) == FLAG_OFFSET
 assert FLAG_OFFSET + _SAME_SIZE == BODY_LENGTH_OFFSET
 _PROPS_LENGTH = struct.Struct(">h")
@@ -228,7 +232,8 @@ def _encode_few(topic_raw: bytes, bodies: Sequence[bytes], queue_ids: Sequence[i
     below STRUCT_PATH_MAX_RECORDS the vector path's numpy set-up costs more than the records."""
     props_base = _props_base_bytes(tags_raw, keys_raw is not None)
     keys = keys_raw if keys_raw is not None else repeat(b"", len(bodies))
-    after = _cached_after(topic_raw, tags_raw, keys_raw is not None, uniq_prefix)
+    after = _cached_after(topic_raw, tags_raw, keys_raw is not None)
+    prefix = uniq_prefix.encode("ascii")
     same = _SAME_HEADER.pack(0, 0, 0, 0, born_ts_ms, *_cached_ipv4(born_host), 0,
                              *_cached_ipv4(store_host), 0, 0)
     fixed = RECORD_FIXED_SIZE + len(topic_raw) + props_base
@@ -246,16 +251,55 @@ def _encode_few(topic_raw: bytes, bodies: Sequence[bytes], queue_ids: Sequence[i
                                    same, len(body)))
         pieces.append(body)
         props_len = _PROPS_LENGTH.pack(props_base + len(key))
-        pieces.append(after % ((props_len, key, counter & UNIQ_COUNTER_MASK) if keys_raw is not None
-                               else (props_len, counter & UNIQ_COUNTER_MASK)))
+        pieces.append(after % ((props_len, key, prefix, counter & UNIQ_COUNTER_MASK) if keys_raw is not None
+                               else (props_len, prefix, counter & UNIQ_COUNTER_MASK)))
     starts = np.array(list(accumulate(sizes[:-1], initial=0)), dtype=np.int64)
     return EncodedRecords(b"".join(pieces), starts, np.array(sizes, dtype=np.int64))
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_after(topic_raw: bytes, tags_raw: bytes | None, with_key: bool, uniq_prefix: str) -> bytes:
-    """_after_template with PROPERTIESLENGTH as %b; a producer sends few distinct shapes."""
-    return _after_template(topic_raw, tags_raw, with_key, uniq_prefix, None)
+def _cached_after(topic_raw: bytes, tags_raw: bytes | None, with_key: bool) -> bytes:
+    """_after_template with PROPERTIESLENGTH and the UNIQ_KEY prefix as %b (the prefix holds
+    the clock's milliseconds: in the template it would miss the cache at every tick)."""
+    return _after_template(topic_raw, tags_raw, with_key, None, None)
+
+
+@functools.lru_cache(maxsize=64)
+def _one_template(topic_raw: bytes, tags_raw: bytes | None, with_key: bool, born_host: tuple[str, int],
+                  store_host: tuple[str, int]) -> tuple[bytes, int, int, bytes, int, bytes, int]:
+    """encode_one's `%` template of a whole record (header %b, body %b, then _cached_after's),
+    the record's size less its body and key, PROPERTIESLENGTH less the key's length, and the
+    hosts packed: what a producer's records of one topic, tags and keyed share."""
+    if not 1 <= len(topic_raw) <= MAX_TOPIC_BYTES:
+        raise BadInputError("topic", f"must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8")
+    props_base = _props_base_bytes(tags_raw, with_key)
+    return (b"%b%b" + _cached_after(topic_raw, tags_raw, with_key), RECORD_FIXED_SIZE + len(topic_raw)
+            + props_base, props_base, *_ipv4(born_host), *_ipv4(store_host))
+
+
+def encode_one(topic_raw: bytes, body: bytes, queue_id: int, *, key_raw: bytes | None,
+               tags_raw: bytes | None, uniq_prefix: str, counter: int, born_ts_ms: int,
+               born_host: tuple[str, int], store_host: tuple[str, int]) -> bytes:
+    """encode_columns' record of one message (key_raw None: no KEYS), as bytes: one struct pack
+    and one `%` of a cached template, no numpy and no lists, for a blocking one-message send
+    (ipc.Producer), where _encode_few's set-up cost as much as the record."""
+    template, fixed_bytes, props_base, born_ip, born_port, store_ip, store_port = _one_template(
+        topic_raw, tags_raw, key_raw is not None, born_host, store_host)
+    key_bytes = 0 if key_raw is None else len(key_raw)
+    if props_base + key_bytes > MAX_PROPERTIES_BYTES:
+        raise BadInputError("properties", f"properties plus the {CRC32C_PROP_SIZE}-byte CRC32C "
+                            f"property exceed {MAX_PROPERTIES_BYTES}")
+    if len(uniq_prefix) != UNIQ_KEY_CHARS - UNIQ_COUNTER_DIGITS or not uniq_prefix.isascii():
+        raise BadInputError("uniq_prefix", f"{uniq_prefix!r} is not "
+                            f"{UNIQ_KEY_CHARS - UNIQ_COUNTER_DIGITS} hex digits")
+    head = _FULL_HEADER.pack(fixed_bytes + len(body) + key_bytes, MAGIC_V1,
+                             zlib.crc32(body) & BODY_CRC_MASK, queue_id, 0, 0, 0, 0, born_ts_ms,
+                             born_ip, born_port, 0, store_ip, store_port, 0, 0, len(body))
+    props_len = _PROPS_LENGTH.pack(props_base + key_bytes)
+    prefix, counter = uniq_prefix.encode("ascii"), counter & UNIQ_COUNTER_MASK
+    if key_raw is None:
+        return template % (head, body, props_len, prefix, counter)
+    return template % (head, body, props_len, key_raw, prefix, counter)
 
 
 def _cached_ipv4(host: tuple[str, int]) -> tuple[bytes, int]:
@@ -306,11 +350,11 @@ def _sizes_and_starts(fixed: int, body_lens: list[int], key_lens: list[int], n: 
     return sizes, starts
 
 
-def _after_template(topic_raw: bytes, tags_raw: bytes | None, with_key: bool, uniq_prefix: str,
+def _after_template(topic_raw: bytes, tags_raw: bytes | None, with_key: bool, uniq_prefix: str | None,
                     props_len: int | None) -> bytes:
     """The `%` template of what follows a body. It takes, in order: PROPERTIESLENGTH (%b, only
-    when `props_len` is None, i.e. the keys differ in length), the key (%b, `with_key`) and the
-    UNIQ_KEY counter (%06X)."""
+    when `props_len` is None, i.e. the keys differ in length), the key (%b, `with_key`), the
+    UNIQ_KEY prefix (%b, only when `uniq_prefix` is None) and the UNIQ_KEY counter (%06X)."""
     kv, end = SEP_KV, SEP_PROP
     literal = (bytes((len(topic_raw),)) + topic_raw).replace(b"%", b"%%")
     literal += _PROPS_LENGTH.pack(props_len).replace(b"%", b"%%") if props_len is not None else b"%b"
@@ -318,7 +362,8 @@ def _after_template(topic_raw: bytes, tags_raw: bytes | None, with_key: bool, un
         literal += (PROP_TAGS.encode() + kv + tags_raw + end).replace(b"%", b"%%")
     if with_key:
         literal += PROP_KEYS.encode() + kv + b"%b" + end
-    literal += (PROP_UNIQ_KEY.encode() + kv + uniq_prefix.encode("ascii")).replace(b"%", b"%%")
+    literal += (PROP_UNIQ_KEY.encode() + kv).replace(b"%", b"%%")
+    literal += b"%b" if uniq_prefix is None else uniq_prefix.encode("ascii").replace(b"%", b"%%")
     return literal + b"%0" + str(UNIQ_COUNTER_DIGITS).encode() + b"X" + end \
         + CRC32C_RESERVED.replace(b"%", b"%%")
 
