@@ -64,14 +64,17 @@ MiB = 1 << 20
 
 
 def make_store(root: Path, size_mb: int, segment_mb: int, body_bytes: int = 1000) -> None:
-    """About `size_mb` MiB of messages over 4 topics x 4 queues, keys on every message."""
+    """About `size_mb` MiB of messages over 4 topics x 4 queues, keys on every message, each
+    body distinct random bytes (equal bodies would let Parquet's dictionary encoding store
+    one, and its scan of them would measure nothing)."""
     config = StoreConfig(commitlog_file_size=segment_mb * MiB, queue_count=4, flush="async")
     store = MessageStore.open(root, config)
     try:
-        n, body = 0, os.urandom(body_bytes)
+        n = 0
         while store.commitlog.written_pos < size_mb * MiB:
-            batch = [Message(f"topic-{(n + i) % 4}", body, tags="bench", keys=(f"k{n + i}",),
-                             queue_id=(n + i) % 4) for i in range(1000)]
+            blob = os.urandom(body_bytes * 1000)
+            batch = [Message(f"topic-{(n + i) % 4}", blob[i * body_bytes:(i + 1) * body_bytes], tags="bench",
+                             keys=(f"k{n + i}",), queue_id=(n + i) % 4) for i in range(1000)]
             store.put_batch(batch)
             n += len(batch)
     finally:
