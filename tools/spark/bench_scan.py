@@ -274,9 +274,16 @@ def measure_body_scan(spark, store: str, target_bytes: int, parquet_dir: Path, r
         ordered = sorted(rows, key=lambda r: r["seconds"])
         out[name] = {"median": ordered[len(ordered) // 2], "runs": rows}
     parquet_s = out["parquet"]["median"]["seconds"]
-    out["ratio_to_parquet"] = {name: round(parquet_s / out[name]["median"]["seconds"], 3)
-                               for name in ("mqstore", "mqstore_body_schema", "python_source_floor")}
+    peers = ("mqstore", "mqstore_body_schema", "python_source_floor")
+    out["ratio_to_parquet"] = {name: round(parquet_s / out[name]["median"]["seconds"], 3) for name in peers}
+    # CPU seconds move less with other sessions' load than wall time: each side's median
+    cpu_s = {name: _median([r["cpu_s"] for r in rows]) for name, rows in results.items()}
+    out["cpu_ratio_to_parquet"] = {name: round(cpu_s["parquet"] / cpu_s[name], 3) for name in peers}
     return out
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 def _copy_commitlog(store: str, parent: Path) -> Path:
