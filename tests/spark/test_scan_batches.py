@@ -113,11 +113,12 @@ def test_pushed_down_predicates_read_columns_the_schema_lacks(store_dir, records
 
 def test_bodies_alone_skip_the_properties(store_dir, records, monkeypatch):
     """Asking for bodies decodes no properties, hosts or msgIds (the scan of bodies pays for
-    bodies only); asking for tags does parse the properties."""
+    bodies only), and makes no Python object per body (`slices`); asking for tags does parse
+    the properties."""
     def refuse(*_args):
         raise AssertionError("decoded a column nobody asked for")
 
-    for name in ("parse_pieces", "packed_hosts", "msg_id_array"):
+    for name in ("parse_pieces", "packed_hosts", "msg_id_array", "slices"):
         monkeypatch.setattr(f"tools.spark.arrow_columns.{name}", refuse)
     bodies = asked_rows(store_dir, ("body",))
     assert sorted(len(row["body"]) for row in bodies) == sorted(len(r.body) for r in records.values())
