@@ -191,3 +191,14 @@ def test_records_of_half_a_kib_are_walked_not_searched(tmp_path, monkeypatch):
     bodies = [body for part in reader.partitions() for batch in reader.read(part)
               for body in batch.column("body").to_pylist()]
     assert sorted(bodies) == sorted(r.body for r in engine_records(root).values())
+
+
+def test_text_in_record_order_is_copied_without_a_gather(store_dir, records, monkeypatch):
+    """Topics and KEYS tokens lie in record order: one Arrow take copies them, not a gather
+    index of every byte (`take_spans`, left for spans out of order)."""
+    def refuse(*_args):
+        raise AssertionError("gathered spans that lie in order")
+
+    monkeypatch.setattr("tools.spark.arrow_columns.take_spans", refuse)
+    rows = asked_rows(store_dir, ("topic", "keys"))
+    assert rows == [{"topic": r.topic, "keys": list(r.keys)} for _, r in sorted(records.items())]
