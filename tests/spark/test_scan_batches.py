@@ -18,8 +18,9 @@ from engine.formats.properties import decode_properties
 from engine.formats.record import BODY_OFFSET
 from engine.formats.record.encode_many import encode_records
 from engine.formats.record.stamp_many import stamp_records
-from tests.spark.stores import T0_MS
+from tests.spark.stores import T0_MS, engine_records
 from tools.spark.arrow_columns import parse_pieces
+from tools.spark.bench_scan import make_store
 from tools.spark.options import parse_options
 from tools.spark.read_plan import RowSelection
 from tools.spark.scan import read_scalar_batches
@@ -112,11 +113,12 @@ def test_pushed_down_predicates_read_columns_the_schema_lacks(store_dir, records
 
 def test_bodies_alone_skip_the_properties(store_dir, records, monkeypatch):
     """Asking for bodies decodes no properties, hosts or msgIds (the scan of bodies pays for
-    bodies only); asking for tags does parse the properties."""
+    bodies only), and makes no Python object per body (`slices`); asking for tags does parse
+    the properties."""
     def refuse(*_args):
         raise AssertionError("decoded a column nobody asked for")
 
-    for name in ("parse_pieces", "packed_hosts", "msg_id_array"):
+    for name in ("parse_pieces", "packed_hosts", "msg_id_array", "slices"):
         monkeypatch.setattr(f"tools.spark.arrow_columns.{name}", refuse)
     bodies = asked_rows(store_dir, ("body",))
     assert sorted(len(row["body"]) for row in bodies) == sorted(len(r.body) for r in records.values())
@@ -173,3 +175,30 @@ def test_parse_pieces_agrees_with_decode_properties(raws):
     for row, s, k, e in zip(rows.tolist(), starts.tolist(), kv.tolist(), ends.tolist(), strict=True):
         got[row][data[s:k].decode()] = data[k + 1:e].decode()
     assert [list(d.items()) for d in got] == [list(d.items()) for d in expected]
+
+
+def test_records_of_half_a_kib_are_walked_not_searched(tmp_path, monkeypatch):
+    """Records of ~700 bytes are found by walking their TOTALSIZE chain, which costs less
+    than the search over every byte from ~350-byte records up (spans._WALK_MIN_AVG_BYTES)."""
+    root = tmp_path / "store"
+    make_store(root, 2, 1, body_bytes=500)
+
+    def refuse(*_args):
+        raise AssertionError("searched every byte for record starts")
+
+    monkeypatch.setattr("engine.formats.record.spans._search_starts", refuse)
+    reader = MqstoreReader(parse_options({"path": str(root)}), RowSelection(columns=("body",)))
+    bodies = [body for part in reader.partitions() for batch in reader.read(part)
+              for body in batch.column("body").to_pylist()]
+    assert sorted(bodies) == sorted(r.body for r in engine_records(root).values())
+
+
+def test_text_in_record_order_is_copied_without_a_gather(store_dir, records, monkeypatch):
+    """Topics and KEYS tokens lie in record order: one Arrow take copies them, not a gather
+    index of every byte (`take_spans`, left for spans out of order)."""
+    def refuse(*_args):
+        raise AssertionError("gathered spans that lie in order")
+
+    monkeypatch.setattr("tools.spark.arrow_columns.take_spans", refuse)
+    rows = asked_rows(store_dir, ("topic", "keys"))
+    assert rows == [{"topic": r.topic, "keys": list(r.keys)} for _, r in sorted(records.items())]

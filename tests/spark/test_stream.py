@@ -9,6 +9,7 @@ import re
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.datasource import ReadMaxBytes
+from pyspark.sql.types import BinaryType, StructField, StructType
 
 from engine.check import check as engine_check
 from engine.checkpoint import load_checkpoint
@@ -26,7 +27,7 @@ from tests.spark.stores import (
     write_store,
 )
 from tools.spark.options import parse_options
-from tools.spark.source import MqstoreReader
+from tools.spark.source import MqstoreDataSource, MqstoreReader
 from tools.spark.stream import MqstoreStreamReader
 
 
@@ -50,6 +51,21 @@ def test_latest_offset_is_what_the_checkpoint_says_is_durable(tmp_path):
         finally:
             store.close()
     assert reader.latestOffset()["commit_pos"] > before
+
+
+def test_a_stream_decodes_only_the_columns_of_its_schema(store_dir, records, monkeypatch):
+    """readStream with `.schema("body binary")` decodes bodies alone, as a batch read does."""
+    def refuse(*_args):
+        raise AssertionError("decoded a column nobody asked for")
+
+    for name in ("parse_pieces", "packed_hosts", "msg_id_array"):
+        monkeypatch.setattr(f"tools.spark.arrow_columns.{name}", refuse)
+    source = MqstoreDataSource({"path": str(store_dir)})
+    reader = source.streamReader(StructType([StructField("body", BinaryType())]))
+    parts = reader.partitions(reader.initialOffset(), reader.latestOffset())
+    rows = [row for part in parts for batch in reader.read(part) for row in batch.to_pylist()]
+    assert sorted(row["body"] for row in rows) == sorted(r.body for r in records.values())
+    assert {tuple(row) for row in rows} == {("body",)}
 
 
 def _run_once(spark, root, out, checkpoint) -> None:

@@ -43,23 +43,33 @@ _PADDING_BYTES = 8  # after the properties blob: a key head reads 8 bytes at any
 # ---------------------------------------------------------------- arrays from spans
 
 
+def spans_in_order(buf, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """The spans buf[starts[i]:ends[i]], each at or after the previous one's end (within 2 GiB),
+    as a binary array copied once by Arrow's take: `buf`, viewed without a copy as alternating
+    spans and the bytes between them, keeps every other value (no Python object per span)."""
+    n = len(starts)
+    bounds = np.zeros(2 * n + 1, dtype=np.int32)  # span i is value 2i, the gap after it 2i + 1
+    if n:
+        bounds[0:-1:2], bounds[1::2], bounds[-1] = starts, ends, ends[-1]
+    view = pa.Array.from_buffers(pa.binary(), 2 * n, [None, pa.py_buffer(bounds), pa.py_buffer(buf)])
+    return view.take(pa.array(np.arange(0, 2 * n, 2)))
+
+
 def string_array(u8: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                  valid: np.ndarray | None = None) -> pa.Array:
     """An Arrow string array of the spans (ASCII, as verify_spans accepted); null where `valid`
-    is False."""
-    offsets, data = take_spans(u8, starts, ends)
+    is False. Spans in order (topics, keys, tokens) take one Arrow copy, others a gather."""
+    if not len(starts) or (starts[0] >= 0 and (starts[1:] >= ends[:-1]).all()):
+        offsets, data = spans_in_order(u8, starts, ends).buffers()[1:]
+    else:
+        offsets, data = (pa.py_buffer(a) for a in take_spans(u8, starts, ends))
     bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    buffers = [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)]
-    return pa.Array.from_buffers(pa.string(), len(starts), buffers)
+    return pa.Array.from_buffers(pa.string(), len(starts), [bitmap, offsets, data])
 
 
 def body_array(chunk: bytes, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
-    """Bodies as an Arrow binary array: one join of slices (bodies are large; no index array)."""
-    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
-    np.cumsum(ends - starts, out=offsets[1:])
-    data = b"".join(slices(chunk, starts, ends))
-    return pa.Array.from_buffers(pa.binary(), len(starts),
-                                 [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
+    """Bodies as an Arrow binary array (records, and so bodies, are in order)."""
+    return spans_in_order(chunk, starts, ends)
 
 
 def _row_offsets(rows: np.ndarray, n: int) -> np.ndarray:
@@ -107,7 +117,9 @@ def _value_column(u8: np.ndarray, n: int, rows: np.ndarray, kv: np.ndarray, ends
     starts[rows[mask]], stops[rows[mask]] = kv[mask] + 1, ends[mask]
     valid = np.zeros(n, dtype=bool)
     valid[rows[mask]] = True
-    return string_array(u8, starts, stops, valid=valid)
+    # a row without the value gets an empty span where the one before ended: spans stay in order
+    stops = np.maximum.accumulate(stops)
+    return string_array(u8, np.where(valid, starts, stops), stops, valid=valid)
 
 
 def _key_tokens(u8: np.ndarray, n: int, rows: np.ndarray, starts: np.ndarray,

@@ -16,7 +16,8 @@ Measures, on one store:
   length (no reading, no decoding);
 - rebuild of consume queues and index from a copy of the commitlog: the Spark job, and the
   single-process paths (the dispatcher's batch dispatch over the log; recovery REBUILD).
-`--make-mb N` first writes a store of about N MiB of ~1 KiB messages if DIR does not exist.
+`--make-mb N` first writes a store of about N MiB of ~1 KiB messages if DIR does not exist
+(`--body-kind random` or `json`).
 Prints one JSON document.
 """
 
@@ -47,6 +48,7 @@ from engine.store import MessageStore
 from engine.store_dir import config_for_store, read_meta
 from engine.store_open import close_parts, open_parts
 from tools.spark import jobs
+from tools.spark.bench_bodies import BodyKind, BodyMaker
 from tools.spark.options import parse_options
 from tools.spark.partitions import (
     BlockReader,
@@ -63,15 +65,19 @@ from tools.spark.source import MqstoreReader
 MiB = 1 << 20
 
 
-def make_store(root: Path, size_mb: int, segment_mb: int, body_bytes: int = 1000) -> None:
-    """About `size_mb` MiB of messages over 4 topics x 4 queues, keys on every message."""
+def make_store(root: Path, size_mb: int, segment_mb: int, body_bytes: int = 1000,
+               body_kind: BodyKind = BodyKind.RANDOM, seed: int = 0) -> None:
+    """About `size_mb` MiB of messages over 4 topics x 4 queues, keys on every message, each
+    body distinct (equal bodies would let Parquet's dictionary encoding store one, and its
+    scan of them would measure nothing): random bytes or JSON-like text events."""
+    bodies = BodyMaker(body_kind, body_bytes, seed)
     config = StoreConfig(commitlog_file_size=segment_mb * MiB, queue_count=4, flush="async")
     store = MessageStore.open(root, config)
     try:
-        n, body = 0, os.urandom(body_bytes)
+        n = 0
         while store.commitlog.written_pos < size_mb * MiB:
             batch = [Message(f"topic-{(n + i) % 4}", body, tags="bench", keys=(f"k{n + i}",),
-                             queue_id=(n + i) % 4) for i in range(1000)]
+                             queue_id=(n + i) % 4) for i, body in enumerate(bodies.batch(n, 1000))]
             store.put_batch(batch)
             n += len(batch)
     finally:
@@ -114,8 +120,7 @@ def measure_decode(store: str, target_bytes: int) -> dict:
                 size += sum(batch.column("size").to_pylist())
         return rows, size
 
-    (rows, size), seconds = _timed(run)
-    return _rates(rows, size, seconds)
+    return _cpu_rates(run)
 
 
 def measure_decode_bodies(store: str, target_bytes: int) -> dict:
@@ -132,8 +137,15 @@ def measure_decode_bodies(store: str, target_bytes: int) -> dict:
                 size += pc.sum(pc.binary_length(batch.column("body"))).as_py() or 0
         return rows, size
 
+    return _cpu_rates(run)
+
+
+def _cpu_rates(run) -> dict:
+    """_rates of `run` (-> rows, bytes) with this process's CPU seconds: one core's wall time
+    is the machine's load as much as the decode's."""
+    cpu_before = time.process_time()
     (rows, size), seconds = _timed(run)
-    return _rates(rows, size, seconds)
+    return {**_rates(rows, size, seconds), "cpu_s": round(time.process_time() - cpu_before, 3)}
 
 
 def _rates(rows: int, size: int, seconds: float) -> dict:
@@ -266,14 +278,22 @@ def measure_body_scan(spark, store: str, target_bytes: int, parquet_dir: Path, r
         for name, query in queries.items():
             results[name].append({**_body_scan_once(query, store_bytes), "load_before": _load()})
     out: dict = {"store_bytes": store_bytes, "parquet_dir": str(parquet_dir), "export_s": export_s,
+                 "parquet_bytes": sum(f.stat().st_size for f in parquet_dir.rglob("*") if f.is_file()),
                  "partitions": partitions}
     for name, rows in results.items():
         ordered = sorted(rows, key=lambda r: r["seconds"])
         out[name] = {"median": ordered[len(ordered) // 2], "runs": rows}
     parquet_s = out["parquet"]["median"]["seconds"]
-    out["ratio_to_parquet"] = {name: round(parquet_s / out[name]["median"]["seconds"], 3)
-                               for name in ("mqstore", "mqstore_body_schema", "python_source_floor")}
+    peers = ("mqstore", "mqstore_body_schema", "python_source_floor")
+    out["ratio_to_parquet"] = {name: round(parquet_s / out[name]["median"]["seconds"], 3) for name in peers}
+    # CPU seconds move less with other sessions' load than wall time: each side's median
+    cpu_s = {name: _median([r["cpu_s"] for r in rows]) for name, rows in results.items()}
+    out["cpu_ratio_to_parquet"] = {name: round(cpu_s["parquet"] / cpu_s[name], 3) for name in peers}
     return out
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 def _copy_commitlog(store: str, parent: Path) -> Path:
@@ -359,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--master", default="local[*]")
     p.add_argument("--make-mb", type=int, help="write a store of about this many MiB first")
     p.add_argument("--segment-mb", type=int, default=1024, help="segment size of a --make-mb store")
+    p.add_argument("--body-kind", choices=[k.value for k in BodyKind], default=BodyKind.RANDOM.value,
+                   help="bodies of a --make-mb store: distinct random bytes (Parquet's worst case) "
+                   "or distinct JSON-like text events (compressible)")
     p.add_argument("--max-partition-mb", type=int, default=128)
     p.add_argument("--runs", type=int, default=3, help="timed Spark scans (median reported)")
     p.add_argument("--body-runs", type=int, default=3,
@@ -375,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     store, target_bytes = str(Path(args.store).resolve()), args.max_partition_mb * MiB
     result: dict = {"store": store, "master": args.master, "load_start": _load()}
     if args.make_mb and not Path(store).exists():
-        _, seconds = _timed(lambda: make_store(Path(store), args.make_mb, args.segment_mb))
+        _, seconds = _timed(lambda: make_store(Path(store), args.make_mb, args.segment_mb,
+                                                  body_kind=BodyKind(args.body_kind)))
         result["make_s"] = round(seconds, 1)
     if not args.skip_planning:
         result["planning"] = measure_planning(store, target_bytes)

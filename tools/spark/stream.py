@@ -129,13 +129,14 @@ def advance(layout: StoreLayout, start_pos: int, end_pos: int, max_records: int,
 
 
 class StoreStream:
-    """The stream of one store: its readable end, its batch bounds, its ranges."""
+    """The stream of one store: its readable end, its batch bounds, its ranges. `columns`:
+    the scanned columns the rows need (None: all), the only ones decoded, as in a batch read."""
 
-    def __init__(self, store: str, opts: SourceOptions):
+    def __init__(self, store: str, opts: SourceOptions, columns: frozenset[str] | None = None):
         self.store = store
         self.opts = opts
         self.layout = read_layout(store, opts.store_format)
-        self.source = StoreScan(store, opts.scan_spec(self.layout))
+        self.source = StoreScan(store, replace(opts.scan_spec(self.layout), columns=columns))
         self.target_pos: int | None = None  # Trigger.AvailableNow's end, fixed at the start
 
     def durable_pos(self) -> int:
@@ -216,10 +217,13 @@ class MqstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         current = self.opts.paths.resolve()
         for store in current:
             if store not in self.streams:
-                self.streams[store] = StoreStream(store, self.opts)
+                self.streams[store] = self._new_stream(store)
                 if self.available_now:  # the run reads what was there when it started: not this one
                     self.streams[store].target_pos = self.streams[store].layout.min_pos
         return [self.streams[store] for store in current]
+
+    def _new_stream(self, store: str) -> StoreStream:
+        return StoreStream(store, self.opts, self.selection.scan_columns())
 
     def _encode(self, positions: dict[str, int]) -> dict:
         """The offset JSON: {"commit_pos": N} for one plain path (as before several stores
@@ -287,7 +291,7 @@ class MqstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if start_pos is not None and end_pos <= start_pos:
                 continue  # nothing new, or a store no longer matched: its directory is not needed
             if store not in self.streams:
-                self.streams[store] = StoreStream(store, self.opts)
+                self.streams[store] = self._new_stream(store)
             planned.append(self.streams[store].plan(start_pos, end_pos))
         return list(pack_ranges(planned, self.opts.target_bytes))
 

@@ -55,9 +55,10 @@ _ASCII_LIMIT = 0x80
 _MAGIC_U8 = np.frombuffer(struct.pack(">I", MAGIC_V1), dtype=np.uint8)
 _MAGIC_TAIL_BYTES = len(_MAGIC_U8) - 1
 # find_starts walks this many records first, and walks on where they average this many bytes:
-# a step of the walk (~0.4 us) then costs less than the search's passes over every byte.
+# a step of the walk (~0.15 us) then costs less than the search's passes over every byte
+# (~0.4 ns a byte: even at ~350-byte records; docs/benchmarks-history/2026-11-27-spark.md).
 _WALK_FIRST_RECORDS = 8
-_WALK_MIN_AVG_BYTES = 2048
+_WALK_MIN_AVG_BYTES = 512
 
 
 class RecordSpans(NamedTuple):
