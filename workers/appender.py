@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import struct
 import threading
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -46,9 +48,10 @@ from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.errors import BadInputError, DiskFullError, StoreError
 from engine.filesystem import disk_usage_ratio
+from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS
 from engine.retention import is_disk_full
-from engine.status import PutStatus
-from ipc.mailbox import RESULT_DTYPE, MailboxServer, PendingRequest, RequestFlag
+from engine.status import PUT_OK_CODE, PutStatus
+from ipc.mailbox import RESULT_DTYPE, RESULT_ROW, RESULT_SIZE, MailboxServer, PendingRequest, RequestFlag
 from ipc.put_latency import LatencyTally
 from workers.group_commit import GroupCommit
 from workers.request_check import CheckedRequest, RecordChecker, merge_checked
@@ -56,19 +59,35 @@ from workers.request_check import CheckedRequest, RecordChecker, merge_checked
 DISK_CHECK_INTERVAL_S = 1.0
 DEADLINE_POLL_S = 0.05  # how soon the deadline thread sees a request registered while it was idle
 STUCK_FLUSH_S = 0.05  # the loop's own flush taking longer: the flush thread serves new requests
+WAITS = int(RequestFlag.WAIT_FOR_FLUSH)  # an int: IntFlag operators cost ~1 us a request
+_STATUS = struct.Struct("<i")  # a result row's first field (RESULT_FIELDS), patched on failure
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Waiting:
-    """An appended request waiting for the group commit."""
+class _Waiting(NamedTuple):
+    """An appended request waiting for the group commit, with its answer rows (RESULT_ROWs)."""
 
     seq: int
     end_pos: int
     deadline: float
-    results: np.ndarray
+    rows: bytearray
     taken_ns: int  # when the sweep took it out of its slot (monotonic), for the latency histogram
+
+
+def _status_rows(count: int, status: PutStatus) -> bytes:
+    """The answer rows of `count` records that all got `status` and nothing else."""
+    return RESULT_ROW.pack(int(status), 0, 0, 0, 0) * count
+
+
+def _set_status(rows: bytearray, status: PutStatus) -> int:
+    """Mark every PUT_OK row of `rows` `status`; how many there were."""
+    changed = 0
+    for at in range(0, len(rows), RESULT_SIZE):
+        if _STATUS.unpack_from(rows, at)[0] == PUT_OK_CODE:
+            _STATUS.pack_into(rows, at, int(status))
+            changed += 1
+    return changed
 
 
 @dataclass
@@ -77,6 +96,7 @@ class _Served:
     bytes start in the sweep's private copy, its answer rows and how many of its records are in."""
 
     request: PendingRequest
+    rows: bytearray  # the answer rows, which `results` views
     results: np.ndarray
     checked: CheckedRequest | None
     base: int
@@ -160,36 +180,35 @@ class Appender:
 
     def _append_new(self) -> tuple[int, int]:
         """Serve every new request; (messages appended, the written position published)."""
-        admitted = []
-        answered = LatencyTally()  # the requests this sweep answers at once (not those that wait)
-        taken_ns = time.monotonic_ns()
-        for request in self.server.pending_slots():
-            if self._already_taken(request):
-                continue
-            status = self._refusal()
-            if status is None:
-                admitted.append(request)
-            else:
-                results = np.zeros(request.count, dtype=RESULT_DTYPE)
-                results["status"] = status
-                self.server.complete(request.slot_index, request.seq, results)
-                answered.observe(time.monotonic_ns() - taken_ns)
-                self._count_failed(status, request.count)
-        appended = self._serve(admitted, taken_ns, answered) if admitted else 0
-        if answered.count:
-            self.group_commit.ctl.add_put_latencies(answered)
-        if appended:
+        pending = self.server.pending_slots()
+        appended = 0
+        if pending:
+            answered = LatencyTally()  # the requests this sweep answers at once (not those that wait)
+            taken_ns = time.monotonic_ns()
+            requests = self._not_taken(pending)
+            status = self._refusal() if requests else None
+            if status is not None:
+                for request in requests:
+                    self.server.complete_rows(request.slot_index, request.seq,
+                                              _status_rows(request.count, status))
+                    answered.observe(time.monotonic_ns() - taken_ns)
+                    self._count_failed(status, request.count)
+            elif requests:
+                few = self._serve_few(requests, taken_ns, answered)
+                appended = self._serve(requests, taken_ns, answered) if few is None else few
+            if answered.count:
+                self.group_commit.ctl.add_put_latencies(answered)
             self.appended_msgs += appended
         return appended, self.group_commit.publish_written(appended)
 
-    def _already_taken(self, request: PendingRequest) -> bool:
-        """True if the request waits for a flush, or the flush thread answered it since
-        pending_slots() listed it (it must not be appended twice)."""
+    def _not_taken(self, pending: list[PendingRequest]) -> list[PendingRequest]:
+        """The requests neither waiting for a flush nor answered by the flush thread since
+        pending_slots() listed them (none may be appended twice)."""
         with self._lock:
-            waiting = self._waiting.get(request.slot_index)
-            if waiting is not None and waiting.seq == request.seq:
-                return True
-            return self.server.is_answered(request.slot_index, request.seq)
+            waiting, answered = self._waiting, self.server.is_answered
+            return [request for request in pending
+                    if not (request.slot_index in waiting and waiting[request.slot_index].seq == request.seq)
+                    and not answered(request.slot_index, request.seq)]
 
     def _refusal(self) -> PutStatus | None:
         """Why no request is taken now (the store stops, the disk is full), or None."""
@@ -199,6 +218,92 @@ class Appender:
             return PutStatus.DISK_FULL
         return None
 
+    def _serve_few(self, requests: list[PendingRequest], taken_ns: int,
+                   answered: LatencyTally) -> int | None:
+        """_serve of a sweep of a few records whose every record passes the check, with lists,
+        tuples and struct instead of numpy and per-request objects (send-and-wait: one record a
+        request, a few requests a sweep; docs/DECISIONS.md#small-batches-scalar); messages
+        appended. None, having done nothing, when the sweep is larger or a request fails the
+        check: _serve then serves it and says what is wrong."""
+        if sum(request.count for request in requests) > STRUCT_PATH_MAX_RECORDS:
+            return None
+        blob = bytearray().join([request.data for request in requests])  # the private copy
+        routes, base = [], 0
+        with memoryview(blob) as view:
+            for request in requests:
+                end = base + len(request.data)
+                checked = self.checker.check_few(view, base, end, request.count)
+                if checked is None:
+                    return None
+                routes.append(checked)
+                base = end
+        next_offsets, taken, sizes, offsets = self.next_offsets, {}, [], []
+        for checked in routes:
+            for _, size, topic, queue_id in checked:
+                key = (topic, queue_id)
+                offset = taken.get(key)
+                if offset is None:
+                    offset = next_offsets.get(key, 0)
+                taken[key] = offset + 1
+                sizes.append(size)
+                offsets.append(offset)
+        store_ts_ms = time.time_ns() // 1_000_000
+        answers: list[tuple[PendingRequest, bytearray | bytes, bool]] = []
+
+        def register(positions: list[int]) -> None:  # before the write, as _append's fill_rows
+            deadline, at, pack = time.monotonic() + self._timeout_s, 0, RESULT_ROW.pack
+            for request, checked in zip(requests, routes, strict=True):
+                rows = bytearray().join([pack(PUT_OK_CODE, route[3], positions[at + k], offsets[at + k],
+                                              store_ts_ms) for k, route in enumerate(checked)])
+                at += len(checked)
+                waits = self.sync and bool(int(request.flags) & WAITS)
+                answers.append((request, rows, waits))
+                if waits:
+                    with self._lock:
+                        self._waiting[request.slot_index] = _Waiting(
+                            request.seq, positions[at - 1] + sizes[at - 1], deadline, rows, taken_ns)
+
+        try:
+            self.commitlog.append_few(blob, sizes, offsets, store_ts_ms, before_write=register)
+        except DiskFullError as exc:  # nothing was written
+            log.warning("disk full while appending: %s", exc)
+            self._unstored_few(requests, answers, PutStatus.DISK_FULL)
+        except (OSError, StoreError) as exc:  # the disk refused a write or a roll: the loop stops
+            self.write_error = exc
+            self._unstored_few(requests, answers, PutStatus.UNKNOWN_ERROR)
+        else:
+            next_offsets.update(taken)  # only once the records are in: no offset is skipped
+            self._answer_now([(request, rows) for request, rows, waits in answers if not waits],
+                             taken_ns, answered)
+            return len(sizes)
+        self._answer_now([(request, rows) for request, rows, _ in answers], taken_ns, answered)
+        return 0
+
+    def _unstored_few(self, requests: list[PendingRequest], answers: list, status: PutStatus) -> None:
+        """_serve_few's append failed: take its requests back from `_waiting` (unless a deadline
+        answered one already) and give every record `status` (rows made for any that lack them)."""
+        with self._lock:
+            for request, _, waits in answers:
+                waiting = self._waiting.get(request.slot_index)
+                if waits and waiting is not None and waiting.seq == request.seq:
+                    del self._waiting[request.slot_index]
+        failed = sum(_set_status(rows, status) for _, rows, _ in answers)
+        answers[:] = [(request, rows, False) for request, rows, _ in answers]
+        for request in requests[len(answers):]:
+            answers.append((request, _status_rows(request.count, status), False))
+            failed += request.count
+        self._count_failed(status, failed)
+
+    def _answer_now(self, answers: list[tuple[PendingRequest, bytearray | bytes]], taken_ns: int,
+                    answered: LatencyTally) -> None:
+        """Answer requests that do not wait for the flush, with one answer time for them all.
+        A deadline may have answered a waiting request while its write failed: not twice."""
+        answered_ns = time.monotonic_ns()
+        for request, rows in answers:
+            if not self.server.is_answered(request.slot_index, request.seq):
+                self.server.complete_rows(request.slot_index, request.seq, rows)
+                answered.observe(answered_ns - taken_ns)
+
     def _serve(self, requests: list[PendingRequest], taken_ns: int, answered: LatencyTally) -> int:
         """Check each request, append the good records of all of them at once, answer those that
         do not wait for the flush (tallied in `answered`); messages appended."""
@@ -206,23 +311,18 @@ class Appender:
         batch: list[_Served] = []
         base = 0
         for request in requests:
-            results = np.zeros(request.count, dtype=RESULT_DTYPE)
+            rows = bytearray(request.count * RESULT_SIZE)
+            results = np.frombuffer(rows, dtype=RESULT_DTYPE)
             end = base + len(request.data)
             checked = self._check(request, data[base:end], results)
-            waits = self.sync and bool(request.flags & RequestFlag.WAIT_FOR_FLUSH)
-            batch.append(_Served(request, results, checked, base, waits))
+            waits = self.sync and bool(int(request.flags) & WAITS)
+            batch.append(_Served(request, rows, results, checked, base, waits))
             base = end
         stored = self._append(data, [served for served in batch if served.checked is not None],
                               taken_ns)
-        answered_ns = time.monotonic_ns()  # one answer time for the requests answered now
-        for served in batch:
-            request = served.request
-            if served.stored and served.waits:  # answered by the flush thread, or at its deadline
-                continue
-            # a deadline may have answered a waiting request while its write failed
-            if not self.server.is_answered(request.slot_index, request.seq):
-                self.server.complete(request.slot_index, request.seq, served.results)
-                answered.observe(answered_ns - taken_ns)
+        self._answer_now([(served.request, served.rows) for served in batch
+                          if not (served.stored and served.waits)],  # the flush answers those
+                         taken_ns, answered)
         return stored
 
     def _private_copy(self, pieces: list[memoryview]) -> memoryview:
@@ -290,7 +390,7 @@ class Appender:
                     with self._lock:
                         self._waiting[served.request.slot_index] = _Waiting(
                             served.request.seq, int(ends[end - 1]), now + self._timeout_s,
-                            results, taken_ns)
+                            served.rows, taken_ns)
 
         try:
             self.commitlog.append_stampable(merged.records, offsets, store_ts_ms, before_write=fill_rows)
@@ -336,14 +436,13 @@ class Appender:
                 if waiting.end_pos <= flushed:
                     pass
                 elif now >= waiting.deadline:
-                    stored = waiting.results["status"] == PutStatus.PUT_OK
-                    waiting.results["status"][stored] = PutStatus.FLUSH_DISK_TIMEOUT
                     timed_out.append(slot_index)
-                    self._count_failed(PutStatus.FLUSH_DISK_TIMEOUT, int(stored.sum()))
+                    self._count_failed(PutStatus.FLUSH_DISK_TIMEOUT,
+                                       _set_status(waiting.rows, PutStatus.FLUSH_DISK_TIMEOUT))
                 else:
                     continue
                 del self._waiting[slot_index]
-                self.server.complete(slot_index, waiting.seq, waiting.results)
+                self.server.complete_rows(slot_index, waiting.seq, waiting.rows)
                 answered.observe(now_ns - waiting.taken_ns)
         if answered.count:
             self.group_commit.ctl.add_put_latencies(answered)
