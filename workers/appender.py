@@ -141,6 +141,8 @@ class Appender:
         return len(self._waiting)
 
     def next_deadline(self) -> float | None:
+        if not self._waiting:  # the loop asks once a sweep; mostly its own flush answered all
+            return None
         with self._lock:
             return min((w.deadline for w in self._waiting.values()), default=None)
 

@@ -335,6 +335,8 @@ class Supervisor:
             signal.signal(signum, enqueue)
 
     def _handle_signals(self) -> None:
+        if self._signals.empty():  # once a sweep: a look costs less than a failed get
+            return
         while True:
             try:
                 signum = self._signals.get_nowait()
