@@ -21,14 +21,20 @@ One sweep (called from the supervisor loop after sem-sup is posted or a timer ru
    answers; otherwise the flush thread answers the requests its flush made durable (right after
    its sync). A flush of the loop's own stuck on the disk for STUCK_FLUSH_S lets the idle flush
    thread serve new requests (sweep_if_stuck), so they still get FLUSH_DISK_TIMEOUT at their
-   deadline from the deadline thread. `_waiting` is shared by the threads under `_lock`, and
-   `_sweep_lock` keeps sweeps one at a time.
+   deadline from the deadline thread (workers/flush_waiters.py holds the waiting requests and
+   answers them); `_sweep_lock` keeps sweeps one at a time.
+
+A sweep of a few records that all pass (send-and-wait: a few one-record requests) goes
+steps 2-5 with lists, tuples and struct instead (_serve_few, CommitLog.append_few, packed
+answer rows): numpy's fixed cost per call outweighs the work of a few records
+(docs/DECISIONS.md#small-batches-scalar). Anything else goes the batch way, which says why.
 
 Each answer's latency (from the sweep that took the request to the answer) goes into a tally
 of the answering thread, added to the control block's put latency histogram once per answered
 batch (ipc/put_latency.py): nothing per record, one group write per batch.
 
-Results go straight into the slot's numpy results array; nothing is pickled. While the store
+Answers are result rows packed in a bytearray (the batch way fills them through a numpy view)
+and copied into the slot's results area; nothing is pickled. While the store
 stops, `admitting` is False and new requests are answered SERVICE_NOT_AVAILABLE (not stored).
 """
 
@@ -36,11 +42,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
@@ -53,41 +57,15 @@ from engine.retention import is_disk_full
 from engine.status import PUT_OK_CODE, PutStatus
 from ipc.mailbox import RESULT_DTYPE, RESULT_ROW, RESULT_SIZE, MailboxServer, PendingRequest, RequestFlag
 from ipc.put_latency import LatencyTally
+from workers.flush_waiters import FlushWaiters, Waiting, set_status, status_rows
 from workers.group_commit import GroupCommit
 from workers.request_check import CheckedRequest, RecordChecker, merge_checked
 
 DISK_CHECK_INTERVAL_S = 1.0
-DEADLINE_POLL_S = 0.05  # how soon the deadline thread sees a request registered while it was idle
 STUCK_FLUSH_S = 0.05  # the loop's own flush taking longer: the flush thread serves new requests
 WAITS = int(RequestFlag.WAIT_FOR_FLUSH)  # an int: IntFlag operators cost ~1 us a request
-_STATUS = struct.Struct("<i")  # a result row's first field (RESULT_FIELDS), patched on failure
 
 log = logging.getLogger(__name__)
-
-
-class _Waiting(NamedTuple):
-    """An appended request waiting for the group commit, with its answer rows (RESULT_ROWs)."""
-
-    seq: int
-    end_pos: int
-    deadline: float
-    rows: bytearray
-    taken_ns: int  # when the sweep took it out of its slot (monotonic), for the latency histogram
-
-
-def _status_rows(count: int, status: PutStatus) -> bytes:
-    """The answer rows of `count` records that all got `status` and nothing else."""
-    return RESULT_ROW.pack(int(status), 0, 0, 0, 0) * count
-
-
-def _set_status(rows: bytearray, status: PutStatus) -> int:
-    """Mark every PUT_OK row of `rows` `status`; how many there were."""
-    changed = 0
-    for at in range(0, len(rows), RESULT_SIZE):
-        if _STATUS.unpack_from(rows, at)[0] == PUT_OK_CODE:
-            _STATUS.pack_into(rows, at, int(status))
-            changed += 1
-    return changed
 
 
 @dataclass
@@ -125,11 +103,9 @@ class Appender:
                                      segment_bytes=config.commitlog_file_size)
         self.next_offsets = next_offsets
         self.admitting = True
-        self._waiting: dict[int, _Waiting] = {}
-        self._lock = threading.Lock()  # _waiting: a sweep adds, any thread answers
+        self.waiters = FlushWaiters(server, group_commit, config.sync_flush_timeout_ms)
         self._sweep_lock = threading.Lock()  # the loop's sweep, or the flush thread's while it is stuck
         self._own_flush_since: float | None = None  # when the loop began a flush of its own
-        self._timeout_s = config.sync_flush_timeout_ms / 1000.0
         self._disk_checked = 0.0
         self._disk_full = False
         self._copy_buf = bytearray()  # holds each request's private copy in turn (_private_copy)
@@ -138,13 +114,14 @@ class Appender:
 
     @property
     def waiting_count(self) -> int:
-        return len(self._waiting)
+        return len(self.waiters)
 
     def next_deadline(self) -> float | None:
-        if not self._waiting:  # the loop asks once a sweep; mostly its own flush answered all
-            return None
-        with self._lock:
-            return min((w.deadline for w in self._waiting.values()), default=None)
+        return self.waiters.next_deadline()
+
+    def answer_flushed(self) -> None:
+        """Answer the waiting requests the flush passed or whose deadline passed (any thread)."""
+        self.waiters.answer_flushed()
 
     def sweep(self) -> int:
         """Append every new request, publish, flush (or have it flushed), answer what can be
@@ -192,7 +169,7 @@ class Appender:
             if status is not None:
                 for request in requests:
                     self.server.complete_rows(request.slot_index, request.seq,
-                                              _status_rows(request.count, status))
+                                              status_rows(request.count, status))
                     answered.observe(time.monotonic_ns() - taken_ns)
                     self._count_failed(status, request.count)
             elif requests:
@@ -206,10 +183,9 @@ class Appender:
     def _not_taken(self, pending: list[PendingRequest]) -> list[PendingRequest]:
         """The requests neither waiting for a flush nor answered by the flush thread since
         pending_slots() listed them (none may be appended twice)."""
-        with self._lock:
-            waiting, answered = self._waiting, self.server.is_answered
-            return [request for request in pending
-                    if not (request.slot_index in waiting and waiting[request.slot_index].seq == request.seq)
+        waiters, answered = self.waiters, self.server.is_answered
+        with waiters.lock:
+            return [request for request in pending if not waiters.holds(request.slot_index, request.seq)
                     and not answered(request.slot_index, request.seq)]
 
     def _refusal(self) -> PutStatus | None:
@@ -230,30 +206,15 @@ class Appender:
         if sum(request.count for request in requests) > STRUCT_PATH_MAX_RECORDS:
             return None
         blob = bytearray().join([request.data for request in requests])  # the private copy
-        routes, base = [], 0
-        with memoryview(blob) as view:
-            for request in requests:
-                end = base + len(request.data)
-                checked = self.checker.check_few(view, base, end, request.count)
-                if checked is None:
-                    return None
-                routes.append(checked)
-                base = end
-        next_offsets, taken, sizes, offsets = self.next_offsets, {}, [], []
-        for checked in routes:
-            for _, size, topic, queue_id in checked:
-                key = (topic, queue_id)
-                offset = taken.get(key)
-                if offset is None:
-                    offset = next_offsets.get(key, 0)
-                taken[key] = offset + 1
-                sizes.append(size)
-                offsets.append(offset)
+        routes = self._check_few(requests, blob)
+        if routes is None:
+            return None
+        sizes, offsets, taken = self._few_offsets(routes)
         store_ts_ms = time.time_ns() // 1_000_000
         answers: list[tuple[PendingRequest, bytearray | bytes, bool]] = []
 
         def register(positions: list[int]) -> None:  # before the write, as _append's fill_rows
-            deadline, at, pack = time.monotonic() + self._timeout_s, 0, RESULT_ROW.pack
+            deadline, at, pack = time.monotonic() + self.waiters.timeout_s, 0, RESULT_ROW.pack
             for request, checked in zip(requests, routes, strict=True):
                 rows = bytearray().join([pack(PUT_OK_CODE, route[3], positions[at + k], offsets[at + k],
                                               store_ts_ms) for k, route in enumerate(checked)])
@@ -261,9 +222,8 @@ class Appender:
                 waits = self.sync and bool(int(request.flags) & WAITS)
                 answers.append((request, rows, waits))
                 if waits:
-                    with self._lock:
-                        self._waiting[request.slot_index] = _Waiting(
-                            request.seq, positions[at - 1] + sizes[at - 1], deadline, rows, taken_ns)
+                    self.waiters.add(request.slot_index, Waiting(
+                        request.seq, positions[at - 1] + sizes[at - 1], deadline, rows, taken_ns))
 
         try:
             self.commitlog.append_few(blob, sizes, offsets, store_ts_ms, before_write=register)
@@ -274,25 +234,52 @@ class Appender:
             self.write_error = exc
             self._unstored_few(requests, answers, PutStatus.UNKNOWN_ERROR)
         else:
-            next_offsets.update(taken)  # only once the records are in: no offset is skipped
+            self.next_offsets.update(taken)  # only once the records are in: no offset is skipped
             self._answer_now([(request, rows) for request, rows, waits in answers if not waits],
                              taken_ns, answered)
             return len(sizes)
         self._answer_now([(request, rows) for request, rows, _ in answers], taken_ns, answered)
         return 0
 
+    def _check_few(self, requests: list[PendingRequest], blob: bytearray) -> list | None:
+        """RecordChecker.check_few of each request laid in `blob`: their routes, or None when
+        one fails."""
+        routes, base = [], 0
+        with memoryview(blob) as view:
+            for request in requests:
+                end = base + len(request.data)
+                checked = self.checker.check_few(view, base, end, request.count)
+                if checked is None:
+                    return None
+                routes.append(checked)
+                base = end
+        return routes
+
+    def _few_offsets(self, routes: list) -> tuple[list[int], list[int], dict]:
+        """Each record's size and queue offset, and the next free offset of each (topic, queue
+        id) the records take."""
+        next_offsets, taken, sizes, offsets = self.next_offsets, {}, [], []
+        for checked in routes:
+            for _, size, topic, queue_id in checked:
+                key = (topic, queue_id)
+                offset = taken.get(key)
+                if offset is None:
+                    offset = next_offsets.get(key, 0)
+                taken[key] = offset + 1
+                sizes.append(size)
+                offsets.append(offset)
+        return sizes, offsets, taken
+
     def _unstored_few(self, requests: list[PendingRequest], answers: list, status: PutStatus) -> None:
-        """_serve_few's append failed: take its requests back from `_waiting` (unless a deadline
+        """_serve_few's append failed: take its requests back from the waiters (unless a deadline
         answered one already) and give every record `status` (rows made for any that lack them)."""
-        with self._lock:
-            for request, _, waits in answers:
-                waiting = self._waiting.get(request.slot_index)
-                if waits and waiting is not None and waiting.seq == request.seq:
-                    del self._waiting[request.slot_index]
-        failed = sum(_set_status(rows, status) for _, rows, _ in answers)
+        for request, _, waits in answers:
+            if waits:
+                self.waiters.take_back(request.slot_index, request.seq)
+        failed = sum(set_status(rows, status) for _, rows, _ in answers)
         answers[:] = [(request, rows, False) for request, rows, _ in answers]
         for request in requests[len(answers):]:
-            answers.append((request, _status_rows(request.count, status), False))
+            answers.append((request, status_rows(request.count, status), False))
             failed += request.count
         self._count_failed(status, failed)
 
@@ -362,7 +349,7 @@ class Appender:
     def _append(self, data: memoryview, batch: list[_Served], taken_ns: int) -> int:
         """Assign queue offsets and append the good records of every checked request of the
         sweep with one CommitLog.append_stampable; returns how many. A request that waits for the
-        flush is registered in `_waiting` with its rows filled in before the write (before_write),
+        flush is registered with the waiters, its rows filled in, before the write (before_write),
         so the deadline thread can answer it even while the write hangs on a stalled disk."""
         if not batch:
             return 0
@@ -389,10 +376,9 @@ class Appender:
                 results["store_ts_ms"][rows] = store_ts_ms
                 served.stored = end - first
                 if served.waits:
-                    with self._lock:
-                        self._waiting[served.request.slot_index] = _Waiting(
-                            served.request.seq, int(ends[end - 1]), now + self._timeout_s,
-                            served.rows, taken_ns)
+                    self.waiters.add(served.request.slot_index, Waiting(
+                        served.request.seq, int(ends[end - 1]), now + self.waiters.timeout_s,
+                        served.rows, taken_ns))
 
         try:
             self.commitlog.append_stampable(merged.records, offsets, store_ts_ms, before_write=fill_rows)
@@ -406,13 +392,10 @@ class Appender:
         return merged.count
 
     def _unstored(self, batch: list[_Served], status: PutStatus) -> int:
-        """The append failed: take the requests back from `_waiting` (unless a deadline answered
+        """The append failed: take the requests back from the waiters (unless a deadline answered
         one already) and mark their good records `status`; 0 records stored."""
-        with self._lock:
-            for served in batch:
-                waiting = self._waiting.get(served.request.slot_index)
-                if waiting is not None and waiting.seq == served.request.seq:
-                    del self._waiting[served.request.slot_index]
+        for served in batch:
+            self.waiters.take_back(served.request.slot_index, served.request.seq)
         failed = 0
         for served in batch:
             rows = served.results["status"][served.good]
@@ -421,37 +404,6 @@ class Appender:
             served.stored = 0
         self._count_failed(status, failed)
         return 0
-
-    def answer_flushed(self) -> None:
-        """Answer waiting requests the flushed position passed, or whose deadline passed (either
-        thread). The timeouts are logged after they are all answered (the log may be on the
-        stalled disk)."""
-        if not self._waiting:
-            return
-        timed_out = []
-        answered = LatencyTally()
-        with self._lock:
-            flushed = self.group_commit.published_flushed
-            now = time.monotonic()
-            now_ns = time.monotonic_ns()  # one answer time for the batch: they share one flush
-            for slot_index, waiting in list(self._waiting.items()):
-                if waiting.end_pos <= flushed:
-                    pass
-                elif now >= waiting.deadline:
-                    timed_out.append(slot_index)
-                    self._count_failed(PutStatus.FLUSH_DISK_TIMEOUT,
-                                       _set_status(waiting.rows, PutStatus.FLUSH_DISK_TIMEOUT))
-                else:
-                    continue
-                del self._waiting[slot_index]
-                self.server.complete_rows(slot_index, waiting.seq, waiting.rows)
-                answered.observe(now_ns - waiting.taken_ns)
-        if answered.count:
-            self.group_commit.ctl.add_put_latencies(answered)
-        if timed_out:
-            log.warning("flush did not reach the records of %d request(s) within %d ms: "
-                        "FLUSH_DISK_TIMEOUT (slots %s)", len(timed_out),
-                        self.config.sync_flush_timeout_ms, timed_out)
 
     def _count_failed(self, status: PutStatus, count: int) -> None:
         """Publish `count` answers of a failed status (a PUT_OK is counted by appended_msgs: the
@@ -469,33 +421,3 @@ class Appender:
                             "has room again: accepting puts")
             self._disk_full = full
         return self._disk_full
-
-
-class DeadlineWatch:
-    """A thread that answers waiting requests at their deadline (FLUSH_DISK_TIMEOUT). The
-    supervisor loop does so too, but on a stalled disk (fsfreeze) the loop hangs in its write
-    or its sync, and the flush thread in its sync or (sweep_if_stuck) its write; this thread
-    touches no file, so the answer still comes."""
-
-    def __init__(self, appender: Appender):
-        self._appender = appender
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="flush-deadlines", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            deadline = self._appender.next_deadline()
-            wait_s = DEADLINE_POLL_S if deadline is None else \
-                min(DEADLINE_POLL_S, max(0.0, deadline - time.monotonic()))
-            if self._stop.wait(wait_s):
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                self._appender.answer_flushed()
