@@ -235,13 +235,18 @@ class MailboxServer:
         """Sleep until a producer posts (or timeout); drains extra posts. Then pending_slots().
         Posts that came while the last sweep ran are taken without the sleep's signal-mask
         syscalls (a look at the count is no syscall), which is most sweeps under load."""
-        if self.wakeup.pending_posts:
-            self.wakeup.drain()
+        if self._take_posts():
             return True
         woken = self.wakeup.wait(timeout_s)
-        if self.wakeup.pending_posts:
-            self.wakeup.drain()
+        self._take_posts()
         return woken
+
+    def _take_posts(self) -> int:
+        """Take the posts the count shows (a drain would end on a failed take, an exception)."""
+        posts = self.wakeup.pending_posts
+        for _ in range(posts):
+            self.wakeup.wait(0)
+        return posts
 
     def pending_slots(self) -> list[PendingRequest]:
         """Every published, unanswered request, in slot order."""
