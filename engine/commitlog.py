@@ -43,7 +43,12 @@ from engine.formats.record import (
     encode_filler,
     stamp_record,
 )
-from engine.formats.record.stamp_many import StampableRecords, check_stampable, stamp_checked_records
+from engine.formats.record.stamp_many import (
+    StampableRecords,
+    check_stampable,
+    stamp_checked_records,
+    stamp_few,
+)
 from engine.log_walker import LogWindow, header_decoder, record_decoder
 from engine.mapped_file import Access, MappedFile
 from engine.naming import commitlog_dir, segment_files
@@ -188,6 +193,36 @@ class CommitLog:
             raise
         return positions
 
+    def append_few(self, blob: bytearray, sizes: list[int], queue_offsets: list[int],
+                   store_ts_ms: int, *, before_write: Callable[[list[int]], None]) -> list[int]:
+        """append_stampable of a few records laid back to back from blob[0], given as lists: when
+        they fit the rest of the active segment, planned, stamped (stamp_many.stamp_few) and
+        written with one pwrite without numpy, whose fixed cost per call outweighs the work of a
+        few records (docs/DECISIONS.md#small-batches-scalar); else by append_stampable. Returns
+        their commit positions; `before_write` gets them as append_stampable's does."""
+        starts, at = [], 0
+        for size in sizes:
+            starts.append(at)
+            at += size
+        if at != len(blob):
+            raise BadInputError("sizes", f"{len(sizes)} records of {at} bytes in {len(blob)} bytes")
+        located = self.segments.locate(self.written_pos)
+        if located is None or self.written_pos - located[1] + at + FILLER_SIZE > self.segment_bytes:
+            arrays = StampableRecords(blob, np.array(starts, dtype=np.int64), np.array(sizes, dtype=np.int64))
+            return self.append_stampable(arrays, queue_offsets, store_ts_ms,
+                                         before_write=lambda positions: before_write(positions.tolist())
+                                         ).tolist()
+        segment, base_pos = located
+        commit_pos = self.written_pos
+        file_pos = commit_pos - base_pos
+        positions = [commit_pos + start for start in starts]
+        stamp_few(blob, starts, sizes, queue_offsets, positions, store_ts_ms)
+        before_write(positions)
+        segment.reserve_zeroed(file_pos, file_pos + at)
+        segment.write(file_pos, blob)
+        self.written_pos = commit_pos + at
+        return positions
+
     def _plan_runs(self, starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, list[_Run]]:
         """Each record's commit_pos, and the runs that write them, as _room_for will lay them out
         (a record that does not fit the rest of its segment starts the next one)."""
@@ -243,11 +278,12 @@ class CommitLog:
         """The segment holding `written_pos`; created (the next one preallocated) if missing.
 
         After recovery the next segment may already be loaded (a preallocated file): reuse it."""
-        segment = self.segments.find(self.written_pos)
-        if segment is None:
+        located = self.segments.locate(self.written_pos)
+        if located is None:
             segment = self.segments.create(self.written_pos - self.written_pos % self.segment_bytes)
             self.segments.preallocate_next()
-        return segment, self.written_pos - self.segments.base_of(segment)
+            return segment, self.written_pos - self.segments.base_of(segment)
+        return located[0], self.written_pos - located[1]
 
     # ----------------------------------------------------------------- flush
 

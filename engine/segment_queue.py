@@ -91,6 +91,13 @@ class SegmentQueue:
             return None
         return self.segments[i]
 
+    def locate(self, pos: int) -> tuple[MappedFile, int] | None:
+        """find(pos) and that segment's base position (without parsing its name, as base_of does)."""
+        i = bisect.bisect_right(self._bases, pos) - 1
+        if i < 0 or pos >= self._bases[i] + self.segment_bytes:
+            return None
+        return self.segments[i], self._bases[i]
+
     def last(self) -> MappedFile | None:
         return self.segments[-1] if self.segments else None
 
@@ -157,10 +164,10 @@ class SegmentQueue:
         """msync the bytes [start_pos, end_pos) across however many segments they span."""
         pos = start_pos
         while pos < end_pos:
-            segment = self.find(pos)
-            if segment is None:
+            located = self.locate(pos)
+            if located is None:
                 return
-            base_pos = self.base_of(segment)
+            segment, base_pos = located
             stop = min(end_pos, base_pos + self.segment_bytes)
             segment.sync(pos - base_pos, stop - base_pos)
             pos = stop

@@ -394,8 +394,11 @@ class ControlBlock:
     def add_put_latencies(self, tally: LatencyTally) -> None:
         """Add one answered batch's latencies (one group write per batch, not per request)."""
         def update(old: tuple) -> tuple:
-            counts = (o + n for o, n in zip(old[:-1], tally.bucket_counts, strict=True))
-            return (*counts, old[-1] + tally.sum_ns)
+            new = list(old)
+            for bucket in tally.buckets:
+                new[bucket] += 1
+            new[-1] += tally.sum_ns
+            return new
         self._update(PUT_LATENCY_GROUP_OFFSET, LATENCY_GROUP, update)
 
     def put_latency(self) -> LatencyHistogram:

@@ -24,21 +24,31 @@ LATENCY_GROUP = struct.Struct(f"<{BUCKET_COUNT + 1}q")  # requests per bucket, t
 
 
 class LatencyTally:
-    """The latencies of one answered batch, added up privately and published once."""
+    """The latencies of one answered batch, added up privately and published once. A batch is
+    mostly a few requests: it keeps each one's bucket, not a count per bucket."""
 
     def __init__(self) -> None:
-        self.bucket_counts = [0] * BUCKET_COUNT
+        self.buckets: list[int] = []  # the bucket of each request observed
         self.sum_ns = 0
 
     def observe(self, latency_ns: int) -> None:
         """One request answered `latency_ns` after it was taken (a negative clamps to 0)."""
-        latency_ns = max(latency_ns, 0)
-        self.bucket_counts[bisect_left(BOUNDS_NS, latency_ns)] += 1  # le: latency <= bound
+        if latency_ns < 0:
+            latency_ns = 0
+        self.buckets.append(bisect_left(BOUNDS_NS, latency_ns))  # le: latency <= bound
         self.sum_ns += latency_ns
 
     @property
+    def bucket_counts(self) -> list[int]:
+        """Requests per bucket."""
+        counts = [0] * BUCKET_COUNT
+        for bucket in self.buckets:
+            counts[bucket] += 1
+        return counts
+
+    @property
     def count(self) -> int:
-        return sum(self.bucket_counts)
+        return len(self.buckets)
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,20 @@ One sweep (called from the supervisor loop after sem-sup is posted or a timer ru
    answers; otherwise the flush thread answers the requests its flush made durable (right after
    its sync). A flush of the loop's own stuck on the disk for STUCK_FLUSH_S lets the idle flush
    thread serve new requests (sweep_if_stuck), so they still get FLUSH_DISK_TIMEOUT at their
-   deadline from the deadline thread. `_waiting` is shared by the threads under `_lock`, and
-   `_sweep_lock` keeps sweeps one at a time.
+   deadline from the deadline thread (workers/flush_waiters.py holds the waiting requests and
+   answers them); `_sweep_lock` keeps sweeps one at a time.
+
+A sweep of a few records that all pass (send-and-wait: a few one-record requests) goes
+steps 2-5 with lists, tuples and struct instead (_serve_few, CommitLog.append_few, packed
+answer rows): numpy's fixed cost per call outweighs the work of a few records
+(docs/DECISIONS.md#small-batches-scalar). Anything else goes the batch way, which says why.
 
 Each answer's latency (from the sweep that took the request to the answer) goes into a tally
 of the answering thread, added to the control block's put latency histogram once per answered
 batch (ipc/put_latency.py): nothing per record, one group write per batch.
 
-Results go straight into the slot's numpy results array; nothing is pickled. While the store
+Answers are result rows packed in a bytearray (the batch way fills them through a numpy view)
+and copied into the slot's results area; nothing is pickled. While the store
 stops, `admitting` is False and new requests are answered SERVICE_NOT_AVAILABLE (not stored).
 """
 
@@ -46,29 +52,20 @@ from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.errors import BadInputError, DiskFullError, StoreError
 from engine.filesystem import disk_usage_ratio
+from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS
 from engine.retention import is_disk_full
-from engine.status import PutStatus
-from ipc.mailbox import RESULT_DTYPE, MailboxServer, PendingRequest, RequestFlag
+from engine.status import PUT_OK_CODE, PutStatus
+from ipc.mailbox import RESULT_DTYPE, RESULT_ROW, RESULT_SIZE, MailboxServer, PendingRequest, RequestFlag
 from ipc.put_latency import LatencyTally
+from workers.flush_waiters import FlushWaiters, Waiting, set_status, status_rows
 from workers.group_commit import GroupCommit
 from workers.request_check import CheckedRequest, RecordChecker, merge_checked
 
 DISK_CHECK_INTERVAL_S = 1.0
-DEADLINE_POLL_S = 0.05  # how soon the deadline thread sees a request registered while it was idle
 STUCK_FLUSH_S = 0.05  # the loop's own flush taking longer: the flush thread serves new requests
+WAITS = int(RequestFlag.WAIT_FOR_FLUSH)  # an int: IntFlag operators cost ~1 us a request
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Waiting:
-    """An appended request waiting for the group commit."""
-
-    seq: int
-    end_pos: int
-    deadline: float
-    results: np.ndarray
-    taken_ns: int  # when the sweep took it out of its slot (monotonic), for the latency histogram
 
 
 @dataclass
@@ -77,6 +74,7 @@ class _Served:
     bytes start in the sweep's private copy, its answer rows and how many of its records are in."""
 
     request: PendingRequest
+    rows: bytearray  # the answer rows, which `results` views
     results: np.ndarray
     checked: CheckedRequest | None
     base: int
@@ -105,11 +103,9 @@ class Appender:
                                      segment_bytes=config.commitlog_file_size)
         self.next_offsets = next_offsets
         self.admitting = True
-        self._waiting: dict[int, _Waiting] = {}
-        self._lock = threading.Lock()  # _waiting: a sweep adds, any thread answers
+        self.waiters = FlushWaiters(server, group_commit, config.sync_flush_timeout_ms)
         self._sweep_lock = threading.Lock()  # the loop's sweep, or the flush thread's while it is stuck
         self._own_flush_since: float | None = None  # when the loop began a flush of its own
-        self._timeout_s = config.sync_flush_timeout_ms / 1000.0
         self._disk_checked = 0.0
         self._disk_full = False
         self._copy_buf = bytearray()  # holds each request's private copy in turn (_private_copy)
@@ -118,11 +114,14 @@ class Appender:
 
     @property
     def waiting_count(self) -> int:
-        return len(self._waiting)
+        return len(self.waiters)
 
     def next_deadline(self) -> float | None:
-        with self._lock:
-            return min((w.deadline for w in self._waiting.values()), default=None)
+        return self.waiters.next_deadline()
+
+    def answer_flushed(self) -> None:
+        """Answer the waiting requests the flush passed or whose deadline passed (any thread)."""
+        self.waiters.answer_flushed()
 
     def sweep(self) -> int:
         """Append every new request, publish, flush (or have it flushed), answer what can be
@@ -160,36 +159,34 @@ class Appender:
 
     def _append_new(self) -> tuple[int, int]:
         """Serve every new request; (messages appended, the written position published)."""
-        admitted = []
-        answered = LatencyTally()  # the requests this sweep answers at once (not those that wait)
-        taken_ns = time.monotonic_ns()
-        for request in self.server.pending_slots():
-            if self._already_taken(request):
-                continue
-            status = self._refusal()
-            if status is None:
-                admitted.append(request)
-            else:
-                results = np.zeros(request.count, dtype=RESULT_DTYPE)
-                results["status"] = status
-                self.server.complete(request.slot_index, request.seq, results)
-                answered.observe(time.monotonic_ns() - taken_ns)
-                self._count_failed(status, request.count)
-        appended = self._serve(admitted, taken_ns, answered) if admitted else 0
-        if answered.count:
-            self.group_commit.ctl.add_put_latencies(answered)
-        if appended:
+        pending = self.server.pending_slots()
+        appended = 0
+        if pending:
+            answered = LatencyTally()  # the requests this sweep answers at once (not those that wait)
+            taken_ns = time.monotonic_ns()
+            requests = self._not_taken(pending)
+            status = self._refusal() if requests else None
+            if status is not None:
+                for request in requests:
+                    self.server.complete_rows(request.slot_index, request.seq,
+                                              status_rows(request.count, status))
+                    answered.observe(time.monotonic_ns() - taken_ns)
+                    self._count_failed(status, request.count)
+            elif requests:
+                few = self._serve_few(requests, taken_ns, answered)
+                appended = self._serve(requests, taken_ns, answered) if few is None else few
+            if answered.count:
+                self.group_commit.ctl.add_put_latencies(answered)
             self.appended_msgs += appended
         return appended, self.group_commit.publish_written(appended)
 
-    def _already_taken(self, request: PendingRequest) -> bool:
-        """True if the request waits for a flush, or the flush thread answered it since
-        pending_slots() listed it (it must not be appended twice)."""
-        with self._lock:
-            waiting = self._waiting.get(request.slot_index)
-            if waiting is not None and waiting.seq == request.seq:
-                return True
-            return self.server.is_answered(request.slot_index, request.seq)
+    def _not_taken(self, pending: list[PendingRequest]) -> list[PendingRequest]:
+        """The requests neither waiting for a flush nor answered by the flush thread since
+        pending_slots() listed them (none may be appended twice)."""
+        waiters, answered = self.waiters, self.server.is_answered
+        with waiters.lock:
+            return [request for request in pending if not waiters.holds(request.slot_index, request.seq)
+                    and not answered(request.slot_index, request.seq)]
 
     def _refusal(self) -> PutStatus | None:
         """Why no request is taken now (the store stops, the disk is full), or None."""
@@ -199,6 +196,103 @@ class Appender:
             return PutStatus.DISK_FULL
         return None
 
+    def _serve_few(self, requests: list[PendingRequest], taken_ns: int,
+                   answered: LatencyTally) -> int | None:
+        """_serve of a sweep of a few records whose every record passes the check, with lists,
+        tuples and struct instead of numpy and per-request objects (send-and-wait: one record a
+        request, a few requests a sweep; docs/DECISIONS.md#small-batches-scalar); messages
+        appended. None, having done nothing, when the sweep is larger or a request fails the
+        check: _serve then serves it and says what is wrong."""
+        if sum(request.count for request in requests) > STRUCT_PATH_MAX_RECORDS:
+            return None
+        blob = bytearray().join([request.data for request in requests])  # the private copy
+        routes = self._check_few(requests, blob)
+        if routes is None:
+            return None
+        sizes, offsets, taken = self._few_offsets(routes)
+        store_ts_ms = time.time_ns() // 1_000_000
+        answers: list[tuple[PendingRequest, bytearray | bytes, bool]] = []
+
+        def register(positions: list[int]) -> None:  # before the write, as _append's fill_rows
+            deadline, at, pack = time.monotonic() + self.waiters.timeout_s, 0, RESULT_ROW.pack
+            for request, checked in zip(requests, routes, strict=True):
+                rows = bytearray().join([pack(PUT_OK_CODE, route[3], positions[at + k], offsets[at + k],
+                                              store_ts_ms) for k, route in enumerate(checked)])
+                at += len(checked)
+                waits = self.sync and bool(int(request.flags) & WAITS)
+                answers.append((request, rows, waits))
+                if waits:
+                    self.waiters.add(request.slot_index, Waiting(
+                        request.seq, positions[at - 1] + sizes[at - 1], deadline, rows, taken_ns))
+
+        try:
+            self.commitlog.append_few(blob, sizes, offsets, store_ts_ms, before_write=register)
+        except DiskFullError as exc:  # nothing was written
+            log.warning("disk full while appending: %s", exc)
+            self._unstored_few(requests, answers, PutStatus.DISK_FULL)
+        except (OSError, StoreError) as exc:  # the disk refused a write or a roll: the loop stops
+            self.write_error = exc
+            self._unstored_few(requests, answers, PutStatus.UNKNOWN_ERROR)
+        else:
+            self.next_offsets.update(taken)  # only once the records are in: no offset is skipped
+            self._answer_now([(request, rows) for request, rows, waits in answers if not waits],
+                             taken_ns, answered)
+            return len(sizes)
+        self._answer_now([(request, rows) for request, rows, _ in answers], taken_ns, answered)
+        return 0
+
+    def _check_few(self, requests: list[PendingRequest], blob: bytearray) -> list | None:
+        """RecordChecker.check_few of each request laid in `blob`: their routes, or None when
+        one fails."""
+        routes, base = [], 0
+        with memoryview(blob) as view:
+            for request in requests:
+                end = base + len(request.data)
+                checked = self.checker.check_few(view, base, end, request.count)
+                if checked is None:
+                    return None
+                routes.append(checked)
+                base = end
+        return routes
+
+    def _few_offsets(self, routes: list) -> tuple[list[int], list[int], dict]:
+        """Each record's size and queue offset, and the next free offset of each (topic, queue
+        id) the records take."""
+        next_offsets, taken, sizes, offsets = self.next_offsets, {}, [], []
+        for checked in routes:
+            for _, size, topic, queue_id in checked:
+                key = (topic, queue_id)
+                offset = taken.get(key)
+                if offset is None:
+                    offset = next_offsets.get(key, 0)
+                taken[key] = offset + 1
+                sizes.append(size)
+                offsets.append(offset)
+        return sizes, offsets, taken
+
+    def _unstored_few(self, requests: list[PendingRequest], answers: list, status: PutStatus) -> None:
+        """_serve_few's append failed: take its requests back from the waiters (unless a deadline
+        answered one already) and give every record `status` (rows made for any that lack them)."""
+        for request, _, waits in answers:
+            if waits:
+                self.waiters.take_back(request.slot_index, request.seq)
+        failed = sum(set_status(rows, status) for _, rows, _ in answers)
+        answers[:] = [(request, rows, False) for request, rows, _ in answers]
+        for request in requests[len(answers):]:
+            answers.append((request, status_rows(request.count, status), False))
+            failed += request.count
+        self._count_failed(status, failed)
+
+    def _answer_now(self, answers: list[tuple[PendingRequest, bytearray | bytes]], taken_ns: int,
+                    answered: LatencyTally) -> None:
+        """Answer requests that do not wait for the flush, with one answer time for them all.
+        A deadline may have answered a waiting request while its write failed: not twice."""
+        answered_ns = time.monotonic_ns()
+        for request, rows in answers:
+            if not self.server.is_answered(request.slot_index, request.seq):
+                self.server.complete_rows(request.slot_index, request.seq, rows)
+                answered.observe(answered_ns - taken_ns)
+
     def _serve(self, requests: list[PendingRequest], taken_ns: int, answered: LatencyTally) -> int:
         """Check each request, append the good records of all of them at once, answer those that
         do not wait for the flush (tallied in `answered`); messages appended."""
@@ -206,23 +300,18 @@ class Appender:
         batch: list[_Served] = []
         base = 0
         for request in requests:
-            results = np.zeros(request.count, dtype=RESULT_DTYPE)
+            rows = bytearray(request.count * RESULT_SIZE)
+            results = np.frombuffer(rows, dtype=RESULT_DTYPE)
             end = base + len(request.data)
             checked = self._check(request, data[base:end], results)
-            waits = self.sync and bool(request.flags & RequestFlag.WAIT_FOR_FLUSH)
-            batch.append(_Served(request, results, checked, base, waits))
+            waits = self.sync and bool(int(request.flags) & WAITS)
+            batch.append(_Served(request, rows, results, checked, base, waits))
             base = end
         stored = self._append(data, [served for served in batch if served.checked is not None],
                               taken_ns)
-        answered_ns = time.monotonic_ns()  # one answer time for the requests answered now
-        for served in batch:
-            request = served.request
-            if served.stored and served.waits:  # answered by the flush thread, or at its deadline
-                continue
-            # a deadline may have answered a waiting request while its write failed
-            if not self.server.is_answered(request.slot_index, request.seq):
-                self.server.complete(request.slot_index, request.seq, served.results)
-                answered.observe(answered_ns - taken_ns)
+        self._answer_now([(served.request, served.rows) for served in batch
+                          if not (served.stored and served.waits)],  # the flush answers those
+                         taken_ns, answered)
         return stored
 
     def _private_copy(self, pieces: list[memoryview]) -> memoryview:
@@ -260,7 +349,7 @@ class Appender:
     def _append(self, data: memoryview, batch: list[_Served], taken_ns: int) -> int:
         """Assign queue offsets and append the good records of every checked request of the
         sweep with one CommitLog.append_stampable; returns how many. A request that waits for the
-        flush is registered in `_waiting` with its rows filled in before the write (before_write),
+        flush is registered with the waiters, its rows filled in, before the write (before_write),
         so the deadline thread can answer it even while the write hangs on a stalled disk."""
         if not batch:
             return 0
@@ -287,10 +376,9 @@ class Appender:
                 results["store_ts_ms"][rows] = store_ts_ms
                 served.stored = end - first
                 if served.waits:
-                    with self._lock:
-                        self._waiting[served.request.slot_index] = _Waiting(
-                            served.request.seq, int(ends[end - 1]), now + self._timeout_s,
-                            results, taken_ns)
+                    self.waiters.add(served.request.slot_index, Waiting(
+                        served.request.seq, int(ends[end - 1]), now + self.waiters.timeout_s,
+                        served.rows, taken_ns))
 
         try:
             self.commitlog.append_stampable(merged.records, offsets, store_ts_ms, before_write=fill_rows)
@@ -304,13 +392,10 @@ class Appender:
         return merged.count
 
     def _unstored(self, batch: list[_Served], status: PutStatus) -> int:
-        """The append failed: take the requests back from `_waiting` (unless a deadline answered
+        """The append failed: take the requests back from the waiters (unless a deadline answered
         one already) and mark their good records `status`; 0 records stored."""
-        with self._lock:
-            for served in batch:
-                waiting = self._waiting.get(served.request.slot_index)
-                if waiting is not None and waiting.seq == served.request.seq:
-                    del self._waiting[served.request.slot_index]
+        for served in batch:
+            self.waiters.take_back(served.request.slot_index, served.request.seq)
         failed = 0
         for served in batch:
             rows = served.results["status"][served.good]
@@ -319,38 +404,6 @@ class Appender:
             served.stored = 0
         self._count_failed(status, failed)
         return 0
-
-    def answer_flushed(self) -> None:
-        """Answer waiting requests the flushed position passed, or whose deadline passed (either
-        thread). The timeouts are logged after they are all answered (the log may be on the
-        stalled disk)."""
-        if not self._waiting:
-            return
-        timed_out = []
-        answered = LatencyTally()
-        with self._lock:
-            flushed = self.group_commit.published_flushed
-            now = time.monotonic()
-            now_ns = time.monotonic_ns()  # one answer time for the batch: they share one flush
-            for slot_index, waiting in list(self._waiting.items()):
-                if waiting.end_pos <= flushed:
-                    pass
-                elif now >= waiting.deadline:
-                    stored = waiting.results["status"] == PutStatus.PUT_OK
-                    waiting.results["status"][stored] = PutStatus.FLUSH_DISK_TIMEOUT
-                    timed_out.append(slot_index)
-                    self._count_failed(PutStatus.FLUSH_DISK_TIMEOUT, int(stored.sum()))
-                else:
-                    continue
-                del self._waiting[slot_index]
-                self.server.complete(slot_index, waiting.seq, waiting.results)
-                answered.observe(now_ns - waiting.taken_ns)
-        if answered.count:
-            self.group_commit.ctl.add_put_latencies(answered)
-        if timed_out:
-            log.warning("flush did not reach the records of %d request(s) within %d ms: "
-                        "FLUSH_DISK_TIMEOUT (slots %s)", len(timed_out),
-                        self.config.sync_flush_timeout_ms, timed_out)
 
     def _count_failed(self, status: PutStatus, count: int) -> None:
         """Publish `count` answers of a failed status (a PUT_OK is counted by appended_msgs: the
@@ -368,33 +421,3 @@ class Appender:
                             "has room again: accepting puts")
             self._disk_full = full
         return self._disk_full
-
-
-class DeadlineWatch:
-    """A thread that answers waiting requests at their deadline (FLUSH_DISK_TIMEOUT). The
-    supervisor loop does so too, but on a stalled disk (fsfreeze) the loop hangs in its write
-    or its sync, and the flush thread in its sync or (sweep_if_stuck) its write; this thread
-    touches no file, so the answer still comes."""
-
-    def __init__(self, appender: Appender):
-        self._appender = appender
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="flush-deadlines", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            deadline = self._appender.next_deadline()
-            wait_s = DEADLINE_POLL_S if deadline is None else \
-                min(DEADLINE_POLL_S, max(0.0, deadline - time.monotonic()))
-            if self._stop.wait(wait_s):
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                self._appender.answer_flushed()

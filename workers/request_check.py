@@ -207,6 +207,23 @@ class RecordChecker:
                     pass
             return self._check_each(view, starts, sizes)
 
+    def check_few(self, view: memoryview, start: int, end: int, count: int
+                  ) -> list[tuple[int, int, str, int]] | None:
+        """check_request of a request of a few records laid in view[start:end], all of which
+        pass: (start, size, topic, queue_id) per record, in lists and tuples, no numpy. None when
+        the framing is broken or a record fails; check_request then says which and why."""
+        starts, sizes = walk_chain(view, start, end, count)
+        if len(starts) != count or not count or starts[-1] + sizes[-1] != end:
+            return None
+        routes = []
+        for at, size in zip(starts, sizes, strict=True):
+            try:
+                topic, queue_id = self._check_at(view, at, size)
+            except BadInputError:
+                return None
+            routes.append((at, size, topic, queue_id))
+        return routes
+
     def _check_each(self, view: memoryview, starts: list[int], sizes: list[int]) -> CheckedRequest:
         """check_request record by record."""
         topics: list[str | None] = []

@@ -49,10 +49,11 @@ from ipc.control_block import ProcState, Role, StoreState
 from ipc.key_ring import REGION_KIND as KEY_RING_KIND
 from ipc.run_info import RunInfo, remove_run_info, write_run_info
 from ipc.shm import region_name, unlink_stale
-from workers.appender import Appender, DeadlineWatch
+from workers.appender import Appender
 from workers.child_handle import ChildHandle
 from workers.exit_codes import CliExit, ExitCode, describe_exit
 from workers.fatal_log import last_error
+from workers.flush_waiters import DeadlineWatch
 from workers.group_commit import GroupCommit, fault_fsync_delay_s, fault_fsync_stall_path
 from workers.metadata_writer import MetadataWriter
 from workers.restart_policy import RestartSettings
@@ -167,7 +168,7 @@ class Supervisor:
                                   self.config, self._next_offsets, root=self.root)
         self._group_commit.on_idle = self._appender.sweep_if_stuck
         self._group_commit.start()
-        self._deadlines = DeadlineWatch(self._appender)
+        self._deadlines = DeadlineWatch(self._appender.waiters)
         self._deadlines.start()
         self._retention = RetentionRunner(self.root, self._commitlog, self.config, ctl,
                                           self._group_commit)
@@ -335,6 +336,8 @@ class Supervisor:
             signal.signal(signum, enqueue)
 
     def _handle_signals(self) -> None:
+        if self._signals.empty():  # once a sweep: a look costs less than a failed get
+            return
         while True:
             try:
                 signum = self._signals.get_nowait()

@@ -202,6 +202,35 @@ def test_commitlog_append_stampable_gives_final_positions_before_writing(tmp_pat
     assert [r.commit_pos for r in log.scan(0, log.written_pos)][1:] == positions.tolist()
 
 
+@pytest.mark.parametrize("first", [0, 2500, 3200, SEG - 8])  # none, fits, some roll, all roll
+def test_commitlog_append_few_writes_what_single_appends_write(tmp_path, first):
+    """The few-record path (lists, struct, one pwrite) and, where the records do not fit the
+    active segment or none exists, its hand-over to append_stampable: the same bytes, positions
+    and written_pos as append() record by record, before_write seeing the final positions."""
+    sizes = [BASE_SIZE + 150, BASE_SIZE + 400, BASE_SIZE + 40]
+    a, b = open_log(tmp_path / "a"), open_log(tmp_path / "b")
+    if first:
+        a.append(record(first - 8 if first == SEG - 8 else first), queue_offset=0, store_ts_ms=5)
+        b.append(record(first - 8 if first == SEG - 8 else first), queue_offset=0, store_ts_ms=5)
+    singles = [a.append(record(s, fill=0x41 + i), queue_offset=i + 1, store_ts_ms=9)
+               for i, s in enumerate(sizes)]
+    blob = bytearray(b"".join(record(s, fill=0x41 + i) for i, s in enumerate(sizes)))
+    seen, before = [], b.written_pos
+    positions = b.append_few(blob, sizes, [1, 2, 3], 9,
+                             before_write=lambda planned: seen.append((list(planned), b.written_pos)))
+    assert positions == singles and seen == [(singles, before)]  # nothing written before it
+    assert b.written_pos == a.written_pos
+    for seg_a, seg_b in zip(a.segments.segments, b.segments.segments, strict=True):
+        assert bytes(seg_a.buf) == bytes(seg_b.buf)
+
+
+def test_commitlog_append_few_refuses_sizes_that_do_not_cover_the_records(tmp_path):
+    log = open_log(tmp_path)
+    with pytest.raises(BadInputError, match="sizes"):
+        log.append_few(bytearray(record(300)), [299], [0], 1, before_write=lambda _: None)
+    assert log.written_pos == 0 and not log.segments.segments
+
+
 @pytest.mark.parametrize("count", [2, STRUCT_PATH_MAX_RECORDS + 4])
 def test_commitlog_append_encoded_refuses_a_bad_record_before_writing(tmp_path, count):
     log = open_log(tmp_path)

@@ -16,6 +16,7 @@ from engine.errors import BadInputError, ServiceNotAvailableError, StoreError
 from ipc.control_block import pid_alive
 from ipc.mailbox import (
     RESULT_DTYPE,
+    RESULT_ROW,
     Mailbox,
     MailboxServer,
     ProducerSlot,
@@ -325,5 +326,27 @@ def test_wait_response_gives_a_private_writable_copy_of_its_rows(store_dir):
     assert first["queue_offset"].tolist() == [7, 8] and second["status"].tolist() == [2]
     first["status"][0] = 3  # the producer's own rows (BatchResultBuilder writes into them)
     assert server.mailbox.results[slot.index]["status"][0] == 2
+    server.close()
+    server.unlink()
+
+
+def test_complete_rows_answers_as_complete_does_and_refuses_partial_or_too_many_rows(store_dir):
+    """The packed answer (RESULT_ROW after RESULT_ROW) reads back as the same RESULT_DTYPE rows
+    as complete()'s; rows that are not whole, or more than a batch holds, raise and answer nothing."""
+    server = MailboxServer.create(store_dir, slot_count=2, data_bytes=4096, max_batch=2)
+    rows = [(0, 1, 500, 7, 1_700_000_000_001), (1, 3, 2**40, 2**33, -1)]
+    with ProducerSlot.claim(server.mailbox, store_dir / "run", alive=lambda: True) as slot:
+        seq = slot.write_request([make_record(1, 0, 0, 10), make_record(1, 0, 1, 10)])
+        packed = b"".join(RESULT_ROW.pack(*row) for row in rows)
+        for bad in (packed[:-1], packed + RESULT_ROW.pack(*rows[0])):
+            with pytest.raises(ValueError, match="results for slot"):
+                server.complete_rows(slot.index, seq, bad)
+        assert not server.is_answered(slot.index, seq)
+        server.complete_rows(slot.index, seq, bytearray(packed))
+        packed_answer = slot.wait_response(seq, 5, lambda: True)
+        seq = slot.write_request([make_record(1, 1, 0, 10), make_record(1, 1, 1, 10)])
+        server.complete(slot.index, seq, rows)
+        answer = slot.wait_response(seq, 5, lambda: True)
+    assert packed_answer.tobytes() == answer.tobytes() and packed_answer.tolist() == rows
     server.close()
     server.unlink()

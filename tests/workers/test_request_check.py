@@ -101,6 +101,11 @@ def test_check_request_refuses_broken_framing():
         CHECKER.check_request(data, 2)
     with pytest.raises(BadInputError, match="framing"):
         CHECKER.check_request(bytearray(record()), 2)
+    assert CHECKER.check_few(memoryview(data), 0, len(data), 2) is None
+    whole = bytearray(record())
+    assert CHECKER.check_few(memoryview(whole), 0, len(whole), 2) is None
+    assert CHECKER.check_few(memoryview(whole + b"x"), 0, len(whole) + 1, 1) is None
+    assert CHECKER.check_few(memoryview(whole), 0, len(whole), 1) == [(0, len(whole), "T1", 1)]
 
 
 # ---------------------------------------------------------------- whole requests, both paths
@@ -127,6 +132,7 @@ def reference(data: bytearray, count: int):
 
 def assert_agrees(data: bytearray, count: int):
     expected = reference(bytearray(data), count)
+    assert_few_agrees(data, count, expected)
     if expected is None:
         with pytest.raises(BadInputError, match="framing"):
             CHECKER.check_request(data, count)
@@ -138,6 +144,32 @@ def assert_agrees(data: bytearray, count: int):
     assert got == expected
     assert checked.sizes.sum() == len(data) and checked.starts[0] == 0
     return checked
+
+
+def assert_few_agrees(data: bytearray, count: int, expected: list | None) -> None:
+    """check_few, on the request placed after another's bytes, accepts exactly the requests
+    whose every record `check` accepts, with their places and routing; the others get None."""
+    prefix = bytes(record(body=b"before"))
+    placed = memoryview(bytearray(prefix + data))
+    routes = CHECKER.check_few(placed, len(prefix), len(placed), count)
+    if expected is None or not all(ok for ok, *_ in expected):
+        assert routes is None
+        return
+    starts, at = [], len(prefix)
+    for raw_size in split_sizes(data, count):
+        starts.append(at)
+        at += raw_size
+    assert routes == [(start, size, topic, queue_id) for start, size, (_, topic, queue_id, _)
+                      in zip(starts, split_sizes(data, count), expected, strict=True)]
+
+
+def split_sizes(data: bytearray, count: int) -> list[int]:
+    """Each record's TOTALSIZE along the chain (the framing holds)."""
+    sizes, at = [], 0
+    for _ in range(count):
+        sizes.append(struct.unpack_from(">i", data, at)[0])
+        at += sizes[-1]
+    return sizes
 
 
 def request(rnd: random.Random, count: int, topics=("T1",)) -> list[bytearray]:

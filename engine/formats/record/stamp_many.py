@@ -127,6 +127,12 @@ def stamp_checked_records(buf, starts: np.ndarray, sizes: np.ndarray, queue_offs
         digits, dtype=f"V{CRC32C_DIGITS}")
 
 
+def stamp_few(buf, starts: list[int], sizes: list[int], queue_offsets: list[int],
+              commit_positions: list[int], store_ts_ms: int) -> None:
+    """stamp_checked_records of a few records given as lists, with one store time: struct only."""
+    _stamp_each(buf, starts, sizes, queue_offsets, commit_positions, [store_ts_ms] * len(starts))
+
+
 def _stamp_each(buf, starts: list[int], sizes: list[int], queue_offsets: list[int],
                 commit_positions: list[int], store_times: list[int]) -> None:
     """stamp_checked_records one record at a time, as scalar.stamp_record does."""
