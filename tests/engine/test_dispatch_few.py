@@ -16,7 +16,7 @@ from engine.dispatch_few import decode_few, few_key_columns, few_to_consume_queu
 from engine.errors import CorruptConsumeQueueError
 from engine.formats.java_hash import index_key_hash
 from engine.formats.key_batch import padded_key_hashes
-from engine.formats.record import SYS_FLAG_OFFSET, Filler, SysFlag, decode_header, encode_record, stamp_record
+from engine.formats.record import SYS_FLAG_OFFSET, Filler, SysFlag, decode_header
 from engine.formats.record.dispatch_columns import columns_from_headers
 from engine.mapped_file import Access
 from tests.engine.test_dispatch_batch import (
@@ -26,7 +26,7 @@ from tests.engine.test_dispatch_batch import (
     open_derived,
     write_log,
 )
-from tests.formats.test_record_many import BASE_POS, BORN, MESSAGES, STORE, scalar_log
+from tests.formats.test_record_many import BASE_POS, MESSAGES, record_with_properties, scalar_log
 
 INT32_MIN_KEY = "polygenelubricants"  # its Java hash is Integer.MIN_VALUE: index_key_hash 0
 
@@ -53,11 +53,7 @@ def test_decode_few_parses_properties_like_rocketmq():
     """Later duplicates win, empty values and keys are skipped, KEYS text inside a value is not a key."""
     props = (b"KEYS\x01first\x02x\x01KEYS\x01no\x02KEYS\x01\x02\x01KEYS\x02KEYS\x01a  b \x02"
              b"UNIQ_KEY\x01u1\x02TAGS\x01t\x02__CRC32C\x010000000000\x02")
-    record = bytearray(encode_record("T", b"body\x02KEYS\x01zzz\x02", queue_id=0, born_ts_ms=1,
-                                     born_host=BORN, store_host=STORE))
-    record = record[:record.index(b"__CRC32C") - 2] + len(props).to_bytes(2, "big") + props
-    record[0:4] = len(record).to_bytes(4, "big")
-    stamp_record(record, 0, queue_offset=0, commit_pos=BASE_POS, store_ts_ms=5)
+    record = record_with_properties(props)
     few = decode_few(record, 0, len(record), BASE_POS)
     ref = columns_from_headers([decode_header(record, 0, base_pos=BASE_POS)])
     assert few.index_keys == [[b"T#u1", b"T#a", b"T#b"]]

@@ -86,15 +86,22 @@ def test_record_batch_decode_dispatch_equals_decode_header(messages):
     assert cols.keys == ref.keys
 
 
-def test_record_batch_properties_parse_like_rocketmq():
-    """Later duplicates win, empty values and keys are skipped, KEYS text inside a value is not a key."""
-    props = (b"KEYS\x01first\x02x\x01KEYS\x01no\x02KEYS\x01\x02\x01KEYS\x02KEYS\x01a  b \x02"
-             b"UNIQ_KEY\x01u1\x02TAGS\x01t\x02__CRC32C\x010000000000\x02")
+def record_with_properties(props: bytes) -> bytearray:
+    """One stamped record at BASE_POS whose properties are exactly `props` (its body holds
+    property-like text, which is not a property)."""
     record = bytearray(encode_record("T", b"body\x02KEYS\x01zzz\x02", queue_id=0, born_ts_ms=1,
                                      born_host=BORN, store_host=STORE))
     record = record[:record.index(b"__CRC32C") - 2] + len(props).to_bytes(2, "big") + props
     record[0:4] = len(record).to_bytes(4, "big")
     stamp_record(record, 0, queue_offset=0, commit_pos=BASE_POS, store_ts_ms=5)
+    return record
+
+
+def test_record_batch_properties_parse_like_rocketmq():
+    """Later duplicates win, empty values and keys are skipped, KEYS text inside a value is not a key."""
+    props = (b"KEYS\x01first\x02x\x01KEYS\x01no\x02KEYS\x01\x02\x01KEYS\x02KEYS\x01a  b \x02"
+             b"UNIQ_KEY\x01u1\x02TAGS\x01t\x02__CRC32C\x010000000000\x02")
+    record = record_with_properties(props)
     spans = verify_spans(record, np.array([0]), BASE_POS, Verify.MQSTORE)
     cols = decode_dispatch(record, spans, BASE_POS)
     ref = columns_from_headers([decode_header(record, 0, base_pos=BASE_POS)])

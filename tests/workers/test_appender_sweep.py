@@ -47,27 +47,9 @@ def test_requests_of_one_sweep_are_appended_together_and_answered_apart(tmp_path
                 (d, len(d), RequestFlag.WAIT_FOR_FLUSH)]
     running = start_store(tmp_path / "store", store={"commitlog_file_size": SEGMENT_BYTES})
     try:
-        with running.ctl() as ctl:
-            mailbox = Mailbox.attach(running.root)
-            slots = [ProducerSlot.claim(mailbox, run_dir(running.root), alive=ctl.supervisor_alive)
-                     for _ in requests]
-            # claims start at pid % slot count and wrap: slot order need not be request order
-            in_slot_order = sorted(range(len(requests)), key=lambda k: slots[k].index)
-            try:
-                before = ctl.written_pos
-                os.kill(ctl.supervisor_pid, signal.SIGSTOP)
-                try:
-                    seqs = [slot.write_request(b"".join(records), count=count, flags=flags)
-                            for slot, (records, count, flags) in zip(slots, requests, strict=True)]
-                finally:
-                    os.kill(ctl.supervisor_pid, signal.SIGCONT)
-                answers = [slot.wait_response(seq, 10, ctl.supervisor_alive)
-                           for slot, seq in zip(slots, seqs, strict=True)]
-                written = ctl.written_pos
-            finally:
-                for slot in slots:
-                    slot.release()
-                mailbox.close()
+        before, answers, slot_indexes, written = sweep_of(running, requests)
+        # claims start at pid % slot count and wrap: slot order need not be request order
+        in_slot_order = sorted(range(len(requests)), key=lambda k: slot_indexes[k])
     finally:
         assert running.stop() == 0
     ok, illegal = PutStatus.PUT_OK, PutStatus.MESSAGE_ILLEGAL
