@@ -98,8 +98,15 @@ def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
 
 def disk_usage_ratio(path: Path) -> float:
     """Used fraction of the filesystem holding `path` (what retention's thresholds compare)."""
-    st = os.statvfs(path)
-    total = st.f_blocks * st.f_frsize
-    if total == 0:
+    return usage_ratio_of(os.statvfs(path))
+
+
+def usage_ratio_of(st: os.statvfs_result) -> float:
+    """used / (used + available to us), as RocketMQ's getDiskPartitionSpaceUsedPercent and df's
+    Use% count it: blocks reserved for root are neither, so a disk with a large reserve is not
+    taken for full (which would start forced retention early)."""
+    used_blocks = st.f_blocks - st.f_bfree
+    counted_blocks = used_blocks + st.f_bavail
+    if counted_blocks <= 0:
         return 0.0
-    return 1.0 - (st.f_bavail * st.f_frsize) / total
+    return used_blocks / counted_blocks

@@ -22,7 +22,7 @@ from engine.check import check
 from engine.commitlog import SegmentInfo
 from engine.config import StoreConfig
 from engine.errors import BadInputError
-from engine.filesystem import disk_usage_ratio
+from engine.filesystem import disk_usage_ratio, usage_ratio_of
 from engine.mapped_file import Access
 from engine.naming import commitlog_dir, consume_queue_dir, index_shard_dir
 from engine.recovery import StoreParts
@@ -241,6 +241,26 @@ def test_retention_steps_refuse_the_middle_and_the_active_segment(tmp_path):
     assert run_retention(parts, CONFIG, now_ms=NOW_MS, usage_ratio=FULL).to_dict()["reason"] == "space_force"
     store.close()
     assert check(tmp_path) == []
+
+
+def statvfs(blocks: int, free: int, available: int) -> os.statvfs_result:
+    return os.statvfs_result((4096, 4096, blocks, free, available, 1000, 900, 900, 0, 255))
+
+
+def test_usage_counts_blocks_reserved_for_root_as_neither_used_nor_available():
+    """df's Use% and RocketMQ's rule: a disk 40 % used with half its blocks reserved is not
+    90 % full (which would start forced retention on a healthy disk)."""
+    assert usage_ratio_of(statvfs(blocks=100, free=60, available=10)) == 0.8
+    assert usage_ratio_of(statvfs(blocks=100, free=60, available=60)) == 0.4  # no reserve
+    assert usage_ratio_of(statvfs(blocks=100, free=0, available=0)) == 1.0
+    assert usage_ratio_of(statvfs(blocks=0, free=0, available=0)) == 0.0
+
+
+def test_usage_of_a_real_disk_is_what_df_says(tmp_path):
+    out = subprocess.run(["df", "--output=pcent", str(tmp_path)], capture_output=True, text=True,
+                         check=True).stdout.split()
+    df_percent = int(out[-1].rstrip("%"))  # df rounds up
+    assert abs(disk_usage_ratio(tmp_path) * 100 - df_percent) <= 1.5
 
 
 def test_retention_through_store_uses_real_usage(tmp_path):
