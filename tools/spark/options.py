@@ -73,10 +73,11 @@ class SourceOptions:
     filter_pushdown: bool = False
     stores: frozenset[str] | None = None
 
-    def scan_spec(self, layout: StoreLayout) -> ScanSpec:
+    def scan_spec(self, layout: StoreLayout, columns: frozenset[str] | None) -> ScanSpec:
+        """How a store of `layout` is scanned, decoding only `columns` (None: all of the view's)."""
         f = self.scan_filter
         return ScanSpec(self.verify_mode, layout.full_verify, RowFilter(f.topics, f.start_ms, f.end_ms),
-                        self.output.scan_view)
+                        self.output.scan_view, columns)
 
     def pruning_filter(self) -> ScanFilter:
         """The filter the planner prunes with (topics only when topic pruning is on)."""

@@ -137,7 +137,7 @@ class MqstoreReader(DataSourceReader):
     def _scan_specs(self) -> dict[str, ScanSpec]:
         """Each store's scan, decoding only the columns the selection needs."""
         columns = self.selection.scan_columns()
-        return {store: replace(self.opts.scan_spec(layout), columns=columns)
+        return {store: self.opts.scan_spec(layout, columns)
                 for store, layout in self.layouts.items()}
 
     @property

@@ -136,7 +136,7 @@ class StoreStream:
         self.store = store
         self.opts = opts
         self.layout = read_layout(store, opts.store_format)
-        self.source = StoreScan(store, replace(opts.scan_spec(self.layout), columns=columns))
+        self.source = StoreScan(store, opts.scan_spec(self.layout, columns))
         self.target_pos: int | None = None  # Trigger.AvailableNow's end, fixed at the start
 
     def durable_pos(self) -> int:
