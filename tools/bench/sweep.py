@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from engine.errors import StoreError
-from tools.bench import report
+from tools.bench import plot, report
 from tools.bench.peers import parse_peers
 from workers.child_env import REPO_ROOT, child_env
 
@@ -187,15 +187,9 @@ def medians(docs: dict[int, list[dict]]) -> list[dict]:
     return rows
 
 
-def backend_names(rows: list[dict]) -> set[str]:
-    """The backends measured in `rows` (the cells that hold a median rate)."""
-    return {name for row in rows for name, cell in row.items()
-            if isinstance(cell, dict) and "msgs_per_s" in cell}
-
-
 def table(axis: str, rows: list[dict]) -> str:
     """The medians as a Markdown table, one column per value."""
-    names = sorted(backend_names(rows), key=lambda name: name != "mqstore")
+    names = sorted(plot.backend_names(rows), key=lambda name: name != "mqstore")
     lines = [f"| {X_LABELS[axis]} | " + " | ".join(str(row["value"]) for row in rows) + " |",
              "|---|" + "---|" * len(rows)]
     for name in names:
@@ -264,8 +258,6 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{args.axis}.md").write_text(text)
     summary = {"axis": args.axis, "runs": args.runs, "bench_args": common, "rows": rows}
     (args.out / f"{args.axis}.json").write_text(json.dumps(summary, indent=1) + "\n")
-    from tools.bench import plot
-
     load_1m = statistics.median(doc["machine"]["load_avg"][0] for runs in docs.values() for doc in runs)
     plot.render_scaling(rows, str(args.out / f"{args.axis}.png"), x_label=X_LABELS[args.axis],
                         load_1m=load_1m)
