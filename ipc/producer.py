@@ -421,15 +421,8 @@ class Producer:
             return None
         info = self.info
         return one_record(topic, topic_raw, body, key, tags, queue_id, max_body_bytes=info.max_body_bytes,
-                          queue_count=info.queue_count, round_robin=self._next_queue_id,
+                          queue_count=info.queue_count, round_robin=self._take_round_robin,
                           born_host=self._born_host, store_host=self._store_host)
-
-    def _next_queue_id(self, topic: str) -> int:
-        """The next queue id of `topic`'s round robin (_round_robin_ids of one)."""
-        with self._round_robin_lock:
-            queue_id = self._round_robin.get(topic, 0)
-            self._round_robin[topic] = (queue_id + 1) % self.info.queue_count
-        return queue_id
 
     # ------------------------------------------------------------------------------ columns
     def _send_columns(self, topic: str, bodies: Sequence[bytes], keys: Sequence[str] | None,
@@ -484,11 +477,15 @@ class Producer:
 
     def _round_robin_ids(self, topic: str, count: int) -> list[int]:
         """The next `count` queue ids of `topic`'s round robin."""
-        queue_count = self.info.queue_count
+        first = self._take_round_robin(topic, count)
+        return list(itertools.islice(itertools.cycle(range(self.info.queue_count)), first, first + count))
+
+    def _take_round_robin(self, topic: str, count: int) -> int:
+        """The first of the next `count` queue ids of `topic`'s round robin, which moves past them."""
         with self._round_robin_lock:
             first = self._round_robin.get(topic, 0)
-            self._round_robin[topic] = (first + count) % queue_count
-        return list(itertools.islice(itertools.cycle(range(queue_count)), first, first + count))
+            self._round_robin[topic] = (first + count) % self.info.queue_count
+        return first
 
     def _topic_raw(self, topic: str) -> bytes:
         """The UTF-8 of a valid topic (BadInputError otherwise); valid topics are cached."""
@@ -558,5 +555,5 @@ class Producer:
                                 f"({self._mailbox.data_bytes} bytes)")
         queue_id = message.queue_id
         if queue_id is None:
-            queue_id = self._round_robin_ids(message.topic, 1)[0]
+            queue_id = self._take_round_robin(message.topic, 1)
         return topic_raw, body, props_raw, validate_queue_id(queue_id, self.info.queue_count)
