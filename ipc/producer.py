@@ -286,14 +286,15 @@ class Producer:
              wait: bool = True) -> PutResult:
         """Put one message; blocks until the store answers (PUT_OK after the flush under sync)."""
         if _fits_columns(keys, properties, wait):  # send_columns' direct path, no Message
-            result = self._send_one_now(self._live_sender(), topic, body,
+            sender = self._live_sender()
+            result = self._send_one_now(sender, topic, body,
                                         keys if type(keys) is str else (keys[0] if keys else None),
                                         tags, queue_id)
             if result is not None:
                 return result[0]
             key_column = [keys] if type(keys) is str else list(keys) or None
-            try:
-                return self.send_columns(topic, (body,), keys=key_column, tags=tags, queue_ids=queue_id)[0]
+            try:  # send_columns less the one-message path just tried
+                return self._send_columns_blocking(sender, topic, (body,), key_column, tags, queue_id)[0]
             except BadInputError:
                 pass  # the message path gives a bad message its status
         message = _message(topic, body, tags, keys, queue_id, properties, wait)
@@ -350,6 +351,13 @@ class Producer:
             result = self._send_one_now(sender, topic, body, key, tags, queue_id)
             if result is not None:
                 return result
+        return self._send_columns_blocking(sender, topic, bodies, keys, tags, queue_ids)
+
+    def _send_columns_blocking(self, sender: SlotSender, topic: str, bodies: Sequence[bytes],
+                               keys: Sequence[str] | None, tags: str | None,
+                               queue_ids: Sequence[int] | int | None) -> BatchResult:
+        """send_columns by the general path: checked and encoded as columns, sent from this
+        thread when the slot is idle, else queued and waited for."""
         encoded = self._encode_open(topic, bodies, keys, tags, queue_ids)
         count = len(encoded.starts)
         answer = sender.request_now(encoded.buf, count) if count else None
