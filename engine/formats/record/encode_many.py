@@ -60,7 +60,7 @@ from engine.formats.record.layout import (
     V4_HEADER_SIZE,
 )
 from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS
-from engine.formats.uniq_key import UNIQ_COUNTER_DIGITS, UNIQ_COUNTER_MASK, UNIQ_KEY_CHARS
+from engine.formats.uniq_key import UNIQ_COUNTER_DIGITS, UNIQ_COUNTER_MASK, UNIQ_KEY_CHARS, UNIQ_PREFIX_CHARS
 
 
 class EncodedRecords(NamedTuple):
@@ -147,7 +147,6 @@ _FULL_HEADER = struct.Struct(V4_HEADER_FMT)  # every field, for encode_one
 assert _HEADER.size == V4_HEADER_SIZE and struct.calcsize(">" + "".join(_CODES[:4])) == FLAG_OFFSET
 assert FLAG_OFFSET + _SAME_SIZE == BODY_LENGTH_OFFSET
 _PROPS_LENGTH = struct.Struct(">h")
-_UNIQ_PREFIX_CHARS = UNIQ_KEY_CHARS - UNIQ_COUNTER_DIGITS
 # From this many body bytes per record on average, records are joined piece by piece instead
 # of by one `%` of the whole batch (see _join_records; the two cost the same near here).
 _JOIN_MIN_BODY_BYTES = 2048
@@ -285,7 +284,7 @@ def encode_one(topic_raw: bytes, body: bytes, queue_id: int, *, key_raw: bytes |
     key_bytes = 0 if key_raw is None else len(key_raw)
     if props_base + key_bytes > MAX_PROPERTIES_BYTES:
         _check_properties_bytes(props_base + key_bytes)
-    if len(uniq_prefix) != _UNIQ_PREFIX_CHARS or not uniq_prefix.isascii():
+    if len(uniq_prefix) != UNIQ_PREFIX_CHARS or not uniq_prefix.isascii():
         _check_uniq_prefix(uniq_prefix)
     head = _FULL_HEADER.pack(fixed_bytes + len(body) + key_bytes, MAGIC_V1,
                              zlib.crc32(body) & BODY_CRC_MASK, queue_id, 0, 0, 0, 0, born_ts_ms,
@@ -327,8 +326,8 @@ def _check_topic(topic_raw: bytes) -> None:
 
 
 def _check_uniq_prefix(uniq_prefix: str) -> None:
-    if len(uniq_prefix) != _UNIQ_PREFIX_CHARS or not uniq_prefix.isascii():
-        raise BadInputError("uniq_prefix", f"{uniq_prefix!r} is not {_UNIQ_PREFIX_CHARS} hex digits")
+    if len(uniq_prefix) != UNIQ_PREFIX_CHARS or not uniq_prefix.isascii():
+        raise BadInputError("uniq_prefix", f"{uniq_prefix!r} is not {UNIQ_PREFIX_CHARS} hex digits")
 
 
 def _check_properties_bytes(props_bytes: int) -> None:
