@@ -79,6 +79,13 @@ def _plot_histogram(ax, name: str, run: dict) -> None:
                 label=f"{name} {kind}")
 
 
+def backend_names(rows: list[dict]) -> set[str]:
+    """The backends measured in tools.bench.sweep.medians' `rows` (the cells that hold a
+    median rate; `ratios` is not one)."""
+    return {name for row in rows for name, cell in row.items()
+            if isinstance(cell, dict) and "msgs_per_s" in cell}
+
+
 def render_scaling(rows: list[dict], path: str, *, x_label: str, load_1m: float | None = None,
                    x_log: bool = True) -> None:
     """Median publish rate and p99 per x value (e.g. producers, body bytes): `rows` as
@@ -90,8 +97,7 @@ def render_scaling(rows: list[dict], path: str, *, x_label: str, load_1m: float 
 
     fig, (rate_ax, lat_ax) = plt.subplots(2, 1, figsize=(8, 7))
     rows = sorted(rows, key=lambda row: row["value"])
-    backends = sorted({name for row in rows for name, cell in row.items()
-                       if isinstance(cell, dict) and "msgs_per_s" in cell})
+    backends = sorted(backend_names(rows))
     for name in backends:
         xs = [row["value"] for row in rows if name in row]
         rate_ax.plot(xs, [row[name]["msgs_per_s"] for row in rows if name in row], STYLES.get(name, ":"),

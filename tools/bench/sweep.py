@@ -34,6 +34,7 @@ from pathlib import Path
 from engine.errors import StoreError
 from tools.bench import report
 from tools.bench.peers import parse_peers
+from tools.bench.plot import backend_names
 from workers.child_env import REPO_ROOT, child_env
 
 PROG = "python -m tools.bench.sweep"
@@ -185,12 +186,6 @@ def medians(docs: dict[int, list[dict]]) -> list[dict]:
                          for peer in peers if "mqstore" in row and row[peer]["msgs_per_s"]}
         rows.append(row)
     return rows
-
-
-def backend_names(rows: list[dict]) -> set[str]:
-    """The backends measured in `rows` (the cells that hold a median rate)."""
-    return {name for row in rows for name, cell in row.items()
-            if isinstance(cell, dict) and "msgs_per_s" in cell}
 
 
 def table(axis: str, rows: list[dict]) -> str:
