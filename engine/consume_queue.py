@@ -186,7 +186,8 @@ class ConsumeQueue:
         packed with struct (no numpy fixed cost per queue); anything else goes to put_batch."""
         count = len(queue_offsets)
         first = queue_offsets[0] if count else -1
-        if (first != self._max_offset or queue_offsets[-1] - first != count - 1
+        # put_batch refuses what is not one appended run of equal-length columns, or repairs it
+        if (first != self._max_offset or not count == len(commit_positions) == len(sizes) == len(tags_codes)
                 or queue_offsets != list(range(first, first + count))
                 or min(commit_positions) < 0 or min(sizes) <= 0):
             return self.put_batch(queue_offsets, commit_positions, sizes, tags_codes)

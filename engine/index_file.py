@@ -169,18 +169,8 @@ class IndexFile:
         epos = entry_pos(self.slot_count, count)
         if epos + INDEX_ENTRY_SIZE > self._reserved_end:
             self._reserve(epos + INDEX_ENTRY_SIZE)
-        key_hash = index_key_hash(key)
-        spos = slot_pos(key_hash % self.slot_count)
-        head = _slot_unpack(buf, spos)[0]
-        if head <= 0 or head > count:
-            head = 0
-        # entry, then slot, then header: a concurrent reader never follows a slot to an unwritten entry
-        _entry_pack(buf, epos, key_hash, commit_pos, time_diff_s(store_ts_ms, begin_ts), head)
-        _slot_pack(buf, spos, count)
-        if count <= 1:
-            begin_ts, begin_pos = store_ts_ms, commit_pos
-        _header_pack(buf, 0, begin_ts, store_ts_ms, begin_pos, commit_pos,
-                     slots_used + (head == 0), count + 1)
+        self._put_each(buf, [index_key_hash(key)], [commit_pos], [store_ts_ms],
+                       (begin_ts, begin_pos, slots_used, count))
 
     def put_hashes(self, key_hashes: np.ndarray, commit_positions: np.ndarray,
                    store_ts_ms: np.ndarray) -> int:
@@ -228,9 +218,9 @@ class IndexFile:
 
     def _put_each(self, buf, hashes: list[int], positions: list[int], times: list[int],
                   header: tuple[int, int, int, int]) -> None:
-        """put_hashes key by key with struct, put_key's steps (entry, then slot; the header
-        once at the end): the same bytes, without the numpy path's fixed cost for a few keys.
-        `header`: (begin_ts, begin_pos, slots_used, count) before the batch."""
+        """Put keys one by one with struct (put_key, and put_hashes of a few keys, where numpy's
+        fixed cost is more than the keys). `header`: (begin_ts, begin_pos, slots_used, count)
+        before the batch; room for the entries is already reserved."""
         begin_ts, begin_pos, slots_used, count = header
         slot_count = self.slot_count
         first_keys = count <= 1  # the file's first key sets its begin, as in put_hashes
@@ -239,6 +229,7 @@ class IndexFile:
             head = _slot_unpack(buf, spos)[0]
             if head <= 0 or head > count:
                 head = 0
+            # entry, then slot, then header: a concurrent reader never follows a slot to an unwritten entry
             _entry_pack(buf, entry_pos(slot_count, count), key_hash, commit_pos,
                         time_diff_s(store_ts, begin_ts), head)
             _slot_pack(buf, spos, count)

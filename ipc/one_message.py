@@ -37,10 +37,10 @@ def one_message(bodies: object, keys: object, queue_ids: object) -> tuple[object
 
 
 def one_record(topic: str, topic_raw: bytes, body: object, key: object, tags: object, queue_id: object, *,
-               max_body_bytes: int, queue_count: int, round_robin: Callable[[str], int],
+               max_body_bytes: int, queue_count: int, round_robin: Callable[[str, int], int],
                born_host: tuple[str, int], store_host: tuple[str, int]) -> bytes | None:
     """The record of one valid message to `topic` (`topic_raw`: its checked UTF-8; key: one str
-    or None; queue_id: an int, or None for `round_robin(topic)`), or None for anything else."""
+    or None; queue_id: an int, or None for `round_robin(topic, 1)`), or None for anything else."""
     if type(body) is not bytes or len(body) > max_body_bytes:
         return None
     key_raw = None
@@ -58,7 +58,7 @@ def one_record(topic: str, topic_raw: bytes, body: object, key: object, tags: ob
         except BadInputError:
             return None
     if queue_id is None:
-        queue_id = round_robin(topic)
+        queue_id = round_robin(topic, 1)
     elif type(queue_id) is not int or not 0 <= queue_id < queue_count:
         return None
     uniq_prefix, counter = reserve_uniq_keys(1)

@@ -286,14 +286,15 @@ class Producer:
              wait: bool = True) -> PutResult:
         """Put one message; blocks until the store answers (PUT_OK after the flush under sync)."""
         if _fits_columns(keys, properties, wait):  # send_columns' direct path, no Message
-            result = self._send_one_now(self._live_sender(), topic, body,
+            sender = self._live_sender()
+            result = self._send_one_now(sender, topic, body,
                                         keys if type(keys) is str else (keys[0] if keys else None),
                                         tags, queue_id)
             if result is not None:
                 return result[0]
             key_column = [keys] if type(keys) is str else list(keys) or None
-            try:
-                return self.send_columns(topic, (body,), keys=key_column, tags=tags, queue_ids=queue_id)[0]
+            try:  # send_columns less the one-message path just tried
+                return self._send_columns_blocking(sender, topic, (body,), key_column, tags, queue_id)[0]
             except BadInputError:
                 pass  # the message path gives a bad message its status
         message = _message(topic, body, tags, keys, queue_id, properties, wait)
@@ -350,6 +351,13 @@ class Producer:
             result = self._send_one_now(sender, topic, body, key, tags, queue_id)
             if result is not None:
                 return result
+        return self._send_columns_blocking(sender, topic, bodies, keys, tags, queue_ids)
+
+    def _send_columns_blocking(self, sender: SlotSender, topic: str, bodies: Sequence[bytes],
+                               keys: Sequence[str] | None, tags: str | None,
+                               queue_ids: Sequence[int] | int | None) -> BatchResult:
+        """send_columns by the general path: checked and encoded as columns, sent from this
+        thread when the slot is idle, else queued and waited for."""
         encoded = self._encode_open(topic, bodies, keys, tags, queue_ids)
         count = len(encoded.starts)
         answer = sender.request_now(encoded.buf, count) if count else None
@@ -421,15 +429,8 @@ class Producer:
             return None
         info = self.info
         return one_record(topic, topic_raw, body, key, tags, queue_id, max_body_bytes=info.max_body_bytes,
-                          queue_count=info.queue_count, round_robin=self._next_queue_id,
+                          queue_count=info.queue_count, round_robin=self._take_round_robin,
                           born_host=self._born_host, store_host=self._store_host)
-
-    def _next_queue_id(self, topic: str) -> int:
-        """The next queue id of `topic`'s round robin (_round_robin_ids of one)."""
-        with self._round_robin_lock:
-            queue_id = self._round_robin.get(topic, 0)
-            self._round_robin[topic] = (queue_id + 1) % self.info.queue_count
-        return queue_id
 
     # ------------------------------------------------------------------------------ columns
     def _send_columns(self, topic: str, bodies: Sequence[bytes], keys: Sequence[str] | None,
@@ -484,11 +485,15 @@ class Producer:
 
     def _round_robin_ids(self, topic: str, count: int) -> list[int]:
         """The next `count` queue ids of `topic`'s round robin."""
-        queue_count = self.info.queue_count
+        first = self._take_round_robin(topic, count)
+        return list(itertools.islice(itertools.cycle(range(self.info.queue_count)), first, first + count))
+
+    def _take_round_robin(self, topic: str, count: int) -> int:
+        """The first of the next `count` queue ids of `topic`'s round robin, which moves past them."""
         with self._round_robin_lock:
             first = self._round_robin.get(topic, 0)
-            self._round_robin[topic] = (first + count) % queue_count
-        return list(itertools.islice(itertools.cycle(range(queue_count)), first, first + count))
+            self._round_robin[topic] = (first + count) % self.info.queue_count
+        return first
 
     def _topic_raw(self, topic: str) -> bytes:
         """The UTF-8 of a valid topic (BadInputError otherwise); valid topics are cached."""
@@ -558,5 +563,5 @@ class Producer:
                                 f"({self._mailbox.data_bytes} bytes)")
         queue_id = message.queue_id
         if queue_id is None:
-            queue_id = self._round_robin_ids(message.topic, 1)[0]
+            queue_id = self._take_round_robin(message.topic, 1)
         return topic_raw, body, props_raw, validate_queue_id(queue_id, self.info.queue_count)

@@ -142,8 +142,9 @@ class Wakeup:
                 return False
             return True
         deadline = time.monotonic() + timeout_s
-        slice_s = timeout_s if timeout_s < WAIT_SLICE_S else WAIT_SLICE_S
+        remaining_s = timeout_s  # the first slice without a second clock read
         while True:
+            slice_s = remaining_s if remaining_s < WAIT_SLICE_S else WAIT_SLICE_S
             # _signal's, not signal's: that wrapper makes an enum member of every signal in the
             # returned mask, ~100 us for a full one, and this is the producer's per-batch path.
             held = _signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKABLE_SIGNALS)
@@ -157,7 +158,6 @@ class Wakeup:
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 return False
-            slice_s = remaining_s if remaining_s < WAIT_SLICE_S else WAIT_SLICE_S
 
     def drain(self) -> int:
         """Take every pending post without sleeping; how many there were."""

@@ -107,8 +107,8 @@ def reserve_uniq_keys(count: int) -> tuple[str, int]:
 
 def new_uniq_key() -> str:
     """One fresh UNIQ_KEY (a block of one)."""
-    block = new_uniq_key_block(1)
-    return f"{block.prefix}{block.first_counter:0{UNIQ_COUNTER_DIGITS}X}"
+    prefix, counter = reserve_uniq_keys(1)
+    return f"{prefix}{counter:0{UNIQ_COUNTER_DIGITS}X}"
 
 
 def new_uniq_keys(count: int) -> list[str]:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from engine.consume_queue import ConsumeQueue
 from engine.dispatch import KeyColumns, put_key_columns
 from engine.dispatch_few import decode_few, few_key_columns, few_to_consume_queues
-from engine.errors import CorruptConsumeQueueError
+from engine.errors import BadInputError, CorruptConsumeQueueError
 from engine.formats.java_hash import index_key_hash
 from engine.formats.key_batch import padded_key_hashes
 from engine.formats.record import SYS_FLAG_OFFSET, Filler, SysFlag, decode_header
@@ -153,6 +153,17 @@ def test_put_few_writes_put_batch_bytes_and_keeps_put_rules(tmp_path):
     assert np.array_equal(few_queue.entries(0, 100), batch_queue.entries(0, 100))
     few_queue.segments.close()
     batch_queue.segments.close()
+
+
+@pytest.mark.parametrize("short", [1, 2, 3])
+def test_put_few_of_columns_of_different_lengths_is_refused_and_writes_nothing(tmp_path, short):
+    queue = ConsumeQueue.load(tmp_path, "T", 0, 16, Access.READ_WRITE)
+    cols = [[0, 1, 2], [0, 100, 200], [100, 100, 100], [0, 0, 0]]
+    cols[short] = cols[short][:2]
+    with pytest.raises(BadInputError, match="different lengths"):
+        queue.put_few(*cols)
+    assert queue.max_offset == 0 and len(queue.entries(0, 100)) == 0
+    queue.segments.close()
 
 
 def test_few_key_columns_split_keys_by_shard_in_record_order():

@@ -80,7 +80,8 @@ def _plot_histogram(ax, name: str, run: dict) -> None:
 
 
 def backend_names(rows: list[dict]) -> set[str]:
-    """The backends measured in sweep rows (the cells that hold a median rate)."""
+    """The backends measured in tools.bench.sweep.medians' `rows` (the cells that hold a
+    median rate; `ratios` is not one)."""
     return {name for row in rows for name, cell in row.items()
             if isinstance(cell, dict) and "msgs_per_s" in cell}
 

@@ -60,7 +60,7 @@ from engine.formats.record.layout import (
     V4_HEADER_SIZE,
 )
 from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS
-from engine.formats.uniq_key import UNIQ_COUNTER_DIGITS, UNIQ_COUNTER_MASK, UNIQ_KEY_CHARS
+from engine.formats.uniq_key import UNIQ_COUNTER_DIGITS, UNIQ_COUNTER_MASK, UNIQ_KEY_CHARS, UNIQ_PREFIX_CHARS
 
 
 class EncodedRecords(NamedTuple):
@@ -182,9 +182,7 @@ def _encode_vector(topic_raw: bytes, bodies: Sequence[bytes], queue_ids: Sequenc
     body_lens = list(map(len, bodies))
     key_lens = list(map(len, keys_raw)) if keys_raw is not None else [0]
     props_base = _props_base_bytes(tags_raw, keys_raw is not None)
-    if props_base + max(key_lens) > MAX_PROPERTIES_BYTES:
-        raise BadInputError("properties", f"properties plus the {CRC32C_PROP_SIZE}-byte CRC32C "
-                            f"property exceed {MAX_PROPERTIES_BYTES}")
+    _check_properties_bytes(props_base + max(key_lens))
     sizes, starts = _sizes_and_starts(RECORD_FIXED_SIZE + len(topic_raw) + props_base, body_lens,
                                       key_lens, n)
     same = _SAME_HEADER.pack(0, 0, 0, 0, born_ts_ms, *_ipv4(born_host), 0, *_ipv4(store_host), 0, 0)
@@ -243,8 +241,7 @@ def _encode_few(topic_raw: bytes, bodies: Sequence[bytes], queue_ids: Sequence[i
     for counter, body, key, queue_id in zip(range(first_counter, first_counter + len(bodies)),
                                             bodies, keys, queue_ids, strict=False):
         if props_base + len(key) > MAX_PROPERTIES_BYTES:
-            raise BadInputError("properties", f"properties plus the {CRC32C_PROP_SIZE}-byte "
-                                f"CRC32C property exceed {MAX_PROPERTIES_BYTES}")
+            _check_properties_bytes(props_base + len(key))
         size = fixed + len(body) + len(key)
         sizes.append(size)
         pieces.append(_HEADER.pack(size, MAGIC_V1, zlib.crc32(body) & BODY_CRC_MASK, queue_id,
@@ -270,8 +267,7 @@ def _one_template(topic_raw: bytes, tags_raw: bytes | None, with_key: bool, born
     """encode_one's `%` template of a whole record (header %b, body %b, then _cached_after's),
     the record's size less its body and key, PROPERTIESLENGTH less the key's length, and the
     hosts packed: what a producer's records of one topic, tags and keyed share."""
-    if not 1 <= len(topic_raw) <= MAX_TOPIC_BYTES:
-        raise BadInputError("topic", f"must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8")
+    _check_topic(topic_raw)
     props_base = _props_base_bytes(tags_raw, with_key)
     return (b"%b%b" + _cached_after(topic_raw, tags_raw, with_key), RECORD_FIXED_SIZE + len(topic_raw)
             + props_base, props_base, *_ipv4(born_host), *_ipv4(store_host))
@@ -287,11 +283,9 @@ def encode_one(topic_raw: bytes, body: bytes, queue_id: int, *, key_raw: bytes |
         topic_raw, tags_raw, key_raw is not None, born_host, store_host)
     key_bytes = 0 if key_raw is None else len(key_raw)
     if props_base + key_bytes > MAX_PROPERTIES_BYTES:
-        raise BadInputError("properties", f"properties plus the {CRC32C_PROP_SIZE}-byte CRC32C "
-                            f"property exceed {MAX_PROPERTIES_BYTES}")
-    if len(uniq_prefix) != UNIQ_KEY_CHARS - UNIQ_COUNTER_DIGITS or not uniq_prefix.isascii():
-        raise BadInputError("uniq_prefix", f"{uniq_prefix!r} is not "
-                            f"{UNIQ_KEY_CHARS - UNIQ_COUNTER_DIGITS} hex digits")
+        _check_properties_bytes(props_base + key_bytes)
+    if len(uniq_prefix) != UNIQ_PREFIX_CHARS or not uniq_prefix.isascii():
+        _check_uniq_prefix(uniq_prefix)
     head = _FULL_HEADER.pack(fixed_bytes + len(body) + key_bytes, MAGIC_V1,
                              zlib.crc32(body) & BODY_CRC_MASK, queue_id, 0, 0, 0, 0, born_ts_ms,
                              born_ip, born_port, 0, store_ip, store_port, 0, 0, len(body))
@@ -322,11 +316,26 @@ def _check_columns(topic_raw: bytes, n: int, queue_ids: Sequence[int] | int,
         raise BadInputError("keys", f"{len(keys_raw)} keys for {n} bodies")
     if not isinstance(queue_ids, int) and len(queue_ids) != n:
         raise BadInputError("queue_ids", f"{len(queue_ids)} queue ids for {n} bodies")
+    _check_topic(topic_raw)
+    _check_uniq_prefix(uniq_prefix)
+
+
+def _check_topic(topic_raw: bytes) -> None:
     if not 1 <= len(topic_raw) <= MAX_TOPIC_BYTES:
         raise BadInputError("topic", f"must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8")
-    if len(uniq_prefix) != UNIQ_KEY_CHARS - UNIQ_COUNTER_DIGITS or not uniq_prefix.isascii():
-        raise BadInputError("uniq_prefix", f"{uniq_prefix!r} is not "
-                            f"{UNIQ_KEY_CHARS - UNIQ_COUNTER_DIGITS} hex digits")
+
+
+def _check_uniq_prefix(uniq_prefix: str) -> None:
+    if len(uniq_prefix) != UNIQ_PREFIX_CHARS or not uniq_prefix.isascii():
+        raise BadInputError("uniq_prefix", f"{uniq_prefix!r} is not {UNIQ_PREFIX_CHARS} hex digits")
+
+
+def _check_properties_bytes(props_bytes: int) -> None:
+    """The one properties-length rule of every path; the per-record paths call it only past
+    the limit, keeping the comparison inline (no call per record)."""
+    if props_bytes > MAX_PROPERTIES_BYTES:
+        raise BadInputError("properties", f"properties plus the {CRC32C_PROP_SIZE}-byte CRC32C "
+                            f"property exceed {MAX_PROPERTIES_BYTES}")
 
 
 def _props_base_bytes(tags_raw: bytes | None, with_key: bool) -> int:
