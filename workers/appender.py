@@ -188,6 +188,10 @@ class Appender:
             return [request for request in pending if not waiters.holds(request.slot_index, request.seq)
                     and not answered(request.slot_index, request.seq)]
 
+    def _waits(self, request: PendingRequest) -> bool:
+        """Whether the flush answers `request` (a sync store, asked to wait), not its sweep."""
+        return self.sync and bool(int(request.flags) & WAITS)
+
     def _refusal(self) -> PutStatus | None:
         """Why no request is taken now (the store stops, the disk is full), or None."""
         if not self.admitting:
@@ -219,7 +223,7 @@ class Appender:
                 rows = bytearray().join([pack(PUT_OK_CODE, route[3], positions[at + k], offsets[at + k],
                                               store_ts_ms) for k, route in enumerate(checked)])
                 at += len(checked)
-                waits = self.sync and bool(int(request.flags) & WAITS)
+                waits = self._waits(request)
                 answers.append((request, rows, waits))
                 if waits:
                     self.waiters.add(request.slot_index, Waiting(
@@ -306,7 +310,7 @@ class Appender:
             results = np.frombuffer(rows, dtype=RESULT_DTYPE)
             end = base + len(request.data)
             checked = self._check(request, data[base:end], results)
-            waits = self.sync and bool(int(request.flags) & WAITS)
+            waits = self._waits(request)
             batch.append(_Served(request, rows, results, checked, base, waits))
             base = end
         stored = self._append(data, [served for served in batch if served.checked is not None],
