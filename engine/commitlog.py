@@ -232,8 +232,8 @@ class CommitLog:
         positions = np.empty(count, dtype=np.int64)
         runs: list[_Run] = []
         pos = self.written_pos
-        segment = self.segments.find(pos)
-        base = self.segments.base_of(segment) if segment is not None else pos - pos % self.segment_bytes
+        located = self.segments.locate(pos)
+        base = located[1] if located is not None else pos - pos % self.segment_bytes
         i = 0
         while i < count:
             first_size = int(sizes[i])
@@ -280,9 +280,10 @@ class CommitLog:
         After recovery the next segment may already be loaded (a preallocated file): reuse it."""
         located = self.segments.locate(self.written_pos)
         if located is None:
-            segment = self.segments.create(self.written_pos - self.written_pos % self.segment_bytes)
+            base_pos = self.written_pos - self.written_pos % self.segment_bytes
+            segment = self.segments.create(base_pos)
             self.segments.preallocate_next()
-            return segment, self.written_pos - self.segments.base_of(segment)
+            return segment, self.written_pos - base_pos
         return located[0], self.written_pos - located[1]
 
     # ----------------------------------------------------------------- flush

@@ -86,10 +86,8 @@ class SegmentQueue:
 
     def find(self, pos: int) -> MappedFile | None:
         """The segment holding `pos`, or None when `pos` is outside every segment."""
-        i = bisect.bisect_right(self._bases, pos) - 1
-        if i < 0 or pos >= self._bases[i] + self.segment_bytes:
-            return None
-        return self.segments[i]
+        located = self.locate(pos)
+        return None if located is None else located[0]
 
     def locate(self, pos: int) -> tuple[MappedFile, int] | None:
         """find(pos) and that segment's base position (without parsing its name, as base_of does)."""

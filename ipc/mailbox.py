@@ -307,15 +307,17 @@ class MailboxServer:
                              f"within the {mb.max_batch} of a batch")
         at = mb.areas_offset + slot_index * mb.slot_stride
         mb.region.buf[at:at + len(rows)] = rows
-        mb.resp_count[slot_index] = len(rows) // RESULT_SIZE
-        seqlock.order_fence()
-        mb.resp_seq[slot_index] = seq
-        self._slot_wakeups[slot_index].post()
+        self._publish_response(slot_index, seq, len(rows) // RESULT_SIZE)
 
     def _respond(self, index: int, seq: int, results) -> None:
-        mb = self.mailbox
         count = len(results)
-        mb.results[index][:count] = results
+        self.mailbox.results[index][:count] = results
+        self._publish_response(index, seq, count)
+
+    def _publish_response(self, index: int, seq: int, count: int) -> None:
+        """The `count` results are in the slot's results area: publish them (count, then seq
+        after a fence, as the producer reads them) and wake the producer."""
+        mb = self.mailbox
         mb.resp_count[index] = count
         seqlock.order_fence()
         mb.resp_seq[index] = seq

@@ -188,6 +188,10 @@ class Appender:
             return [request for request in pending if not waiters.holds(request.slot_index, request.seq)
                     and not answered(request.slot_index, request.seq)]
 
+    def _waits(self, request: PendingRequest) -> bool:
+        """Whether the flush answers `request` (a sync store, asked to wait), not its sweep."""
+        return self.sync and bool(int(request.flags) & WAITS)
+
     def _refusal(self) -> PutStatus | None:
         """Why no request is taken now (the store stops, the disk is full), or None."""
         if not self.admitting:
@@ -219,7 +223,7 @@ class Appender:
                 rows = bytearray().join([pack(PUT_OK_CODE, route[3], positions[at + k], offsets[at + k],
                                               store_ts_ms) for k, route in enumerate(checked)])
                 at += len(checked)
-                waits = self.sync and bool(int(request.flags) & WAITS)
+                waits = self._waits(request)
                 answers.append((request, rows, waits))
                 if waits:
                     self.waiters.add(request.slot_index, Waiting(
@@ -229,16 +233,16 @@ class Appender:
             self.commitlog.append_few(blob, sizes, offsets, store_ts_ms, before_write=register)
         except DiskFullError as exc:  # nothing was written
             log.warning("disk full while appending: %s", exc)
-            self._unstored_few(requests, answers, PutStatus.DISK_FULL)
+            unstored = self._unstored_few(requests, answers, PutStatus.DISK_FULL)
         except (OSError, StoreError) as exc:  # the disk refused a write or a roll: the loop stops
             self.write_error = exc
-            self._unstored_few(requests, answers, PutStatus.UNKNOWN_ERROR)
+            unstored = self._unstored_few(requests, answers, PutStatus.UNKNOWN_ERROR)
         else:
             self.next_offsets.update(taken)  # only once the records are in: no offset is skipped
             self._answer_now([(request, rows) for request, rows, waits in answers if not waits],
                              taken_ns, answered)
             return len(sizes)
-        self._answer_now([(request, rows) for request, rows, _ in answers], taken_ns, answered)
+        self._answer_now(unstored, taken_ns, answered)
         return 0
 
     def _check_few(self, requests: list[PendingRequest], blob: bytearray) -> list | None:
@@ -270,18 +274,20 @@ class Appender:
                 offsets.append(offset)
         return sizes, offsets, taken
 
-    def _unstored_few(self, requests: list[PendingRequest], answers: list, status: PutStatus) -> None:
+    def _unstored_few(self, requests: list[PendingRequest], answers: list, status: PutStatus
+                      ) -> list[tuple[PendingRequest, bytearray | bytes]]:
         """_serve_few's append failed: take its requests back from the waiters (unless a deadline
-        answered one already) and give every record `status` (rows made for any that lack them)."""
-        for request, _, waits in answers:
+        answered one already); every request with its rows, each record now `status` (rows made
+        for the requests the append failed before reaching)."""
+        failed = 0
+        for request, rows, waits in answers:
             if waits:
                 self.waiters.take_back(request.slot_index, request.seq)
-        failed = sum(set_status(rows, status) for _, rows, _ in answers)
-        answers[:] = [(request, rows, False) for request, rows, _ in answers]
-        for request in requests[len(answers):]:
-            answers.append((request, status_rows(request.count, status), False))
-            failed += request.count
-        self._count_failed(status, failed)
+            failed += set_status(rows, status)
+        unreached = requests[len(answers):]
+        self._count_failed(status, failed + sum(request.count for request in unreached))
+        return [(request, rows) for request, rows, _ in answers] + \
+            [(request, status_rows(request.count, status)) for request in unreached]
 
     def _answer_now(self, answers: list[tuple[PendingRequest, bytearray | bytes]], taken_ns: int,
                     answered: LatencyTally) -> None:
@@ -304,7 +310,7 @@ class Appender:
             results = np.frombuffer(rows, dtype=RESULT_DTYPE)
             end = base + len(request.data)
             checked = self._check(request, data[base:end], results)
-            waits = self.sync and bool(int(request.flags) & WAITS)
+            waits = self._waits(request)
             batch.append(_Served(request, rows, results, checked, base, waits))
             base = end
         stored = self._append(data, [served for served in batch if served.checked is not None],

@@ -212,8 +212,9 @@ class RecordChecker:
         """check_request of a request of a few records laid in view[start:end], all of which
         pass: (start, size, topic, queue_id) per record, in lists and tuples, no numpy. None when
         the framing is broken or a record fails; check_request then says which and why."""
-        starts, sizes = walk_chain(view, start, end, count)
-        if len(starts) != count or not count or starts[-1] + sizes[-1] != end:
+        try:
+            starts, sizes = _frame_span(view, start, end, count)
+        except BadInputError:
             return None
         routes = []
         for at, size in zip(starts, sizes, strict=True):
@@ -318,12 +319,17 @@ class RecordChecker:
 def _frame(data: bytearray | memoryview, count: int) -> tuple[list[int], list[int]]:
     """Start and size of each of the `count` records by the TOTALSIZE chain (spans.walk_chain),
     which must cover `data` exactly (BadInputError otherwise)."""
-    end = len(data)
-    starts, sizes = walk_chain(data, 0, end, count)
-    pos = starts[-1] + sizes[-1] if starts else 0
+    return _frame_span(data, 0, len(data), count)
+
+
+def _frame_span(buf, start: int, end: int, count: int) -> tuple[list[int], list[int]]:
+    """_frame of the records laid in buf[start:end] (positions in `buf`): the one framing rule
+    of check_request and check_few."""
+    starts, sizes = walk_chain(buf, start, end, count)
+    pos = starts[-1] + sizes[-1] if starts else start
     if len(starts) != count or not starts or pos != end:
-        raise BadInputError("request", f"{count} records announced in {end} bytes, "
-                            f"framing finds {len(starts)} ending at {pos}")
+        raise BadInputError("request", f"{count} records announced in {end - start} bytes, "
+                            f"framing finds {len(starts)} ending at {pos - start}")
     return starts, sizes
 
 
