@@ -71,6 +71,10 @@ PACE_INTERVAL_S = 0.01
 # against the batch codec's ~0.5 ms fixed cost a step; 32 KiB holds at most ~250 of the smallest
 # records, where the two cost about the same (see docs/DECISIONS.md#small-batches-scalar).
 FEW_RECORDS_BYTES = 32 << 10
+# A consumer that long-polled this recently keeps up, though it may be busy with the last pull
+# when a step lands: pacing it would add up to PACE_INTERVAL_S to its end-to-end latency. One
+# that has not waited for this long is behind, and bigger steps serve it better.
+KEEP_UP_S = 0.1
 # index lag may be tens of ms: fewer wake-ups, bigger batches (docs/DECISIONS.md#builder-post-interval)
 BUILDER_POST_INTERVAL_S = 0.005
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -162,7 +166,7 @@ class Dispatcher(ChildProcess):
         self.builder_wakeups = self._open_builder_wakeups()
         self.builder_posts = PostPacer(BUILDER_POST_INTERVAL_S)
         self._stepped_at = float("-inf")  # when the last step that was not held began
-        self._consumers_waited = False  # its new position woke a long-polling consumer
+        self._consumer_waited_at = float("-inf")  # when a consumer was last seen long-polling
         self._held: Hold | None = None  # the backlog's hold (coalesced or paced), if any
         self.blocks_dropped = 0  # blocks too big for the ring (their builders scan instead)
         self.retention = LineFollower(self.ctl, Role.DISPATCHER, 0, self.commitlog,
@@ -212,16 +216,17 @@ class Dispatcher(ChildProcess):
             if self.pos > self.published_pos:
                 self.ctl.publish_dispatched(self.pos, msg_count=count)
                 self.published_pos = self.pos
-                self._consumers_waited = self.waiters.notify_waiters() > 0
+                if self.waiters.notify_waiters() > 0:
+                    self._consumer_waited_at = now
             self.builder_posts.progress()  # posted after dispatched_pos: see index_builder's gap rule
             self._post_builders_if_due()
         return True
 
     def _plan_hold(self, backlog_bytes: int, now: float) -> Hold | None:
         """Whether to hold the backlog before a step, until when, and what ends the hold
-        sooner: coalescing always, pacing unless consumers keep up (one waited for the last
-        step, or one waits now): they are owed each flush as soon as it lands. Consumers that
-        are behind, or none, get bigger steps.
+        sooner: coalescing always, pacing unless consumers keep up (`_consumers_keep_up`): they
+        are owed each flush as soon as it lands. Consumers that are behind, or none, get bigger
+        steps.
 
         For a consumer that keeps up each flush's post looks again (ON_POST: a backlog grown
         past COALESCE_BELOW_BYTES goes at once). Without one the hold is slept out (AT_END), so
@@ -230,7 +235,7 @@ class Dispatcher(ChildProcess):
         queue's, so one consumer long-polling an idle topic turns pacing off for all."""
         since_s = now - self._stepped_at
         wait_s = coalesce_wait_s(backlog_bytes, since_s)
-        if self._consumers_waited or self.waiters.anyone_waiting():
+        if self._consumers_keep_up(now):
             wake = HoldWake.ON_POST
         else:
             wait_s, wake = max(wait_s, pace_wait_s(backlog_bytes, since_s)), HoldWake.AT_END
@@ -240,10 +245,17 @@ class Dispatcher(ChildProcess):
         """With nothing to dispatch, whether to sleep out the pace interval of the last step
         (AT_END) instead of waking for the flushes of it: while no consumer keeps up they could
         not be dispatched before it ends anyway. None: the idle wait, woken by the next flush."""
-        if self._stopping or self._consumers_waited or self.waiters.anyone_waiting():
+        if self._stopping or self._consumers_keep_up(now):
             return None
         wait_s = pace_wait_s(0, now - self._stepped_at)
         return Hold(now + wait_s, HoldWake.AT_END) if wait_s > 0 else None
+
+    def _consumers_keep_up(self, now: float) -> bool:
+        """Whether a consumer long-polls now or did within KEEP_UP_S: one that keeps up is
+        often busy with its last pull when the next flush lands, and is owed that flush too."""
+        if self.waiters.anyone_waiting():
+            self._consumer_waited_at = now
+        return now - self._consumer_waited_at <= KEEP_UP_S
 
     def _sleep_until_woken(self, now: float) -> None:
         """The child's idle wait, except that an AT_END hold is slept out: the posts that

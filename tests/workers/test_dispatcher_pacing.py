@@ -19,6 +19,7 @@ from workers.child import HEARTBEAT_INTERVAL_S
 from workers.dispatcher import (
     COALESCE_BELOW_BYTES,
     COALESCE_S,
+    KEEP_UP_S,
     PACE_INTERVAL_S,
     Dispatcher,
     Hold,
@@ -130,7 +131,7 @@ def paced_dispatcher(tmp_path):
     dispatcher = Dispatcher.__new__(Dispatcher)
     dispatcher.waiters = table
     dispatcher._stepped_at = 100.0
-    dispatcher._consumers_waited = False
+    dispatcher._consumer_waited_at = float("-inf")
     yield dispatcher
     table.close()
     table.unlink()
@@ -142,14 +143,17 @@ def test_with_no_consumer_waiting_a_busy_dispatcher_is_paced(paced_dispatcher):
     assert hold.wake is HoldWake.AT_END  # nobody is owed it sooner: slept out
 
 
-def test_a_consumer_waiting_now_or_woken_by_the_last_step_gets_the_backlog_at_once(paced_dispatcher):
+def test_a_consumer_waiting_now_or_within_keep_up_s_gets_the_backlog_at_once(paced_dispatcher):
     paced_dispatcher.waiters.waiting[1] = 1  # as ConsumerWaiter.wait raises it before sleeping
     assert paced_dispatcher._plan_hold(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) is None
-    paced_dispatcher.waiters.waiting[1] = 0  # posted and busy with what the last step woke it for
-    paced_dispatcher._consumers_waited = True
+    paced_dispatcher.waiters.waiting[1] = 0  # posted, and busy with its pull since
     assert paced_dispatcher._plan_hold(LARGE_BACKLOG_BYTES, 100.0 + STEP_S) is None
     # coalescing stays, and the next flush's post looks again
     assert paced_dispatcher._plan_hold(900, 100.0 + STEP_S) == Hold(100.0 + COALESCE_S, HoldWake.ON_POST)
+    # busy for longer than KEEP_UP_S: behind, so paced again
+    later = 100.0 + STEP_S + KEEP_UP_S + TICK_S
+    paced_dispatcher._stepped_at = later - STEP_S
+    assert paced_dispatcher._plan_hold(LARGE_BACKLOG_BYTES, later).wake is HoldWake.AT_END
 
 
 class FakeClock:
@@ -181,7 +185,7 @@ def stepping(tmp_path, monkeypatch):
     dispatcher.sync_flush, dispatcher.published_pos, dispatcher._stopping = True, 0, False
     dispatcher.builder_wakeups, dispatcher.builder_posts = [], PostPacer(INTERVAL_S)
     dispatcher._stepped_at = float("-inf")
-    dispatcher._consumers_waited, dispatcher._held = False, None
+    dispatcher._consumer_waited_at, dispatcher._held = float("-inf"), None
     dispatcher._disk_full_since = None
     dispatcher.wakeup = Wakeup.create(f"/mqstore-test-{os.getpid()}-stepping")
     clock = FakeClock(100.0)
@@ -222,19 +226,24 @@ def test_step_holds_the_next_backlog_until_the_pace_interval_and_then_dispatches
     assert dispatcher.ctl.dispatched_pos == ends[-1]
 
 
-def test_step_does_not_hold_a_backlog_for_a_consumer_waiting_or_woken_by_the_last_step(stepping,
-                                                                                        tmp_path):
-    dispatcher, _, ends = stepping
+def test_step_does_not_hold_a_backlog_for_a_consumer_that_waited_within_keep_up_s(stepping, tmp_path):
+    """A consumer busy with its last pull when the next flush lands still keeps up: pacing that
+    flush was the end-to-end tail at half the maximum rate. One busy for KEEP_UP_S is behind."""
+    dispatcher, clock, ends = stepping
+    mid = len(ends) // 2
     with ConsumerWaiter.register(dispatcher.waiters, tmp_path / "run") as waiter:
         flushed_to(dispatcher, ends[0])
         dispatcher.waiters.waiting[waiter.index] = 1  # as ConsumerWaiter.wait sets it to sleep
-        assert dispatcher.step() and dispatcher._consumers_waited  # it was posted
+        assert dispatcher.step()
         assert waiter.wakeup.pending_posts == 1 and not dispatcher.waiters.anyone_waiting()
-        flushed_to(dispatcher, ends[len(ends) // 2])
-        assert dispatcher.step() and dispatcher.pos == ends[len(ends) // 2]  # not held
-        assert not dispatcher._consumers_waited  # the consumer was busy: nobody to post
+        flushed_to(dispatcher, ends[mid])
+        assert dispatcher.step() and dispatcher.pos == ends[mid]  # busy with its pull: not held
+        flushed_to(dispatcher, ends[mid + 1])  # busy still: coalesced only, not paced
+        assert not dispatcher.step() and dispatcher._held.wake is HoldWake.ON_POST
+        clock.now += KEEP_UP_S  # busy all this time: behind
+        assert dispatcher.step() and dispatcher.pos == ends[mid + 1]
         flushed_to(dispatcher, ends[-1])
-        assert not dispatcher.step()  # paced again
+        assert not dispatcher.step() and dispatcher._held.wake is HoldWake.AT_END  # paced
         dispatcher.waiters.waiting[waiter.index] = 1
         assert dispatcher.step() and dispatcher.pos == ends[-1]  # it waits now: at once
 
@@ -259,7 +268,7 @@ def test_a_hold_a_consumer_waits_for_ends_at_the_next_post(stepping, tmp_path):
     with ConsumerWaiter.register(dispatcher.waiters, tmp_path / "run") as waiter:
         dispatcher.waiters.waiting[waiter.index] = 1
         flushed_to(dispatcher, ends[0])
-        assert dispatcher.step() and dispatcher._consumers_waited
+        assert dispatcher.step()
         flushed_to(dispatcher, ends[1])  # one small request: coalesced
         assert not dispatcher.step() and dispatcher._held.wake is HoldWake.ON_POST
         dispatcher.wakeup.post()  # the next flush
@@ -337,13 +346,15 @@ def test_with_nothing_to_dispatch_after_a_step_the_rest_of_the_interval_is_slept
 
 def test_with_nothing_to_dispatch_a_consumer_that_keeps_up_leaves_the_dispatcher_on_posts(stepping,
                                                                                         tmp_path):
-    dispatcher, _, ends = stepping
+    dispatcher, clock, ends = stepping
     with ConsumerWaiter.register(dispatcher.waiters, tmp_path / "run") as waiter:
         dispatcher.waiters.waiting[waiter.index] = 1
         flushed_to(dispatcher, ends[0])
-        assert dispatcher.step() and dispatcher._consumers_waited  # posted it, which cleared the flag
+        assert dispatcher.step()  # posted it, which cleared the flag
         assert not dispatcher.step() and dispatcher._held is None  # the next flush's post wakes it
-        flushed_to(dispatcher, ends[-1])  # large: not coalesced
-        assert dispatcher.step() and not dispatcher._consumers_waited  # busy: nobody to post
+        clock.now += KEEP_UP_S  # busy since: behind
+        flushed_to(dispatcher, ends[-1])
+        assert dispatcher.step()  # nobody to post
+        assert not dispatcher.step() and dispatcher._held.wake is HoldWake.AT_END
         dispatcher.waiters.waiting[waiter.index] = 1  # it waits again
         assert not dispatcher.step() and dispatcher._held is None
