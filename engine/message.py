@@ -62,10 +62,21 @@ def normalize_keys(keys: str | Iterable[str]) -> tuple[str, ...]:
         raise BadInputError("keys", f"must be a str or an iterable of str, not "
                             f"{type(keys).__name__}") from None
     for key in items:
-        _require_text("keys", key)
-        if not key or " " in key:
+        if key_bytes(key) is None:
+            _require_text("keys", key)
             raise BadInputError("keys", f"{key!r}: a key must be non-empty and hold no spaces")
     return items
+
+
+def key_bytes(key: object) -> bytes | None:
+    """One key's UTF-8, or None when it breaks a key's rules: a non-empty str holding no space
+    (KEYS is space-separated), no 0x01 or 0x02 (the property separators), valid UTF-8."""
+    if not isinstance(key, str) or not key or " " in key or "\x01" in key or "\x02" in key:
+        return None
+    try:
+        return key.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
 
 
 def validate_queue_id(queue_id: object, queue_count: int) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from engine.errors import BadInputError
 from engine.formats.record.encode_many import encode_one
 from engine.formats.uniq_key import reserve_uniq_keys
-from engine.message import tags_text
+from engine.message import key_bytes, tags_text
 
 _SEQUENCES = (list, tuple)
 
@@ -44,12 +44,9 @@ def one_record(topic: str, topic_raw: bytes, body: object, key: object, tags: ob
     if type(body) is not bytes or len(body) > max_body_bytes:
         return None
     key_raw = None
-    if key is not None:  # engine.message.key_column's rules for one key
-        if type(key) is not str or not key or " " in key or "\x01" in key or "\x02" in key:
-            return None
-        try:
-            key_raw = key.encode("utf-8")
-        except UnicodeEncodeError:
+    if key is not None:
+        key_raw = key_bytes(key)
+        if key_raw is None:
             return None
     tags_raw = None
     if tags is not None:

@@ -17,7 +17,7 @@ from engine.formats.uniq_key import (
     new_uniq_key_block,
     new_uniq_keys,
 )
-from engine.message import body_column, key_column, normalize_keys, queue_id_column, tags_text
+from engine.message import body_column, key_bytes, key_column, normalize_keys, queue_id_column, tags_text
 
 UNIQ_KEY = re.compile(r"[0-9A-F]{32}")
 
@@ -55,6 +55,16 @@ def test_key_column_agrees_with_normalize_keys():
         except BadInputError:
             got = None
         assert got == expected, key
+
+
+@pytest.mark.parametrize("key", ["a", "é", "a b", "", "x\x01", "\x02", "tab\tok", "bad\udcff", 7, None])
+def test_key_bytes_is_the_one_key_rule_of_normalize_keys(key):
+    """The one-message send's check (ipc.one_message) and the checking path's: the same rule."""
+    try:
+        expected = normalize_keys((key,))[0].encode()
+    except BadInputError:
+        expected = None
+    assert key_bytes(key) == expected
 
 
 def test_body_column():
