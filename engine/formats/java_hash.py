@@ -51,8 +51,13 @@ def java_string_hash(s: str) -> int:
 
 def index_key_hash(key: str) -> int:
     """RocketMQ IndexFile.indexKeyHashMethod: abs(hashCode), with Integer.MIN_VALUE mapped to 0."""
-    h = java_string_hash(key)
-    return 0 if h == INT32_MIN else abs(h)
+    return index_hash_of_unsigned(java_string_hash(key) & _MASK32)
+
+
+def index_hash_of_unsigned(h: int) -> int:
+    """index_key_hash's rule on a Java hash read as unsigned 32 bits: abs of its signed value,
+    Integer.MIN_VALUE (0x80000000) mapped to 0."""
+    return h if h < 0x80000000 else (0 if h == 0x80000000 else 0x100000000 - h)
 
 
 @lru_cache(maxsize=4096)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import crc32c
 import numpy as np
 
-from engine.formats.java_hash import INT32_MIN, index_key_hash, java_string_hash
+from engine.formats.java_hash import INT32_MIN, index_hash_of_unsigned, index_key_hash, java_string_hash
 
 _MASK32 = 0xFFFFFFFF
 _CRC32C_POLY = 0x82F63B78  # reflected Castagnoli polynomial
@@ -100,7 +100,13 @@ def index_key_hashes(prefixes: list[str], prefix_index: np.ndarray, blob: bytes,
     contributions = keys.units.astype(np.uint64) * powers[keys.distance]
     key_h = np.add.reduceat(contributions, keys.first) & _MASK32
     prefix_h = np.array([java_string_hash(p) & _MASK32 for p in prefixes], dtype=np.uint64)
-    h = ((prefix_h[prefix_index] * powers[keys.lengths] + key_h) & _MASK32).astype(np.int64)
+    return _index_hashes_of_unsigned(prefix_h[prefix_index] * powers[keys.lengths] + key_h)
+
+
+def _index_hashes_of_unsigned(sums: np.ndarray) -> np.ndarray:
+    """java_hash.index_hash_of_unsigned of each Java hash given as a uint64 sum mod 2**32, in
+    one pass for a whole batch (int64)."""
+    h = (sums & _MASK32).astype(np.int64)
     h = np.where(h >= 0x80000000, h - 0x100000000, h)
     return np.where(h == INT32_MIN, 0, np.abs(h))
 
@@ -130,7 +136,6 @@ def index_key_shards(prefixes: list[bytes], prefix_index: np.ndarray, blob: byte
 
 
 _MAX_PADDED_KEY_BYTES = 512  # a longer key makes the padded matrix wasteful: hashed one by one
-_INT32_MIN_U = 0x80000000
 
 
 def padded_key_hashes(keys: list[bytes]) -> list[int]:
@@ -146,5 +151,4 @@ def padded_key_hashes(keys: list[bytes]) -> list[int]:
     powers = _powers(width)[width - 1::-1]
     matrix = np.frombuffer(b"".join(key.rjust(width, b"\0") for key in keys), dtype=np.uint8)
     sums = (matrix.reshape(len(keys), width).astype(np.uint64) @ powers) & _MASK32
-    return [h if h < _INT32_MIN_U else (0 if h == _INT32_MIN_U else 0x100000000 - h)
-            for h in sums.tolist()]
+    return list(map(index_hash_of_unsigned, sums.tolist()))

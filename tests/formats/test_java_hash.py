@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.formats.java_hash import INT32_MIN, index_key_hash, java_string_hash, tags_code
+from engine.formats.java_hash import INT32_MIN, index_hash_of_unsigned, index_key_hash, java_string_hash, tags_code
 
 
 def slow_java_hash(s: str) -> int:
@@ -61,6 +61,13 @@ def test_index_key_hash_is_abs_of_negative_hash():
     key = "topic#key-0"
     assert java_string_hash(key) == slow_java_hash(key) == -1818553362
     assert index_key_hash(key) == 1818553362
+
+
+@pytest.mark.parametrize(("unsigned", "expected"), [
+    (0, 0), (1, 1), (2**31 - 1, 2**31 - 1), (2**31, 0), (2**31 + 1, 2**31 - 1), (2**32 - 1, 1),
+])
+def test_index_hash_of_unsigned_is_abs_of_the_signed_value(unsigned, expected):
+    assert index_hash_of_unsigned(unsigned) == expected
 
 
 def test_index_key_hash_keeps_positive_hash():
