@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from engine.formats.java_hash import INT32_MIN, index_hash_of_unsigned, index_key_hash, java_string_hash, tags_code
+from engine.formats.java_hash import (
+    INT32_MIN,
+    index_hash_of_unsigned,
+    index_key_hash,
+    java_string_hash,
+    tags_code,
+)
 
 
 def slow_java_hash(s: str) -> int:
