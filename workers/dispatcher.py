@@ -251,8 +251,9 @@ class Dispatcher(ChildProcess):
         return Hold(now + wait_s, HoldWake.AT_END) if wait_s > 0 else None
 
     def _consumers_keep_up(self, now: float) -> bool:
-        """Whether a consumer long-polls now or did within KEEP_UP_S: one that keeps up is
-        often busy with its last pull when the next flush lands, and is owed that flush too."""
+        """Whether a consumer long-polls now (noted as the last time one did) or did within
+        KEEP_UP_S: one that keeps up is often busy with its last pull when the next flush
+        lands, and is owed that flush too."""
         if self.waiters.anyone_waiting():
             self._consumer_waited_at = now
         return now - self._consumer_waited_at <= KEEP_UP_S
