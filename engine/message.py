@@ -74,7 +74,7 @@ def key_bytes(key: object) -> bytes | None:
     if not isinstance(key, str) or not key or " " in key or "\x01" in key or "\x02" in key:
         return None
     try:
-        return key.encode("utf-8")
+        return str.encode(key, "utf-8")  # a subclass's own encode is not the key's text
     except UnicodeEncodeError:
         return None
 

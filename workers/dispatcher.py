@@ -63,9 +63,10 @@ from workers.step_window import MAX_STEP_BYTES, scan_window
 log = logging.getLogger(__name__)
 COALESCE_S = 0.002  # a small backlog within this long of the last step waits for the rest of it
 COALESCE_BELOW_BYTES = 32 << 10  # a backlog at least this big is not held for COALESCE_S
-# While no consumer long-polls, the dispatcher steps at most once per PACE_INTERVAL_S: a step's
-# fixed cost is shared by every flush of the interval, however cheap the step (pace_wait_s).
-# A waiting consumer gets every flush at once instead. See docs/DECISIONS.md#dispatcher-pacing.
+# While no consumer keeps up (KEEP_UP_S), the dispatcher steps at most once per PACE_INTERVAL_S:
+# a step's fixed cost is shared by every flush of the interval, however cheap the step
+# (pace_wait_s). A consumer that keeps up gets every flush at once instead.
+# See docs/DECISIONS.md#dispatcher-pacing.
 PACE_INTERVAL_S = 0.01
 # A backlog this small is dispatched in plain Python (engine.dispatch_few): ~3-4 us a record
 # against the batch codec's ~0.5 ms fixed cost a step; 32 KiB holds at most ~250 of the smallest
@@ -92,7 +93,7 @@ def coalesce_wait_s(backlog_bytes: int, since_last_step_s: float) -> float:
 
 
 def pace_wait_s(backlog_bytes: int, since_last_step_s: float) -> float:
-    """How long a dispatcher no consumer waits for holds `backlog_bytes` (0: not at all),
+    """How long a dispatcher no consumer keeps up with holds `backlog_bytes` (0: not at all),
     `since_last_step_s` after the start of the last step: until PACE_INTERVAL_S after it, so
     one step's fixed cost serves every flush of the interval (see
     docs/DECISIONS.md#dispatcher-pacing). A whole step window is not held."""

@@ -55,8 +55,8 @@ def index_key_hash(key: str) -> int:
 
 
 def index_hash_of_unsigned(h: int) -> int:
-    """index_key_hash's rule on a Java hash read as unsigned 32 bits: abs of its signed value,
-    Integer.MIN_VALUE (0x80000000) mapped to 0."""
+    """index_key_hash's rule on a Java hash read as unsigned 32 bits (0 <= h < 2**32): abs of
+    its signed value, Integer.MIN_VALUE (0x80000000) mapped to 0."""
     return h if h < 0x80000000 else (0 if h == 0x80000000 else 0x100000000 - h)
 
 

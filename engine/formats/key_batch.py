@@ -151,4 +151,4 @@ def padded_key_hashes(keys: list[bytes]) -> list[int]:
     powers = _powers(width)[width - 1::-1]
     matrix = np.frombuffer(b"".join(key.rjust(width, b"\0") for key in keys), dtype=np.uint8)
     sums = (matrix.reshape(len(keys), width).astype(np.uint64) @ powers) & _MASK32
-    return list(map(index_hash_of_unsigned, sums.tolist()))
+    return list(map(index_hash_of_unsigned, sums.tolist()))  # _index_hashes_of_unsigned: +4 us a step

@@ -57,14 +57,23 @@ def test_key_column_agrees_with_normalize_keys():
         assert got == expected, key
 
 
-@pytest.mark.parametrize("key", ["a", "é", "a b", "", "x\x01", "\x02", "tab\tok", "bad\udcff", 7, None])
-def test_key_bytes_is_the_one_key_rule_of_normalize_keys(key):
-    """The one-message send's check (ipc.one_message) and the checking path's: the same rule."""
-    try:
-        expected = normalize_keys((key,))[0].encode()
-    except BadInputError:
-        expected = None
+class _Key(str):
+    def encode(self, *args, **kwargs):  # a subclass that lies about its bytes
+        return b"other"
+
+
+@pytest.mark.parametrize("key, expected", [
+    ("a", b"a"), ("é", "é".encode()), ("tab\tok", b"tab\tok"), (_Key("k1"), b"k1"),
+    ("a b", None), ("", None), ("x\x01", None), ("\x02", None), ("bad\udcff", None), (7, None),
+    (None, None),
+])
+def test_key_bytes_is_a_keys_utf8_or_none_as_normalize_keys_and_key_column_decide(key, expected):
+    """The one-message send's check (ipc.one_message) and the checking paths': the same rule."""
     assert key_bytes(key) == expected
+    try:
+        assert key_column([key], 1) == [expected]
+    except BadInputError:
+        assert expected is None
 
 
 def test_body_column():

@@ -240,12 +240,31 @@ def test_step_does_not_hold_a_backlog_for_a_consumer_that_waited_within_keep_up_
         assert dispatcher.step() and dispatcher.pos == ends[mid]  # busy with its pull: not held
         flushed_to(dispatcher, ends[mid + 1])  # busy still: coalesced only, not paced
         assert not dispatcher.step() and dispatcher._held.wake is HoldWake.ON_POST
-        clock.now += KEEP_UP_S  # busy all this time: behind
+        clock.now += KEEP_UP_S  # busy all this time: behind (this step is past the interval)
         assert dispatcher.step() and dispatcher.pos == ends[mid + 1]
         flushed_to(dispatcher, ends[-1])
         assert not dispatcher.step() and dispatcher._held.wake is HoldWake.AT_END  # paced
         dispatcher.waiters.waiting[waiter.index] = 1
         assert dispatcher.step() and dispatcher.pos == ends[-1]  # it waits now: at once
+
+
+def test_a_consumer_that_starts_waiting_during_a_step_keeps_up(stepping, tmp_path, monkeypatch):
+    """Not waiting when the step was planned, posted by the step's notify: the next flush is
+    owed to it at once, not paced."""
+    dispatcher, _, ends = stepping
+    mid = len(ends) // 2
+    timed = dispatcher._dispatch_window
+    with ConsumerWaiter.register(dispatcher.waiters, tmp_path / "run") as waiter:
+        def waits_meanwhile(start_pos: int, limit: int):
+            dispatcher.waiters.waiting[waiter.index] = 1  # its long-poll begins during the step
+            return timed(start_pos, limit)
+
+        monkeypatch.setattr(dispatcher, "_dispatch_window", waits_meanwhile)
+        flushed_to(dispatcher, ends[0])
+        assert dispatcher.step() and waiter.wakeup.pending_posts == 1  # the step posted it
+        monkeypatch.setattr(dispatcher, "_dispatch_window", timed)
+        flushed_to(dispatcher, ends[mid])
+        assert dispatcher.step() and dispatcher.pos == ends[mid]  # not paced
 
 
 def test_a_hold_nobody_waits_for_is_slept_out_and_takes_the_posts_made_meanwhile(stepping):
