@@ -69,8 +69,9 @@ COALESCE_BELOW_BYTES = 32 << 10  # a backlog at least this big is not held for C
 # See docs/DECISIONS.md#dispatcher-pacing.
 PACE_INTERVAL_S = 0.01
 # A backlog this small is dispatched in plain Python (engine.dispatch_few): ~3-4 us a record
-# against the batch codec's ~0.5 ms fixed cost a step; 32 KiB holds at most ~250 of the smallest
-# records, where the two cost about the same (see docs/DECISIONS.md#small-batches-scalar).
+# against the batch codec's ~0.25-0.35 ms fixed cost a step (tools.bench.probes.dispatch_step);
+# 32 KiB holds at most ~250 of the smallest records, where the two cost about the same (see
+# docs/DECISIONS.md#small-batches-scalar).
 FEW_RECORDS_BYTES = 32 << 10
 # A consumer that long-polled this recently keeps up, though it may be busy with the last pull
 # when a step lands: pacing it would add up to PACE_INTERVAL_S to its end-to-end latency. One
