@@ -38,6 +38,9 @@ ZERO_CHUNK_BYTES = 1 << 20  # blocks are allocated ahead of the writer in steps 
 _ZEROS_VIEW = memoryview(bytes(ZERO_CHUNK_BYTES))
 ZERO_AHEAD_BYTES = 1 << 20  # reserve_zeroed keeps this much written zeros ahead of the writer
 ZERO_STEP_BYTES = 256 << 10  # the zeros ahead end on a multiple of this
+# Zeros are topped up while a write still ends this far before their end, so that the group
+# commit's next fdatasync commits their blocks before any record lands in them (reserve_zeroed).
+ZERO_LEAD_BYTES = 256 << 10
 SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 
 
@@ -81,6 +84,7 @@ class MappedFile:
         self._read_ahead = read_ahead
         self._budget = budget
         self._reserved_until = 0
+        self._zeros_due_at = 0  # reserve_zeroed tops up for a write that ends past this
         self._closed = False
         self._map(fd)
 
@@ -231,28 +235,41 @@ class MappedFile:
         Unlike reserve() (posix_fallocate: unwritten extents), the fdatasync that later makes
         records here durable finds allocated, written blocks and converts no extents in a journal
         commit; the blocks are written twice. The zeros ahead stay short, since the group commit's
-        fdatasync waits for those in flight (see docs/DECISIONS.md#zeros-ahead). A top-up runs
-        when a write passes the zeros' end and reaches ZERO_AHEAD_BYTES past the write, rounded
-        up to ZERO_STEP_BYTES. DiskFullError when the disk has no room for
-        [write_file_pos, end_file_pos); the zeros beyond are best effort.
+        fdatasync waits for those in flight (see docs/DECISIONS.md#zeros-ahead).
+
+        Records only land in zeros whose blocks an earlier fdatasync committed: after a write
+        error aborts ext4's journal, an fdatasync racing the failed commit can report success
+        for blocks that commit allocated, and records in them are lost with the allocation
+        (see docs/DECISIONS.md#zeros-committed-first). So a top-up runs while the write still
+        ends ZERO_LEAD_BYTES before the zeros' end, and a write that goes past the zeros (the
+        first of a segment, or one longer than the lead) has its fresh zeros synced before it
+        is made. DiskFullError when the disk has no room for [write_file_pos, end_file_pos);
+        the zeros beyond are best effort.
         """
-        if end_file_pos <= self._reserved_until:
+        if end_file_pos <= self._zeros_due_at:
             return
-        start = max(self._reserved_until, write_file_pos)
         end_file_pos = min(end_file_pos, self.size_bytes)
+        fresh = end_file_pos > self._reserved_until  # the write itself needs zeros made now
+        start = max(self._reserved_until, write_file_pos)
         target = self._step_end(end_file_pos + ZERO_AHEAD_BYTES, ZERO_STEP_BYTES)
         self._ensure_mapped()
         with _disk_full_as_error(self.path, "write zeros ahead"):
             self._write_zeros(start, end_file_pos)  # what the write needs: DiskFullError if no room
+        ahead_from = max(start, end_file_pos)
         reached = target
         try:
-            self._write_zeros(end_file_pos, target)
+            self._write_zeros(ahead_from, target)
         except OSError as exc:  # ahead is best effort: a record that fits is not refused for it
             if exc.errno not in DISK_FULL_ERRNOS:
                 raise StoreError(f"cannot write zeros ahead: {exc}", path=str(self.path)) from exc
-            reached = end_file_pos
-        _start_writeback(self._fd, start, reached - start)
-        self._reserved_until = reached
+            reached = ahead_from
+        if fresh:
+            self._fdatasync()  # their blocks committed before the write lands in them
+        else:
+            _start_writeback(self._fd, start, reached - start)
+        self._reserved_until = max(self._reserved_until, reached)
+        self._zeros_due_at = self.size_bytes if self._reserved_until >= self.size_bytes \
+            else self._reserved_until - ZERO_LEAD_BYTES
 
     def _write_zeros(self, start_pos: int, end_pos: int) -> None:
         for pos in range(start_pos, end_pos, ZERO_CHUNK_BYTES):
@@ -345,6 +362,9 @@ class MappedFile:
         end_pos = self.size_bytes if end_pos is None else min(end_pos, self.size_bytes)
         if end_pos <= page_floor(start_pos) or self._view is None:
             return  # nothing in range, or parked: synced when it was closed
+        self._fdatasync()
+
+    def _fdatasync(self) -> None:
         try:
             os.fdatasync(self._fd)
         except OSError as exc:

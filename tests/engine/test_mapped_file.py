@@ -19,6 +19,7 @@ from engine.filesystem import PAGE_BYTES
 from engine.mapped_file import (
     RESERVE_STEP_BYTES,
     ZERO_AHEAD_BYTES,
+    ZERO_LEAD_BYTES,
     ZERO_STEP_BYTES,
     Access,
     MappedFile,
@@ -224,6 +225,37 @@ def test_reserve_zeroed_writes_nothing_inside_what_it_reserved_before(tmp_path):
         assert bytes(mapped.read(0, 6)) == b"record"
         assert bytes(mapped.read(ZERO_AHEAD_BYTES, 4)) == b"next"
         assert not np.frombuffer(mapped.read(6, ZERO_AHEAD_BYTES - 6), dtype=np.uint8).any()
+    finally:
+        mapped.close()
+
+
+def test_records_only_land_in_zeros_an_earlier_sync_committed(tmp_path, monkeypatch):
+    """A write past the zeros (a segment's first) has its fresh zeros synced before it lands;
+    later writes top up while still ZERO_LEAD_BYTES before the zeros' end, so they land in zeros
+    the group commit's fdatasync committed before, and add no sync of their own."""
+    synced: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def counting_fdatasync(fd: int) -> None:
+        synced.append(fd)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr("engine.mapped_file.os.fdatasync", counting_fdatasync)
+    mapped = MappedFile.create(tmp_path / "f", 64 * MiB)
+    try:
+        mapped.reserve_zeroed(0, 4096)  # the segment's first write: fresh zeros, synced first
+        assert len(synced) == 1 and mapped.data_ranges()[0][0] == 0
+        pos, write_bytes = 4096, 60 << 10
+        while pos < 8 * ZERO_AHEAD_BYTES:  # a group commit's worth at a time, as the appender writes
+            reserved_before = mapped._reserved_until
+            mapped.reserve_zeroed(pos, pos + write_bytes)
+            assert pos + write_bytes <= reserved_before  # it lands in zeros of an earlier call
+            assert mapped._reserved_until >= min(pos + write_bytes + ZERO_LEAD_BYTES, mapped.size_bytes)
+            pos += write_bytes
+        assert len(synced) == 1  # no sync of its own past the first
+        big = ZERO_LEAD_BYTES + ZERO_STEP_BYTES + 1  # longer than the lead: past the zeros again
+        mapped.reserve_zeroed(pos, mapped._reserved_until + big)
+        assert len(synced) == 2
     finally:
         mapped.close()
 
