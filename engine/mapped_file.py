@@ -84,7 +84,6 @@ class MappedFile:
         self._read_ahead = read_ahead
         self._budget = budget
         self._reserved_until = 0
-        self._zeros_due_at = 0  # reserve_zeroed tops up for a write that ends past this
         self._closed = False
         self._map(fd)
 
@@ -246,15 +245,16 @@ class MappedFile:
         is made. DiskFullError when the disk has no room for [write_file_pos, end_file_pos);
         the zeros beyond are best effort.
         """
-        if end_file_pos <= self._zeros_due_at:
+        if end_file_pos + ZERO_LEAD_BYTES <= self._reserved_until or self._reserved_until >= self.size_bytes:
             return
         end_file_pos = min(end_file_pos, self.size_bytes)
         fresh = end_file_pos > self._reserved_until  # the write itself needs zeros made now
         start = max(self._reserved_until, write_file_pos)
         target = self._step_end(end_file_pos + ZERO_AHEAD_BYTES, ZERO_STEP_BYTES)
         self._ensure_mapped()
-        with _disk_full_as_error(self.path, "write zeros ahead"):
-            self._write_zeros(start, end_file_pos)  # what the write needs: DiskFullError if no room
+        if fresh:
+            with _disk_full_as_error(self.path, "write zeros ahead"):
+                self._write_zeros(start, end_file_pos)  # what the write needs: DiskFullError if no room
         ahead_from = max(start, end_file_pos)
         reached = target
         try:
@@ -267,9 +267,7 @@ class MappedFile:
             self._fdatasync()  # their blocks committed before the write lands in them
         else:
             _start_writeback(self._fd, start, reached - start)
-        self._reserved_until = max(self._reserved_until, reached)
-        self._zeros_due_at = self.size_bytes if self._reserved_until >= self.size_bytes \
-            else self._reserved_until - ZERO_LEAD_BYTES
+        self._reserved_until = reached  # >= what it was: ahead_from starts at it or past it
 
     def _write_zeros(self, start_pos: int, end_pos: int) -> None:
         for pos in range(start_pos, end_pos, ZERO_CHUNK_BYTES):
