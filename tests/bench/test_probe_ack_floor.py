@@ -35,9 +35,29 @@ def test_fixed_rate_sends_on_schedule(tmp_path):
     assert out["syncs_per_s"] <= out["acks_per_s"]
 
 
+def test_work_a_round_costs_the_server_that_much_cpu_a_sync(tmp_path):
+    out = ack_floor.main(["--producers", "2", "--batch", "4", "--seconds", "0.5", "--runs", "1",
+                          "--work-us", "400", "--dir", str(tmp_path)])
+    server_cpu_us_per_sync = out["server_cpu_us_per_msg"] * out["msgs_per_sync"]
+    assert server_cpu_us_per_sync >= 0.9 * 400  # the busy wait runs once a round, on the CPU
+    assert own_semaphores() == set()
+
+
+def test_server_threads_answer_every_request_once_and_clean_up(tmp_path):
+    out = ack_floor.main(["--producers", "3", "--batch", "2", "--seconds", "0.5", "--runs", "1",
+                          "--server-threads", "2", "--work-us", "50", "--dir", str(tmp_path)])
+    assert out["acks_per_s"] > 0
+    assert out["msgs_per_s"] == pytest.approx(2 * out["acks_per_s"])
+    assert out["syncs_per_s"] <= out["acks_per_s"]  # no thread syncs a round it took nothing in
+    assert own_semaphores() == set()
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("args, message", [
     (["--producers", "0"], "--producers must be at least 1"),
     (["--seconds", "0"], "--seconds must be > 0"),
+    (["--server-threads", "0"], "--server-threads must be at least 1"),
+    (["--work-us", "-1"], "--work-us >= 0"),
     (["--dir", "/nonexistent/mqstore-ack-floor"], "no such directory"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(args, message, capsys):

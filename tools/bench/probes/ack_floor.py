@@ -9,8 +9,12 @@ and answers each producer with a post (ipc.wakeup.Wakeup, as the store's process
 checks, no stamping beyond an optional CRC32C per record, no dispatcher, no index, no
 zero-ahead: whatever the store does costs more than this.
 
+What-if shapes of the server (docs/DECISIONS.md#group-commit): --work-us W spends W us of busy
+Python a round, standing in for the store's own work, and --server-threads K lets K threads
+take, write, sync and answer on their own, their syncs overlapping.
+
     .venv/bin/python -m tools.bench.probes.ack_floor [--producers 4] [--batch 1] [--size 256]
-        [--seconds 5] [--runs 3] [--crc] [--dir DIR] [--json]
+        [--seconds 5] [--runs 3] [--crc] [--work-us 0] [--server-threads 1] [--dir DIR] [--json]
 
 Prints messages/s, acknowledgements/s, fdatasyncs/s, messages per fdatasync and CPU per
 message (server, producers), median run of --runs.
@@ -26,7 +30,9 @@ import signal
 import statistics
 import struct
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import crc32c
@@ -36,9 +42,9 @@ from ipc.wakeup import Wakeup
 
 NAME_PREFIX = "/mqstore-ack-floor-"
 FILE_BYTES = 1 << 30
-SLOT_HEADER = struct.Struct("<II")  # state (0 free, 1 request, 2 answered), record count
+SLOT_HEADER = struct.Struct("<II")  # state (0 free, 1 request, 2 answered, 3 taken), record count
 SLOT_HEADER_SIZE = 64
-REQUEST, ANSWERED = 1, 2
+REQUEST, ANSWERED, TAKEN = 1, 2, 3
 WAIT_S = 0.5
 
 
@@ -71,18 +77,38 @@ def _producer(index: int, region: mmap.mmap, slot_bytes: int, batch: int, size_b
     _report(report_path, ["producer", len(latencies_us), time.process_time() - cpu0, latencies_us])
 
 
+@dataclass(frozen=True)
+class ServerShape:
+    """How the server works a round. `threads` threads each take, write, sync and answer on
+    their own, so their fdatasyncs overlap; `work_us` of busy Python a round stands in for the
+    store's check, stamp and answer work (3/5 before the write, under the take lock as the
+    store's sweep lock, 2/5 after the sync)."""
+
+    threads: int = 1
+    work_us: float = 0.0
+
+
+def _busy(work_us: float) -> None:
+    """Hold the GIL and a core for `work_us` microseconds, as Python work does."""
+    end = time.perf_counter() + work_us / 1e6
+    while time.perf_counter() < end:
+        pass
+
+
 def _server(region: mmap.mmap, producers: int, slot_bytes: int, size_bytes: int, fd: int,
-            server: Wakeup, slots: list[Wakeup], deadline: float, use_crc: bool, report_path: str) -> None:
+            server: Wakeup, slots: list[Wakeup], deadline: float, use_crc: bool, shape: ServerShape,
+            report_path: str) -> None:
     """Answer requests until `deadline` + a grace; write (syncs, cpu_s) to `report_path`."""
-    file_pos = syncs = 0
-    cpu0 = time.process_time()
     view = memoryview(region)
-    while time.monotonic() < deadline + 1.0:
-        if not server.wait(WAIT_S):
-            continue
+    take_lock = threading.Lock()
+    next_pos = [0]  # the file position of the next write, under take_lock
+    syncs: list[int] = []
+    cpu0 = time.process_time()
+
+    def take() -> tuple[list[int], bytes]:
+        """Every request not yet taken (marked TAKEN, so no other thread takes it), joined."""
         server.drain()
-        taken = []
-        chunks = []
+        taken, chunks = [], []
         for index in range(producers):
             base = index * slot_bytes
             state, count = SLOT_HEADER.unpack_from(region, base)
@@ -94,20 +120,39 @@ def _server(region: mmap.mmap, producers: int, slot_bytes: int, size_bytes: int,
                     crc32c.crc32c(records[start:start + size_bytes])
             chunks.append(records)
             taken.append(index)
-        if not taken:
-            continue
-        data = b"".join(chunks)
-        if file_pos + len(data) > FILE_BYTES:
-            file_pos = 0
-        os.pwrite(fd, data, file_pos)
-        file_pos += len(data)
-        os.fdatasync(fd)
-        syncs += 1
-        for index in taken:
-            SLOT_HEADER.pack_into(region, index * slot_bytes, ANSWERED, 0)
-            slots[index].post()
+            SLOT_HEADER.pack_into(region, base, TAKEN, count)
+        return taken, b"".join(chunks)
+
+    def rounds() -> None:
+        done = 0
+        while time.monotonic() < deadline + 1.0:
+            if not server.wait(WAIT_S):
+                continue
+            with take_lock:
+                taken, data = take()
+                if not taken:
+                    continue
+                if shape.work_us:
+                    _busy(shape.work_us * 0.6)
+                file_pos = 0 if next_pos[0] + len(data) > FILE_BYTES else next_pos[0]
+                os.pwrite(fd, data, file_pos)
+                next_pos[0] = file_pos + len(data)
+            os.fdatasync(fd)
+            done += 1
+            if shape.work_us:
+                _busy(shape.work_us * 0.4)
+            for index in taken:
+                SLOT_HEADER.pack_into(region, index * slot_bytes, ANSWERED, 0)
+                slots[index].post()
+        syncs.append(done)
+
+    threads = [threading.Thread(target=rounds, name=f"server-{i}") for i in range(shape.threads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     view.release()
-    _report(report_path, ["server", syncs, time.process_time() - cpu0])
+    _report(report_path, ["server", sum(syncs), time.process_time() - cpu0])
 
 
 def _report(path: str, report: list) -> None:
@@ -116,7 +161,8 @@ def _report(path: str, report: list) -> None:
 
 
 def run_once(producers: int, batch: int, size_bytes: int, seconds: float, use_crc: bool,
-             directory: str, rate_msgs_per_s: float = 0.0) -> dict[str, float]:
+             directory: str, rate_msgs_per_s: float = 0.0, shape: ServerShape = ServerShape()
+             ) -> dict[str, float]:
     """One run: fork the server and the producers, wait, sum what they report. At a fixed
     rate every producer's batch j is due at the same instant (the bench's aligned schedule)."""
     tag = f"{NAME_PREFIX}{os.getpid()}-"
@@ -135,7 +181,8 @@ def run_once(producers: int, batch: int, size_bytes: int, seconds: float, use_cr
             start = time.monotonic() + 0.5  # time to fork
             deadline = start + seconds
             children.append(_fork(lambda: _server(region, producers, slot_bytes, size_bytes, fd, server,
-                                                  slots, deadline, use_crc, f"{reports_dir}/server")))
+                                                  slots, deadline, use_crc, shape,
+                                                  f"{reports_dir}/server")))
             for i in range(producers):
                 children.append(_fork(lambda i=i: _producer(
                     i, region, slot_bytes, batch, size_bytes, server, slots[i], start, deadline,
@@ -196,25 +243,31 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--rate", type=float, default=0.0,
                         help="messages/s over all producers, batches due together (default: closed loop)")
     parser.add_argument("--crc", action="store_true", help="CRC32C each record in the server")
+    parser.add_argument("--work-us", type=float, default=0.0,
+                        help="busy Python a server round, standing in for the store's work (default 0)")
+    parser.add_argument("--server-threads", type=int, default=1,
+                        help="server threads, each taking, syncing and answering on its own (default 1)")
     parser.add_argument("--dir", default=".", help="where the file goes (the store's file system)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    for name in ("producers", "batch", "size", "runs"):
+    for name in ("producers", "batch", "size", "runs", "server_threads"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, not {getattr(args, name)}")
-    if args.seconds <= 0 or args.rate < 0:
-        parser.error("--seconds must be > 0 and --rate >= 0")
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    if args.seconds <= 0 or args.rate < 0 or args.work_us < 0:
+        parser.error("--seconds must be > 0, --rate and --work-us >= 0")
     if not os.path.isdir(args.dir):
         parser.error(f"--dir {args.dir}: no such directory")
+    shape = ServerShape(threads=args.server_threads, work_us=args.work_us)
     runs = [run_once(args.producers, args.batch, args.size, args.seconds, args.crc, args.dir,
-                     args.rate)
+                     args.rate, shape)
             for _ in range(args.runs)]
     median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
     if args.json:
         print(json.dumps({"runs": runs, "median": median}))
     else:
         print(f"{args.producers} producers x batch {args.batch} x {args.size} B"
-              f"{' + CRC32C' if args.crc else ''}, median of {args.runs} x {args.seconds:g} s:")
+              f"{' + CRC32C' if args.crc else ''}, server {args.server_threads} thread(s) + "
+              f"{args.work_us:g} us work a round, median of {args.runs} x {args.seconds:g} s:")
         print(f"  {median['msgs_per_s']:10.0f} msg/s  {median['acks_per_s']:9.0f} acks/s  "
               f"{median['syncs_per_s']:7.0f} fdatasync/s  {median['msgs_per_sync']:6.1f} msgs per sync")
         print(f"  latency ms p50 {median['latency_p50_ms']:.3f} p99 {median['latency_p99_ms']:.3f} "
