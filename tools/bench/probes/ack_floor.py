@@ -79,80 +79,96 @@ def _producer(index: int, region: mmap.mmap, slot_bytes: int, batch: int, size_b
 
 @dataclass(frozen=True)
 class ServerShape:
-    """How the server works a round. `threads` threads each take, write, sync and answer on
-    their own, so their fdatasyncs overlap; `work_us` of busy Python a round stands in for the
-    store's check, stamp and answer work (3/5 before the write, under the take lock as the
+    """How the server works a round. `thread_count` threads each take, write, sync and answer
+    on their own, so their fdatasyncs overlap; `work_us` of busy Python a round stands in for
+    the store's check, stamp and answer work (3/5 before the write, under the take lock as the
     store's sweep lock, 2/5 after the sync)."""
 
-    threads: int = 1
+    thread_count: int = 1
     work_us: float = 0.0
 
 
 def _busy(work_us: float) -> None:
-    """Hold the GIL and a core for `work_us` microseconds, as Python work does."""
-    end = time.perf_counter() + work_us / 1e6
-    while time.perf_counter() < end:
+    """Spend `work_us` microseconds of this thread's CPU time in Python, as the store's own work
+    does (by the thread's CPU clock: time preempted does not count)."""
+    end = time.thread_time() + work_us / 1e6
+    while time.thread_time() < end:
         pass
+
+
+class _Rounds:
+    """The server's rounds over the producers' slots; `run` is one server thread."""
+
+    def __init__(self, region: mmap.mmap, producers: int, slot_bytes: int, size_bytes: int, fd: int,
+                 server: Wakeup, slots: list[Wakeup], use_crc: bool, shape: ServerShape):
+        self.region, self.view = region, memoryview(region)
+        self.producers, self.slot_bytes, self.size_bytes, self.fd = producers, slot_bytes, size_bytes, fd
+        self.server, self.slots, self.use_crc, self.shape = server, slots, use_crc, shape
+        self.take_lock = threading.Lock()
+        self.next_pos = 0  # the file position of the next write, under take_lock
+        self.sync_counts: list[int] = []  # one a finished thread
+        self.answered_count = 0  # requests answered, under take_lock
+
+    def take(self) -> tuple[list[int], bytes]:
+        """Every request not yet taken (marked TAKEN, so no other thread takes it), joined."""
+        self.server.drain()
+        taken, chunks = [], []
+        for index in range(self.producers):
+            base = index * self.slot_bytes
+            state, count = SLOT_HEADER.unpack_from(self.region, base)
+            if state != REQUEST:
+                continue
+            records = self.view[base + SLOT_HEADER_SIZE:base + SLOT_HEADER_SIZE + count * self.size_bytes]
+            if self.use_crc:
+                for start in range(0, len(records), self.size_bytes):
+                    crc32c.crc32c(records[start:start + self.size_bytes])
+            chunks.append(records)
+            taken.append(index)
+            SLOT_HEADER.pack_into(self.region, base, TAKEN, count)
+        return taken, b"".join(chunks)
+
+    def run(self, deadline: float) -> None:
+        """Rounds until `deadline` + a grace: take, write, sync, answer each taken request."""
+        sync_count, work_us = 0, self.shape.work_us
+        while time.monotonic() < deadline + 1.0:
+            if not self.server.wait(WAIT_S):
+                continue
+            with self.take_lock:
+                taken, data = self.take()
+                if not taken:
+                    continue
+                if work_us:
+                    _busy(work_us * 0.6)
+                file_pos = 0 if self.next_pos + len(data) > FILE_BYTES else self.next_pos
+                os.pwrite(self.fd, data, file_pos)
+                self.next_pos = file_pos + len(data)
+                self.answered_count += len(taken)
+            os.fdatasync(self.fd)
+            sync_count += 1
+            if work_us:
+                _busy(work_us * 0.4)
+            for index in taken:
+                SLOT_HEADER.pack_into(self.region, index * self.slot_bytes, ANSWERED, 0)
+                self.slots[index].post()
+        self.sync_counts.append(sync_count)
 
 
 def _server(region: mmap.mmap, producers: int, slot_bytes: int, size_bytes: int, fd: int,
             server: Wakeup, slots: list[Wakeup], deadline: float, use_crc: bool, shape: ServerShape,
             report_path: str) -> None:
-    """Answer requests until `deadline` + a grace; write (syncs, cpu_s) to `report_path`."""
-    view = memoryview(region)
-    take_lock = threading.Lock()
-    next_pos = [0]  # the file position of the next write, under take_lock
-    syncs: list[int] = []
+    """Answer requests until `deadline` + a grace with `shape.thread_count` threads; write
+    (syncs, cpu_s, requests answered, the fewest syncs of a thread) to `report_path`."""
     cpu0 = time.process_time()
-
-    def take() -> tuple[list[int], bytes]:
-        """Every request not yet taken (marked TAKEN, so no other thread takes it), joined."""
-        server.drain()
-        taken, chunks = [], []
-        for index in range(producers):
-            base = index * slot_bytes
-            state, count = SLOT_HEADER.unpack_from(region, base)
-            if state != REQUEST:
-                continue
-            records = view[base + SLOT_HEADER_SIZE:base + SLOT_HEADER_SIZE + count * size_bytes]
-            if use_crc:
-                for start in range(0, len(records), size_bytes):
-                    crc32c.crc32c(records[start:start + size_bytes])
-            chunks.append(records)
-            taken.append(index)
-            SLOT_HEADER.pack_into(region, base, TAKEN, count)
-        return taken, b"".join(chunks)
-
-    def rounds() -> None:
-        done = 0
-        while time.monotonic() < deadline + 1.0:
-            if not server.wait(WAIT_S):
-                continue
-            with take_lock:
-                taken, data = take()
-                if not taken:
-                    continue
-                if shape.work_us:
-                    _busy(shape.work_us * 0.6)
-                file_pos = 0 if next_pos[0] + len(data) > FILE_BYTES else next_pos[0]
-                os.pwrite(fd, data, file_pos)
-                next_pos[0] = file_pos + len(data)
-            os.fdatasync(fd)
-            done += 1
-            if shape.work_us:
-                _busy(shape.work_us * 0.4)
-            for index in taken:
-                SLOT_HEADER.pack_into(region, index * slot_bytes, ANSWERED, 0)
-                slots[index].post()
-        syncs.append(done)
-
-    threads = [threading.Thread(target=rounds, name=f"server-{i}") for i in range(shape.threads)]
+    rounds = _Rounds(region, producers, slot_bytes, size_bytes, fd, server, slots, use_crc, shape)
+    threads = [threading.Thread(target=rounds.run, args=(deadline,), name=f"server-{i}")
+               for i in range(shape.thread_count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    view.release()
-    _report(report_path, ["server", sum(syncs), time.process_time() - cpu0])
+    rounds.view.release()
+    _report(report_path, ["server", sum(rounds.sync_counts), time.process_time() - cpu0,
+                          rounds.answered_count, min(rounds.sync_counts)])
 
 
 def _report(path: str, report: list) -> None:
@@ -221,12 +237,14 @@ def _summarize(reports: list[list], producers: int, batch: int, seconds: float) 
     producer_reports = [r for r in reports if r[0] == "producer"]
     if len(servers) != 1 or len(producer_reports) != producers:
         raise RuntimeError(f"expected 1 server and {producers} producer reports, got {len(reports)}")
-    syncs, server_cpu_s = servers[0][1:]
+    syncs, server_cpu_s, server_answered, fewest_thread_syncs = servers[0][1:]
     msgs = sum(r[1] for r in producer_reports) * batch
     latencies_us = np.asarray([x for r in producer_reports for x in r[3]] or [0.0])
     p50, p99, p999 = np.percentile(latencies_us, [50, 99, 99.9])
     return {"msgs_per_s": msgs / seconds, "acks_per_s": msgs / batch / seconds,
             "syncs_per_s": syncs / seconds, "msgs_per_sync": msgs / max(syncs, 1),
+            "server_answers_per_s": server_answered / seconds,
+            "idlest_thread_syncs_per_s": fewest_thread_syncs / seconds,
             "server_cpu_us_per_msg": 1e6 * server_cpu_s / max(msgs, 1),
             "producers_cpu_us_per_msg": 1e6 * sum(r[2] for r in producer_reports) / max(msgs, 1),
             "latency_p50_ms": p50 / 1000, "latency_p99_ms": p99 / 1000, "latency_p999_ms": p999 / 1000,
@@ -257,7 +275,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         parser.error("--seconds must be > 0, --rate and --work-us >= 0")
     if not os.path.isdir(args.dir):
         parser.error(f"--dir {args.dir}: no such directory")
-    shape = ServerShape(threads=args.server_threads, work_us=args.work_us)
+    shape = ServerShape(thread_count=args.server_threads, work_us=args.work_us)
     runs = [run_once(args.producers, args.batch, args.size, args.seconds, args.crc, args.dir,
                      args.rate, shape)
             for _ in range(args.runs)]
