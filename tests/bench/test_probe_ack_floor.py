@@ -14,6 +14,7 @@ def own_semaphores() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith(prefix)}
 
 
+@pytest.mark.slow
 def test_closed_loop_acknowledges_batches_and_cleans_up(tmp_path):
     out = ack_floor.main(["--producers", "2", "--batch", "4", "--seconds", "0.5", "--runs", "1",
                                 "--crc", "--dir", str(tmp_path)])
@@ -26,6 +27,7 @@ def test_closed_loop_acknowledges_batches_and_cleans_up(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the synced file is removed
 
 
+@pytest.mark.slow
 def test_fixed_rate_sends_on_schedule(tmp_path):
     # 2 producers x batches of 4 at 400 msg/s: each producer's batch due every 20 ms, 50 in 1 s
     out = ack_floor.main(["--producers", "2", "--batch", "4", "--seconds", "1", "--runs", "1",
@@ -35,6 +37,7 @@ def test_fixed_rate_sends_on_schedule(tmp_path):
     assert out["syncs_per_s"] <= out["acks_per_s"]
 
 
+@pytest.mark.slow
 def test_work_a_round_costs_the_server_that_much_cpu_a_sync(tmp_path):
     out = ack_floor.main(["--producers", "2", "--batch", "4", "--seconds", "0.5", "--runs", "1",
                           "--work-us", "400", "--dir", str(tmp_path)])
@@ -43,6 +46,7 @@ def test_work_a_round_costs_the_server_that_much_cpu_a_sync(tmp_path):
     assert own_semaphores() == set()
 
 
+@pytest.mark.slow
 def test_server_threads_answer_every_request_once_and_clean_up(tmp_path):
     out = ack_floor.main(["--producers", "3", "--batch", "2", "--seconds", "0.5", "--runs", "1",
                           "--server-threads", "2", "--work-us", "50", "--dir", str(tmp_path)])
