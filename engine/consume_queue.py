@@ -86,6 +86,8 @@ class ConsumeQueue:
         # after recover(durable_pos): entries [from, end) are past the durable position and not
         # yet confirmed by re-dispatch, which confirmed (or repaired) them up to `confirmed`
         self._unconfirmed_from = self._unconfirmed_end = self._confirmed_end = 0
+        # after recover(): where re-dispatch must start to restore the entries it cut (None: none)
+        self.cut_floor_pos: int | None = None
 
     @classmethod
     def load(cls, root: Path, topic: str, queue_id: int, entries_per_file: int,
@@ -396,8 +398,14 @@ class ConsumeQueue:
     # ---------------------------------------------------- recover and retain
 
     def recover(self, durable_pos: int | None = None) -> int:
-        """Find the last valid entry from the third-to-last file on, zero what follows it in
-        its file, delete later files (never the first) and return max_offset.
+        """Find the last valid entry from the third-to-last file on, make it the queue's end and
+        return max_offset.
+
+        After a clean end (zeros only behind it) nothing more is done. When bytes follow the first
+        invalid entry (a torn tail, or damage with valid entries behind it), `cut_floor_pos` says
+        where re-dispatch must start to put the entries from there back from their records, and
+        the bytes stay until `clear_cut_tail` (after re-dispatch): zeroed now, a crash before
+        re-dispatch would leave a clean end there, and the next recovery would not know to.
 
         With `durable_pos` (the consume queues' durable commit position), the entries pointing at
         or past it are kept but unconfirmed: re-dispatch compares each whole and rewrites one
@@ -407,7 +415,11 @@ class ConsumeQueue:
             return self._max_offset
         start = self._recover_from()
         end = self._scan_forward(start)
-        self._cut_at(end)
+        self.cut_floor_pos = self._cut_floor(end) if self._holds_data_from(end) else None
+        if self.cut_floor_pos is None:
+            self._cut_at(end)
+        else:
+            self._end_at(end)
         self.segments.sync_range(start * CQ_ENTRY_SIZE, end * CQ_ENTRY_SIZE)
         self._flushed_offset = end
         if durable_pos is not None:
@@ -419,6 +431,33 @@ class ConsumeQueue:
             self._unconfirmed_from = self._confirmed_end = first
             self._unconfirmed_end = end
         return end
+
+    def clear_cut_tail(self) -> None:
+        """After re-dispatch put back what recover() cut: zero the stale bytes past the end."""
+        if self.cut_floor_pos is not None:
+            self.cut_floor_pos = None
+            self._cut_at(self._max_offset)
+
+    def _holds_data_from(self, queue_offset: int) -> bool:
+        """Whether any byte at or past entry `queue_offset` is not zero: a queue's clean end is
+        followed by zeros only (holes are not read)."""
+        lpos = queue_offset * CQ_ENTRY_SIZE
+        for segment in self.segments.segments:
+            base = self.segments.base_of(segment)
+            if base + self.file_bytes > lpos and not segment.is_zero(max(lpos - base, 0), self.file_bytes):
+                return True
+        return False
+
+    def _cut_floor(self, end: int) -> int:
+        """The commit position just past the record of the entry before `end`, where re-dispatch
+        finds the records of the entries from `end` on; 0 (the whole log) when no entry is kept
+        before it or that entry is a filler."""
+        if end <= self._min_offset:
+            return 0
+        entry = self._entry_at(end - 1)
+        if (entry.commit_pos, entry.size, entry.tags_code) == FILLER_ENTRY:
+            return 0
+        return entry.commit_pos + entry.size
 
     def drop_unconfirmed(self) -> int:
         """After re-dispatch: drop the unconfirmed entries it did not reach (their records lie past
@@ -461,6 +500,10 @@ class ConsumeQueue:
             if not segment.is_zero(file_pos, self.file_bytes):
                 segment.zero_nonzero(file_pos, self.file_bytes)
                 segment.sync(file_pos, self.file_bytes)
+        self._end_at(end)
+
+    def _end_at(self, end: int) -> None:
+        """Make `end` the queue's end in memory; the bytes past it are left as they are."""
         self._max_offset = end
         self._min_offset = min(self._min_offset, end)
         self._flushed_offset = min(self._flushed_offset, end)

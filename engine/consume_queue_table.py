@@ -94,10 +94,14 @@ class ConsumeQueueTable:
     def truncate_all_from(self, cut_pos: int) -> int:
         """Recovery's cut, after re-dispatch: drop the unconfirmed entries re-dispatch did not
         reach (ConsumeQueue.drop_unconfirmed), then the entries of every queue that point at or
-        past `cut_pos`; returns how many."""
+        past `cut_pos`, then the bytes left behind a cut queue's end (clear_cut_tail); returns
+        how many entries were dropped."""
         dropped = sum(q.drop_unconfirmed() for q in self._queues.values())
-        return dropped + sum(q.truncate_from_commit_pos(cut_pos) for q in self._queues.values()
-                             if q.max_commit_end > cut_pos)
+        truncated = sum(q.truncate_from_commit_pos(cut_pos) for q in self._queues.values()
+                        if q.max_commit_end > cut_pos)
+        for queue in self._queues.values():
+            queue.clear_cut_tail()
+        return dropped + truncated
 
     def flush_all(self) -> None:
         for queue in self._queues.values():
@@ -109,6 +113,12 @@ class ConsumeQueueTable:
         for queue in self._queues.values():
             queue.recover(durable_pos)
         return self.max_commit_end()
+
+    def cut_floor_pos(self) -> int | None:
+        """After recover_all: the lowest commit position re-dispatch must start from to put back
+        the entries recovery cut (ConsumeQueue.cut_floor_pos); None when it cut none."""
+        return min((queue.cut_floor_pos for queue in self._queues.values()
+                    if queue.cut_floor_pos is not None), default=None)
 
     def close(self) -> None:
         for queue in self._queues.values():

@@ -111,6 +111,7 @@ class RecoveryReport:
     damage_accepted: list[dict] = field(default_factory=list)  # spans a salvage accepted (new ones)
     placeholder_entries: int = 0  # consume-queue entries put for records a damaged span hides
     queues_rebuilt: list[str] = field(default_factory=list)
+    queues_cut: list[str] = field(default_factory=list)  # cut at an invalid entry, re-dispatched past it
     duration_ms: float = 0.0
 
     def to_dict(self) -> dict:
@@ -142,6 +143,8 @@ class RecoveryReport:
             lines.append(f"  {self.placeholder_entries} consume-queue entries point at damaged spans "
                          "(readers report them as skipped)")
         lines += [f"  rebuilt consume queue {q}" for q in self.queues_rebuilt]
+        lines += [f"  consume queue {q} ended in an invalid entry with bytes behind it: cut there, "
+                  "its entries put back from the commitlog" for q in self.queues_cut]
         lines += [f"  rebuilt index shard {n} (its files were unreadable and were quarantined)"
                   for n in self.index_shards_rebuilt]
         return lines
@@ -185,6 +188,11 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
         shard.mark_processed(durable_pos)
     start_pos = _scan_start(cp, shard_positions, parts.commitlog.min_pos,
                             _last_dispatched_pos(parts.queues))
+    report.queues_cut = [f"{queue.topic}/{queue.queue_id}" for queue in parts.queues
+                         if queue.cut_floor_pos is not None]
+    cut_floor = parts.queues.cut_floor_pos()
+    if cut_floor is not None:  # entries cut below the start come back from their records
+        start_pos = max(min(start_pos, cut_floor), parts.commitlog.min_pos)
     report.scan_start_pos = start_pos
     cut_pos, reason = _scan_and_redispatch(parts, start_pos, report, progress, accepted)
     if mode is RecoveryMode.SALVAGE:

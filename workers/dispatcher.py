@@ -26,7 +26,8 @@ ring does not give it (workers/index_builder.py). Without a ring (the region cou
 made) the builders scan everything, as before.
 
 Restart: ConsumeQueueTable.load + recover_all keeps every valid entry (a killed dispatcher's
-page-cache writes survive it), then dispatch resumes from the published cq_durable_pos;
+page-cache writes survive it), then dispatch resumes from the published cq_durable_pos, or from
+below it where recover_all cut a queue at an invalid entry with bytes behind it (cut_floor_pos);
 re-putting an entry that is already there is a no-op, so the restart leaves no gap and no
 duplicate. The published dispatched_pos is left where the previous dispatcher put it (its
 entries are still there), so consumers never see the queues shrink during a restart.
@@ -159,6 +160,9 @@ class Dispatcher(ChildProcess):
         # Re-dispatch from the durable position; entries up to `published` survived the
         # previous dispatcher (page cache), so consumers keep their view: it never goes back.
         self.pos = self.durable_pos = durable
+        cut_floor = self.queues.cut_floor_pos()
+        if cut_floor is not None and cut_floor < durable:  # what recover_all cut comes back from the log
+            self.pos = max(cut_floor, self.commitlog.min_pos)
         self.published_pos = published
         self.ctl.reset_dispatcher(published, durable)
         self.waiters = WaiterTable.attach(self.store_dir)

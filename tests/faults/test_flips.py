@@ -182,6 +182,24 @@ def test_every_flipped_consume_queue_byte_is_found_and_rebuilt(store):
     _flip_find_rebuild(root, entries, chosen, rng, CQ_KINDS, CQ_ENTRY_SIZE)
 
 
+@pytest.mark.parametrize("field_byte", [0, 8], ids=["commit_pos", "size"])
+def test_an_entry_a_flip_makes_invalid_is_put_back_by_a_routine_open(store, field_byte):
+    """A flipped sign bit makes an entry invalid, with valid entries behind it: recovery ends the
+    queue there, and re-dispatch puts it and those behind it back from their records (neither
+    lost nor their queue offsets given out again)."""
+    root, entries, rng = store
+    spans = queue_entry_spans(root)
+    for path, file_pos in [spans[0], *rng.sample(spans[1:], 2 * SCALE)]:
+        flip_byte(path, file_pos + field_byte, 0x80)
+        topic, queue_id = path.parent.parent.name, int(path.parent.name)
+        with MessageStore.open(root, CONFIG) as st:
+            assert st.recovery_report.queues_cut == [f"{topic}/{queue_id}"]
+            next_offset = max(e.queue_offset for e in entries
+                              if (e.topic, e.queue_id) == (topic, queue_id)) + 1
+            assert st.max_offset(topic, queue_id) == next_offset
+        verify_ledger(root, entries)
+
+
 def test_every_flipped_index_byte_is_found_and_rebuilt(store):
     root, entries, rng = store
     spans = index_entry_spans(root, CONFIG)

@@ -7,9 +7,12 @@ import signal
 
 import pytest
 
+from engine.formats.cq_entry import CQ_ENTRY_SIZE
+from engine.naming import consume_queue_dir, offset_to_name
 from engine.store import MessageStore
 from ipc.consumer import Consumer
 from ipc.control_block import Role
+from ipc.producer import Producer
 from tests.workers.store_harness import (
     PRODUCER_SCRIPT,
     assert_check_clean,
@@ -18,6 +21,7 @@ from tests.workers.store_harness import (
     start_store,
     wait_for,
 )
+from tools.torture.faults import flip_byte
 
 pytestmark = pytest.mark.slow
 
@@ -60,3 +64,28 @@ def test_sigkill_dispatcher_and_index_builder_under_load(tmp_path):
     with MessageStore.open(store.root) as offline:  # every key indexed exactly where it was put
         for key, _status, _qid, _offset, commit_pos, _msg_id in acked[::97]:
             assert [r.commit_pos for r in offline.query_by_key("T1", key)] == [commit_pos]
+
+
+def test_a_restarted_dispatcher_puts_back_the_entries_it_cut_at_a_damaged_one(tmp_path):
+    """A flipped entry below the durable position, then a dispatcher restart: its recovery ends
+    the queue at the damaged entry and dispatch starts again below the durable position, so
+    every entry comes back from the commitlog and no queue offset is given out twice."""
+    store = start_store(tmp_path / "store", store={"consume_queue_entries": 16})
+    with Producer(store.root) as producer:
+        sent = [producer.send("T1", f"m{i}".encode(), queue_id=0) for i in range(40)]
+        producer.send("T1", b"other", queue_id=1)
+        store.wait_caught_up()
+        queue_file = consume_queue_dir(store.root, "T1", 0) / offset_to_name(32 * CQ_ENTRY_SIZE)
+        flip_byte(queue_file, 3 * CQ_ENTRY_SIZE + 8, 0x80)  # entry 35's size turns negative
+        dispatcher = store.child_pid(Role.DISPATCHER)
+        os.kill(dispatcher, signal.SIGKILL)
+        store.wait_child_replaced(Role.DISPATCHER, dispatcher)
+        store.wait_caught_up()
+        after = producer.send("T1", b"after", queue_id=0)
+    assert [r.queue_offset for r in sent] == list(range(40)) and after.queue_offset == 40
+    with Consumer(store.root, "verify") as consumer:
+        got = consumer.pull("T1", 0, 0, 64).messages
+        assert [(r.queue_offset, r.body) for r in got] == \
+            [(i, f"m{i}".encode()) for i in range(40)] + [(40, b"after")]
+    assert store.stop() == 0
+    assert_check_clean(store.root)
