@@ -9,14 +9,28 @@ there are, at most `max_open_files` of their files stay mapped (engine.open_file
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
 
 from engine.consume_queue import ConsumeQueue, check_queue_id
-from engine.filesystem import remove_tree
+from engine.errors import BadInputError, SegmentLayoutError
+from engine.filesystem import move_aside, remove_tree
 from engine.mapped_file import Access
-from engine.naming import CONSUMEQUEUE_DIR, consume_queue_dir, is_topic_name, validate_topic
+from engine.naming import CONSUMEQUEUE_DIR, QUARANTINE_DIR, consume_queue_dir, is_topic_name, validate_topic
 from engine.open_files import OpenFileBudget, queue_file_budget
+
+log = logging.getLogger(__name__)
+
+
+class OnUnreadable(Enum):
+    """What loading the table does with a queue whose files break the layout rules."""
+
+    RAISE = "raise"  # a reader: the SegmentLayoutError
+    SKIP = "skip"  # a read-only look before a writer opens: left out, named in `unreadable`
+    SET_ASIDE = "set_aside"  # a writer: moved to quarantine/, started empty, rebuilt from the log
 
 
 class ConsumeQueueTable:
@@ -30,12 +44,21 @@ class ConsumeQueueTable:
         self.access = access
         self.budget = OpenFileBudget(queue_file_budget() if max_open_files is None else max_open_files)
         self.foreign: list[Path] = []  # what load skipped: not a topic or not a queue id
+        self.unreadable: list[tuple[str, int]] = []  # queues load skipped or set aside
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
 
     @classmethod
-    def load(cls, root: Path, entries_per_file: int, access: Access,
-             max_open_files: int | None = None) -> ConsumeQueueTable:
-        """Load every queue under <root>/consumequeue; foreign entries are listed in `foreign`."""
+    def load(cls, root: Path, entries_per_file: int, access: Access, max_open_files: int | None = None,
+             on_unreadable: OnUnreadable | None = None) -> ConsumeQueueTable:
+        """Load every queue under <root>/consumequeue; foreign entries are listed in `foreign`.
+
+        A queue whose files break the layout rules (a short or missing file) is handled by
+        `on_unreadable`; by default a writer sets it aside (a queue is derived data) and a
+        reader gets the SegmentLayoutError."""
+        if on_unreadable is None:
+            on_unreadable = OnUnreadable.SET_ASIDE if access is Access.READ_WRITE else OnUnreadable.RAISE
+        if on_unreadable is OnUnreadable.SET_ASIDE and access is not Access.READ_WRITE:
+            raise BadInputError("on_unreadable", "only a writer sets unreadable queues aside")
         table = cls(root, entries_per_file, access, max_open_files)
         base = table.root / CONSUMEQUEUE_DIR
         if not base.is_dir():
@@ -49,8 +72,24 @@ class ConsumeQueueTable:
                 if not (queue_dir.is_dir() and name.isdigit() and str(int(name)) == name):
                     table.foreign.append(queue_dir)  # RocketMQ skips non-numeric queue dirs
                     continue
-                table._load(topic_dir.name, int(name))
+                try:
+                    table._load(topic_dir.name, int(name))
+                except SegmentLayoutError as exc:
+                    if on_unreadable is OnUnreadable.RAISE:
+                        raise
+                    if on_unreadable is OnUnreadable.SET_ASIDE:
+                        table._set_aside(topic_dir.name, int(name), exc)
+                    table.unreadable.append((topic_dir.name, int(name)))
         return table
+
+    def _set_aside(self, topic: str, queue_id: int, problem: SegmentLayoutError) -> None:
+        """Quarantine an unreadable queue and start it empty, re-dispatched from the log's start
+        (its cut_floor_pos 0): a queue is derived data."""
+        moved = move_aside(consume_queue_dir(self.root, topic, queue_id), self.root / QUARANTINE_DIR,
+                           f"consumequeue-{topic}-{queue_id}.{int(time.time() * 1000)}")
+        log.warning("consume queue %s/%d is unreadable (%s): moved to %s, rebuilt from the commitlog",
+                    topic, queue_id, problem, moved)
+        self._load(topic, queue_id).cut_floor_pos = 0
 
     def _load(self, topic: str, queue_id: int) -> ConsumeQueue:
         queue = ConsumeQueue.load(self.root, topic, queue_id, self.entries_per_file, self.access,

@@ -87,6 +87,16 @@ def remove_tree(directory: Path) -> None:
         fsync_dir(directory.parent)
 
 
+def move_aside(path: Path, into: Path, name: str) -> Path:
+    """Move a file or directory to `into`/`name` durably (damage kept for inspection, never
+    deleted); returns the new path."""
+    target = ensure_dir(Path(into)) / name
+    os.replace(path, target)
+    fsync_dir(target.parent)
+    fsync_dir(Path(path).parent)
+    return target
+
+
 def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
     """fsync what `path` names, opened read-only with `flags`."""
     fd = os.open(path, flags)

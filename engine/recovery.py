@@ -24,7 +24,7 @@ from engine.accepted_damage import AcceptedSpan, ScanPastAccepted, load_accepted
 from engine.checkpoint import load_checkpoint, write_checkpoint
 from engine.commitlog import CommitLog
 from engine.config import StoreConfig
-from engine.consume_queue_table import ConsumeQueueTable
+from engine.consume_queue_table import ConsumeQueueTable, OnUnreadable
 from engine.dispatch import (
     consumable_rows,
     dispatch_columns_to_consume_queues,
@@ -188,8 +188,10 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
         shard.mark_processed(durable_pos)
     start_pos = _scan_start(cp, shard_positions, parts.commitlog.min_pos,
                             _last_dispatched_pos(parts.queues))
-    report.queues_cut = [f"{queue.topic}/{queue.queue_id}" for queue in parts.queues
-                         if queue.cut_floor_pos is not None]
+    set_aside = {f"{topic}/{queue_id}" for topic, queue_id in parts.queues.unreadable}
+    report.queues_rebuilt += sorted(set_aside)
+    report.queues_cut = [name for queue in parts.queues if queue.cut_floor_pos is not None
+                         and (name := f"{queue.topic}/{queue.queue_id}") not in set_aside]
     cut_floor = parts.queues.cut_floor_pos()
     if cut_floor is not None:  # entries cut below the start come back from their records
         start_pos = max(min(start_pos, cut_floor), parts.commitlog.min_pos)
@@ -216,7 +218,8 @@ def refuse_damage_before_opening(root: Path, config: StoreConfig) -> None:
     leave every file as it was. `recover` checks the same range again once open."""
     refuse_short_segments(root, config.commitlog_file_size)
     commitlog = CommitLog.open(root, config.commitlog_file_size, Access.READ_ONLY)
-    queues = ConsumeQueueTable.load(root, config.consume_queue_entries, Access.READ_ONLY)
+    queues = ConsumeQueueTable.load(root, config.consume_queue_entries, Access.READ_ONLY,
+                                    on_unreadable=OnUnreadable.SKIP)  # the writer sets them aside
     try:
         cp = load_checkpoint(root).checkpoint
         shard_positions = _shard_durable_positions(cp, config.index_shards)

@@ -24,6 +24,8 @@ from engine import log_tail
 from engine.check import check
 from engine.check_findings import FindingKind
 from engine.checkpoint import CheckpointSource, write_checkpoint
+from engine.consume_queue_table import ConsumeQueueTable, OnUnreadable
+from engine.errors import BadInputError, SegmentLayoutError
 from engine.formats.checkpoint import MQSTORE_PART_POS, Checkpoint
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, encode_cq_entry
 from engine.formats.index_file import INDEX_ENTRY, decode_index_header, entry_pos
@@ -37,6 +39,7 @@ from engine.formats.record import (
     PHYSICAL_OFFSET_OFFSET,
     TOTAL_SIZE_OFFSET,
 )
+from engine.mapped_file import Access
 from engine.message import Message
 from engine.naming import ABORT_FILE, CHECKPOINT_FILE, INDEX_DIR, consume_queue_dir, index_shard_dir
 from engine.recovery import RecoveryMode
@@ -385,6 +388,46 @@ def test_consume_queue_entry_pointing_to_another_record_is_rebuilt(tmp_path):
     assert_holds_exactly(store, 30)
     store.close()
     assert check(tmp_path) == []
+
+
+@pytest.mark.parametrize("damage", ["short_last_file", "missing_middle_file"])
+@pytest.mark.parametrize("mode", [RecoveryMode.ROUTINE, RecoveryMode.REBUILD])
+def test_consume_queue_with_a_broken_file_layout_is_set_aside_and_rebuilt(tmp_path, damage, mode):
+    """A short or missing queue file used to make every open refuse, `--rebuild` included:
+    the queue is now moved to quarantine/ whole and rebuilt from the commitlog."""
+    build(tmp_path, 50, crash=False)  # 25 entries a queue: files of 10
+    files = sorted(consume_queue_dir(tmp_path, TOPIC, 0).iterdir())
+    if damage == "short_last_file":
+        with open(files[-1], "r+b") as f:
+            f.truncate(100)
+    else:
+        files[1].unlink()
+    kept = {path.name: path.read_bytes() for path in files if path.exists()}
+    store = MessageStore.open(tmp_path, SMALL_CONFIG, recovery=mode)
+    assert f"{TOPIC}/0" in store.recovery_report.queues_rebuilt
+    assert_holds_exactly(store, 50)
+    assert store.put(TOPIC, b"next", queue_id=0).queue_offset == 25
+    store.close()
+    assert check(tmp_path) == []
+    (aside,) = (tmp_path / "quarantine").glob(f"consumequeue-{TOPIC}-0.*")
+    assert {path.name: path.read_bytes() for path in aside.iterdir()} == kept  # byte for byte
+
+
+def test_a_reader_still_gets_the_layout_error_and_changes_nothing(tmp_path):
+    build(tmp_path, 50, crash=False)
+    files = sorted(consume_queue_dir(tmp_path, TOPIC, 0).iterdir())
+    files[1].unlink()
+    before = sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*"))
+    with pytest.raises(SegmentLayoutError, match="gap in segments"):
+        ConsumeQueueTable.load(tmp_path, SMALL_CONFIG.consume_queue_entries, Access.READ_ONLY)
+    skipped = ConsumeQueueTable.load(tmp_path, SMALL_CONFIG.consume_queue_entries, Access.READ_ONLY,
+                                     on_unreadable=OnUnreadable.SKIP)
+    assert skipped.unreadable == [(TOPIC, 0)] and [q.queue_id for q in skipped] == [1]
+    skipped.close()
+    with pytest.raises(BadInputError, match="only a writer"):
+        ConsumeQueueTable.load(tmp_path, SMALL_CONFIG.consume_queue_entries, Access.READ_ONLY,
+                               on_unreadable=OnUnreadable.SET_ASIDE)
+    assert sorted(path.relative_to(tmp_path) for path in tmp_path.rglob("*")) == before
 
 
 # ------------------------------------------------------------------------------ index
