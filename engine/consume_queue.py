@@ -16,6 +16,8 @@ the first invalid entry (zeros: never written) ends the queue. Rules mqstore add
   compares them whole and rewrites one that differs, and `drop_unconfirmed` (run by
   `ConsumeQueueTable.truncate_all_from`, after re-dispatch) drops those re-dispatch did not reach;
 - recovery and truncation zero the stale bytes behind the last valid entry (DESIGN §5.4);
+  bytes behind an invalid entry only once re-dispatch has put the entries back from their
+  records (`cut_floor_pos`, `clear_cut_tail`), so a queue never loses an entry to a flip;
 - every "last entry" read is guarded against empty files (RocketMQ #9728);
 - a write that touches a page not yet allocated reserves blocks first (`MappedFile.reserve`), so
   a full disk gives DiskFullError before any byte of the batch is written, never SIGBUS.
@@ -415,11 +417,12 @@ class ConsumeQueue:
             return self._max_offset
         start = self._recover_from()
         end = self._scan_forward(start)
-        self.cut_floor_pos = self._cut_floor(end) if self._holds_data_from(end) else None
-        if self.cut_floor_pos is None:
-            self._cut_at(end)
-        else:
-            self._end_at(end)
+        if self._holds_data_from(end):  # a torn tail or damage: re-dispatch puts it back first
+            self.cut_floor_pos = self._cut_floor(end)
+        else:  # a clean end: only zeros follow, in files that can go
+            self.cut_floor_pos = None
+            self._drop_files_after(end)
+        self._end_at(end)
         self.segments.sync_range(start * CQ_ENTRY_SIZE, end * CQ_ENTRY_SIZE)
         self._flushed_offset = end
         if durable_pos is not None:
@@ -492,8 +495,7 @@ class ConsumeQueue:
         Only bytes that hold data are zeroed (holes stay holes), so a cut never needs new disk
         blocks: recovery works on a full disk."""
         lpos = end * CQ_ENTRY_SIZE
-        self.segments.remove_after(max(lpos, self.segments.min_pos + 1))
-        self._forget_reservation()
+        self._drop_files_after(end)
         segment = self.segments.find(lpos)
         if segment is not None:
             file_pos = lpos - self.segments.base_of(segment)
@@ -501,6 +503,11 @@ class ConsumeQueue:
                 segment.zero_nonzero(file_pos, self.file_bytes)
                 segment.sync(file_pos, self.file_bytes)
         self._end_at(end)
+
+    def _drop_files_after(self, end: int) -> None:
+        """Delete the files after the one holding entry `end` (never the first)."""
+        self.segments.remove_after(max(end * CQ_ENTRY_SIZE, self.segments.min_pos + 1))
+        self._forget_reservation()
 
     def _end_at(self, end: int) -> None:
         """Make `end` the queue's end in memory; the bytes past it are left as they are."""
