@@ -82,6 +82,7 @@ def test_a_restarted_dispatcher_puts_back_the_entries_it_cut_at_a_damaged_one(tm
         store.wait_child_replaced(Role.DISPATCHER, dispatcher)
         store.wait_caught_up()
         after = producer.send("T1", b"after", queue_id=0)
+        store.wait_caught_up()  # acknowledged at the flush; dispatched a step later
     assert [r.queue_offset for r in sent] == list(range(40)) and after.queue_offset == 40
     with Consumer(store.root, "verify") as consumer:
         got = consumer.pull("T1", 0, 0, 64).messages
