@@ -156,6 +156,22 @@ class IndexFile:
     def end_commit_pos(self) -> int:
         return _header_unpack(self._live_buf(), 0)[3]
 
+    @property
+    def newest_commit_pos(self) -> int | None:
+        """The newest entry's commit_pos, read from the entry (None when the file holds none)."""
+        buf = self._live_buf()
+        count = _header_unpack(buf, 0)[5]
+        return _entry_unpack(buf, entry_pos(self.slot_count, count - 1))[1] if count > 1 else None
+
+    def entries_at_end(self, commit_pos: int) -> int:
+        """How many of the newest entries, in a row, point at `commit_pos` (a record's keys)."""
+        buf = self._live_buf()
+        newest = number = _header_unpack(buf, 0)[5] - 1
+        slot_count = self.slot_count
+        while number >= FIRST_INDEX and _entry_unpack(buf, entry_pos(slot_count, number))[1] == commit_pos:
+            number -= 1
+        return newest - number
+
     # -- put and select (RocketMQ IndexFile.putKey / selectPhyOffset) -----------------------------
 
     def put_key(self, key: str, commit_pos: int, store_ts_ms: int) -> None:

@@ -180,9 +180,9 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
         for queue in list(parts.queues):
             parts.queues.drop(queue.topic, queue.queue_id)
     parts.queues.recover_all()
-    for shard, durable_pos in zip(parts.shards, shard_positions, strict=True):
-        report.index_entries_trimmed += shard.trim_from(durable_pos)
-        shard.mark_processed(durable_pos)
+    for shard_no, shard in enumerate(parts.shards):  # a damaged entry can make it re-index from lower
+        report.index_entries_trimmed += shard.trim_for_recovery(shard_positions[shard_no])
+        shard_positions[shard_no] = shard.processed_pos
     start_pos = _scan_start(cp, shard_positions, parts.commitlog.min_pos,
                             _last_dispatched_pos(parts.queues))
     report.scan_start_pos = start_pos
@@ -381,8 +381,9 @@ def _cut(parts: StoreParts, cut_pos: int, report: RecoveryReport, now_ms: int) -
     report.segments_removed = [path.name for path in data_segments_after(commitlog, cut_pos)]
     commitlog.truncate_to(cut_pos)
     report.cq_entries_trimmed += parts.queues.truncate_all_from(cut_pos)
-    for shard in parts.shards:
-        report.index_entries_trimmed += shard.trim_from(cut_pos)
+    for shard in parts.shards:  # only past the cut: a trim below it is not re-indexed any more
+        if (shard.newest_commit_pos or 0) >= cut_pos:
+            report.index_entries_trimmed += shard.trim_from(cut_pos)
 
 
 def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int,
