@@ -346,6 +346,18 @@ class IndexFile:
     def _slot_table(self) -> np.ndarray:
         return np.frombuffer(self._buf, dtype=SLOT_DTYPE, count=self.slot_count, offset=slot_pos(0))
 
+    def slot_heads_problem(self, cut_pos: int) -> str | None:
+        """Why the slot heads disagree with the header (a page of heads zeroed), checked only where
+        `trim_from(cut_pos)` would leave both as they are: its header then counts the non-zero
+        heads exactly (hash_slot_count). None when they agree or when the trim rewrites them."""
+        count = self.index_count
+        heads = self._slot_table()
+        if kept_count(self._entry_array(), self.slot_count, count, cut_pos) != count \
+                or ((heads < 0) | (heads >= count)).any():
+            return None
+        used, counted = int(np.count_nonzero(heads)), self.header.hash_slot_count
+        return None if used == counted else f"{used} slot heads are set, the header counts {counted}"
+
     def _repair_slot_heads(self, entries: np.ndarray, count: int) -> bool:
         """Point every slot head outside [0, count) at its slot's newest entry below count."""
         heads = self._slot_table()

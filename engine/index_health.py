@@ -8,10 +8,12 @@ it; a shard whose files cannot vouch for that is rebuilt instead, as an unreadab
   files oldest first, only those wholly below the log's first record and never the last, and a
   trim keeps the oldest, so only damage (the shard's directory, every file or the oldest ones
   deleted) leaves such a key out. The look stops at the first key of the shard: on sound files
-  it reads the few records before it (every message carries a UNIQ_KEY).
+  it reads the few records before it (every message carries a UNIQ_KEY);
+* the slot table: the newest file's slot heads in use are not the number its header counts (a
+  page of heads zeroed), looked at only where the trim would leave that file as it is.
 
 Not seen here: a missing file in the middle or at the end of a shard, a damaged entry or chain
-link, and the slot tables; `mqstore check` finds them and a rebuild repairs them.
+link, and older files' slot tables; `mqstore check` finds them and a rebuild repairs them.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def shard_problem(shard: ShardIndex, shard_count: int, durable_pos: int, log: Co
     if key_pos is not None:
         return (f"the record at {key_pos} has a key of the shard, which holds no entry below "
                 f"{indexed_from}: index files are missing")
+    if shard.files:
+        problem = shard.files[-1].slot_heads_problem(durable_pos)
+        if problem is not None:
+            return f"slot table of {shard.files[-1].path.name}: {problem}"
     return None
 
 

@@ -1,6 +1,6 @@
 """Routine recovery of damaged index shards (DESIGN §5.4): a trim that meets a damaged entry
-re-indexes what it takes; a shard whose files are gone is rebuilt from the commitlog. After
-each, every key is found and `check` is clean."""
+re-indexes what it takes; a shard whose files are gone or whose slot table disagrees with its
+header is rebuilt from the commitlog. After each, every key is found and `check` is clean."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 
 from engine.check import check
 from engine.config import StoreConfig
-from engine.formats.index_file import decode_index_header, entry_pos
+from engine.formats.index_file import decode_index_header, entry_pos, slot_pos
 from engine.message import Message
 from engine.naming import QUARANTINE_DIR, index_shard_dir
 from engine.recovery import StoreParts
 from engine.retention import run_retention
 from engine.store import MessageStore
-from tests.helpers import SMALL_CONFIG, TOPIC, die
+from tests.helpers import SMALL_CONFIG, TOPIC, die, patch
 from tools.torture.faults import flip_byte
 
 COMMIT_POS_FIELD = 4  # index entry: key_hash 4 | commit_pos 8 | time_diff_s 4 | prev_index 4
@@ -125,6 +125,14 @@ def test_missing_index_files_rebuild_the_shard_at_a_routine_open(tmp_path, lost)
     set_aside = sorted((tmp_path / QUARANTINE_DIR).glob("index-0.*"))
     assert [sorted(p.name for p in d.iterdir()) for d in set_aside] == \
         ([[p.name for p in files[1:]]] if lost == "oldest file" else [])
+
+
+def test_zeroed_slot_heads_of_the_newest_file_rebuild_the_shard(tmp_path):
+    positions = fill_many(tmp_path)
+    newest = index_files(tmp_path, 1)[-1]
+    patch(newest, slot_pos(0), bytes(slot_pos(MANY_FILES.index_slot_count) - slot_pos(0)))
+    assert reopen_twice(tmp_path, positions) == ([1], [])
+    assert check(tmp_path) == []
 
 
 @pytest.mark.parametrize("count", [0, 1])
