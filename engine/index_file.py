@@ -156,6 +156,22 @@ class IndexFile:
     def end_commit_pos(self) -> int:
         return _header_unpack(self._live_buf(), 0)[3]
 
+    @property
+    def newest_commit_pos(self) -> int | None:
+        """The newest entry's commit_pos, read from the entry (None when the file holds none)."""
+        buf = self._live_buf()
+        count = _header_unpack(buf, 0)[5]
+        return _entry_unpack(buf, entry_pos(self.slot_count, count - 1))[1] if count > 1 else None
+
+    def entries_at_end(self, commit_pos: int) -> int:
+        """How many of the newest entries, in a row, point at `commit_pos` (a record's keys)."""
+        buf = self._live_buf()
+        newest = number = _header_unpack(buf, 0)[5] - 1
+        slot_count = self.slot_count
+        while number >= FIRST_INDEX and _entry_unpack(buf, entry_pos(slot_count, number))[1] == commit_pos:
+            number -= 1
+        return newest - number
+
     # -- put and select (RocketMQ IndexFile.putKey / selectPhyOffset) -----------------------------
 
     def put_key(self, key: str, commit_pos: int, store_ts_ms: int) -> None:
@@ -329,6 +345,18 @@ class IndexFile:
 
     def _slot_table(self) -> np.ndarray:
         return np.frombuffer(self._buf, dtype=SLOT_DTYPE, count=self.slot_count, offset=slot_pos(0))
+
+    def slot_heads_problem(self, cut_pos: int) -> str | None:
+        """Why the slot heads disagree with the header (a page of heads zeroed), checked only where
+        `trim_from(cut_pos)` would leave both as they are: its header then counts the non-zero
+        heads exactly (hash_slot_count). None when they agree or when the trim rewrites them."""
+        count = self.index_count
+        heads = self._slot_table()
+        if kept_count(self._entry_array(), self.slot_count, count, cut_pos) != count \
+                or ((heads < 0) | (heads >= count)).any():
+            return None
+        used, counted = int(np.count_nonzero(heads)), self.header.hash_slot_count
+        return None if used == counted else f"{used} slot heads are set, the header counts {counted}"
 
     def _repair_slot_heads(self, entries: np.ndarray, count: int) -> bool:
         """Point every slot head outside [0, count) at its slot's newest entry below count."""

@@ -35,8 +35,10 @@ def kept_count(entries: np.ndarray, slot_count: int, count: int, cut_pos: int) -
     prefix of valid entries (see `_valid`) that all point below cut_pos.
 
     A binary search for cut_pos gives an upper bound (the entries below the durable position are
-    sorted; whatever lies past them can only make the search land late), a backward look from
-    there finds an entry that is durable, and the forward scan from it finds the first invalid."""
+    sorted; whatever lies past them can only make the search land late, but a damaged entry
+    below it that the search meets makes it land early: ShardIndex.trim_for_recovery re-indexes
+    what that takes), a backward look from there finds an entry that is durable, and the forward
+    scan from it finds the first invalid."""
     if count <= 1:
         return 1
     positions = entries["commit_pos"]

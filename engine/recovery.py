@@ -43,6 +43,7 @@ from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import is_filler_entry
 from engine.formats.record import Verify
 from engine.formats.record.dispatch_columns import DispatchColumns
+from engine.index_health import unsound_shards
 from engine.log_tail import data_segments_after, quarantine_tail, segment_base
 from engine.log_walk import is_zero_from
 from engine.mapped_file import Access
@@ -145,7 +146,8 @@ class RecoveryReport:
         lines += [f"  rebuilt consume queue {q}" for q in self.queues_rebuilt]
         lines += [f"  consume queue {q} ended in an invalid entry with bytes behind it: cut there, "
                   "its entries put back from the commitlog" for q in self.queues_cut]
-        lines += [f"  rebuilt index shard {n} (its files were unreadable and were quarantined)"
+        lines += [f"  rebuilt index shard {n} (its files were unreadable, damaged or missing; "
+                  "any left are in quarantine/)"
                   for n in self.index_shards_rebuilt]
         return lines
 
@@ -183,9 +185,9 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
         for queue in list(parts.queues):
             parts.queues.drop(queue.topic, queue.queue_id)
     parts.queues.recover_all()
-    for shard, durable_pos in zip(parts.shards, shard_positions, strict=True):
-        report.index_entries_trimmed += shard.trim_from(durable_pos)
-        shard.mark_processed(durable_pos)
+    for shard_no, shard in enumerate(parts.shards):  # a damaged entry can make it re-index from lower
+        report.index_entries_trimmed += shard.trim_for_recovery(shard_positions[shard_no])
+        shard_positions[shard_no] = shard.processed_pos
     start_pos = _scan_start(cp, shard_positions, parts.commitlog.min_pos,
                             _last_dispatched_pos(parts.queues))
     set_aside = {f"{topic}/{queue_id}" for topic, queue_id in parts.queues.unreadable}
@@ -211,11 +213,12 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
     return report
 
 
-def refuse_damage_before_opening(root: Path, config: StoreConfig) -> None:
+def refuse_damage_before_opening(root: Path, config: StoreConfig) -> dict[int, str]:
     """Routine recovery's durable-line refusal (refuse_loss_below, over the range recovery would
     scan) on a read-only view, before a writer opens the store: opening for writing already
     settles temp files and moves unreadable index shards aside, and a refused start must
-    leave every file as it was. `recover` checks the same range again once open."""
+    leave every file as it was. `recover` checks the same range again once open. Returns the
+    readable index shards the writer sets aside to rebuild, with why (engine.index_health)."""
     refuse_short_segments(root, config.commitlog_file_size)
     commitlog = CommitLog.open(root, config.commitlog_file_size, Access.READ_ONLY)
     queues = ConsumeQueueTable.load(root, config.consume_queue_entries, Access.READ_ONLY,
@@ -223,7 +226,8 @@ def refuse_damage_before_opening(root: Path, config: StoreConfig) -> None:
     try:
         cp = load_checkpoint(root).checkpoint
         shard_positions = _shard_durable_positions(cp, config.index_shards)
-        for shard_no in _unreadable_shards(root, config):
+        unreadable, unsound = _shards_to_rebuild(root, config, commitlog)
+        for shard_no in [*unreadable, *unsound]:
             shard_positions[shard_no] = 0  # recovery rebuilds it: the scan starts lower
         start_pos = _scan_start(cp, shard_positions, commitlog.min_pos, _last_dispatched_pos(queues))
         refuse_loss_below(commitlog, queues, durable_line(cp, queues), start_pos,
@@ -231,18 +235,27 @@ def refuse_damage_before_opening(root: Path, config: StoreConfig) -> None:
     finally:
         commitlog.close()
         queues.close()
+    return unsound
 
 
-def _unreadable_shards(root: Path, config: StoreConfig) -> list[int]:
-    """The index shards a writer's open would quarantine (engine.store_open.open_parts)."""
-    unreadable = []
-    for shard_no in range(config.index_shards):
-        try:
-            ShardIndex.load(root, shard_no, config.index_slot_count, config.index_entry_count,
-                            Access.READ_ONLY).close()
-        except CorruptIndexError:
-            unreadable.append(shard_no)
-    return unreadable
+def _shards_to_rebuild(root: Path, config: StoreConfig,
+                       commitlog: CommitLog) -> tuple[list[int], dict[int, str]]:
+    """The index shards a writer's open would quarantine and rebuild (engine.store_open): those
+    it cannot read, and those whose files cannot vouch for a trim (engine.index_health), with why."""
+    shards: list[ShardIndex | None] = []
+    try:
+        for shard_no in range(config.index_shards):
+            try:
+                shards.append(ShardIndex.load(root, shard_no, config.index_slot_count,
+                                              config.index_entry_count, Access.READ_ONLY))
+            except CorruptIndexError:
+                shards.append(None)
+        unsound = unsound_shards(root, commitlog, shards)
+    finally:
+        for shard in shards:
+            if shard is not None:
+                shard.close()
+    return [n for n, shard in enumerate(shards) if shard is None], unsound
 
 
 def _damage_rule(parts: StoreParts, mode: RecoveryMode, checkpoint: Checkpoint | None, scan_start: int,
@@ -392,8 +405,9 @@ def _cut(parts: StoreParts, cut_pos: int, report: RecoveryReport, now_ms: int) -
     report.segments_removed = [path.name for path in data_segments_after(commitlog, cut_pos)]
     commitlog.truncate_to(cut_pos)
     report.cq_entries_trimmed += parts.queues.truncate_all_from(cut_pos)
-    for shard in parts.shards:
-        report.index_entries_trimmed += shard.trim_from(cut_pos)
+    for shard in parts.shards:  # only past the cut: a trim below it is not re-indexed any more
+        if (shard.newest_commit_pos or 0) >= cut_pos:
+            report.index_entries_trimmed += shard.trim_from(cut_pos)
 
 
 def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int,

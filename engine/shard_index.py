@@ -50,7 +50,7 @@ class ShardIndex:
 
     `processed_pos` is the commit position up to which records are indexed in this shard; the
     caller advances it with `mark_processed` after putting a record's keys. `load` knows no
-    position (it starts at 0): recovery calls `trim_from(durable_pos)` then `mark_processed`.
+    position (it starts at 0): recovery calls `trim_for_recovery(durable_pos)`, which sets it.
     """
 
     def __init__(self, directory: Path, shard: int, slot_count: int, entry_count: int,
@@ -283,20 +283,58 @@ class ShardIndex:
         """Drop every entry with commit_pos >= cut_pos; returns the number of entries removed.
 
         Newest first: a file whose begin_commit_pos >= cut_pos is deleted (all of its entries go),
-        unless it is the only one, which is trimmed empty; then the last remaining file is trimmed.
-        processed_pos drops to cut_pos if it was past it.
+        and so is a last file left with no entry, unless it is the only one, which is trimmed
+        empty; then the last remaining file is trimmed. processed_pos drops to cut_pos if it
+        was past it.
         """
         self._require_writable()
         self._cancel_paced_sync()
         removed = 0
-        while len(self._files) > 1 and self._files[-1].begin_commit_pos >= cut_pos:
-            doomed = self._files.pop()
-            removed += doomed.index_count - 1
-            doomed.delete()
-        if self._files:
-            removed += self._files[-1].trim_from(cut_pos)
+        while self._files:
+            last = self._files[-1]
+            if len(self._files) == 1 or (last.begin_commit_pos < cut_pos and last.index_count > 1):
+                removed += last.trim_from(cut_pos)
+                if len(self._files) == 1 or last.index_count > 1:
+                    break
+            removed += last.index_count - 1
+            self._files.pop().delete()
         self._processed_pos = min(self._processed_pos, cut_pos)
         return removed
+
+    def trim_for_recovery(self, durable_pos: int) -> int:
+        """Recovery's trim (DESIGN §5.4): `trim_from(durable_pos)`, and when that took entries, the
+        newest kept record's too, so processed_pos (that record's position, or 0 when none is
+        kept) is where re-indexing puts back every key taken, none twice: a damaged entry below
+        durable_pos ends the kept entries early. Returns the entries removed."""
+        removed = taken = self.trim_from(durable_pos)
+        reindex_pos = durable_pos
+        while taken:
+            reindex_pos = self.newest_commit_pos
+            if reindex_pos is None:
+                reindex_pos = 0
+                break
+            at_newest = self._entries_at_end(reindex_pos)
+            taken = self.trim_from(reindex_pos)
+            removed += taken
+            if taken <= at_newest:  # more: the trim also took entries below it, go back further
+                break
+        self._processed_pos = reindex_pos
+        return removed
+
+    @property
+    def newest_commit_pos(self) -> int | None:
+        """The commit_pos of the newest entry of the shard (None when it holds none)."""
+        return next((f.newest_commit_pos for f in reversed(self._files) if f.index_count > 1), None)
+
+    def _entries_at_end(self, commit_pos: int) -> int:
+        """How many of the shard's newest entries, in a row and across files, point at commit_pos."""
+        count = 0
+        for index_file in reversed(self._files):
+            at_end = index_file.entries_at_end(commit_pos)
+            count += at_end
+            if at_end < index_file.index_count - 1:
+                break
+        return count
 
     def delete_expired(self, min_commit_pos: int) -> int:
         """Delete the oldest files whose end_commit_pos < min_commit_pos (never the last one)."""

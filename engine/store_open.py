@@ -6,8 +6,8 @@
 3. take the store lock (a second writer is refused), then run the caller's step for what a
    crashed previous owner left (the supervisor's stale children and shared memory);
 4. open the parts (a routine recovery first refuses damage below the durable line on read-only
-   views; a rebuild or salvage first pads short segments) and recover them: abort file and
-   checkpoint, truncation, re-dispatch;
+   views, and sets aside the index shards it must rebuild; a rebuild or salvage first pads short
+   segments) and recover them: abort file and checkpoint, truncation, re-dispatch;
 5. create `abort` (present until a clean stop removes it);
 6. hand the derived files over: the in-process store keeps them open and dispatches itself, the
    supervisor closes them for its dispatcher and index-builder processes (`Dispatch`).
@@ -138,14 +138,21 @@ def _recover(root: Path, config: StoreConfig, mode: RecoveryMode,
 
 def open_for_recovery(root: Path, config: StoreConfig, mode: RecoveryMode) -> StoreParts:
     """The writable parts `recover` works on, opened only once the mode allows writing: a routine
-    recovery first refuses damage below the durable line on a read-only view; a rebuild or a
-    salvage first pads short segments with zeros (each logged at WARNING)."""
+    recovery first refuses damage below the durable line on a read-only view, then sets aside
+    the index shards whose files cannot vouch for a trim; a rebuild or a salvage first pads
+    short segments with zeros (each logged at WARNING)."""
     if mode is not RecoveryMode.ROUTINE:
         for path, size_bytes in pad_short_segments(root, config.commitlog_file_size):
             log.warning("extended short segment %s from %d bytes with zeros", path, size_bytes)
-    else:
-        refuse_damage_before_opening(root, config)
-    return open_parts(root, config, Access.READ_WRITE)
+        return open_parts(root, config, Access.READ_WRITE)
+    unsound = refuse_damage_before_opening(root, config)
+    parts = open_parts(root, config, Access.READ_WRITE)
+    try:
+        _set_aside_unsound_shards(parts, config, unsound)
+    except BaseException:
+        close_parts(parts)
+        raise
+    return parts
 
 
 def open_parts(root: Path, config: StoreConfig, access: Access) -> StoreParts:
@@ -171,6 +178,22 @@ def open_parts(root: Path, config: StoreConfig, access: Access) -> StoreParts:
             shards.append(open_shard(root, config, n, access))
             damaged.append(n)
     return StoreParts(Path(root), commitlog, queues, shards, damaged)
+
+
+def _set_aside_unsound_shards(parts: StoreParts, config: StoreConfig, unsound: dict[int, str]) -> None:
+    """Routine recovery trims each index shard and trusts what it keeps: a shard whose files
+    cannot vouch for that (`unsound`, engine.index_health) is moved aside and rebuilt as an
+    unreadable one is."""
+    for n, problem in unsound.items():
+        if n in parts.damaged_shards:
+            continue
+        log.warning("index shard %d is rebuilt from the commitlog: %s", n, problem)
+        if parts.shards[n].files:
+            parts.shards[n].close()
+            quarantine_shard(parts.root, n)
+            parts.shards[n] = open_shard(parts.root, config, n, Access.READ_WRITE)
+        parts.damaged_shards.append(n)
+    parts.damaged_shards.sort()
 
 
 def open_shard(root: Path, config: StoreConfig, shard: int, access: Access) -> ShardIndex:

@@ -22,8 +22,17 @@ from pathlib import Path
 from engine.check import check
 from engine.config import StoreConfig
 from engine.errors import StoreCorruptError
+from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import CQ_ENTRY_SIZE
-from engine.naming import LOCK_FILE, commitlog_dir, consume_queue_dir, is_segment_name, offset_to_name
+from engine.formats.index_file import INDEX_ENTRY, decode_index_header, entry_pos
+from engine.naming import (
+    LOCK_FILE,
+    commitlog_dir,
+    consume_queue_dir,
+    index_shard_dir,
+    is_segment_name,
+    offset_to_name,
+)
 from engine.recovery import RecoveryMode
 from engine.status import GetStatus
 from engine.store import MessageStore
@@ -196,3 +205,19 @@ def local_time_ms(days_ahead: int, hour: int) -> int:
     """Epoch ms of `hour`:30 local time, `days_ahead` days from now (for retention's delete hour)."""
     t = time.localtime(time.time() + days_ahead * 86400)
     return int(time.mktime((t.tm_year, t.tm_mon, t.tm_mday, hour, 30, 0, 0, 0, -1)) * 1000)
+
+
+def scan_start_after_index_trim(root: Path, cp: Checkpoint, config: StoreConfig = SMALL_CONFIG) -> int:
+    """Routine recovery's scan start from checkpoint `cp`: its consume-queue position, or lower:
+    a shard whose trim takes entries past its durable position re-indexes from its newest record
+    below it (ShardIndex.trim_for_recovery). Read from the index files before the open."""
+    starts = [cp.cq_durable_pos]
+    for shard, durable_pos in enumerate(cp.index_durable_pos):
+        positions = []
+        for path in sorted(index_shard_dir(root, shard).iterdir()):
+            data = path.read_bytes()
+            positions += [INDEX_ENTRY.unpack_from(data, entry_pos(config.index_slot_count, n))[1]
+                          for n in range(1, decode_index_header(data).index_count)]
+        if any(pos >= durable_pos for pos in positions):
+            starts.append(max((pos for pos in positions if pos < durable_pos), default=0))
+    return min(starts)

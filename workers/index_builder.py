@@ -26,8 +26,9 @@ Every `index_flush_interval_ms` the builder starts a paced sync of its index fil
 and when the last piece is synced it publishes the position the sync began at as durable: the
 slot table takes random writes, and one sync of it all would hold the commitlog's group commit
 behind it (see docs/DECISIONS.md#paced-index-sync). On stop everything is synced at once.
-Restart: ShardIndex.load, trim_from(durable_pos) (entries past it go, slot heads repaired),
-mark_processed(durable_pos), and continue; re-putting the trimmed keys rebuilds the same bytes.
+Restart: ShardIndex.load, trim_for_recovery(durable_pos) (entries past it go, slot heads
+repaired; a damaged entry below it makes the builder resume at the newest record it kept), and
+continue; re-putting the trimmed keys rebuilds the same bytes.
 """
 
 from __future__ import annotations
@@ -73,9 +74,9 @@ class IndexBuilder(ChildProcess):
         self.shard_count = self.ctl.shard_count
         _, durable = read_own_group(self.ctl, SHARD_GROUPS_OFFSET + self.shard * GROUP_SIZE,
                                     SHARD_GROUP)
-        trimmed = self.index.trim_from(durable)
-        self.index.mark_processed(durable)
-        self.durable_pos = durable
+        trimmed = self.index.trim_for_recovery(durable)  # lower when it took durable entries
+        self.index.mark_processed(max(self.index.processed_pos, self.commitlog.min_pos))
+        durable = self.durable_pos = self.index.processed_pos
         self._sync_interval_s = cfg.index_flush_interval_ms / 1000.0
         self._next_sync_at = time.monotonic() + self._sync_interval_s
         self.ctl.reset_shard(self.shard, durable, durable)

@@ -147,6 +147,20 @@ def test_index_file_trim_after_power_loss_drops_unflushed_and_torn_entries(tmp_p
     assert f.path.read_bytes() == ref.path.read_bytes()
 
 
+def test_index_file_slot_heads_problem_is_a_zeroed_head_not_a_crash_s_leftovers(tmp_path):
+    """A sound file, and one whose entries past the cut a trim would remove (a crash), have
+    none; a zeroed head of a used slot, where the trim would leave the file as it is, is one."""
+    f = make_file(tmp_path, slots=8, entries=60)
+    for i in range(30):
+        f.put_key(f"key{i % 11}", i * 10, TS0 + i)
+    assert f.slot_heads_problem(300) is None
+    assert f.slot_heads_problem(200) is None  # entries past the cut: the trim rewrites the header
+    used = int(np.flatnonzero(np.frombuffer(f.path.read_bytes(), ">i4", 8, slot_pos(0)))[0])
+    patch_file(f.path, slot_pos(used), bytes(SLOT_SIZE))
+    assert f.slot_heads_problem(300) == f"{nonzero_slots(f)} slot heads are set, the header counts " \
+        f"{nonzero_slots(f) + 1}"
+
+
 def test_index_file_trim_repairs_slot_heads_past_a_stale_index_count(tmp_path):
     f = make_file(tmp_path / "a", slots=4, entries=60)
     ref = make_file(tmp_path / "b", slots=4, entries=60)

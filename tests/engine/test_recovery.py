@@ -60,6 +60,7 @@ from tests.helpers import (
     read,
     rebuild,
     reopen,
+    scan_start_after_index_trim,
     segment_of,
 )
 from workers.child_env import REPO_ROOT, child_env
@@ -519,10 +520,12 @@ def test_checkpoint_falls_back_to_bak_then_full_scan(tmp_path, primary, backup, 
             path.unlink()
         elif state == "corrupt":
             _corrupt(path)
+    expected_start = {"a": scan_start_after_index_trim(tmp_path, a),
+                      "b": scan_start_after_index_trim(tmp_path, b), "zero": 0}[start]
     store = reopen(tmp_path)
     report = store.recovery_report
     assert report.checkpoint_source == source.value
-    assert report.scan_start_pos == {"a": a.cq_durable_pos, "b": b.cq_durable_pos, "zero": 0}[start]
+    assert report.scan_start_pos == expected_start
     if source is not CheckpointSource.PRIMARY:
         assert report.checkpoint_problems  # what was wrong with the skipped files is reported
     if primary == "corrupt":

@@ -198,6 +198,60 @@ def test_shard_trim_from_zero_leaves_one_fresh_file(tmp_path):
     assert shard.query(TOPIC, "k1") == []
 
 
+def _damage_commit_pos(index_file: IndexFile, number: int) -> None:
+    """Flip the top bit of entry `number`'s commit_pos (a huge position, past any cut)."""
+    at = entry_pos(index_file.slot_count, number) + 4  # key_hash 4 | commit_pos 8 | ...
+    patch_file(index_file.path, at, bytes([index_file.path.read_bytes()[at] ^ 0x40]))
+
+
+@pytest.mark.parametrize("count", [60, 61])  # the damaged entry is a record's first key, its second
+def test_shard_trim_for_recovery_reindexes_from_the_newest_kept_record(tmp_path, count):
+    """A damaged entry below the durable position ends the kept entries there (the position
+    search meets it): every key from the newest kept record on is taken, and putting back the
+    records from processed_pos gives the bytes of a shard that was never damaged."""
+    recs = records(count)  # 2 keys a record, one file
+    shard = load_shard(tmp_path / "a", 5, 200)
+    put_all(shard, recs)
+    shard.close()
+    shard = load_shard(tmp_path / "a", 5, 200)
+    damaged = 1 + len(recs) // 2  # the first entry the position search reads
+    _damage_commit_pos(shard.files[0], damaged)
+    newest_kept_record = (damaged - 2) // 2
+
+    removed = shard.trim_for_recovery(count * 100)
+
+    assert shard.processed_pos == newest_kept_record * 100
+    assert removed == len(recs) - 2 * newest_kept_record
+    put_all(shard, [r for r in recs if r[1] >= shard.processed_pos])
+    straight = load_shard(tmp_path / "b", 5, 200)
+    put_all(straight, recs)
+    assert shard_bytes(shard) == shard_bytes(straight)
+
+
+def test_shard_trim_for_recovery_of_a_sound_shard_changes_nothing(tmp_path):
+    shard = load_shard(tmp_path, 5, 20)
+    put_all(shard, records(30))
+    before = shard_bytes(shard)
+    assert shard.trim_for_recovery(30 * 100) == 0
+    assert shard.processed_pos == 30 * 100 and shard_bytes(shard) == before
+
+
+def test_shard_trim_for_recovery_deletes_a_last_file_left_empty(tmp_path):
+    """The last file's entries are lost, its header is not (a power loss): the trim leaves it
+    with no entry, so it goes, and re-indexing starts at the newest record of the file before."""
+    recs = [(f"k{i}", i * 100, TS0 + i) for i in range(25)]  # 10 keys a file: three files
+    shard = load_shard(tmp_path / "a", 5, 11)
+    put_all(shard, recs)
+    last = shard.files[-1]
+    patch_file(last.path, entry_pos(5, 1), bytes(5 * INDEX_ENTRY.size))
+    assert shard.trim_for_recovery(2500) == 5 + 1
+    assert len(shard.files) == 2 and shard.processed_pos == 1900
+    put_all(shard, recs[19:])
+    straight = load_shard(tmp_path / "b", 5, 11)
+    put_all(straight, recs)
+    assert shard_bytes(shard) == shard_bytes(straight)
+
+
 # -- durability, reopen, corruption, retention ------------------------------------------------------
 
 
