@@ -176,7 +176,12 @@ def test_shard_trim_from_removes_suffix_and_reput_gives_identical_bytes(tmp_path
     assert sum(f.index_count - 1 for f in shard.files) == len(kept)
 
     put_all(shard, recs[len(kept):])  # re-dispatch after recovery
-    straight = load_shard(tmp_path / "b", 5, 20)
+    assert_bytes_of_a_shard_never_trimmed(shard, recs, tmp_path / "b", 20)
+
+
+def assert_bytes_of_a_shard_never_trimmed(shard, recs, root, entry_count: int) -> None:
+    """`shard`, its records put back, holds the bytes of one that got all of `recs` once."""
+    straight = load_shard(root, 5, entry_count)
     put_all(straight, recs)
     assert shard_bytes(shard) == shard_bytes(straight)
 
@@ -223,9 +228,7 @@ def test_shard_trim_for_recovery_reindexes_from_the_newest_kept_record(tmp_path,
     assert shard.processed_pos == newest_kept_record * 100
     assert removed == len(recs) - 2 * newest_kept_record
     put_all(shard, [r for r in recs if r[1] >= shard.processed_pos])
-    straight = load_shard(tmp_path / "b", 5, 200)
-    put_all(straight, recs)
-    assert shard_bytes(shard) == shard_bytes(straight)
+    assert_bytes_of_a_shard_never_trimmed(shard, recs, tmp_path / "b", 200)
 
 
 def test_shard_trim_for_recovery_of_a_sound_shard_changes_nothing(tmp_path):
