@@ -48,6 +48,7 @@ from engine.formats.record import Verify
 from engine.log_tail import tail_end
 from engine.mapped_file import Access
 from engine.naming import CHECKPOINT_FILE, commitlog_dir, infer_segment_bytes, segment_files
+from engine.retention_line import lost_head_reason
 from engine.store_dir import StoreKind, inspect_store_dir, read_meta
 
 
@@ -92,6 +93,8 @@ def check_summary(root: Path | str, *, progress: Progress | None = None) -> Chec
         out.add(FindingKind.LAYOUT, exc.path or str(commitlog_dir(root)), exc.message)
         _check_checkpoint(root, kind, None, shard_count, out)
         return CheckSummary(kind.value, 0, 0, 0, 0, tuple(out.items))
+    if kind is StoreKind.MQSTORE and (lost := lost_head_reason(root, log.min_pos)) is not None:
+        out.add(FindingKind.LAYOUT, str(commitlog_dir(root)), lost)
     keys = None
     try:
         if meta is not None:

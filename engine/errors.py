@@ -81,6 +81,24 @@ class StoreCorruptError(StoreError):
                  "the damaged bytes (readers skip and report their record)")
 
 
+class LostHeadError(StoreCorruptError):
+    """The commitlog starts above the retention line: segments retention never removed are
+    missing. Routine recovery refuses; a rebuild accepts the loss."""
+
+    def __init__(self, reason: str, *, retention_pos: int, log_min_pos: int, path: str | None = None):
+        self.reason = reason
+        self.commit_pos = retention_pos
+        self.durable_pos = None
+        self.records_after = 0
+        self.log_min_pos = log_min_pos
+        StoreError.__init__(
+            self, f"store corrupt at commit_pos {retention_pos}: {reason}; nothing was changed",
+            path=path,
+            hint="put the missing segments back (from a copy) and start again, or accept their "
+                 f"loss with `mqstore recover --rebuild`: the store then starts at commit_pos "
+                 f"{log_min_pos}, and consume queues and index are rebuilt from what is kept")
+
+
 class AcceptedDamageError(StoreError):
     """The record of accepted damage (quarantine/accepted-damage.json) cannot be read: without
     it the durable-line check cannot tell accepted damage from new damage."""

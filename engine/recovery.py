@@ -48,6 +48,7 @@ from engine.log_tail import data_segments_after, quarantine_tail, segment_base
 from engine.log_walk import is_zero_from
 from engine.mapped_file import Access
 from engine.naming import ABORT_FILE, QUARANTINE_DIR
+from engine.retention_line import refuse_lost_head, settle_retention_line
 from engine.salvage import (
     HiddenTails,
     accept_new_damage,
@@ -224,6 +225,7 @@ def refuse_damage_before_opening(root: Path, config: StoreConfig) -> dict[int, s
     queues = ConsumeQueueTable.load(root, config.consume_queue_entries, Access.READ_ONLY,
                                     on_unreadable=OnUnreadable.SKIP)  # the writer sets them aside
     try:
+        refuse_lost_head(root, commitlog.min_pos)
         cp = load_checkpoint(root).checkpoint
         shard_positions = _shard_durable_positions(cp, config.index_shards)
         unreadable, unsound = _shards_to_rebuild(root, config, commitlog)
@@ -423,6 +425,7 @@ def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int,
         shard.sync()
     if accepted != load_accepted(parts.root):
         save_accepted(parts.root, accepted)
+    settle_retention_line(parts.root, parts.commitlog.min_pos)
     now = int(time.time() * 1000)
     write_checkpoint(parts.root, Checkpoint(
         physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now,

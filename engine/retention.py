@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 from engine.config import StoreConfig
 from engine.errors import BadInputError
 from engine.filesystem import disk_usage_ratio
+from engine.retention_line import raise_retention_line
 
 if TYPE_CHECKING:
     from engine.commitlog import CommitLog, SegmentInfo
@@ -148,6 +149,8 @@ def delete_segments(parts: StoreParts, base_positions: Sequence[int]) -> list[st
 def remove_segments(log: CommitLog, base_positions: Sequence[int]) -> list[str]:
     """Step 1 on a commitlog (the supervisor's, which alone writes it); file names removed."""
     removed = []
+    if base_positions:  # first the line, so the log never starts above it unless damaged
+        raise_retention_line(log.segments.directory.parent, base_positions[-1] + log.segment_bytes)
     for base_pos in base_positions:
         if base_pos != log.min_pos:
             raise BadInputError("segment", f"{base_pos} is not the oldest ({log.min_pos}); "

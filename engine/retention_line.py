@@ -1,0 +1,67 @@
+"""The retention line on disk: where retention has removed the commitlog up to, so that a log
+that starts above it is known to have lost segments (engine.formats.retention_line).
+
+Retention moves the line up before it removes segments (`raise_retention_line`); every
+recovery that succeeds sets it to where the log starts (`settle_retention_line`), in routine
+recovery only after `refuse_lost_head` found the log starting at or below it. A store from
+before the line (no file) or with an unreadable one cannot vouch for its head: it is not
+refused, and its line is written at the next recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from engine.errors import CheckpointError, LostHeadError
+from engine.filesystem import write_file_atomically
+from engine.formats.retention_line import decode_retention_line, encode_retention_line
+from engine.naming import RETENTION_LINE_FILE, commitlog_dir
+
+log = logging.getLogger(__name__)
+
+
+def read_retention_line(root: Path) -> int | None:
+    """The line's position; None when the store has no line file (CheckpointError when bad)."""
+    try:
+        data = (Path(root) / RETENTION_LINE_FILE).read_bytes()
+    except FileNotFoundError:
+        return None
+    return decode_retention_line(data)
+
+
+def raise_retention_line(root: Path, min_pos: int) -> None:
+    """Before retention removes the segments below `min_pos`: the line moves up to it."""
+    write_file_atomically(Path(root) / RETENTION_LINE_FILE, encode_retention_line(min_pos))
+
+
+def settle_retention_line(root: Path, log_min_pos: int) -> None:
+    """After a recovery: the line is where the log now starts (written only when it differs)."""
+    try:
+        current = read_retention_line(root)
+    except CheckpointError:
+        current = None
+    if current != log_min_pos:
+        write_file_atomically(Path(root) / RETENTION_LINE_FILE, encode_retention_line(log_min_pos))
+
+
+def lost_head_reason(root: Path, log_min_pos: int) -> str | None:
+    """Why the log's start is not one retention made (segments missing before it), or None."""
+    try:
+        line = read_retention_line(root)
+    except CheckpointError as exc:
+        log.warning("%s: cannot tell whether the commitlog lost its first segments (%s)",
+                    Path(root) / RETENTION_LINE_FILE, exc)
+        return None
+    if line is None or log_min_pos <= line:
+        return None
+    return (f"the commitlog starts at {log_min_pos}, but retention removed only the segments "
+            f"below {line}: the segments between are missing")
+
+
+def refuse_lost_head(root: Path, log_min_pos: int) -> None:
+    """LostHeadError (nothing changed) when segments retention never removed are missing."""
+    reason = lost_head_reason(root, log_min_pos)
+    if reason is not None:
+        raise LostHeadError(reason, retention_pos=read_retention_line(root), log_min_pos=log_min_pos,
+                            path=str(commitlog_dir(root)))
