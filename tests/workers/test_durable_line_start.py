@@ -119,3 +119,24 @@ def test_missing_commitlog_refuses_start_and_keeps_the_queues(tmp_path):
     assert cli("stop", "--store", str(root)).returncode == 0
     assert [json.loads(line)["body"] for line in consumed.stdout.splitlines()] == ["acknowledged"]
     assert_check_clean(root)
+
+
+def test_missing_first_segment_refuses_start_until_a_rebuild_accepts_the_loss(tmp_path):
+    root = tmp_path / "store"
+    config = write_config(tmp_path / "store.toml", {"commitlog_file_size": 4096})
+    assert cli("start", "--store", str(root), "--config", str(config), "--detach").returncode == 0
+    send(root, 80)  # ~20 segments
+    assert cli("stop", "--store", str(root)).returncode == 0
+    first = sorted(commitlog_dir(root).iterdir())[0]
+    first.unlink()
+    before = data_files(root)
+    started = start_detached(root, config)
+    err = started.stderr.decode()
+    assert started.returncode == 1, err
+    assert "the commitlog starts at 4096, but retention removed only the segments below 0" in err
+    assert "recover --rebuild" in err and data_files(root) == before
+    rebuilt = cli("recover", "--store", str(root), "--config", str(config), "--rebuild")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert cli("start", "--store", str(root), "--config", str(config), "--detach").returncode == 0
+    assert cli("stop", "--store", str(root)).returncode == 0
+    assert_check_clean(root)
