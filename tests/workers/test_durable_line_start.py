@@ -11,6 +11,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from engine.checkpoint import load_checkpoint
 from engine.formats.record import BODY_OFFSET
 from engine.naming import ABORT_FILE, CHECKPOINT_FILE, commitlog_dir, is_segment_name
@@ -121,6 +123,7 @@ def test_missing_commitlog_refuses_start_and_keeps_the_queues(tmp_path):
     assert_check_clean(root)
 
 
+@pytest.mark.slow
 def test_missing_first_segment_refuses_start_until_a_rebuild_accepts_the_loss(tmp_path):
     root = tmp_path / "store"
     config = write_config(tmp_path / "store.toml", {"commitlog_file_size": 4096})
