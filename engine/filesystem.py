@@ -72,6 +72,27 @@ def _write_synced(path: Path, chunks: Iterable) -> None:
         os.close(fd)
 
 
+def overwrite_in_place(path: Path, data: bytes) -> bool:
+    """Rewrite an existing file of exactly len(data) bytes in place and fdatasync it: no new
+    block is needed, so it works on a full disk. False, nothing written, when the file is
+    missing or of another size."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        if os.fstat(fd).st_size != len(data):
+            return False
+        view = memoryview(data)
+        at = 0
+        while at < len(data):
+            at += os.pwrite(fd, view[at:], at)
+        os.fdatasync(fd)
+        return True
+    finally:
+        os.close(fd)
+
+
 def remove_file(path: Path) -> None:
     """Remove a file durably (missing is fine)."""
     path = Path(path)

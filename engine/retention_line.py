@@ -3,7 +3,8 @@ that starts above it is known to have lost segments (engine.formats.retention_li
 
 Retention moves the line up before it removes segments (`raise_retention_line`); every
 recovery that succeeds sets it to where the log starts (`settle_retention_line`), in routine
-recovery only after `refuse_lost_head` found the log starting at or below it. A store from
+recovery only after `refuse_lost_head` found the log starting at or below it. Both rewrite the
+file in place, so neither needs a new block on a full disk. A store from
 before the line (no file) or with an unreadable one cannot vouch for its head: it is not
 refused, and its line is written at the next recovery.
 """
@@ -14,7 +15,7 @@ import logging
 from pathlib import Path
 
 from engine.errors import CheckpointError, LostHeadError
-from engine.filesystem import write_file_atomically
+from engine.filesystem import DISK_FULL_ERRNOS, overwrite_in_place, write_file_atomically
 from engine.formats.retention_line import decode_retention_line, encode_retention_line
 from engine.naming import RETENTION_LINE_FILE, commitlog_dir
 
@@ -31,8 +32,8 @@ def read_retention_line(root: Path) -> int | None:
 
 
 def raise_retention_line(root: Path, min_pos: int) -> None:
-    """Before retention removes the segments below `min_pos`: the line moves up to it."""
-    write_file_atomically(Path(root) / RETENTION_LINE_FILE, encode_retention_line(min_pos))
+    """Before retention removes the segments below `min_pos`: the line moves up to it, durably."""
+    _write_line(root, min_pos)
 
 
 def settle_retention_line(root: Path, log_min_pos: int) -> None:
@@ -42,7 +43,25 @@ def settle_retention_line(root: Path, log_min_pos: int) -> None:
     except CheckpointError:
         current = None
     if current != log_min_pos:
-        write_file_atomically(Path(root) / RETENTION_LINE_FILE, encode_retention_line(log_min_pos))
+        _write_line(root, log_min_pos)
+
+
+def _write_line(root: Path, min_pos: int) -> None:
+    """The line at `min_pos`, durable on return. The file is rewritten in place (16 bytes in one
+    sector; a torn one fails its CRC and vouches for nothing), so retention works on a full
+    disk; a missing or odd-sized one is replaced, and when a full disk refuses that the store
+    goes on without a line, which refuses nothing (warned)."""
+    path = Path(root) / RETENTION_LINE_FILE
+    data = encode_retention_line(min_pos)
+    if overwrite_in_place(path, data):
+        return
+    try:
+        write_file_atomically(path, data)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise
+        log.warning("%s: no room to write the retention line (%s); a lost first segment will not be "
+                    "told from retention until it is written", path, exc)
 
 
 def lost_head_reason(root: Path, log_min_pos: int) -> str | None:

@@ -27,6 +27,7 @@ from engine.mapped_file import Access
 from engine.naming import commitlog_dir, consume_queue_dir, index_shard_dir
 from engine.recovery import StoreParts
 from engine.retention import RetentionReason, local_hour, plan_retention, run_retention
+from engine.retention_line import read_retention_line
 from engine.status import GetStatus, PutStatus
 from engine.store import MessageStore
 from engine.store_dir import mark_running
@@ -319,6 +320,24 @@ def test_disk_full_set_and_cleared_on_a_real_filesystem(tmpfs):
         assert store.put(TOPIC, b"room again").status is PutStatus.PUT_OK
     finally:
         store.close()
+    assert check(root) == []
+
+
+def test_retention_on_a_disk_with_no_byte_free_moves_its_line_and_the_store_reopens(tmpfs):
+    """The retention line is rewritten in place: a disk with no free block does not stop the
+    pass that frees it, and the segments it removed do not look lost at the next start."""
+    root = tmpfs / "store"
+    store = make_store(root, 4)
+    try:
+        with open(tmpfs / "ballast", "wb", buffering=0) as fh, pytest.raises(OSError, match="No space"):
+            while True:
+                fh.write(b"\xa5" * 4096)
+        report = store.clean_expired(now_ms=NOW_MS)
+        assert report.reason is RetentionReason.SPACE_FORCE and len(report.segments_removed) == 3
+    finally:
+        store.close()
+    assert read_retention_line(root) == 3 * SEGMENT_BYTES == report.min_commit_pos
+    MessageStore.open(root, CONFIG).close()  # not refused as a lost head
     assert check(root) == []
 
 
