@@ -17,7 +17,7 @@ the first invalid entry (zeros: never written) ends the queue. Rules mqstore add
   `ConsumeQueueTable.truncate_all_from`, after re-dispatch) drops those re-dispatch did not reach;
 - recovery and truncation zero the stale bytes behind the last valid entry (DESIGN §5.4);
   bytes behind an invalid entry only once re-dispatch has put the entries back from their
-  records (`cut_floor_pos`, `clear_cut_tail`), so a queue never loses an entry to a flip;
+  records (`cut_offset`, `clear_cut_tail`), so a crash before that leaves the same evidence;
 - every "last entry" read is guarded against empty files (RocketMQ #9728);
 - a write that touches a page not yet allocated reserves blocks first (`MappedFile.reserve`), so
   a full disk gives DiskFullError before any byte of the batch is written, never SIGBUS.
@@ -88,8 +88,8 @@ class ConsumeQueue:
         # after recover(durable_pos): entries [from, end) are past the durable position and not
         # yet confirmed by re-dispatch, which confirmed (or repaired) them up to `confirmed`
         self._unconfirmed_from = self._unconfirmed_end = self._confirmed_end = 0
-        # after recover(): where re-dispatch must start to restore the entries it cut (None: none)
-        self.cut_floor_pos: int | None = None
+        # after recover(): the offset from which re-dispatch must put entries back (None: none)
+        self.cut_offset: int | None = None
 
     @classmethod
     def load(cls, root: Path, topic: str, queue_id: int, entries_per_file: int,
@@ -403,11 +403,12 @@ class ConsumeQueue:
         """Find the last valid entry from the third-to-last file on, make it the queue's end and
         return max_offset.
 
-        After a clean end (zeros only behind it) nothing more is done. When bytes follow the first
-        invalid entry (a torn tail, or damage with valid entries behind it), `cut_floor_pos` says
-        where re-dispatch must start to put the entries from there back from their records, and
-        the bytes stay until `clear_cut_tail` (after re-dispatch): zeroed now, a crash before
-        re-dispatch would leave a clean end there, and the next recovery would not know to.
+        After a clean end (zeros only behind it) the files after it go. When bytes follow the
+        first invalid entry (a torn tail, or damage with valid entries behind it), `cut_offset`
+        is its offset: re-dispatch must put the entries from there back from their records
+        (engine.queue_cuts says from where in the log). Those bytes stay until `clear_cut_tail`,
+        after re-dispatch: zeroed before it, a crash in between would leave a clean end there,
+        which the next recovery takes for the queue's true end.
 
         With `durable_pos` (the consume queues' durable commit position), the entries pointing at
         or past it are kept but unconfirmed: re-dispatch compares each whole and rewrites one
@@ -417,10 +418,8 @@ class ConsumeQueue:
             return self._max_offset
         start = self._recover_from()
         end = self._scan_forward(start)
-        if self._holds_data_from(end):  # a torn tail or damage: re-dispatch puts it back first
-            self.cut_floor_pos = self._cut_floor(end)
-        else:  # a clean end: only zeros follow, in files that can go
-            self.cut_floor_pos = None
+        self.cut_offset = end if self._holds_data_from(end) else None
+        if self.cut_offset is None:  # a clean end: only zeros follow, in files that can go
             self._drop_files_after(end)
         self._end_at(end)
         self.segments.sync_range(start * CQ_ENTRY_SIZE, end * CQ_ENTRY_SIZE)
@@ -435,10 +434,32 @@ class ConsumeQueue:
             self._unconfirmed_end = end
         return end
 
+    def find_cut(self) -> int | None:
+        """recover()'s `cut_offset`, read-only: for a look before a writer opens the store."""
+        if not self.segments.segments:
+            return None
+        end = self._scan_forward(self._recover_from())
+        return end if self._holds_data_from(end) else None
+
+    def raw_entry(self, queue_offset: int) -> CqEntry:
+        """The 20 bytes at `queue_offset` decoded as they are, valid or not (within the files)."""
+        return self._entry_at(queue_offset)
+
+    def record_end_before(self, queue_offset: int) -> int:
+        """The commit position just past the record of the entry before `queue_offset`: where the
+        records of the entries from `queue_offset` on begin at the earliest. 0 (the log's start)
+        when no entry precedes it or that entry is a filler."""
+        if queue_offset <= self._min_offset:
+            return 0
+        entry = self._entry_at(queue_offset - 1)
+        if (entry.commit_pos, entry.size, entry.tags_code) == FILLER_ENTRY or entry.commit_pos < 0:
+            return 0
+        return entry.commit_pos + entry.size
+
     def clear_cut_tail(self) -> None:
         """After re-dispatch put back what recover() cut: zero the stale bytes past the end."""
-        if self.cut_floor_pos is not None:
-            self.cut_floor_pos = None
+        if self.cut_offset is not None:
+            self.cut_offset = None
             self._cut_at(self._max_offset)
 
     def _holds_data_from(self, queue_offset: int) -> bool:
@@ -450,17 +471,6 @@ class ConsumeQueue:
             if base + self.file_bytes > lpos and not segment.is_zero(max(lpos - base, 0), self.file_bytes):
                 return True
         return False
-
-    def _cut_floor(self, end: int) -> int:
-        """The commit position just past the record of the entry before `end`, where re-dispatch
-        finds the records of the entries from `end` on; 0 (the whole log) when no entry is kept
-        before it or that entry is a filler."""
-        if end <= self._min_offset:
-            return 0
-        entry = self._entry_at(end - 1)
-        if (entry.commit_pos, entry.size, entry.tags_code) == FILLER_ENTRY:
-            return 0
-        return entry.commit_pos + entry.size
 
     def drop_unconfirmed(self) -> int:
         """After re-dispatch: drop the unconfirmed entries it did not reach (their records lie past

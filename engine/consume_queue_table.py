@@ -17,20 +17,28 @@ from pathlib import Path
 
 from engine.consume_queue import ConsumeQueue, check_queue_id
 from engine.errors import BadInputError, SegmentLayoutError
-from engine.filesystem import move_aside, remove_tree
+from engine.filesystem import move_aside, remove_file, remove_tree, write_new_file
 from engine.mapped_file import Access
-from engine.naming import CONSUMEQUEUE_DIR, QUARANTINE_DIR, consume_queue_dir, is_topic_name, validate_topic
+from engine.naming import (
+    CONSUMEQUEUE_DIR,
+    QUARANTINE_DIR,
+    REBUILD_SUFFIX,
+    consume_queue_dir,
+    is_topic_name,
+    validate_topic,
+)
 from engine.open_files import OpenFileBudget, queue_file_budget
 
 log = logging.getLogger(__name__)
 
 
 class OnUnreadable(Enum):
-    """What loading the table does with a queue whose files break the layout rules."""
+    """What loading the table does with a queue whose files break the layout rules, or that a
+    recovery began to rebuild (its `<queueId>.rebuild` marker)."""
 
-    RAISE = "raise"  # a reader: the SegmentLayoutError
-    SKIP = "skip"  # a read-only look before a writer opens: left out, named in `unreadable`
-    SET_ASIDE = "set_aside"  # a writer: moved to quarantine/, started empty, rebuilt from the log
+    RAISE = "raise"  # a reader: the SegmentLayoutError; a queue being rebuilt loads as it is
+    SKIP = "skip"  # a read-only look before a writer opens: left out, named in `skipped`
+    SET_ASIDE = "set_aside"  # recovery: marked, moved to quarantine/, started empty, rebuilt
 
 
 class ConsumeQueueTable:
@@ -44,19 +52,16 @@ class ConsumeQueueTable:
         self.access = access
         self.budget = OpenFileBudget(queue_file_budget() if max_open_files is None else max_open_files)
         self.foreign: list[Path] = []  # what load skipped: not a topic or not a queue id
-        self.unreadable: list[tuple[str, int]] = []  # queues load skipped or set aside
+        self.skipped: list[tuple[str, int]] = []  # unreadable or being rebuilt, left out (SKIP)
+        self.set_aside: list[tuple[str, int]] = []  # started empty, to be rebuilt (SET_ASIDE)
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
 
     @classmethod
     def load(cls, root: Path, entries_per_file: int, access: Access, max_open_files: int | None = None,
-             on_unreadable: OnUnreadable | None = None) -> ConsumeQueueTable:
-        """Load every queue under <root>/consumequeue; foreign entries are listed in `foreign`.
-
-        A queue whose files break the layout rules (a short or missing file) is handled by
-        `on_unreadable`; by default a writer sets it aside (a queue is derived data) and a
-        reader gets the SegmentLayoutError."""
-        if on_unreadable is None:
-            on_unreadable = OnUnreadable.SET_ASIDE if access is Access.READ_WRITE else OnUnreadable.RAISE
+             on_unreadable: OnUnreadable = OnUnreadable.RAISE) -> ConsumeQueueTable:
+        """Load every queue under <root>/consumequeue; foreign entries are listed in `foreign`;
+        a queue whose files break the layout rules, or that a recovery began to rebuild, is
+        handled by `on_unreadable`."""
         if on_unreadable is OnUnreadable.SET_ASIDE and access is not Access.READ_WRITE:
             raise BadInputError("on_unreadable", "only a writer sets unreadable queues aside")
         table = cls(root, entries_per_file, access, max_open_files)
@@ -67,29 +72,57 @@ class ConsumeQueueTable:
             if not (topic_dir.is_dir() and is_topic_name(topic_dir.name)):
                 table.foreign.append(topic_dir)
                 continue
-            for queue_dir in sorted(topic_dir.iterdir()):
-                name = queue_dir.name
-                if not (queue_dir.is_dir() and name.isdigit() and str(int(name)) == name):
-                    table.foreign.append(queue_dir)  # RocketMQ skips non-numeric queue dirs
-                    continue
-                try:
-                    table._load(topic_dir.name, int(name))
-                except SegmentLayoutError as exc:
-                    if on_unreadable is OnUnreadable.RAISE:
-                        raise
-                    if on_unreadable is OnUnreadable.SET_ASIDE:
-                        table._set_aside(topic_dir.name, int(name), exc)
-                    table.unreadable.append((topic_dir.name, int(name)))
+            table._load_topic(topic_dir, on_unreadable)
         return table
 
-    def _set_aside(self, topic: str, queue_id: int, problem: SegmentLayoutError) -> None:
-        """Quarantine an unreadable queue and start it empty, re-dispatched from the log's start
-        (its cut_floor_pos 0): a queue is derived data."""
-        moved = move_aside(consume_queue_dir(self.root, topic, queue_id), self.root / QUARANTINE_DIR,
-                           f"consumequeue-{topic}-{queue_id}.{int(time.time() * 1000)}")
-        log.warning("consume queue %s/%d is unreadable (%s): moved to %s, rebuilt from the commitlog",
-                    topic, queue_id, problem, moved)
-        self._load(topic, queue_id).cut_floor_pos = 0
+    def _load_topic(self, topic_dir: Path, on_unreadable: OnUnreadable) -> None:
+        topic, rebuilding = topic_dir.name, _rebuild_markers(topic_dir)
+        for queue_dir in sorted(topic_dir.iterdir()):
+            name = queue_dir.name
+            if name.endswith(REBUILD_SUFFIX) and name[:-len(REBUILD_SUFFIX)] in map(str, rebuilding):
+                continue
+            if not (queue_dir.is_dir() and name.isdigit() and str(int(name)) == name):
+                self.foreign.append(queue_dir)  # RocketMQ skips non-numeric queue dirs
+                continue
+            queue_id = int(name)
+            if queue_id in rebuilding and on_unreadable is not OnUnreadable.RAISE:
+                continue  # below, with the markers whose directory is gone
+            try:
+                self._load(topic, queue_id)
+            except SegmentLayoutError as exc:
+                if on_unreadable is OnUnreadable.RAISE:
+                    raise
+                rebuilding.add(queue_id)
+                log.warning("consume queue %s/%d is unreadable (%s)", topic, queue_id, exc)
+        if on_unreadable is OnUnreadable.RAISE:
+            return
+        for queue_id in sorted(rebuilding):
+            if on_unreadable is OnUnreadable.SET_ASIDE:
+                self._set_aside(topic, queue_id)
+            else:
+                self.skipped.append((topic, queue_id))
+
+    def _set_aside(self, topic: str, queue_id: int) -> None:
+        """Mark the queue as being rebuilt, move what is left of it to quarantine/ and start it
+        empty; recovery re-dispatches it from the log's start and `finish_rebuilds` drops the
+        mark. A crash before that finds the mark and begins again (the queue is derived data)."""
+        directory = consume_queue_dir(self.root, topic, queue_id)
+        marker = _marker_of(directory)
+        if not marker.exists():
+            write_new_file(marker, ())
+        if directory.exists():
+            moved = move_aside(directory, self.root / QUARANTINE_DIR,
+                               f"consumequeue-{topic}-{queue_id}.{int(time.time() * 1000)}")
+            log.warning("consume queue %s/%d moved to %s; rebuilt from the commitlog", topic, queue_id,
+                        moved)
+        self._load(topic, queue_id)
+        self.set_aside.append((topic, queue_id))
+
+    def finish_rebuilds(self) -> None:
+        """Once recovery's checkpoint is written: the queues set aside are whole again."""
+        for topic, queue_id in self.set_aside:
+            remove_file(_marker_of(consume_queue_dir(self.root, topic, queue_id)))
+        self.set_aside.clear()
 
     def _load(self, topic: str, queue_id: int) -> ConsumeQueue:
         queue = ConsumeQueue.load(self.root, topic, queue_id, self.entries_per_file, self.access,
@@ -153,14 +186,21 @@ class ConsumeQueueTable:
             queue.recover(durable_pos)
         return self.max_commit_end()
 
-    def cut_floor_pos(self) -> int | None:
-        """After recover_all: the lowest commit position re-dispatch must start from to put back
-        the entries recovery cut (ConsumeQueue.cut_floor_pos); None when it cut none."""
-        return min((queue.cut_floor_pos for queue in self._queues.values()
-                    if queue.cut_floor_pos is not None), default=None)
-
     def close(self) -> None:
         for queue in self._queues.values():
             queue.close()
         self._queues.clear()
 
+
+def _marker_of(queue_dir: Path) -> Path:
+    return queue_dir.with_name(queue_dir.name + REBUILD_SUFFIX)
+
+
+def _rebuild_markers(topic_dir: Path) -> set[int]:
+    """The queue ids of `<queueId>.rebuild` markers in a topic's directory."""
+    ids = set()
+    for path in topic_dir.glob("*" + REBUILD_SUFFIX):
+        name = path.name[:-len(REBUILD_SUFFIX)]
+        if path.is_file() and name.isdigit() and str(int(name)) == name:
+            ids.add(int(name))
+    return ids

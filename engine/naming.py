@@ -29,6 +29,7 @@ STORE_META_FILE = "store.json"
 CONSUMER_OFFSET_FILE = "consumerOffset.json"
 BACKUP_SUFFIX = ".bak"
 TEMP_SUFFIX = ".tmp"
+REBUILD_SUFFIX = ".rebuild"  # consumequeue/<topic>/<queueId>.rebuild: that queue is being rebuilt
 LOG_FILE = "mqstore.log"
 ROCKETMQ_SEGMENT_BYTES = 1 << 30  # RocketMQ's default commitlog segment size
 

@@ -48,6 +48,7 @@ from engine.log_tail import data_segments_after, quarantine_tail, segment_base
 from engine.log_walk import is_zero_from
 from engine.mapped_file import Access
 from engine.naming import ABORT_FILE, QUARANTINE_DIR
+from engine.queue_cuts import planned_cuts, recovered_cuts, redispatch_floor
 from engine.retention_line import refuse_lost_head, settle_retention_line
 from engine.salvage import (
     HiddenTails,
@@ -189,15 +190,8 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
     for shard_no, shard in enumerate(parts.shards):  # a damaged entry can make it re-index from lower
         report.index_entries_trimmed += shard.trim_for_recovery(shard_positions[shard_no])
         shard_positions[shard_no] = shard.processed_pos
-    start_pos = _scan_start(cp, shard_positions, parts.commitlog.min_pos,
-                            _last_dispatched_pos(parts.queues))
-    set_aside = {f"{topic}/{queue_id}" for topic, queue_id in parts.queues.unreadable}
-    report.queues_rebuilt += sorted(set_aside)
-    report.queues_cut = [name for queue in parts.queues if queue.cut_floor_pos is not None
-                         and (name := f"{queue.topic}/{queue.queue_id}") not in set_aside]
-    cut_floor = parts.queues.cut_floor_pos()
-    if cut_floor is not None:  # entries cut below the start come back from their records
-        start_pos = max(min(start_pos, cut_floor), parts.commitlog.min_pos)
+    start_pos = _lowered_for_queue_cuts(parts, mode, report, _scan_start(
+        cp, shard_positions, parts.commitlog.min_pos, _last_dispatched_pos(parts.queues)))
     report.scan_start_pos = start_pos
     cut_pos, reason = _scan_and_redispatch(parts, start_pos, report, progress, accepted)
     if mode is RecoveryMode.SALVAGE:
@@ -212,6 +206,18 @@ def recover(parts: StoreParts, shutdown: ShutdownState, *, mode: RecoveryMode = 
     _finish(parts, report, cut_pos, [s for s in accepted if s.end_pos <= cut_pos])
     report.duration_ms = (time.monotonic() - started) * 1000
     return report
+
+
+def _lowered_for_queue_cuts(parts: StoreParts, mode: RecoveryMode, report: RecoveryReport,
+                            start_pos: int) -> int:
+    """The scan start, lowered so re-dispatch puts back what recover_all cut and rebuilds the
+    queues set aside (engine.queue_cuts); both named in the report."""
+    cuts = recovered_cuts(parts.queues)
+    report.queues_cut = [f"{queue.topic}/{queue.queue_id}" for queue, _ in cuts]
+    if mode is RecoveryMode.ROUTINE:  # the other modes rebuild every queue
+        report.queues_rebuilt += [f"{topic}/{queue_id}" for topic, queue_id in parts.queues.set_aside]
+    floor = redispatch_floor(parts.queues, parts.commitlog, cuts)
+    return start_pos if floor is None else min(start_pos, floor)
 
 
 def refuse_damage_before_opening(root: Path, config: StoreConfig) -> dict[int, str]:
@@ -232,8 +238,9 @@ def refuse_damage_before_opening(root: Path, config: StoreConfig) -> dict[int, s
         for shard_no in [*unreadable, *unsound]:
             shard_positions[shard_no] = 0  # recovery rebuilds it: the scan starts lower
         start_pos = _scan_start(cp, shard_positions, commitlog.min_pos, _last_dispatched_pos(queues))
-        refuse_loss_below(commitlog, queues, durable_line(cp, queues), start_pos,
-                          load_accepted(root))
+        floor = redispatch_floor(queues, commitlog, planned_cuts(queues))  # as recover will lower it
+        refuse_loss_below(commitlog, queues, durable_line(cp, queues),
+                          start_pos if floor is None else min(start_pos, floor), load_accepted(root))
     finally:
         commitlog.close()
         queues.close()
@@ -425,9 +432,10 @@ def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int,
         shard.sync()
     if accepted != load_accepted(parts.root):
         save_accepted(parts.root, accepted)
-    settle_retention_line(parts.root, parts.commitlog.min_pos)
     now = int(time.time() * 1000)
     write_checkpoint(parts.root, Checkpoint(
         physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now,
         confirm_commit_pos=cut_pos, commitlog_flushed_pos=cut_pos, cq_durable_pos=cut_pos,
         index_durable_pos=tuple(cut_pos for _ in parts.shards)))
+    parts.queues.finish_rebuilds()  # the queues set aside are whole: the checkpoint says so
+    settle_retention_line(parts.root, parts.commitlog.min_pos)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from engine.commitlog import CommitLog
 from engine.config import StoreConfig
-from engine.consume_queue_table import ConsumeQueueTable
+from engine.consume_queue_table import ConsumeQueueTable, OnUnreadable
 from engine.durable_line import pad_short_segments, refuse_short_segments
 from engine.errors import CorruptIndexError
 from engine.filesystem import ensure_dir, fsync_dir
@@ -144,9 +144,11 @@ def open_for_recovery(root: Path, config: StoreConfig, mode: RecoveryMode) -> St
     if mode is not RecoveryMode.ROUTINE:
         for path, size_bytes in pad_short_segments(root, config.commitlog_file_size):
             log.warning("extended short segment %s from %d bytes with zeros", path, size_bytes)
-        return open_parts(root, config, Access.READ_WRITE)
+        # a salvage reads each queue's old tail (hidden_tails): an unreadable one is refused
+        unreadable = OnUnreadable.RAISE if mode is RecoveryMode.SALVAGE else OnUnreadable.SET_ASIDE
+        return open_parts(root, config, Access.READ_WRITE, unreadable)
     unsound = refuse_damage_before_opening(root, config)
-    parts = open_parts(root, config, Access.READ_WRITE)
+    parts = open_parts(root, config, Access.READ_WRITE, OnUnreadable.SET_ASIDE)
     try:
         _set_aside_unsound_shards(parts, config, unsound)
     except BaseException:
@@ -155,8 +157,10 @@ def open_for_recovery(root: Path, config: StoreConfig, mode: RecoveryMode) -> St
     return parts
 
 
-def open_parts(root: Path, config: StoreConfig, access: Access) -> StoreParts:
-    """Open the commitlog, consume queues and index shards of a store.
+def open_parts(root: Path, config: StoreConfig, access: Access,
+               unreadable_queues: OnUnreadable = OnUnreadable.RAISE) -> StoreParts:
+    """Open the commitlog, consume queues and index shards of a store; a consume queue whose
+    files break the layout is handled by `unreadable_queues` (recovery sets it aside).
 
     A writer that finds an index shard it cannot read moves the shard aside to quarantine/
     and starts it empty; recovery then rebuilds it from the commitlog (the index is derived).
@@ -166,7 +170,7 @@ def open_parts(root: Path, config: StoreConfig, access: Access) -> StoreParts:
         refuse_short_segments(root, config.commitlog_file_size)
     commitlog = CommitLog.open(root, config.commitlog_file_size, access)
     queues = ConsumeQueueTable.load(root, config.consume_queue_entries, access,
-                                    queue_file_budget(config.max_open_queue_files))
+                                    queue_file_budget(config.max_open_queue_files), unreadable_queues)
     shards, damaged = [], []
     for n in range(config.index_shards):
         try:

@@ -27,7 +27,8 @@ made) the builders scan everything, as before.
 
 Restart: ConsumeQueueTable.load + recover_all keeps every valid entry (a killed dispatcher's
 page-cache writes survive it), then dispatch resumes from the published cq_durable_pos, or from
-below it where recover_all cut a queue at an invalid entry with bytes behind it (cut_floor_pos);
+below it where recover_all cut a queue at an invalid entry with bytes behind it
+(engine.queue_cuts; the bytes are cleared once dispatch is past the old durable position);
 re-putting an entry that is already there is a no-op, so the restart leaves no gap and no
 duplicate. The published dispatched_pos is left where the previous dispatcher put it (its
 entries are still there), so consumers never see the queues shrink during a restart.
@@ -53,6 +54,7 @@ from engine.formats.record import Verify
 from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.mapped_file import Access
 from engine.open_files import queue_file_budget
+from engine.queue_cuts import recovered_cuts, redispatch_floor
 from engine.retention import expire_queues
 from ipc.control_block import DISPATCHER_GROUP, DISPATCHER_GROUP_OFFSET, Role, process_slot_index
 from ipc.key_ring import KeyRing, RingWriter
@@ -160,9 +162,10 @@ class Dispatcher(ChildProcess):
         # Re-dispatch from the durable position; entries up to `published` survived the
         # previous dispatcher (page cache), so consumers keep their view: it never goes back.
         self.pos = self.durable_pos = durable
-        cut_floor = self.queues.cut_floor_pos()
-        if cut_floor is not None and cut_floor < durable:  # what recover_all cut comes back from the log
-            self.pos = max(cut_floor, self.commitlog.min_pos)
+        floor = redispatch_floor(self.queues, self.commitlog, recovered_cuts(self.queues))
+        if floor is not None and floor < durable:  # what recover_all cut comes back from the log
+            self.pos = floor
+        self._cut_tails_until = durable if floor is not None else None  # cleared once past it
         self.published_pos = published
         self.ctl.reset_dispatcher(published, durable)
         self.waiters = WaiterTable.attach(self.store_dir)
@@ -219,6 +222,8 @@ class Dispatcher(ChildProcess):
             end_pos, count = self._dispatch_window(self.pos, limit)
         if end_pos > self.pos:
             self.pos = end_pos
+            if self._cut_tails_until is not None and self.pos >= self._cut_tails_until:
+                self._clear_cut_tails()
             if self.pos > self.published_pos:
                 self.ctl.publish_dispatched(self.pos, msg_count=count)
                 self.published_pos = self.pos
@@ -359,6 +364,13 @@ class Dispatcher(ChildProcess):
         """The periodic flush; before it, the consume-queue files below the retention line go."""
         self.retention.follow()
         self.flush()
+
+    def _clear_cut_tails(self) -> None:
+        """Re-dispatch has put back what the restart's recovery cut: the stale bytes past each
+        cut queue's end go (a reader must not take them for entries)."""
+        for queue in self.queues:
+            queue.clear_cut_tail()
+        self._cut_tails_until = None
 
     def flush(self) -> None:
         if self.durable_pos >= self.pos:

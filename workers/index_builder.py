@@ -76,10 +76,10 @@ class IndexBuilder(ChildProcess):
                                     SHARD_GROUP)
         trimmed = self.index.trim_for_recovery(durable)  # lower when it took durable entries
         self.index.mark_processed(max(self.index.processed_pos, self.commitlog.min_pos))
-        durable = self.durable_pos = self.index.processed_pos
+        resume_pos = self.durable_pos = self.index.processed_pos  # all the trim kept is durable
         self._sync_interval_s = cfg.index_flush_interval_ms / 1000.0
         self._next_sync_at = time.monotonic() + self._sync_interval_s
-        self.ctl.reset_shard(self.shard, durable, durable)
+        self.ctl.reset_shard(self.shard, resume_pos, resume_pos)
         self.sync_flush = self.ctl.flush_policy is FlushPolicy.SYNC
         self.ring: KeyRing | None = None
         self.reader: RingReader | None = None
@@ -94,7 +94,7 @@ class IndexBuilder(ChildProcess):
                                       lambda min_pos: expire_shards([self.index], min_pos))
         self._attach_ring()
         log.info("index builder %d resumes at commit_pos %d (%d entries trimmed, key ring %s)",
-                 self.shard, durable, trimmed, "on" if self.reader is not None else "off")
+                 self.shard, resume_pos, trimmed, "on" if self.reader is not None else "off")
 
     def _limit(self) -> int:
         return self.ctl.flushed_pos if self.sync_flush else self.ctl.written_pos

@@ -357,7 +357,7 @@ def test_consume_queue_recover_after_a_clean_end_cuts_nothing(tmp_path):
     put_range(queue, 0, 15)
     queue.close()
     queue = load(tmp_path)
-    assert queue.recover() == 15 and queue.cut_floor_pos is None
+    assert queue.recover() == 15 and queue.cut_offset is None and queue.find_cut() is None
 
 
 def test_damaged_entry_keeps_the_bytes_behind_it_until_redispatch_put_them_back(tmp_path):
@@ -372,8 +372,9 @@ def test_damaged_entry_keeps_the_bytes_behind_it_until_redispatch_put_them_back(
         f.write(b"\x80")  # entry 7's size turns negative
     for _ in range(2):  # the second time as after a crash during recovery
         queue = load(tmp_path)
+        assert queue.find_cut() == 7  # read-only, as the look before a writer opens
         assert queue.recover() == 7 == queue.max_offset
-        assert queue.cut_floor_pos == 7 * MSG  # just past entry 6's record
+        assert queue.cut_offset == 7 and queue.record_end_before(7) == 7 * MSG  # past entry 6's record
         assert disk(tmp_path, 200)[:20] == encode_cq_entry(10 * MSG, MSG, 10 % 7)
         queue.close()
     queue = load(tmp_path)
@@ -383,21 +384,6 @@ def test_damaged_entry_keeps_the_bytes_behind_it_until_redispatch_put_them_back(
     queue.close()
     assert load(tmp_path).max_offset == 15
     assert load(tmp_path).entries(0, 20)["commit_pos"].tolist() == [i * MSG for i in range(15)]
-
-
-def test_a_table_reports_the_lowest_cut_floor(tmp_path):
-    table = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
-    for queue_id in (0, 1):
-        for i in range(5):
-            table.get_or_create(TOPIC, queue_id).put(i, (2 * i + queue_id) * MSG, MSG, 0)
-    table.close()
-    with open(qdir(tmp_path, queue_id=1) / offset_to_name(0), "r+b") as f:
-        f.seek(3 * 20 + 8)
-        f.write(b"\x80")
-    table = ConsumeQueueTable.load(tmp_path, EPF, Access.READ_WRITE)
-    assert table.cut_floor_pos() is None  # before recover_all
-    table.recover_all()
-    assert table.cut_floor_pos() == 5 * MSG + MSG  # entry 2 of queue 1 is at 5 * MSG
 
 
 def test_consume_queue_recover_zeroes_stale_bytes_behind_last_valid_entry_after_redispatch(tmp_path):
@@ -413,9 +399,10 @@ def test_consume_queue_recover_zeroes_stale_bytes_behind_last_valid_entry_after_
     queue = load(tmp_path)
     assert queue.recover() == 15 == queue.max_offset
     assert queue.flushed_offset == 15 and queue.max_commit_end == 1500
-    assert queue.cut_floor_pos == 1500  # re-dispatch puts back entries 15.. from their records
+    assert queue.cut_offset == 15  # re-dispatch puts back entries 15.. from their records
+    assert queue.raw_entry(15).commit_pos == 1500 and queue.record_end_before(15) == 1500
     queue.clear_cut_tail()  # after re-dispatch
-    assert queue.cut_floor_pos is None
+    assert queue.cut_offset is None
     assert disk(tmp_path, 200)[5 * 20:] == bytes(FILE_BYTES - 100)
     assert file_names(tmp_path) == [offset_to_name(0), offset_to_name(200)]
     put_range(queue, 15, 16)

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from engine.formats.cq_entry import CQ_ENTRY_SIZE
+from engine.formats.cq_entry import CQ_ENTRY_SIZE, encode_cq_entry
 from engine.naming import consume_queue_dir, offset_to_name
 from engine.store import MessageStore
 from ipc.consumer import Consumer
@@ -77,6 +77,10 @@ def test_a_restarted_dispatcher_puts_back_the_entries_it_cut_at_a_damaged_one(tm
         store.wait_caught_up()
         queue_file = consume_queue_dir(store.root, "T1", 0) / offset_to_name(32 * CQ_ENTRY_SIZE)
         flip_byte(queue_file, 3 * CQ_ENTRY_SIZE + 8, 0x80)  # entry 35's size turns negative
+        stray = 13 * CQ_ENTRY_SIZE  # a valid-looking entry 45, past the end: stale, never served
+        with open(queue_file, "r+b") as fh:
+            fh.seek(stray)
+            fh.write(encode_cq_entry(sent[0].commit_pos, 100, 0))
         dispatcher = store.child_pid(Role.DISPATCHER)
         os.kill(dispatcher, signal.SIGKILL)
         store.wait_child_replaced(Role.DISPATCHER, dispatcher)
@@ -84,6 +88,7 @@ def test_a_restarted_dispatcher_puts_back_the_entries_it_cut_at_a_damaged_one(tm
         after = producer.send("T1", b"after", queue_id=0)
         store.wait_caught_up()  # acknowledged at the flush; dispatched a step later
     assert [r.queue_offset for r in sent] == list(range(40)) and after.queue_offset == 40
+    assert queue_file.read_bytes()[stray:stray + CQ_ENTRY_SIZE] == bytes(CQ_ENTRY_SIZE)
     with Consumer(store.root, "verify") as consumer:
         got = consumer.pull("T1", 0, 0, 64).messages
         assert [(r.queue_offset, r.body) for r in got] == \
