@@ -17,6 +17,7 @@ import numpy as np
 
 from engine.check_commitlog import LogScan
 from engine.check_findings import FindingKind, FindingList
+from engine.consume_queue_table import marked_queue_id
 from engine.errors import SegmentLayoutError
 from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE, FILLER_SIZE_MARK
 from engine.mapped_file import Access, MappedFile
@@ -51,6 +52,10 @@ def _queue_dirs(base: Path, out: FindingList) -> dict[tuple[str, int], Path]:
             continue
         for queue_dir in sorted(topic_dir.iterdir()):
             name = queue_dir.name
+            if marked_queue_id(queue_dir) is not None:
+                out.add(FindingKind.LAYOUT, queue_dir, "a recovery stopped while it rebuilt this queue; "
+                        "the next start rebuilds it whole")
+                continue
             if not (queue_dir.is_dir() and name.isdigit() and str(int(name)) == name):
                 out.add(FindingKind.LAYOUT, queue_dir, "not a queue-id directory")
                 continue

@@ -79,7 +79,7 @@ class ConsumeQueueTable:
         topic, rebuilding = topic_dir.name, _rebuild_markers(topic_dir)
         for queue_dir in sorted(topic_dir.iterdir()):
             name = queue_dir.name
-            if name.endswith(REBUILD_SUFFIX) and name[:-len(REBUILD_SUFFIX)] in map(str, rebuilding):
+            if marked_queue_id(queue_dir) is not None:
                 continue
             if not (queue_dir.is_dir() and name.isdigit() and str(int(name)) == name):
                 self.foreign.append(queue_dir)  # RocketMQ skips non-numeric queue dirs
@@ -108,8 +108,8 @@ class ConsumeQueueTable:
         mark. A crash before that finds the mark and begins again (the queue is derived data)."""
         directory = consume_queue_dir(self.root, topic, queue_id)
         marker = _marker_of(directory)
-        if not marker.exists():
-            write_new_file(marker, ())
+        if marked_queue_id(marker) is None:
+            write_new_file(marker, (REBUILD_MARKER_BYTES,))
         if directory.exists():
             moved = move_aside(directory, self.root / QUARANTINE_DIR,
                                f"consumequeue-{topic}-{queue_id}.{int(time.time() * 1000)}")
@@ -119,9 +119,12 @@ class ConsumeQueueTable:
         self.set_aside.append((topic, queue_id))
 
     def finish_rebuilds(self) -> None:
-        """Once recovery's checkpoint is written: the queues set aside are whole again."""
-        for topic, queue_id in self.set_aside:
-            remove_file(_marker_of(consume_queue_dir(self.root, topic, queue_id)))
+        """Once recovery's checkpoint is written every queue is whole again: the rebuild markers
+        go (those a salvage or rebuild found too, which rebuild every queue)."""
+        base = self.root / CONSUMEQUEUE_DIR
+        for marker in base.glob("*/*" + REBUILD_SUFFIX) if base.is_dir() else ():
+            if marked_queue_id(marker) is not None:
+                remove_file(marker)
         self.set_aside.clear()
 
     def _load(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -192,15 +195,25 @@ class ConsumeQueueTable:
         self._queues.clear()
 
 
+REBUILD_MARKER_BYTES = b"mqstore: this consume queue is being rebuilt from the commitlog\n"
+
+
 def _marker_of(queue_dir: Path) -> Path:
     return queue_dir.with_name(queue_dir.name + REBUILD_SUFFIX)
 
 
+def marked_queue_id(path: Path) -> int | None:
+    """The queue id a `<queueId>.rebuild` marker names; None for anything else (a user's file
+    of that name without the marker's bytes is foreign, never taken for a marker)."""
+    name = path.name[:-len(REBUILD_SUFFIX)] if path.name.endswith(REBUILD_SUFFIX) else ""
+    if not (name.isdigit() and str(int(name)) == name and path.is_file()
+            and path.stat().st_size == len(REBUILD_MARKER_BYTES)):
+        return None
+    return int(name) if path.read_bytes() == REBUILD_MARKER_BYTES else None
+
+
 def _rebuild_markers(topic_dir: Path) -> set[int]:
-    """The queue ids of `<queueId>.rebuild` markers in a topic's directory."""
-    ids = set()
-    for path in topic_dir.glob("*" + REBUILD_SUFFIX):
-        name = path.name[:-len(REBUILD_SUFFIX)]
-        if path.is_file() and name.isdigit() and str(int(name)) == name:
-            ids.add(int(name))
+    """The queue ids of the rebuild markers in a topic's directory."""
+    ids = {marked_queue_id(path) for path in topic_dir.glob("*" + REBUILD_SUFFIX)}
+    ids.discard(None)
     return ids

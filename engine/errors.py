@@ -96,7 +96,9 @@ class LostHeadError(StoreCorruptError):
             path=path,
             hint="put the missing segments back (from a copy) and start again, or accept their "
                  f"loss with `mqstore recover --rebuild`: the store then starts at commit_pos "
-                 f"{log_min_pos}, and consume queues and index are rebuilt from what is kept")
+                 f"{log_min_pos}, and consume queues and index are rebuilt from what is kept. If an "
+                 "mqstore older than the retention line ran retention here, remove the file "
+                 "`retention_line` instead: nothing is lost")
 
 
 class AcceptedDamageError(StoreError):

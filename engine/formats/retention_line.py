@@ -7,7 +7,7 @@
 
 Retention writes it before it removes a segment, so the log never starts above it unless
 something else removed segments (DESIGN §4: a store never shrinks by surprise). The file is
-replaced atomically, never patched in place.
+rewritten in place (its 16 bytes lie in one sector; a torn one fails its CRC).
 """
 
 from __future__ import annotations

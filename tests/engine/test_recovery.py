@@ -24,7 +24,7 @@ from engine import log_tail
 from engine.check import check
 from engine.check_findings import FindingKind
 from engine.checkpoint import CheckpointSource, write_checkpoint
-from engine.consume_queue_table import ConsumeQueueTable, OnUnreadable
+from engine.consume_queue_table import REBUILD_MARKER_BYTES, ConsumeQueueTable, OnUnreadable
 from engine.errors import BadInputError, SegmentLayoutError
 from engine.formats.checkpoint import MQSTORE_PART_POS, Checkpoint
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, encode_cq_entry
@@ -427,7 +427,7 @@ def test_a_crash_while_a_set_aside_queue_is_rebuilt_rebuilds_it_again(tmp_path, 
         queue_dir.mkdir()
         (queue_dir / "00000000000000000000").write_bytes(
             b"".join(encode_cq_entry(i, 10, 0) for i in range(3)) + bytes(7 * CQ_ENTRY_SIZE))
-    (queue_dir.parent / "0.rebuild").write_bytes(b"")
+    (queue_dir.parent / "0.rebuild").write_bytes(REBUILD_MARKER_BYTES)
     store = reopen(tmp_path)
     assert store.recovery_report.queues_rebuilt == [f"{TOPIC}/0"]
     assert_holds_exactly(store, 50)
@@ -718,3 +718,26 @@ def test_power_loss_loses_nothing_acknowledged(tmp_path):
         finally:
             store.close()
         assert check(root) == [], seed
+
+
+def test_a_users_file_named_like_a_rebuild_mark_is_foreign_not_a_mark(tmp_path):
+    build(tmp_path, 20, crash=False)
+    user_file = consume_queue_dir(tmp_path, TOPIC, 0).parent / "0.rebuild"
+    user_file.write_bytes(b"notes")
+    with MessageStore.open(tmp_path, SMALL_CONFIG) as store:
+        assert store.recovery_report.queues_rebuilt == [] and store.max_offset(TOPIC, 0) == 10
+    assert user_file.read_bytes() == b"notes"
+    assert [f.detail for f in check(tmp_path)] == ["not a queue-id directory"]
+
+
+def test_a_salvage_takes_the_marks_of_a_rebuild_that_stopped(tmp_path):
+    """A salvage rebuilds every queue: a mark left by a routine recovery that died goes too."""
+    results = build(tmp_path, 20, crash=False)
+    path, file_pos = segment_of(tmp_path, results[5].commit_pos)
+    patch(path, file_pos + BODY_CRC_OFFSET, bytes(4))  # damage a salvage accepts
+    mark = consume_queue_dir(tmp_path, TOPIC, 0).parent / "0.rebuild"
+    mark.write_bytes(REBUILD_MARKER_BYTES)
+    assert "a recovery stopped while it rebuilt this queue" in str(check(tmp_path))
+    with MessageStore.open(tmp_path, SMALL_CONFIG, recovery=RecoveryMode.SALVAGE) as store:
+        assert store.max_offset(TOPIC, 0) == 10 and store.max_offset(TOPIC, 1) == 10
+    assert not mark.exists() and check(tmp_path) == []
