@@ -150,6 +150,7 @@ class PostPacer:
 
 class Dispatcher(ChildProcess):
     role = Role.DISPATCHER
+    _cut_tails_until: int | None = None  # after a restart that cut queues: clear them once past it
 
     def boot(self) -> None:
         self.commitlog = CommitLog.open(self.store_dir, self.config.commitlog_file_size,
@@ -165,7 +166,7 @@ class Dispatcher(ChildProcess):
         floor = redispatch_floor(self.queues, self.commitlog, recovered_cuts(self.queues))
         if floor is not None and floor < durable:  # what recover_all cut comes back from the log
             self.pos = floor
-        self._cut_tails_until = durable if floor is not None else None  # cleared once past it
+        self._cut_tails_until = durable if floor is not None else None
         self.published_pos = published
         self.ctl.reset_dispatcher(published, durable)
         self.waiters = WaiterTable.attach(self.store_dir)

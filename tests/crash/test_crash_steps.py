@@ -49,6 +49,7 @@ from engine.naming import (
     index_shard_dir,
     offset_to_name,
 )
+from engine.retention_line import raise_retention_line, read_retention_line
 from engine.status import GetStatus
 from engine.store import MessageStore
 from tests.helpers import (
@@ -350,7 +351,7 @@ def test_checkpoint_write_crash_after_each_step(checkpoint_write, tmp_path, k):
 # ------------------------------------------------------------------------------ retention pass
 
 RETENTION_CONFIG = SMALL_CONFIG.replace(consume_queue_entries=4, index_entry_count=8, index_shards=1)
-RETENTION_STEPS = ["oldest_segment_removed", "cq_files_removed", "index_files_removed"]
+RETENTION_STEPS = ["line_raised", "oldest_segment_removed", "cq_files_removed", "index_files_removed"]
 
 
 @pytest.fixture(scope="module")
@@ -365,6 +366,9 @@ def retention_pass(tmp_path_factory) -> Scenario:
     store.checkpoint()
     die(store)
     first_kept = next(i for i, r in enumerate(results) if r.commit_pos >= SEGMENT_BYTES)
+
+    def raise_line(root: Path) -> None:  # engine.retention.remove_segments: the line first
+        raise_retention_line(root, SEGMENT_BYTES)
 
     def remove_segment(root: Path) -> None:
         (commitlog_dir(root) / offset_to_name(0)).unlink()
@@ -387,8 +391,9 @@ def retention_pass(tmp_path_factory) -> Scenario:
 
     # The last state, "min offsets not yet corrected", is every state here: min offsets live in
     # memory and a crash always leaves them for the next open to recompute.
-    steps = check_names([("oldest_segment_removed", remove_segment), ("cq_files_removed", remove_cq_files),
-                         ("index_files_removed", remove_index_files)], RETENTION_STEPS)
+    steps = check_names([("line_raised", raise_line), ("oldest_segment_removed", remove_segment),
+                         ("cq_files_removed", remove_cq_files), ("index_files_removed", remove_index_files)],
+                        RETENTION_STEPS)
     counts = {name: len(list(base.rglob(pattern))) for name, pattern in
               (("cq", "consumequeue/*/*/*"), ("index", "index/*/*"))}
     return Scenario(base, config, steps, {"first_kept": first_kept, "counts": counts})
@@ -397,15 +402,16 @@ def retention_pass(tmp_path_factory) -> Scenario:
 @pytest.mark.parametrize("k", range(len(RETENTION_STEPS) + 1), ids=step_ids(RETENTION_STEPS))
 def test_retention_pass_crash_after_each_step(retention_pass, tmp_path, k):
     root = state_after(retention_pass, k, tmp_path / "store")
-    first_kept = retention_pass.facts["first_kept"] if k >= 1 else 0
+    first_kept = retention_pass.facts["first_kept"] if k >= 2 else 0
     counts = retention_pass.facts["counts"]
-    if k >= 2:
-        assert len(list(root.rglob("consumequeue/*/*/*"))) < counts["cq"]
     if k >= 3:
+        assert len(list(root.rglob("consumequeue/*/*/*"))) < counts["cq"]
+    if k >= 4:
         assert len(list(root.rglob("index/*/*"))) < counts["index"]
 
     def verify(store: MessageStore) -> None:
-        assert store.commitlog.min_pos == (SEGMENT_BYTES if k >= 1 else 0)
+        assert store.commitlog.min_pos == (SEGMENT_BYTES if k >= 2 else 0)
+        assert read_retention_line(root) == store.commitlog.min_pos  # settled by the reopen
         for q in (0, 1):
             live = [i for i in range(first_kept, 50) if i % 2 == q]
             assert store.min_offset(TOPIC, q) == live[0] // 2

@@ -14,6 +14,7 @@ from pyspark.sql.types import BinaryType, StructField, StructType
 from engine.check import check as engine_check
 from engine.checkpoint import load_checkpoint
 from engine.errors import BadInputError, DataLossError
+from engine.retention_line import raise_retention_line
 from engine.store import MessageStore
 from tests.conftest import ROCKETMQ_SAMPLES
 from tests.spark.stores import (
@@ -123,9 +124,12 @@ def _retention(root, keep_from_pos: int) -> int:
     """Delete the oldest segments wholly below `keep_from_pos`, as retention does (never the
     last one); returns the new first position."""
     segments = _segments(root)
-    for path in segments[:-1]:
-        if int(path.name) + SMALL_CONFIG.commitlog_file_size <= keep_from_pos:
-            path.unlink()
+    going = [path for path in segments[:-1]
+             if int(path.name) + SMALL_CONFIG.commitlog_file_size <= keep_from_pos]
+    if going:  # the line first, as engine.retention.remove_segments
+        raise_retention_line(root, int(going[-1].name) + SMALL_CONFIG.commitlog_file_size)
+    for path in going:
+        path.unlink()
     return int(_segments(root)[0].name)
 
 
