@@ -237,7 +237,11 @@ class ConsumeQueue:
     def _reconcile(self, first: int, commits: np.ndarray, sizes: np.ndarray, tags: np.ndarray) -> int:
         """Entries re-put at [first, first+len) must equal the stored ones, all three fields (below
         min_offset: skipped). One that differs is rewritten when recovery left it unconfirmed
-        (past the durable position: possibly torn), else it is corruption. Returns the rewritten."""
+        (past the durable position: possibly torn), else it is corruption. Returns the rewritten.
+
+        Equal ones are written again too: after a failed writeback (EIO) the kernel keeps their
+        pages clean in the cache, and only a new write makes the next flush put them on disk
+        (re-puts come from recovery and a restarted dispatcher, after such a failure)."""
         skip = min(max(self._min_offset - first, 0), len(commits))
         lo = first + skip
         stored = self.entries(lo, len(commits) - skip)
@@ -245,19 +249,18 @@ class ConsumeQueue:
             self._confirmed_end = max(self._confirmed_end, lo + len(stored))
         same = ((stored["commit_pos"] == commits[skip:]) & (stored["size"] == sizes[skip:])
                 & (stored["tags_code"] == tags[skip:]))
-        if same.all():
-            return 0
         bad = lo + np.flatnonzero(~same)
         outside = bad[(bad < self._unconfirmed_from) | (bad >= self._unconfirmed_end)]
         if len(outside):
             self._raise_conflict(int(outside[0]), stored[int(outside[0]) - lo], first, commits, sizes, tags)
-        lo_bad, hi_bad = int(bad[0]) - first, int(bad[-1]) + 1 - first
-        entries = np.empty(hi_bad - lo_bad, dtype=CQ_DTYPE)
-        entries["commit_pos"] = commits[lo_bad:hi_bad]
-        entries["size"] = sizes[lo_bad:hi_bad]
-        entries["tags_code"] = tags[lo_bad:hi_bad]
-        self._write(int(bad[0]), entries.tobytes())
-        self._update_commit_end()
+        entries = np.empty(len(stored), dtype=CQ_DTYPE)
+        entries["commit_pos"] = commits[skip:skip + len(stored)]
+        entries["size"] = sizes[skip:skip + len(stored)]
+        entries["tags_code"] = tags[skip:skip + len(stored)]
+        self._copy_in(lo, entries.tobytes())  # the entries exist: no block to reserve
+        self._flushed_offset = min(self._flushed_offset, lo)  # the next flush syncs them again
+        if len(bad):
+            self._update_commit_end()
         return len(bad)
 
     def _raise_conflict(self, bad: int, old, first: int, commits, sizes, tags) -> NoReturn:
@@ -276,7 +279,11 @@ class ConsumeQueue:
         end = lpos + len(data)
         if lpos < self._reserved_from_lpos or end > self._reserved_to_lpos:
             self._reserve(lpos, end)
-        done = 0
+        self._copy_in(queue_offset, data)
+
+    def _copy_in(self, queue_offset: int, data: bytes) -> None:
+        """pwrite whole entries in at `queue_offset`, into files that exist with blocks for them."""
+        lpos, done = queue_offset * CQ_ENTRY_SIZE, 0
         while done < len(data):
             segment = self.segments.find(lpos)
             file_pos = lpos - self.segments.base_of(segment)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 
@@ -21,6 +22,8 @@ from tests.engine.test_mapped_file import resident_pages
 EPF = 10  # entries per file: files of 200 bytes, so rolls happen
 FILE_BYTES = EPF * CQ_ENTRY_SIZE
 TOPIC = "TopicTest"
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+KPF_DIRTY = 4  # include/uapi/linux/kernel-page-flags.h
 MSG = 100  # every test record is 100 bytes: entry i points at commit_pos i * 100
 
 
@@ -601,3 +604,37 @@ def test_a_reader_scanning_past_the_last_entry_does_not_zero_fill_the_rest_of_th
     finally:
         reader.close()
         writer.close()
+
+
+def _page_is_dirty(mapping, file_pos: int) -> bool:
+    """The kernel's dirty flag of the page cache page at `file_pos` of a mapped file
+    (/proc/self/pagemap for its frame, /proc/kpageflags for the flag; root only)."""
+    anchor = ctypes.c_char.from_buffer(mapping)
+    try:
+        vaddr = ctypes.addressof(anchor) + file_pos - file_pos % PAGE_BYTES
+    finally:
+        del anchor
+    mapping[file_pos]  # mapped in this process, so the page table names the frame
+    with open("/proc/self/pagemap", "rb") as fh:
+        fh.seek(vaddr // PAGE_BYTES * 8)
+        frame = int.from_bytes(fh.read(8), "little") & ((1 << 55) - 1)
+    assert frame, "no page frame number: /proc/kpageflags needs root"
+    with open("/proc/kpageflags", "rb") as fh:
+        fh.seek(frame * 8)
+        return bool(int.from_bytes(fh.read(8), "little") & (1 << KPF_DIRTY))
+
+
+def test_a_reput_equal_entry_is_written_again_so_the_next_flush_writes_it(tmp_path):
+    """After a failed writeback the kernel keeps a page clean though the disk never got it; a
+    restart's re-dispatch re-puts its entries, and only writing them again makes the next flush
+    write them (otherwise that flush succeeds having written nothing)."""
+    queue = load(tmp_path)
+    put_range(queue, 0, 8)
+    queue.flush()
+    mapping = queue.segments.segments[0]._mmap
+    assert not _page_is_dirty(mapping, 3 * CQ_ENTRY_SIZE)  # written back
+    assert queue.put(3, 3 * MSG, MSG, 3 % 7) is False  # already there: nothing differs
+    assert _page_is_dirty(mapping, 3 * CQ_ENTRY_SIZE)
+    queue.flush()
+    assert not _page_is_dirty(mapping, 3 * CQ_ENTRY_SIZE)
+    queue.close()
