@@ -18,7 +18,6 @@ A failure at any step after the lock closes what was opened and releases the loc
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from engine.config import StoreConfig
 from engine.consume_queue_table import ConsumeQueueTable, OnUnreadable
 from engine.durable_line import pad_short_segments, refuse_short_segments
 from engine.errors import CorruptIndexError
-from engine.filesystem import ensure_dir, fsync_dir
+from engine.filesystem import move_aside
 from engine.formats.store_meta import StoreMeta
 from engine.frozen_settings import refuse_inconsistent_meta
 from engine.mapped_file import Access
@@ -206,11 +205,8 @@ def open_shard(root: Path, config: StoreConfig, shard: int, access: Access) -> S
 
 def quarantine_shard(root: Path, shard: int) -> Path:
     """Move an unreadable index shard's directory aside (kept for inspection, never deleted)."""
-    target = ensure_dir(Path(root) / QUARANTINE_DIR) / f"index-{shard}.{int(time.time() * 1000)}"
-    os.replace(index_shard_dir(root, shard), target)
-    fsync_dir(target.parent)
-    fsync_dir(index_shard_dir(root, shard).parent)
-    return target
+    return move_aside(index_shard_dir(root, shard), Path(root) / QUARANTINE_DIR,
+                      f"index-{shard}.{int(time.time() * 1000)}")
 
 
 def close_parts(parts: StoreParts) -> None:
