@@ -424,8 +424,7 @@ class ConsumeQueue:
         if not self.segments.segments:
             return self._max_offset
         start = self._recover_from()
-        end = self._scan_forward(start)
-        self.cut_offset = end if self._holds_data_from(end) else None
+        end, self.cut_offset = self._recovered_end(start)
         if self.cut_offset is None:  # a clean end: only zeros follow, in files that can go
             self._drop_files_after(end)
         self._end_at(end)
@@ -443,10 +442,13 @@ class ConsumeQueue:
 
     def find_cut(self) -> int | None:
         """recover()'s `cut_offset`, read-only: for a look before a writer opens the store."""
-        if not self.segments.segments:
-            return None
-        end = self._scan_forward(self._recover_from())
-        return end if self._holds_data_from(end) else None
+        return self._recovered_end(self._recover_from())[1] if self.segments.segments else None
+
+    def _recovered_end(self, start: int) -> tuple[int, int | None]:
+        """(the first invalid entry at or after `start`, that offset again when bytes follow it
+        or None after a clean end)."""
+        end = self._scan_forward(start)
+        return end, end if self._holds_data_from(end) else None
 
     def raw_entry(self, queue_offset: int) -> CqEntry:
         """The 20 bytes at `queue_offset` decoded as they are, valid or not (within the files)."""

@@ -66,6 +66,22 @@ def _write_line(root: Path, min_pos: int) -> None:
 
 def lost_head_reason(root: Path, log_min_pos: int) -> str | None:
     """Why the log's start is not one retention made (segments missing before it), or None."""
+    lost = _lost_head(root, log_min_pos)
+    return None if lost is None else lost[0]
+
+
+def refuse_lost_head(root: Path, log_min_pos: int) -> None:
+    """LostHeadError (nothing changed) when segments retention never removed are missing."""
+    lost = _lost_head(root, log_min_pos)
+    if lost is not None:
+        reason, line = lost
+        raise LostHeadError(reason, retention_pos=line, log_min_pos=log_min_pos,
+                            path=str(commitlog_dir(root)))
+
+
+def _lost_head(root: Path, log_min_pos: int) -> tuple[str, int] | None:
+    """(why, the line) when the log starts above the line; None when it does not or when the line
+    cannot vouch (missing, or unreadable: warned)."""
     try:
         line = read_retention_line(root)
     except CheckpointError as exc:
@@ -75,12 +91,4 @@ def lost_head_reason(root: Path, log_min_pos: int) -> str | None:
     if line is None or log_min_pos <= line:
         return None
     return (f"the commitlog starts at {log_min_pos}, but retention removed only the segments "
-            f"below {line}: the segments between are missing")
-
-
-def refuse_lost_head(root: Path, log_min_pos: int) -> None:
-    """LostHeadError (nothing changed) when segments retention never removed are missing."""
-    reason = lost_head_reason(root, log_min_pos)
-    if reason is not None:
-        raise LostHeadError(reason, retention_pos=read_retention_line(root), log_min_pos=log_min_pos,
-                            path=str(commitlog_dir(root)))
+            f"below {line}: the segments between are missing"), line

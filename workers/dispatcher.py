@@ -29,9 +29,10 @@ Restart: ConsumeQueueTable.load + recover_all keeps every valid entry (a killed 
 page-cache writes survive it), then dispatch resumes from the published cq_durable_pos, or from
 below it where recover_all cut a queue at an invalid entry with bytes behind it
 (engine.queue_cuts; the bytes are cleared once dispatch is past the old durable position);
-re-putting an entry that is already there is a no-op, so the restart leaves no gap and no
-duplicate. The published dispatched_pos is left where the previous dispatcher put it (its
-entries are still there), so consumers never see the queues shrink during a restart.
+re-putting an entry that is already there writes the same bytes again (and the next flush syncs
+them: ConsumeQueue._reconcile), so the restart leaves no gap and no duplicate. The published
+dispatched_pos is left where the previous dispatcher put it (its entries are still there), so
+consumers never see the queues shrink during a restart.
 """
 
 from __future__ import annotations
