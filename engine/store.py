@@ -52,6 +52,7 @@ from engine.recovery import (
     RecoveryReport,
     StoreParts,
 )
+from engine.segment_age import SegmentAges
 from engine.status import GetResult, GetStatus, PutResult, PutStatus
 from engine.store_dir import (
     StoreLock,
@@ -103,6 +104,7 @@ class MessageStore:
         self._disk_checked_ms = 0
         self._disk_full = False
         self._closed = False
+        self._segment_ages = SegmentAges()
 
     @classmethod
     def open(cls, path: str | Path, config: StoreConfig | None = None, *,
@@ -262,7 +264,8 @@ class MessageStore:
         so puts refuse or resume without waiting for the next periodic disk check.
         """
         self._require_open()
-        report = retention.run_retention(self._parts, self.config, now_ms=now_ms, kind=kind)
+        report = retention.run_retention(self._parts, self.config, now_ms=now_ms, kind=kind,
+                                         ages=self._segment_ages)
         self._disk_full = report.disk_full
         self._disk_checked_ms = _now_ms()
         return report
