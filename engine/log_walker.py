@@ -14,8 +14,7 @@ walked past (OnBadBytes.RESYNC, see `resync`).
 
 Forms: `step` (one record, any decoder), `step_run` (a run of records checked together by the
 batch codec, engine.formats.record.spans), `walk` (record by record with the resync policy) and
-`hop_heads` (heads only: TOTALSIZE and magic, for planning splits; `hop_to_last` also
-names the last record passed). No I/O here: windows are
+`hop_heads` (heads only: TOTALSIZE and magic, for planning splits). No I/O here: windows are
 given by a thin layer (engine.commitlog_scan and engine.log_walk over mapped segments,
 tools.spark.partitions over pread blocks).
 """
@@ -272,27 +271,6 @@ def hop_heads(window: LogWindow, pos: int, stop_pos: int) -> tuple[int, HopEnd]:
         pos += total_size
         off += total_size
     return pos, HopEnd.REACHED
-
-
-def hop_to_last(window: LogWindow, pos: int, stop_pos: int) -> tuple[int | None, int, HopEnd]:
-    """`hop_heads`, also returning the start of the last record hopped over (None when none
-    was): how the record that ends at a position is found without a backward length."""
-    unpack = _HEAD.unpack_from
-    buf, segment_end = window.buf, window.segment_end_pos
-    off = pos - window.base_pos
-    last = min(len(buf), segment_end - window.base_pos) - FILLER_SIZE  # the last head that fits
-    last_start = None
-    while pos < stop_pos:
-        if off > last:
-            return last_start, pos, HopEnd.CHAIN_END if segment_end - pos < FILLER_SIZE else HopEnd.WINDOW_END
-        total_size, magic = unpack(buf, off)
-        if (magic != MAGIC_V1 and magic != MAGIC_V2) or not (
-                RECORD_FIXED_SIZE <= total_size <= segment_end - pos):
-            return last_start, pos, HopEnd.CHAIN_END
-        last_start = pos
-        pos += total_size
-        off += total_size
-    return last_start, pos, HopEnd.REACHED
 
 
 def is_filler_head(window: LogWindow, pos: int) -> bool:

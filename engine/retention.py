@@ -18,7 +18,7 @@ The walk goes oldest to newest, never touches the last (active) segment, stops a
 segment it may not delete (so segments never go from the middle) and deletes at most
 `max_files` per pass. A pass that leaves segments behind that may go says so (`more_due`): its
 caller runs the next pass at once, so retention keeps pace with any write rate while the I/O
-of one pass stays bounded (at most `max_files` + 1 segments' record heads are read).
+of one pass stays bounded (the tails of at most `max_files` + 1 segments are read, each once).
 
 Step order. Each step is durable on its own (unlink + fsync of the directory), and death
 between any two steps leaves a state that readers, `recover` and `check` accept:

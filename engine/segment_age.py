@@ -2,11 +2,12 @@
 
 Retention expires a segment by the records it holds, never by its file's mtime, which a restore,
 a copy tool or a clock set after boot moves (Kafka expires by a segment's largest timestamp
-since 0.10.1; RocketMQ by mtime). The last record is found by following the record chain from
-the segment's base to its end-of-file filler (engine.last_record) and read with every check
-(Verify.MQSTORE). A segment whose chain stops short of the filler, or whose last record fails
-its checks, has no age (`last_store_ts_ms` None): retention never expires it by age, so it, and
-every segment after it, stays until disk pressure removes segments regardless of age.
+since 0.10.1; RocketMQ by mtime). The last record is the one that ends where the segment's
+end-of-file filler starts, found backwards (engine.last_record), and it is read with every
+check (Verify.MQSTORE). A segment that does not end in a filler (or in a record at its very
+end), or whose last record fails its checks, has no age (`last_store_ts_ms` None): retention
+never expires it by age, so it, and every segment after it, stays until disk pressure removes
+segments regardless of age.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ class SegmentAge(NamedTuple):
 
 
 def read_segment_age(commitlog: CommitLog, base_pos: int) -> SegmentAge:
-    """The age of the sealed segment at `base_pos` (the heads of its records are read)."""
+    """The age of the sealed segment at `base_pos` (its tail is read, not its records)."""
     start = last_record_of_segment(commitlog, base_pos)
     if start is None:
-        return SegmentAge(base_pos, None, "its record chain does not reach the end-of-file filler")
+        return SegmentAge(base_pos, None, "it does not end in an end-of-file filler after a record")
     try:
         record = commitlog.read_at(start, Verify.MQSTORE)
     except (CorruptRecordError, BadInputError) as exc:
@@ -44,7 +45,8 @@ def read_segment_age(commitlog: CommitLog, base_pos: int) -> SegmentAge:
 
 class SegmentAges:
     """Each sealed segment's age, read once per process: a sealed segment's records never
-    change while the store runs (only recovery cuts, before any pass)."""
+    change while the store runs (only recovery cuts, before any pass), and a damaged one is
+    warned about once."""
 
     def __init__(self) -> None:
         self._known: dict[int, SegmentAge] = {}
