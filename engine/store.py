@@ -18,6 +18,7 @@ from engine.checkpoint import write_checkpoint
 from engine.config import FlushPolicy, StoreConfig
 from engine.consume_queue import Boundary
 from engine.dispatch import dispatch_columns
+from engine.durable_times import CheckpointTimes
 from engine.errors import (
     BadInputError,
     DiskFullError,
@@ -104,6 +105,7 @@ class MessageStore:
         self._disk_checked_ms = 0
         self._disk_full = False
         self._closed = False
+        self._times = CheckpointTimes(self.commitlog, root, len(self.shards))
         self._segment_ages = SegmentAges()
 
     @classmethod
@@ -240,13 +242,9 @@ class MessageStore:
         dispatched = self._dispatched_pos
         self.queues.flush_all()
         index_positions = tuple(shard.sync() for shard in self.shards)
-        now = _now_ms()
-        cp = Checkpoint(physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now,
-                        confirm_commit_pos=self.commitlog.flushed_pos,
-                        commitlog_flushed_pos=self.commitlog.flushed_pos,
-                        cq_durable_pos=dispatched, index_durable_pos=index_positions)
+        cp = self._times.checkpoint(self.commitlog.flushed_pos, dispatched, index_positions)
         write_checkpoint(self.root, cp)
-        self._last_checkpoint_ms = now
+        self._last_checkpoint_ms = _now_ms()
         return cp
 
     def _is_disk_full(self) -> bool:

@@ -272,10 +272,23 @@ def _store_times_in(root: Path, end_pos: int) -> list[int]:
         log.close()
 
 
+def _sealed_index_end_ts(root: Path) -> int:
+    """The lowest end timestamp over the shards of each one's newest full (next to last) index file."""
+    ends = []
+    for shard in range(SMALL_STORE["index_shards"]):
+        path = sorted(index_shard_dir(root, shard).iterdir())[-2]
+        index_file = IndexFile.open(path, SMALL_STORE["index_slot_count"], SMALL_STORE["index_entry_count"],
+                                    Access.READ_ONLY)
+        ends.append(index_file.end_ts_ms)
+        index_file.close()
+    return min(ends)
+
+
 @pytest.mark.slow
 def test_a_stopped_store_with_1970_mtimes_keeps_its_fresh_messages(tmp_path):
     """Issue #32: the segments' mtimes set to 1970 (a restore, a copy tool) do not make fresh
-    messages expire; `mqstore clean` with a 1-hour retention removes nothing."""
+    messages expire; `mqstore clean` with a 1-hour retention removes nothing. The stop's
+    checkpoint, written by the supervisor, carries the store times of what it holds."""
     settings = {"file_reserved_hours": 1, "disk_warn_ratio": 0.999, "disk_clean_force_ratio": 0.999,
                 "disk_full_ratio": 1.0}
     running = start_store(tmp_path / "store", store=settings)
@@ -286,6 +299,8 @@ def test_a_stopped_store_with_1970_mtimes_keeps_its_fresh_messages(tmp_path):
         assert running.stop() == 0
     cp = decode_checkpoint((running.root / "checkpoint").read_bytes())
     times = _store_times_in(running.root, cp.commitlog_flushed_pos)
+    assert cp.physic_msg_ts_ms == cp.logics_msg_ts_ms == times[-1]  # a clean stop: all durable
+    assert cp.index_msg_ts_ms == _sealed_index_end_ts(running.root) <= times[-1]
     before = segment_bases(running.root)
     assert len(before) >= 5
     for path in commitlog_dir(running.root).iterdir():
