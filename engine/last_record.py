@@ -29,7 +29,7 @@ from engine.formats.record import (
 )
 from engine.log_walker import LogWindow
 
-SEARCH_FIRST_BYTES = 64 << 10  # most records are far smaller: one round finds them
+SEARCH_FIRST_BYTES = 4 << 10  # most records are smaller: one round finds them
 ZERO_SCAN_BYTES = 1 << 20  # the zeros after a filler are read back this much at a time
 _HEAD = struct.Struct(FILLER_FMT)  # TOTALSIZE, MAGICCODE: a record's or a filler's first 8 bytes
 _COMMIT_POS = struct.Struct(">q")  # PHYSICALOFFSET
