@@ -2,8 +2,8 @@
 
 Figures copied by hand drift from the benchmark that measured them. A GUIDE paragraph that
 quotes a rate (msg/s, acks/s) links to BENCHMARKS.md, and each figure in it (`6,324`, or a
-rounding like `2.1k`) must appear verbatim in one of BENCHMARKS.md's table rows, so a newer
-benchmark row fails this test until the GUIDE quotes it.
+rounding like `2.1k`) must appear verbatim in one of BENCHMARKS.md's table rows, so a figure
+BENCHMARKS.md replaces fails this test until the GUIDE quotes the new one.
 """
 
 from __future__ import annotations
