@@ -59,6 +59,7 @@ def test_version_names_the_package_and_the_store_format(capsys):
     assert out.startswith(f"mqstore {version('mqstore')} (store format version "), out
 
 
+@pytest.mark.slow
 def test_the_installed_command_suggests_and_exits_2():
     for argv, words in ((("stauts",), "did you mean 'status'?"),
                         (("status", "--jsno"), "did you mean '--json'?")):
