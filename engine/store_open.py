@@ -80,6 +80,15 @@ class OpenedStore:
     next_offsets: dict[tuple[str, int], int]  # (topic, queue_id) -> the next queue offset
     parts: StoreParts | None  # every part, open; None under Dispatch.CHILD_PROCESSES
 
+    def summary_lines(self) -> list[str]:
+        """What the open did, as the log says it: a new store has nothing to recover, so the
+        report of its empty scan would only mislead."""
+        return [new_store_line(self.root)] if self.new_store else self.report.summary_lines()
+
+
+def new_store_line(root: Path) -> str:
+    return f"new store {root}: created, nothing to recover"
+
 
 def open_store(root: str | Path, config: StoreConfig, *, writer: str, dispatch: Dispatch,
                recovery: RecoveryMode = RecoveryMode.ROUTINE,
@@ -121,7 +130,7 @@ def _recover(root: Path, config: StoreConfig, mode: RecoveryMode,
     """Open the parts and recover them, logging what was found; closes them if recovery fails."""
     shutdown = detect_shutdown(root)
     if new_store:
-        log.info("new store %s: created, nothing to recover", root)
+        log.info("%s", new_store_line(root))
     else:
         log.info("recovering store %s after a %s shutdown", root, shutdown.value)
     parts = open_for_recovery(root, config, mode)

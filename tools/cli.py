@@ -35,6 +35,7 @@ from engine.errors import (
 from engine.owners import refuse_unsafe_parents
 from tools import client_commands, ops_commands, retention_commands
 from tools.logging_setup import setup_logging
+from tools.typo_hints import HintingParser
 from workers.child_env import child_env
 from workers.exit_codes import CliExit, cli_epilog
 from workers.fatal_log import last_error, log_fatal_signals
@@ -114,7 +115,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         def on_ready(sup: Supervisor) -> None:
             nonlocal ready_fd
             if ready_fd is not None:
-                report = "".join(f"report {line}\n" for line in sup.report.summary_lines())
+                report = "".join(f"report {line}\n" for line in sup.open_lines)
                 os.write(ready_fd, f"{report}ready {os.getpid()}\n".encode())
                 os.close(ready_fd)
                 ready_fd = None
@@ -276,11 +277,25 @@ def progress_printer(verb: str):
 
 
 # ---------------------------------------------------------------------------------- parser
+def version_line() -> str:
+    """`mqstore --version`: the installed package's version and the store format it writes."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from engine.formats.store_meta import FORMAT_VERSION
+
+    try:
+        package = version("mqstore")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        package = "(not installed)"
+    return f"mqstore {package} (store format version {FORMAT_VERSION})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = HintingParser(
         prog="mqstore", description="A durable message store for processes on one Linux host "
         "(Apache RocketMQ's storage design).", epilog=cli_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str, func) -> argparse.ArgumentParser:
@@ -364,8 +379,8 @@ def run_delegated(name: str, argv: list[str]) -> int:
     except (ImportError, AttributeError) as exc:
         hint = " (install the [spark] extra)" if name == "spark" else ""
         raise CliError(f"`mqstore {name}` is unavailable: {exc}{hint}") from None
-    parser = argparse.ArgumentParser(prog="mqstore", epilog=cli_epilog(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = HintingParser(prog="mqstore", epilog=cli_epilog(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args([name, *argv])
     return int(run(args) or 0)

@@ -111,6 +111,7 @@ class Supervisor:
         self.settings = settings or SupervisorSettings()
         self.on_ready = on_ready
         self.report: RecoveryReport | None = None
+        self.open_lines: list[str] = []  # what opening the store did (OpenedStore.summary_lines)
         self.children: list[ChildHandle] = []
         self.run_info: RunInfo | None = None
         self.exit_code = CliExit.OK
@@ -151,6 +152,7 @@ class Supervisor:
                             dispatch=Dispatch.CHILD_PROCESSES, progress=_log_progress(),
                             after_lock=self._clear_stale)
         self._lock, self.config, self.report = opened.lock, opened.config, opened.report
+        self.open_lines = opened.summary_lines()
         self._commitlog, self._next_offsets = opened.commitlog, opened.next_offsets
         meta, generation = opened.meta, self._generation
         cut = self._commitlog.written_pos

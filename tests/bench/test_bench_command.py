@@ -22,3 +22,13 @@ def test_mqstore_bench_refuses_an_unknown_schedule_before_starting_anything(tmp_
     assert exit_info.value.code == 2
     assert "invalid choice: 'bursty'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags", [("--start",), ("--disk",)])
+def test_mqstore_bench_refuses_a_missing_workdir_naming_it(tmp_path, capsys, flags):
+    missing = tmp_path / "no-such-dir"
+    assert main(["bench", *flags, "--workdir", str(missing), "--seconds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"mqstore: error: invalid --workdir: {missing} is not a directory (create it first: " \
+                  "the bench puts its temp directories inside it)\n", err
+    assert "Errno" not in err and list(tmp_path.iterdir()) == []

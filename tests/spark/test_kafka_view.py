@@ -38,3 +38,30 @@ def test_a_job_written_for_the_kafka_source_runs(spark, store_dir, records):
         row = got[(rec.topic, rec.queue_id, rec.queue_offset)]
         assert row.v == rec.body.decode() and row.k == (" ".join(rec.keys) or None)
         assert bytes(row.seq).decode() == rec.properties["seq"]
+
+
+KAFKA_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"]
+
+
+def schema_columns(options: dict) -> list[str]:
+    return [column.split()[0] for column in MqstoreDataSource(options).schema().split(", ")]
+
+
+def test_the_kafka_view_of_one_store_has_exactly_the_kafka_sources_columns(store_dir):
+    assert schema_columns({"path": str(store_dir), "view": "kafka"}) == KAFKA_COLUMNS
+    assert schema_columns({"path": str(store_dir)})[-1] == "store"  # the messages view keeps it
+
+
+def test_the_kafka_view_of_several_stores_tells_them_apart_by_a_store_column(store_dir, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    assert schema_columns({"path": f"{store_dir},{other}", "view": "kafka"}) == [*KAFKA_COLUMNS, "store"]
+    assert schema_columns({"path": str(tmp_path / "*"), "view": "kafka"}) == [*KAFKA_COLUMNS, "store"]
+
+
+@pytest.mark.slow
+def test_a_kafka_view_read_of_one_store_has_no_store_column(spark, store_dir, records):
+    df = spark.read.format("mqstore").option("view", "kafka").load(str(store_dir))
+    assert df.columns == KAFKA_COLUMNS
+    rows = df.collect()
+    assert len(rows) == len(records) and "store" not in rows[0].asDict()

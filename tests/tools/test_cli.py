@@ -42,6 +42,8 @@ def test_end_to_end_detach_send_consume_query_status_stop(tmp_path):
     assert started.returncode == 0, err(started)
     pid = int(out(started).strip())
     assert holder_pid(store) == pid
+    # a new store: nothing was recovered, so no "recovery after clean shutdown" report
+    assert err(started) == f"new store {store.resolve()}: created, nothing to recover\n", err(started)
     try:
         sent = cli("send", "--store", str(store), "--topic", "Orders", "--body", "hello world",
                    "--key", "order-1", "--key", "cust-9", "--tags", "TagA", "--json")

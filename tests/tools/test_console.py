@@ -163,6 +163,53 @@ def table_rows(driver, table_id: str) -> list[dict]:
         return rows;""", table_id)
 
 
+DATE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC([+-]\d\d:\d\d)?$")  # one format, its zone named
+BYTES = re.compile(r"^\d+ B$|^\d+\.\d (KiB|MiB|GiB|TiB)$")
+DURATION = re.compile(r"^\d+ ms$|^\d+\.\d (s|min|h)$")
+NICE_FACTORS = (1, 2, 2.5, 5)
+UNKNOWN = "\N{EN DASH}"  # the page's cell for a value it does not know
+
+
+def assert_cells(rows: list[dict], column: str, pattern: re.Pattern) -> None:
+    """Every known cell of `column` reads in its unit (UNKNOWN is an unknown value)."""
+    cells = [row[column] for row in rows if row[column] != UNKNOWN]
+    assert cells, f"no value in column {column}"
+    assert all(pattern.match(cell) for cell in cells), (column, cells)
+
+
+def chart_ticks(driver, canvas_id: str) -> list[str]:
+    """The axis labels a chart drew, top to bottom."""
+    return driver.execute_script("return document.getElementById(arguments[0]).dataset.ticks",
+                                 canvas_id).split("|")
+
+
+def tick_value(label: str) -> float:
+    """A tick's label as a number: 2.5k is 2500, 4 KiB is 4096."""
+    number, _, unit = label.partition(" ")
+    scale = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    if unit:
+        return float(number) * scale[unit]
+    multiplier = {"k": 1e3, "M": 1e6, "G": 1e9}.get(label[-1], 1)
+    return float(label.rstrip("kMG")) * multiplier
+
+
+def assert_round_steps(ticks: list[str], steps) -> None:
+    """Ticks from a round step down to 0 in equal steps of one of `steps`."""
+    values = [tick_value(t) for t in ticks]
+    step = values[-2]
+    assert values[-1] == 0 and step > 0 and steps(step), ticks
+    assert values == [step * i for i in range(len(values) - 1, -1, -1)], ticks
+
+
+def is_nice_decimal(step: float) -> bool:
+    power = 10 ** (len(str(int(step))) - 1) if step >= 1 else 10 ** -len(str(step).split(".")[1])
+    return any(abs(step - f * power) < 1e-9 * power for f in NICE_FACTORS)
+
+
+def is_power_of_two(step: float) -> bool:
+    return step == int(step) and int(step) & (int(step) - 1) == 0
+
+
 def screenshot(driver, tmp_path: Path, name: str) -> None:
     """A PNG of the page, kept when MQSTORE_SCREENSHOTS names a directory."""
     path = tmp_path / f"console-{name}.png"
@@ -291,12 +338,47 @@ def test_overview_shows_the_running_store_with_live_numbers_that_change(browser,
     screenshot(browser, tmp_path, "overview")
 
 
+def test_overview_shows_sizes_durations_times_and_round_chart_ticks_in_human_units(browser, tmp_path):
+    open_tab(browser, "overview")
+    wait_for(lambda: text_of(browser, "state") == "READY", "the state READY")
+    lag = wait_for(lambda: text_of(browser, "dispatch-lag") not in ("", UNKNOWN)
+                   and text_of(browser, "dispatch-lag"), "the dispatch lag")
+    assert re.match(r"^(\d+ B|\d+\.\d (KiB|MiB))(, (\d+ ms|\d+\.\d s))?$", lag), lag
+    processes = table_rows(browser, "processes-table")
+    assert_cells(processes, "uptime_s", DURATION)
+    assert_cells(processes, "heartbeat_ms", DURATION)
+    assert_cells(processes, "rss_bytes", BYTES)
+    positions = table_rows(browser, "positions-table")
+    assert_cells(positions, "lag_bytes", BYTES)
+    assert_cells(positions, "lag_ms", DURATION)
+    retention = {row["name"]: row["value"] for row in table_rows(browser, "retention-table")}
+    assert not any("_" in name and name != "retention line (commit_pos)" for name in retention), retention
+    for part in ("commitlog", "consume queues", "index"):
+        assert BYTES.match(retention[f"{part} on disk"]), retention
+    oldest, _, ago = retention["oldest retained message"].partition(" (")
+    assert DATE.match(oldest) and DURATION.match(ago.removesuffix(" ago)")), retention
+    assert retention["retention line (commit_pos)"].isdigit(), retention
+    last_pass = retention["last pass"]
+    assert last_pass == "none yet" or DATE.match(last_pass.split(" (")[0]), retention
+    wait_for(lambda: tick_value(chart_ticks(browser, "chart-rates")[0]) > 0, "a rate scale above 0")
+    assert_round_steps(chart_ticks(browser, "chart-rates"), is_nice_decimal)
+    byte_ticks = chart_ticks(browser, "chart-lags")
+    assert all(t == "0 B" or re.match(r"^\d+ (B|KiB|MiB|GiB)$", t) for t in byte_ticks), byte_ticks
+    assert_round_steps(byte_ticks, is_power_of_two)
+    assert DATE.match(text_of(browser, "updated").removeprefix("updated ")), text_of(browser, "updated")
+    browser.execute_script("document.getElementById('retention-table').scrollIntoView()")
+    screenshot(browser, tmp_path, "overview-retention")
+
+
 def test_topics_page_lists_the_produced_topic_and_its_queues(browser, tmp_path):
     open_tab(browser, "topics")
     rows = wait_for(lambda: [r for r in table_rows(browser, "topics-table") if r.get("topic") == TOPIC],
                     "the topic's rows")
     assert sum(int(r["messages"]) for r in rows) >= 2
     assert {r["queue_id"] for r in rows} <= {"0", "1", "2", "3"}
+    assert_cells(rows, "stored_bytes", BYTES)
+    assert_cells(rows, "oldest_store_time_ms", DATE)
+    assert_cells(rows, "newest_store_time_ms", DATE)
     screenshot(browser, tmp_path, "topics")
 
 
@@ -310,6 +392,10 @@ def test_groups_page_shows_the_committed_group_and_its_lag(browser, seeded, tmp_
                    "the group's lag row")
     assert int(lag[0]["committed_offset"]) == seeded["committed"]
     assert int(lag[0]["lag_messages"]) == int(lag[0]["max_offset"]) - seeded["committed"]
+    assert_cells(rows, "last_commit_time_ms", DATE)
+    lags = table_rows(browser, "lag-table")
+    assert_cells(lags, "lag_ms", DURATION)
+    assert_cells(lags, "last_commit_time_ms", DATE)
     screenshot(browser, tmp_path, "groups")
 
 
@@ -334,6 +420,10 @@ def test_lookup_by_key_finds_the_message_and_shows_body_and_properties(browser, 
     assert cards[0].find_element("css selector", "pre.body").text == "hello console"
     props = cards[0].find_element("css selector", "table.properties").text
     assert "region" in props and "eu" in props and "paid" in props
+    fields = dict(line.split(" ", 1) for line in
+                  cards[0].find_element("css selector", "table.fields").text.splitlines()[1:])
+    assert DATE.match(fields["store_time"]) and DATE.match(fields["born_time"]), fields
+    assert fields["body"] == "13 B", fields
     cards[0].find_element("xpath", ".//button[text()='hex']").click()
     assert cards[0].find_element("css selector", "pre.body").text == " ".join(
         f"{b:02x}" for b in b"hello console")
@@ -370,6 +460,7 @@ def test_events_page_lists_the_start_from_the_store_log(browser, store, tmp_path
     kinds = {row["kind"] for row in rows}
     assert {"start", "recovery"} <= kinds, kinds
     assert str(store.root / "mqstore.log") in text_of(browser, "events-source")
+    assert_cells(rows, "at_ms", DATE)
     screenshot(browser, tmp_path, "events")
 
 

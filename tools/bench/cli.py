@@ -126,6 +126,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
+    if args.workdir is not None and not Path(args.workdir).is_dir():
+        raise BadInputError("--workdir", f"{args.workdir} is not a directory (create it first: the "
+                            "bench puts its temp directories inside it)")
     if not args.store and not args.start:
         if args.disk:
             return _disk_only(args)

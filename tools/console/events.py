@@ -9,6 +9,7 @@ restart, unlike run/supervisor.json, which holds the current run's restarts only
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -51,7 +52,18 @@ class Event:
     message: str
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The fields, and `at_ms`: `at` as epoch ms (None if unreadable), so the page shows it
+        in its one date format."""
+        return {**asdict(self), "at_ms": at_ms(self.at)}
+
+
+def at_ms(at: str) -> int | None:
+    """A log line's local time (`2026-12-01 21:39:05,711`) as epoch ms."""
+    try:
+        seconds = time.mktime(time.strptime(at[:19], "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        return None
+    return int(seconds) * 1000 + int(at[20:23] or 0)
 
 
 def classify(level: str, message: str) -> EventKind | None:

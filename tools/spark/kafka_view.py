@@ -9,7 +9,8 @@ for `format("kafka")` run on mqstore.
     timestamp      timestamp  the store time (when the store appended it)
     timestampType  int        1, Kafka's LogAppendTime: the store sets the time
     headers        array<struct<key:string,value:binary>>  every property, values UTF-8
-The rows come from the messages view, converted batch by batch; filters are not pushed down.
+The rows come from the messages view, converted batch by batch; filters are not pushed down. A
+read of several stores adds the `store` column (tools.spark.source.output_columns).
 """
 
 from __future__ import annotations

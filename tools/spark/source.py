@@ -21,9 +21,10 @@ imports every top-level module named pyspark_* that `pkgutil.iter_modules()` lis
 Python workers' path and registers its `DefaultSource` under `DefaultSource.name()`, once per
 JVM. So `pyspark_mqstore` makes format("mqstore") work with no call, wherever mqstore is
 installed normally or editable in compat/strict mode (a default, "lenient" setuptools editable
-install hides the module from iter_modules), or its directory is on PYTHONPATH. A discovered
-source cannot be registered again: `spark.dataSource.register(MqstoreDataSource)` then raises
-DATA_SOURCE_ALREADY_EXISTS, so call `register(spark)`, which takes that as done.
+install hides the module from iter_modules), or its directory is on PYTHONPATH. Registering over
+a discovered source raised DATA_SOURCE_ALREADY_EXISTS up to Spark 4.2; 4.3 replaces it with a
+warning ("replaced a statically registered data source"). `register(spark)` therefore asks the
+session first and registers only a source it does not know.
 """
 
 from __future__ import annotations
@@ -57,29 +58,37 @@ _DDL_TYPES = {
 }
 
 
-def output_columns(output: OutputView, verify_mode: VerifyMode) -> dict[str, str]:
-    """Name -> Spark type of every column the reader yields, in order."""
-    if output is OutputView.KAFKA:
+def output_columns(opts: SourceOptions) -> dict[str, str]:
+    """Name -> Spark type of every column the reader yields, in order.
+
+    The kafka view of one store has exactly the columns of Spark's Kafka source, so a job
+    written for format("kafka") sees the same schema; with several stores it needs `store` to
+    tell rows of the same topic and partition apart, so every view of several stores has it."""
+    if opts.output is OutputView.KAFKA:
         fields = [pa.field(name, kind) for name, kind in KAFKA_FIELDS]
-        fields += [f for f in arrow_schema(View.MESSAGES, verify_mode) if f.name == "error"]
+        fields += [f for f in arrow_schema(View.MESSAGES, opts.verify_mode) if f.name == "error"]
     else:
-        fields = list(arrow_schema(output.scan_view, verify_mode))
-    return {**{f.name: _DDL_TYPES[f.type] for f in fields}, STORE_COLUMN: "string"}
+        fields = list(arrow_schema(opts.output.scan_view, opts.verify_mode))
+    columns = {f.name: _DDL_TYPES[f.type] for f in fields}
+    if opts.output is not OutputView.KAFKA or not opts.paths.is_single:
+        columns[STORE_COLUMN] = "string"
+    return columns
 
 
-def schema_ddl(output: OutputView, verify_mode: VerifyMode) -> str:
+def schema_ddl(opts: SourceOptions) -> str:
     """The Spark schema (DDL) matching the Arrow batches the reader yields."""
-    return ", ".join(f"{name} {kind}" for name, kind in output_columns(output, verify_mode).items())
+    return ", ".join(f"{name} {kind}" for name, kind in output_columns(opts).items())
 
 
-def selected_columns(schema: StructType, output: OutputView,
-                     verify_mode: VerifyMode) -> tuple[str, ...] | None:
+def selected_columns(schema: StructType, opts: SourceOptions) -> tuple[str, ...] | None:
     """The columns a user-given schema asks for (None: the full schema, in order); each must
-    be one of the view's columns with its type."""
-    full = output_columns(output, verify_mode)
+    be one of the view's columns with its type. A view without the `store` column names its
+    columns, so the rows drop the one every scan adds."""
+    full = output_columns(opts)
     names = tuple(schema.fieldNames())
     if names == tuple(full):
-        return None
+        return None if STORE_COLUMN in full else names
+    output = opts.output
     for field in schema.fields:
         if field.name not in full:
             raise BadInputError("schema", f"{field.name!r} is not a column of the {output.value} view "
@@ -100,12 +109,12 @@ class MqstoreDataSource(DataSource):
 
     def schema(self) -> str:
         opts = parse_options(self.options)
-        return schema_ddl(opts.output, opts.verify_mode)
+        return schema_ddl(opts)
 
     def _read_options(self, schema: StructType) -> tuple[SourceOptions, RowSelection]:
         """The parsed options, and the view and columns of `schema` the rows are shaped to."""
         opts = parse_options(self.options)
-        columns = selected_columns(schema, opts.output, opts.verify_mode)
+        columns = selected_columns(schema, opts)
         return opts, RowSelection(columns=columns, output=opts.output)
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -179,7 +188,7 @@ class PushdownReader(MqstoreReader):
         self.opts = replace(self.opts, stores=stores)
         if self.opts.verify_mode is VerifyMode.REPORT or self.opts.output is OutputView.KAFKA:
             return list(filters)
-        columns = frozenset(output_columns(self.opts.output, self.opts.verify_mode))
+        columns = frozenset(output_columns(self.opts))
         pushed, rest = push(list(filters), self.opts.scan_filter, self.selection, columns)
         self.opts = replace(self.opts, scan_filter=pushed.scan_filter)
         self.selection = pushed.selection
@@ -189,11 +198,27 @@ class PushdownReader(MqstoreReader):
 
 def register(spark) -> None:
     """Make format("mqstore") resolve in `spark` unless discovery already did (idempotent).
-    Uses only the public API, so it works over Spark Connect too."""
+    Over Spark Connect, where the session cannot be asked, it registers through the public API."""
     from pyspark.errors import AnalysisException
 
+    if known_to_session(spark):
+        return
     try:
         spark.dataSource.register(MqstoreDataSource)
     except AnalysisException as exc:  # a statically discovered source cannot be registered again
         if exc.getCondition() != "DATA_SOURCE_ALREADY_EXISTS":
             raise
+
+
+def known_to_session(spark) -> bool:
+    """True when a classic session's JVM already resolves format("mqstore") (discovered or
+    registered); False over Spark Connect, which has no JVM handle to ask."""
+    from py4j.protocol import Py4JError
+
+    session = getattr(spark, "_jsparkSession", None)
+    if session is None:
+        return False
+    try:
+        return bool(session.sessionState().dataSourceManager().dataSourceExists(MqstoreDataSource.name()))
+    except Py4JError:  # a Spark without DataSourceManager.dataSourceExists: register as before
+        return False

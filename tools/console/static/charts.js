@@ -3,19 +3,17 @@
 
 const CHART_COLORS = ["#2f6fdb", "#d9822b", "#2e9e57", "#b3261e"];
 
-function formatAmount(value) {
-  const abs = Math.abs(value);
-  if (abs >= 1e9) return (value / 1e9).toFixed(1) + "G";
-  if (abs >= 1e6) return (value / 1e6).toFixed(1) + "M";
-  if (abs >= 1e3) return (value / 1e3).toFixed(1) + "k";
-  return String(Math.round(value * 10) / 10);
-}
+// How a chart's axis counts: the tick step for a largest value, and each value's label.
+const RATE_SCALE = {step: niceStep, label: formatAmount};
+const BYTE_SCALE = {step: niceByteStep, label: (bytes) => formatBytes(bytes).replace(".0 ", " ")};
+const TICKS = 4;
 
-// series: [{label, values: [number|null]}]; every series has one value per sample.
-function drawLineChart(canvas, series) {
+// series: [{label, values: [number|null]}]; every series has one value per sample. The axis
+// runs from 0 to TICKS round steps of `scale` (format.js) covering the largest value.
+function drawLineChart(canvas, series, scale) {
   const ctx = canvas.getContext("2d");
   const width = canvas.width, height = canvas.height;
-  const left = 48, right = 8, top = 22, bottom = 16;
+  const left = 64, right = 8, top = 22, bottom = 16;
   ctx.clearRect(0, 0, width, height);
   ctx.font = "11px system-ui, sans-serif";
   let max = 0, count = 0;
@@ -23,14 +21,19 @@ function drawLineChart(canvas, series) {
     count = Math.max(count, s.values.length);
     for (const v of s.values) if (v !== null && v > max) max = v;
   }
-  max = max > 0 ? max * 1.1 : 1;
+  const step = scale.step(max > 0 ? max : TICKS, TICKS);
+  max = step * TICKS;
   ctx.strokeStyle = "#dde2ea";
   ctx.fillStyle = "#6a7385";
-  for (let i = 0; i <= 4; i++) {
-    const y = top + (height - top - bottom) * i / 4;
+  const ticks = [];
+  for (let i = 0; i <= TICKS; i++) {
+    const y = top + (height - top - bottom) * i / TICKS;
+    const label = scale.label(step * (TICKS - i));
+    ticks.push(label);
     ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(width - right, y); ctx.stroke();
-    ctx.fillText(formatAmount(max * (4 - i) / 4), 4, y + 4);
+    ctx.fillText(label, 4, y + 4);
   }
+  canvas.dataset.ticks = ticks.join("|");  // what the axis says, for a reader of the page's DOM
   const plotWidth = width - left - right, plotHeight = height - top - bottom;
   series.forEach((s, index) => {
     const color = CHART_COLORS[index % CHART_COLORS.length];
@@ -49,6 +52,6 @@ function drawLineChart(canvas, series) {
     ctx.lineWidth = 1;
     ctx.fillStyle = color;
     const last = s.values.length ? s.values[s.values.length - 1] : null;
-    ctx.fillText(s.label + (last === null ? "" : " " + formatAmount(last)), left + index * 150, 12);
+    ctx.fillText(s.label + (last === null ? "" : " " + scale.label(last)), left + index * 150, 12);
   });
 }

@@ -22,11 +22,30 @@ async function getJson(path) {
   return data;
 }
 
+// A column's unit comes from its name, as the API names fields: *_ts_ms, *_time_ms, *_at_ms
+// are epoch stamps, other *_ms and *_s durations, *_bytes sizes.
 function isTimeColumn(name) { return /(_ts_ms|_time_ms|_at_ms|^at_ms)$/.test(name); }
+function isDurationColumn(name) { return !isTimeColumn(name) && /(_ms|_s)$/.test(name); }
+function isBytesColumn(name) { return /_bytes$/.test(name); }
+
+// Header words of columns whose name alone would read badly once the unit is in the cell.
+const HEADERS = {
+  uptime_s: "uptime", heartbeat_ms: "heartbeat age", rss_bytes: "memory (RSS)", cpu_percent: "CPU %",
+  lag_bytes: "lag", lag_ms: "lag (time)", stored_bytes: "stored", lag_messages: "lag (messages)",
+};
+
+function headerText(name) {
+  if (HEADERS[name]) return HEADERS[name];
+  return (isTimeColumn(name) ? name.replace(/_ms$/, "") : name).replaceAll("_", " ");
+}
 
 function cellText(name, value) {
   if (value === null || value === undefined) return "–";
-  if (isTimeColumn(name) && typeof value === "number" && value > 0) return new Date(value).toLocaleString();
+  if (typeof value === "number") {
+    if (isTimeColumn(name)) return formatTime(value);
+    if (isDurationColumn(name)) return formatDuration(/_s$/.test(name) ? value * 1000 : value);
+    if (isBytesColumn(name)) return formatBytes(value);
+  }
   if (Array.isArray(value)) return value.join(", ");
   if (typeof value === "object") return JSON.stringify(value);
   return value;
@@ -37,7 +56,7 @@ function fillTable(table, rows, columns) {
   table.replaceChildren();
   const cols = columns || (rows.length ? Object.keys(rows[0]) : []);
   const head = table.createTHead().insertRow();
-  for (const col of cols) head.appendChild(el("th", (isTimeColumn(col) ? col.replace(/_ms$/, "") : col).replaceAll("_", " ")));
+  for (const col of cols) head.appendChild(el("th", headerText(col)));
   const body = table.createTBody();
   if (!rows.length) {
     const cell = body.insertRow().insertCell();
@@ -86,37 +105,51 @@ function renderOverview(data) {
   byId("appended-total").textContent = String(status.totals.appended_msgs);
   byId("written-pos").textContent = String(status.positions.written);
   const lagMs = status.lag_ms.dispatch;
-  byId("dispatch-lag").textContent = formatAmount(status.lag_bytes.dispatch) + " B" +
-    (lagMs === null ? "" : ", " + Math.round(lagMs) + " ms");
+  byId("dispatch-lag").textContent = formatBytes(status.lag_bytes.dispatch) +
+    (lagMs === null ? "" : ", " + formatDuration(lagMs));
   fillTable(byId("processes-table"), status.processes.map((p) => ({
     role: p.role + (p.role === "index_builder" ? "[" + p.shard + "]" : ""), pid: p.pid, state: p.state,
-    uptime_s: Math.round(p.uptime_s), restarts: p.restarts,
-    rss_mib: p.rss_bytes === null ? null : Math.round(p.rss_bytes / 1048576 * 10) / 10,
-    cpu_percent: p.cpu_percent, heartbeat_ms: Math.round(p.heartbeat_age_ms),
+    uptime_s: p.uptime_s, restarts: p.restarts, rss_bytes: p.rss_bytes,
+    cpu_percent: p.cpu_percent, heartbeat_ms: p.heartbeat_age_ms,
   })));
   const pos = status.positions;
   const positions = [
-    {part: "written", position: pos.written, lag_bytes: null, lag_ms: null},
-    {part: "flushed", position: pos.flushed, lag_bytes: status.lag_bytes.flush, lag_ms: status.lag_ms.flush},
-    {part: "dispatched", position: pos.dispatched, lag_bytes: status.lag_bytes.dispatch, lag_ms: lagMs},
+    {part: "written", commit_pos: pos.written, lag_bytes: null, lag_ms: null},
+    {part: "flushed", commit_pos: pos.flushed, lag_bytes: status.lag_bytes.flush, lag_ms: status.lag_ms.flush},
+    {part: "dispatched", commit_pos: pos.dispatched, lag_bytes: status.lag_bytes.dispatch, lag_ms: lagMs},
   ];
-  pos.indexed.forEach((p, shard) => positions.push({part: "indexed[" + shard + "]", position: p,
+  pos.indexed.forEach((p, shard) => positions.push({part: "indexed[" + shard + "]", commit_pos: p,
     lag_bytes: status.lag_bytes.index[shard], lag_ms: status.lag_ms.index[shard]}));
   fillTable(byId("positions-table"), positions);
-  const retention = Object.assign({}, status.retention);
-  delete retention.bytes_used; delete retention.cleaned_to; delete retention.files_removed;
-  for (const [part, bytes] of Object.entries(status.retention.bytes_used || {})) retention[part + "_bytes"] = bytes;
-  pairsTable(byId("retention-table"), retention);
+  pairsTable(byId("retention-table"), retentionRows(status.retention));
   const history = data.history;
   drawLineChart(byId("chart-rates"), [
     {label: "append", values: history.map((h) => h.append_msgs_per_s)},
     {label: "dispatch", values: history.map((h) => h.dispatch_msgs_per_s)},
-  ]);
+  ], RATE_SCALE);
   drawLineChart(byId("chart-lags"), [
     {label: "flush", values: history.map((h) => h.flush_lag_bytes)},
     {label: "dispatch", values: history.map((h) => h.dispatch_lag_bytes)},
     {label: "index (max)", values: history.map((h) => h.index_lag_bytes)},
-  ]);
+  ], BYTE_SCALE);
+}
+
+// The retention facts of `mqstore status` in words, each value in its unit.
+function retentionRows(retention) {
+  const used = retention.bytes_used || {};
+  const oldest = retention.oldest_retained_ms;
+  const lastPass = retention.last_pass_ms;
+  return {
+    "oldest retained message": oldest === null ? "none (no message)" :
+      formatTime(oldest) + " (" + formatDuration(Math.max(Date.now() - oldest, 0)) + " ago)",
+    "retention line (commit_pos)": String(retention.min_commit_pos),
+    "commitlog on disk": formatBytes(used.commitlog),
+    "consume queues on disk": formatBytes(used.consumequeue),
+    "index on disk": formatBytes(used.index),
+    "retention passes": String(retention.passes),
+    "segments removed": retention.segments_removed + " (" + formatBytes(retention.bytes_removed) + ")",
+    "last pass": lastPass === null ? "none yet" : formatTime(lastPass) + " (trigger: " + retention.last_reason + ")",
+  };
 }
 
 // ------------------------------------------------------------------ topics, groups, events
@@ -149,7 +182,7 @@ async function refreshGroups() {
 async function refreshEvents() {
   const data = await getJson("/api/events");
   byId("events-source").textContent = data.source;
-  fillTable(byId("events-table"), data.events, ["at", "kind", "process", "message"]);
+  fillTable(byId("events-table"), data.events, ["at_ms", "kind", "process", "message"]);
   for (const cell of byId("events-table").querySelectorAll("td[data-column=kind]")) {
     cell.classList.add("kind", "kind-" + cell.textContent);
   }
@@ -167,9 +200,9 @@ function messageCard(message) {
   const card = el("div", null, "message");
   card.appendChild(el("strong", message.topic + "/" + message.queue_id + " @ " + message.queue_offset));
   const fields = el("table", null, "fields");
-  const shown = {msg_id: message.msg_id, commit_pos: message.commit_pos, store_time: new Date(message.store_ts_ms).toLocaleString(),
-    born_time: new Date(message.born_ts_ms).toLocaleString(), tags: message.tags, keys: message.keys,
-    uniq_key: message.uniq_key, body_bytes: message.body_bytes};
+  const shown = {msg_id: message.msg_id, commit_pos: message.commit_pos, store_time: formatTime(message.store_ts_ms),
+    born_time: formatTime(message.born_ts_ms), tags: message.tags, keys: message.keys,
+    uniq_key: message.uniq_key, body: formatBytes(message.body_bytes)};
   pairsTable(fields, shown);
   const props = el("table", null, "properties");
   pairsTable(props, message.properties);
@@ -241,7 +274,7 @@ async function refresh() {
   try {
     if (currentTab() !== "overview") renderOverview(await getJson("/api/overview"));  // the header's state
     await REFRESHERS[currentTab()]();
-    byId("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    byId("updated").textContent = "updated " + formatTime(Date.now());
   } catch (error) {
     byId("updated").textContent = "update failed: " + (error.message || error);
   } finally {
