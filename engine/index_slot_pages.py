@@ -29,19 +29,21 @@ class SlotPages:
         page_count = -(-slot_pos(slot_count) // PAGE_BYTES)
         self._allocated = bytearray(page_count)  # 1: the page has blocks
         self._allocated_view = np.frombuffer(self._allocated, dtype=np.bool_)
-
-    @property
-    def allocated_pages(self) -> int:
-        """How many pages this object allocated or was told of."""
-        return int(np.count_nonzero(self._allocated_view))
+        self._unallocated_pages = page_count  # 0: every put skips the lookup
 
     def allocated(self, start_pos: int, end_pos: int) -> None:
         """Pages of [start_pos, end_pos) were allocated by the caller (the header's, at create)."""
-        first, end = start_pos // PAGE_BYTES, -(-end_pos // PAGE_BYTES)
-        self._allocated_view[first:end] = True
+        self._mark(start_pos // PAGE_BYTES, -(-end_pos // PAGE_BYTES))
+
+    def _mark(self, first_page: int, end_page: int) -> None:
+        view = self._allocated_view[first_page:end_page]
+        self._unallocated_pages -= len(view) - int(np.count_nonzero(view))
+        view[:] = True
 
     def reserve_few(self, mapped: MappedFile, key_hashes: list[int]) -> None:
         """Allocate the slot pages a few keys hash into, key by key (no numpy fixed cost)."""
+        if not self._unallocated_pages:
+            return
         allocated, slot_count = self._allocated, self.slot_count
         missing = {slot_pos(key_hash % slot_count) // PAGE_BYTES for key_hash in key_hashes}
         missing = [page for page in missing if not allocated[page]]
@@ -50,6 +52,8 @@ class SlotPages:
 
     def reserve_slots(self, mapped: MappedFile, slots: np.ndarray) -> None:
         """Allocate the pages holding `slots` (slot numbers), in runs of adjacent pages."""
+        if not self._unallocated_pages:
+            return
         pages = np.unique((slot_pos(0) + slots.astype(np.int64) * SLOT_SIZE) // PAGE_BYTES)
         missing = pages[~self._allocated_view[pages]]
         if len(missing):
@@ -62,7 +66,7 @@ class SlotPages:
         for run in np.split(pages, run_starts):
             first, last = int(run[0]), int(run[-1])
             mapped.allocate(first * PAGE_BYTES, (last + 1) * PAGE_BYTES)
-            self._allocated_view[first:last + 1] = True
+            self._mark(first, last + 1)
 
 
 def stored_slot_heads(mapped: MappedFile, slot_count: int) -> np.ndarray:

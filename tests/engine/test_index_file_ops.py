@@ -303,3 +303,22 @@ def test_index_slot_pages_and_entries_are_allocated_once_not_once_a_put(tmp_path
         assert allocated_bytes(f.path) <= 9 * 4096 + (512 << 10) + 2 * 4096  # 500 KB of entries, not 800
     finally:
         f.close()
+
+
+def test_a_file_whose_slots_fit_the_header_page_allocates_only_entries(tmp_path):
+    """Header and slots in one page are allocated at creation, so no put allocates a slot page:
+    the allocations are the entries' doubling steps alone."""
+    f = make_file(tmp_path, slots=100, entries=8000)
+    calls = []
+    real_allocate = f._mapped.allocate
+    f._mapped.allocate = lambda start, end: (calls.append((start, end)), real_allocate(start, end))
+    try:
+        assert f._slot_pages._unallocated_pages == 0
+        for i in range(10):
+            f.put_key(f"T#a{i}", i, TS0)
+        f.put_hashes(np.arange(5000, dtype=np.int64), np.arange(5000), np.full(5000, TS0))
+        base = entry_pos(100, 0)
+        assert calls == [(base, base + (64 << 10)), (base + (64 << 10), base + (128 << 10))]
+        assert f.select("T#a3", TS0, TS0, 4) == [3]
+    finally:
+        f.close()
