@@ -130,3 +130,11 @@ def _written_units(fd: int, unit_count: int, unit_bytes: int) -> int:
         else:
             high = middle
     return low + 1
+
+
+def human_bytes(size_bytes: int) -> str:
+    """Bytes in B below 1 KiB, else in the largest binary unit up to GiB, one decimal."""
+    if size_bytes < 1024:
+        return f"{size_bytes} B"
+    exponent = min(3, (size_bytes.bit_length() - 1) // 10)
+    return f"{size_bytes / 1024 ** exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"

@@ -42,6 +42,7 @@ def add_parsers(command) -> None:
 
 # ---------------------------------------------------------------------------------- tables
 def cmd_topics(args: argparse.Namespace) -> int:
+    from engine.disk_use import human_bytes
     from tools.inventory import topic_table
 
     rows = topic_table(args.store)
@@ -112,14 +113,6 @@ def clock(ms: int | None) -> str:
 
 def dash(value: object) -> object:
     return "-" if value is None else value
-
-
-def human_bytes(size_bytes: int) -> str:
-    """Bytes in B below 1 KiB, else in the largest binary unit up to GiB, one decimal."""
-    if size_bytes < 1024:
-        return f"{size_bytes} B"
-    exponent = min(3, (size_bytes.bit_length() - 1) // 10)
-    return f"{size_bytes / 1024 ** exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"
 
 
 def human_ms(ms: int) -> str:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from engine.commitlog import CommitLog
-from engine.disk_use import store_disk_use
+from engine.disk_use import human_bytes, store_disk_use
 from engine.errors import StoreError
 from engine.formats.record import V4_HEADER_SIZE, store_ts_at
 from engine.mapped_file import Access
@@ -69,7 +69,7 @@ def render_retention(retention: dict) -> list[str]:
         oldest += f" ({age_s:.0f} s ago)"
     return ["", f"retention  oldest retained {oldest}, from commit_pos {retention['min_commit_pos']}",
             "           disk allocated (used): " + ", ".join(
-                f"{label} {allocated[part] / 2**20:.1f} MiB ({used[part] / 2**20:.1f})"
+                f"{label} {human_bytes(allocated[part])} ({human_bytes(used[part])})"
                 for part, label in (("commitlog", "commitlog"), ("consumequeue", "consume queues"),
                                     ("index", "index"))),
             f"           {retention['passes']} pass(es), {retention['segments_removed']} segment(s) "
