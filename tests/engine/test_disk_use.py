@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from engine.config import StoreConfig
-from engine.disk_use import store_disk_use
+from engine.disk_use import DiskUse, store_disk_use
 from engine.formats.cq_entry import CQ_ENTRY_SIZE
 from engine.formats.index_file import INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE, SLOT_SIZE
+from engine.naming import offset_to_name
 from engine.store import MessageStore
 from tests.helpers import close_and_check
 
@@ -48,3 +49,19 @@ def test_ten_messages_on_eight_queues_allocate_a_few_mib(tmp_path):
         assert reopened.query_by_key("Orders", "k9")[0].body == b"x" * 256
     finally:
         assert close_and_check(reopened) == []
+
+
+def test_disk_use_of_leftovers_and_missing_parts_is_counted_not_refused(tmp_path):
+    """What a crash leaves (a queue file created but never written, an index file shorter than a
+    header) and a part not created yet are measured, never an error: status reads a live store."""
+    assert store_disk_use(tmp_path) == {part: DiskUse() for part in ("commitlog", "consumequeue", "index")}
+    queue_dir = tmp_path / "consumequeue" / "T" / "0"
+    queue_dir.mkdir(parents=True)
+    (queue_dir / offset_to_name(0)).write_bytes(b"\x01" * 200)  # a full 10-entry file
+    (queue_dir / offset_to_name(200)).write_bytes(bytes(200))  # the next one, never written
+    shard_dir = tmp_path / "index" / "0"
+    shard_dir.mkdir(parents=True)
+    (shard_dir / "20240101000000000.tmp").write_bytes(b"\x00" * 8)
+    use = store_disk_use(tmp_path)
+    assert use["consumequeue"] == DiskUse(du_bytes(tmp_path / "consumequeue"), 200)
+    assert use["index"] == DiskUse(du_bytes(tmp_path / "index"), 0)
