@@ -104,12 +104,8 @@ function renderOverview(data) {
     lag_bytes: status.lag_bytes.index[shard], lag_ms: status.lag_ms.index[shard]}));
   fillTable(byId("positions-table"), positions);
   const retention = Object.assign({}, status.retention);
-  delete retention.bytes_allocated; delete retention.bytes_used;
-  delete retention.cleaned_to; delete retention.files_removed;
-  for (const [part, bytes] of Object.entries(status.retention.bytes_allocated || {})) {
-    retention[part + "_allocated_bytes"] = bytes;
-    retention[part + "_used_bytes"] = (status.retention.bytes_used || {})[part];
-  }
+  delete retention.bytes_used; delete retention.cleaned_to; delete retention.files_removed;
+  for (const [part, bytes] of Object.entries(status.retention.bytes_used || {})) retention[part + "_bytes"] = bytes;
   pairsTable(byId("retention-table"), retention);
   const history = data.history;
   drawLineChart(byId("chart-rates"), [
