@@ -25,6 +25,7 @@ from engine.formats.index_file import (
     time_diff_s,
 )
 from engine.formats.record import Record
+from engine.index_slot_pages import stored_slot_heads
 from engine.mapped_file import Access, MappedFile
 from engine.naming import INDEX_DIR
 from engine.shard_index import ShardIndex
@@ -147,7 +148,7 @@ def _check_index_file(path: Path, slot_count: int, entry_count: int, exp_pos: np
                     f"index_count {header.index_count} outside [1, {entry_count}]")
             return None
         n = header.index_count - 1
-        heads = np.frombuffer(mapped.buf, dtype=">i4", count=slot_count, offset=slot_pos(0)).astype(np.int64)
+        heads = stored_slot_heads(mapped, slot_count).astype(np.int64)
         entries = np.frombuffer(mapped.buf, dtype=INDEX_ENTRY_DTYPE, count=n, offset=entry_pos(slot_count, 1))
         hashes = entries["key_hash"].astype(np.int64)
         positions = entries["commit_pos"].astype(np.int64)

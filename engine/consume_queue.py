@@ -50,7 +50,7 @@ from engine.formats.cq_entry import (
     decode_cq_entry,
     encode_cq_entry,
 )
-from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile, ReadAhead
+from engine.mapped_file import Access, MappedFile, ReadAhead, reserve_end
 from engine.naming import consume_queue_dir, offset_to_name, validate_topic
 from engine.open_files import OpenFileBudget
 from engine.segment_queue import SegmentQueue
@@ -292,12 +292,11 @@ class ConsumeQueue:
             lpos, done = lpos + n, done + n
 
     def _reserve(self, lpos: int, end: int) -> None:
-        """Create the files [lpos, end) falls in and allocate their blocks up to `end` rounded up to
-        RESERVE_STEP_BYTES within the last file (each file from its start, as MappedFile.reserve
+        """Create the files [lpos, end) falls in and allocate their blocks up to `end` rounded up by
+        `reserve_end` within the last file (each file from its start, as MappedFile.reserve
         does), then remember the range. DiskFullError when the disk has no room."""
         last_base = (end - 1) - (end - 1) % self.file_bytes
-        to = min(last_base + self.file_bytes,
-                 last_base + -(-(end - last_base) // RESERVE_STEP_BYTES) * RESERVE_STEP_BYTES)
+        to = last_base + min(self.file_bytes, reserve_end(end - last_base))
         first_base = lpos - lpos % self.file_bytes
         for base in range(first_base, last_base + 1, self.file_bytes):
             segment = self.segments.find(base) or self._create_segment(base)

@@ -9,9 +9,10 @@ mapping in another process sees them as they change.
 
 Trimming then re-putting the same keys gives the same bytes as never having trimmed (what
 survives a trim is decided by `engine.index_trim`), which makes recovery's re-dispatch
-idempotent. Writes reserve disk blocks before they touch a page not yet allocated
-(`MappedFile.reserve`: the header and slot table when a file is created, the entries ahead in
-steps), so a full disk gives DiskFullError with nothing written, never SIGBUS.
+idempotent. Writes reserve disk blocks before they touch a page not yet allocated (the header
+when a file is created, a slot page when a key first hashes into it: engine.index_slot_pages; the
+entries ahead in growing steps: `reserve_end`), so a full disk gives DiskFullError with nothing
+written, never SIGBUS, and a new file costs a page of disk, not its whole slot table.
 
 Hashes collide (the key hash is Java's `String.hashCode`, and `slot = hash % slot_count`), so
 `select` returns candidate commit positions; times are whole seconds since the file's begin.
@@ -32,7 +33,7 @@ from engine.errors import (
     StoreClosedError,
     StoreError,
 )
-from engine.filesystem import DISK_FULL_ERRNOS
+from engine.filesystem import DISK_FULL_ERRNOS, PAGE_BYTES
 from engine.formats.index_file import (
     FIRST_INDEX,
     INDEX_ENTRY,
@@ -54,8 +55,9 @@ from engine.formats.index_file import (
 )
 from engine.formats.java_hash import index_key_hash
 from engine.index_changes import ChangedRanges, TakenRanges
+from engine.index_slot_pages import SlotPages, stored_slot_heads
 from engine.index_trim import heads_after_trim, kept_count
-from engine.mapped_file import RESERVE_STEP_BYTES, Access, MappedFile, ReadAhead
+from engine.mapped_file import Access, MappedFile, ReadAhead, reserve_end
 
 _header_unpack, _header_pack = INDEX_HEADER.unpack_from, INDEX_HEADER.pack_into
 _slot_unpack, _slot_pack = SLOT.unpack_from, SLOT.pack_into
@@ -77,7 +79,9 @@ class IndexFile:
         self._buf = mapped.buf
         self._wbuf = mapped.buf if mapped.access is Access.READ_WRITE else None
         self._changes = ChangedRanges(slot_count, self.index_count)  # what a sync has to write
-        self._reserved_end = 0  # file bytes [0, _reserved_end) have disk blocks
+        self._slot_pages = SlotPages(slot_count)  # which header and slot pages have disk blocks
+        # entry bytes [entry 0, _reserved_end) have disk blocks
+        self._reserved_end = entry_pos(slot_count, 0)
 
     @classmethod
     def create(cls, path: Path, slot_count: int, entry_count: int, seed_commit_pos: int = 0,
@@ -90,16 +94,15 @@ class IndexFile:
         path = Path(path)
         # no read-around: slots are hashed, and it would zero-fill the entries to come
         mapped = MappedFile.create(path, index_file_size(slot_count, entry_count), ReadAhead.OWN_PAGE)
-        reserved_end = _reserve_target(entry_pos(slot_count, FIRST_INDEX), mapped.size_bytes)
         try:
-            mapped.reserve(reserved_end)  # the header and every slot: slots are written anywhere
+            mapped.allocate(0, PAGE_BYTES)  # the header's page; slots and entries when first written
         except DiskFullError:
             mapped.delete()
             raise
         _header_pack(mapped.buf, 0, seed_ts_ms, seed_ts_ms, seed_commit_pos, seed_commit_pos, 0, 1)
         mapped.sync(0, INDEX_HEADER_SIZE)
         index_file = cls(mapped, slot_count, entry_count)
-        index_file._reserved_end = reserved_end
+        index_file._slot_pages.allocated(0, PAGE_BYTES)
         return index_file
 
     @classmethod
@@ -183,10 +186,11 @@ class IndexFile:
         if count >= self.entry_count:
             raise IndexFileFullError(f"index file is full ({count - 1} keys)", path=str(self.path))
         epos = entry_pos(self.slot_count, count)
+        key_hashes = [index_key_hash(key)]
+        self._slot_pages.reserve_few(self._mapped, key_hashes)
         if epos + INDEX_ENTRY_SIZE > self._reserved_end:
             self._reserve(epos + INDEX_ENTRY_SIZE)
-        self._put_each(buf, [index_key_hash(key)], [commit_pos], [store_ts_ms],
-                       (begin_ts, begin_pos, slots_used, count))
+        self._put_each(buf, key_hashes, [commit_pos], [store_ts_ms], (begin_ts, begin_pos, slots_used, count))
 
     def put_hashes(self, key_hashes: np.ndarray, commit_positions: np.ndarray,
                    store_ts_ms: np.ndarray) -> int:
@@ -194,7 +198,7 @@ class IndexFile:
 
         The same bytes as that many put_key calls: chains inside the batch are linked with one
         stable sort by slot. Entries, then slots, then the header are written, as put_key does.
-        DiskFullError (nothing written) when the disk has no room for the entries.
+        DiskFullError (nothing written) when the disk has no room for the entries or slots.
         """
         buf = self._wbuf
         if buf is None:
@@ -205,16 +209,21 @@ class IndexFile:
             return 0
         start = entry_pos(self.slot_count, count)
         end = start + m * INDEX_ENTRY_SIZE
-        if end > self._reserved_end:
-            self._reserve(end)
         if m <= FEW_KEYS:
-            self._put_each(buf, key_hashes[:m].tolist(), commit_positions[:m].tolist(),
+            few_hashes = key_hashes[:m].tolist()
+            self._slot_pages.reserve_few(self._mapped, few_hashes)
+            if end > self._reserved_end:
+                self._reserve(end)
+            self._put_each(buf, few_hashes, commit_positions[:m].tolist(),
                            store_ts_ms[:m].tolist(), (begin_ts, begin_pos, slots_used, count))
             return m
         hashes, positions = key_hashes[:m].astype(np.int64), commit_positions[:m].astype(np.int64)
+        slots = hashes % self.slot_count
+        self._slot_pages.reserve_slots(self._mapped, slots)
+        if end > self._reserved_end:
+            self._reserve(end)
         times = store_ts_ms[:m].astype(np.int64)
         numbers = count + np.arange(m, dtype=np.int64)
-        slots = hashes % self.slot_count
         order = np.argsort(slots, kind="stable")
         heads = self._slot_table()
         prev = _chain_links(heads, slots, numbers, order)
@@ -351,7 +360,7 @@ class IndexFile:
         `trim_from(cut_pos)` would leave both as they are: its header then counts the non-zero
         heads exactly (hash_slot_count). None when they agree or when the trim rewrites them."""
         count = self.index_count
-        heads = self._slot_table()
+        heads = stored_slot_heads(self._mapped, self.slot_count)
         if kept_count(self._entry_array(), self.slot_count, count, cut_pos) != count \
                 or ((heads < 0) | (heads >= count)).any():
             return None
@@ -360,18 +369,21 @@ class IndexFile:
 
     def _repair_slot_heads(self, entries: np.ndarray, count: int) -> bool:
         """Point every slot head outside [0, count) at its slot's newest entry below count."""
-        heads = self._slot_table()
+        heads = stored_slot_heads(self._mapped, self.slot_count)
         stale = np.flatnonzero((heads < 0) | (heads >= count))
         if not len(stale):
             return False
-        heads[stale] = heads_after_trim(entries, self.slot_count, stale, heads[stale], count)
+        # stale heads are set, so their pages have blocks: the write needs none
+        self._slot_table()[stale] = heads_after_trim(entries, self.slot_count, stale, heads[stale], count)
         self._changes.header_changed = True
         return True
 
     def _reserve(self, end_pos: int) -> None:
-        """Allocate disk blocks for [0, end_pos), a step ahead (DiskFullError if there is no room)."""
-        target = _reserve_target(end_pos, self._mapped.size_bytes)
-        self._mapped.reserve(target)
+        """Allocate disk blocks for the entries up to end_pos, rounded up by `reserve_end` from
+        entry 0 (DiskFullError if there is no room)."""
+        base = entry_pos(self.slot_count, 0)
+        target = min(self._mapped.size_bytes, base + reserve_end(end_pos - base))
+        self._mapped.allocate(self._reserved_end, target)
         self._reserved_end = target
 
     def _rewrite_header_after_trim(self, count: int) -> None:
@@ -381,7 +393,7 @@ class IndexFile:
         else:
             _, end_pos, diff_s, _ = _entry_unpack(self._buf, entry_pos(self.slot_count, count - 1))
             end_ts = begin_ts if count == 2 else max(begin_ts, begin_ts + diff_s * 1000)
-            slots_used = int(np.count_nonzero(self._slot_table()))
+            slots_used = int(np.count_nonzero(stored_slot_heads(self._mapped, self.slot_count)))
             _header_pack(self._buf, 0, begin_ts, end_ts, begin_pos, end_pos, slots_used, count)
         self._changes.header_changed = True
 
@@ -464,11 +476,6 @@ def _set_slot_heads(heads: np.ndarray, slots: np.ndarray, numbers: np.ndarray,
     heads[sorted_slots[last]] = numbers[order][last]
 
 
-def _reserve_target(end_pos: int, size_bytes: int) -> int:
-    """end_pos rounded up to a reserve step (capped at the file size): how far a reserve goes."""
-    return min(size_bytes, -(-end_pos // RESERVE_STEP_BYTES) * RESERVE_STEP_BYTES)
-
-
 def raise_if_disk_full(exc: OSError, what: str, path: Path) -> None:
     """ENOSPC/EDQUOT from creating a file or directory is DiskFullError; anything else is not."""
     if exc.errno in DISK_FULL_ERRNOS:
@@ -485,8 +492,6 @@ def is_blank(path: Path, slot_count: int, entry_count: int) -> bool:
     except SegmentLayoutError:
         return False
     try:
-        header_zero = not any(mapped.buf[:INDEX_HEADER_SIZE])
-        return header_zero and not np.frombuffer(mapped.buf, dtype=np.uint8,
-                                                 count=slot_pos(slot_count)).any()
+        return not any(mapped.buf[:INDEX_HEADER_SIZE]) and mapped.is_zero(0, slot_pos(slot_count))
     finally:
         mapped.close()

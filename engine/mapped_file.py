@@ -33,6 +33,9 @@ from engine.owners import permission_hint
 if TYPE_CHECKING:
     from engine.open_files import OpenFileBudget
 
+# Reserves grow by doubling from FIRST_RESERVE_STEP_BYTES to RESERVE_STEP_BYTES, then go in steps of
+# that: a queue with one entry costs 64 KiB of disk, not 4 MiB (see docs/DECISIONS.md#reserve-blocks-ahead)
+FIRST_RESERVE_STEP_BYTES = 64 << 10
 RESERVE_STEP_BYTES = 4 << 20
 ZERO_CHUNK_BYTES = 1 << 20  # blocks are allocated ahead of the writer in steps of this size
 _ZEROS_VIEW = memoryview(bytes(ZERO_CHUNK_BYTES))
@@ -68,6 +71,15 @@ class Access(Enum):
 
 def page_floor(pos: int) -> int:
     return pos - pos % PAGE_BYTES
+
+
+def reserve_end(used_bytes: int) -> int:
+    """How far a region whose writes reach `used_bytes` from its start is reserved: the next power
+    of two from FIRST_RESERVE_STEP_BYTES to RESERVE_STEP_BYTES, then the next multiple of
+    RESERVE_STEP_BYTES. A growing region takes one allocation a doubling, never one a put."""
+    if used_bytes <= RESERVE_STEP_BYTES:
+        return max(FIRST_RESERVE_STEP_BYTES, 1 << (used_bytes - 1).bit_length())
+    return -(-used_bytes // RESERVE_STEP_BYTES) * RESERVE_STEP_BYTES
 
 
 class MappedFile:
@@ -210,7 +222,8 @@ class MappedFile:
                            else mmap.MADV_NORMAL)
 
     def reserve(self, end_file_pos: int) -> None:
-        """Allocate disk blocks up to end_file_pos (rounded up a step) before writing through the map.
+        """Allocate disk blocks up to end_file_pos, rounded up by `reserve_end` (within the file),
+        before writing through the map.
 
         A write into an unallocated page of a sparse mapped file on a full disk kills the process
         with SIGBUS; allocating first turns that into DiskFullError while nothing is written.
@@ -220,11 +233,20 @@ class MappedFile:
         """
         if end_file_pos <= self._reserved_until:
             return
-        target = self._step_end(end_file_pos, RESERVE_STEP_BYTES)
+        target = min(self.size_bytes, reserve_end(end_file_pos))
+        self.allocate(self._reserved_until, target)
+        self._reserved_until = target
+
+    def allocate(self, start_pos: int, end_pos: int) -> None:
+        """Allocate disk blocks for [start_pos, end_pos) within the file (posix_fallocate:
+        unwritten extents, read as zeros; it never grows the file); DiskFullError when the disk
+        has no room, with nothing written. For a writer that tracks what it reserved itself."""
+        end_pos = min(end_pos, self.size_bytes)
+        if end_pos <= start_pos:
+            return
         self._ensure_mapped()
         with _disk_full_as_error(self.path, "allocate file blocks"):
-            os.posix_fallocate(self._fd, self._reserved_until, target - self._reserved_until)
-        self._reserved_until = target
+            os.posix_fallocate(self._fd, start_pos, end_pos - start_pos)
 
     def reserve_zeroed(self, write_file_pos: int, end_file_pos: int) -> None:
         """Reserve blocks for a write of [write_file_pos, end_file_pos) by writing zeros from there

@@ -26,12 +26,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import CollectorRegistry
 
 from engine.commitlog import CommitLog
+from engine.disk_use import store_disk_use
 from engine.errors import BadInputError, StoreError
 from engine.mapped_file import Access
 from engine.store_dir import read_meta
 from tools.inventory import lag_table, require_store, topic_table
 from workers.exit_codes import CliExit
-from workers.retention_status import PARTS, used_bytes
 from workers.status_report import collect_status
 
 log = logging.getLogger(__name__)
@@ -145,10 +145,14 @@ class StoreCollector:
 
     # -- files ------------------------------------------------------------------------------
     def _disk(self) -> Iterator[Metric]:
-        used = GaugeMetricFamily("mqstore_disk_used_bytes", "Allocated bytes of each part of the "
-                                 "store directory", labels=["part"])
-        for part, name in PARTS.items():
-            used.add_metric([part], used_bytes(self.root / name))
+        allocated = GaugeMetricFamily("mqstore_disk_allocated_bytes", "Allocated bytes (disk blocks, "
+                                      "as du counts) of each part of the store", labels=["part"])
+        used = GaugeMetricFamily("mqstore_disk_used_bytes", "Bytes holding data of each part of the "
+                                 "store (the rest of what is allocated is reserved ahead)", labels=["part"])
+        for part, use in store_disk_use(self.root).items():
+            allocated.add_metric([part], use.allocated_bytes)
+            used.add_metric([part], use.used_bytes)
+        yield allocated
         yield used
         fs = os.statvfs(self.root)
         yield _gauge("mqstore_filesystem_free_bytes", "Bytes available to the store's user on its "
@@ -173,6 +177,10 @@ class StoreCollector:
                                           "queue", labels=labels),
             "stored_bytes": GaugeMetricFamily("mqstore_queue_stored_bytes", "Commitlog bytes of the "
                                               "queue's retained messages", labels=labels),
+            "cq_allocated_bytes": GaugeMetricFamily("mqstore_queue_allocated_bytes", "Allocated bytes "
+                                                    "of the queue's consume-queue files", labels=labels),
+            "cq_used_bytes": GaugeMetricFamily("mqstore_queue_used_bytes", "Bytes of the queue's "
+                                               "consume-queue files holding entries", labels=labels),
         }
         for row in rows:
             for field, family in families.items():

@@ -22,6 +22,7 @@ from pathlib import Path
 from engine.commitlog import CommitLog
 from engine.consume_queue import ConsumeQueue
 from engine.consume_queue_table import ConsumeQueueTable
+from engine.disk_use import queue_disk_use
 from engine.errors import (
     BadInputError,
     NotAStoreError,
@@ -40,7 +41,8 @@ _SIZE_CHUNK_ENTRIES = 65536  # entries summed per read: ~1.3 MB of consume queue
 
 @dataclass(frozen=True)
 class QueueRow:
-    """One consume queue: its readable offsets, the bytes of their records and their age."""
+    """One consume queue: its readable offsets, the bytes of their records and their age, and
+    the disk its own files allocate beside the bytes of them its entries fill (engine.disk_use)."""
 
     topic: str
     queue_id: int
@@ -50,6 +52,8 @@ class QueueRow:
     stored_bytes: int
     oldest_store_time_ms: int | None
     newest_store_time_ms: int | None
+    cq_allocated_bytes: int
+    cq_used_bytes: int
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -200,9 +204,10 @@ class _StoreView:
 
     def queue_row(self, queue: ConsumeQueue) -> QueueRow:
         low, high = self.span(queue)
+        disk = queue_disk_use(queue.segments.directory)
         return QueueRow(queue.topic, queue.queue_id, low, high, high - low,
                         _entry_bytes(queue, low, high), self.store_time_ms(queue, low, high),
-                        self.store_time_ms(queue, high - 1, high))
+                        self.store_time_ms(queue, high - 1, high), disk.allocated_bytes, disk.used_bytes)
 
     def lag_rows(self, group: GroupRow) -> list[LagRow]:
         committed = {(c.topic, c.queue_id): c for c in group.committed}

@@ -22,7 +22,8 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 def add_parsers(command) -> None:
     p = command("topics", "per topic and queue: min/max queue offset, messages, bytes, oldest "
-                "and newest store time (read-only; live or stopped store)", cmd_topics)
+                "and newest store time, disk its consume-queue files allocate and use (read-only; "
+                "live or stopped store)", cmd_topics)
     p.add_argument("--json", action="store_true")
     p = command("groups", "consumer groups: committed offsets, queues and last commit time",
                 cmd_groups)
@@ -41,6 +42,7 @@ def add_parsers(command) -> None:
 
 # ---------------------------------------------------------------------------------- tables
 def cmd_topics(args: argparse.Namespace) -> int:
+    from engine.disk_use import human_bytes
     from tools.inventory import topic_table
 
     rows = topic_table(args.store)
@@ -48,10 +50,11 @@ def cmd_topics(args: argparse.Namespace) -> int:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
         return CliExit.OK
     print(render_table(("topic", "queue", "min offset", "max offset", "messages", "bytes",
-                        "oldest", "newest"),
+                        "oldest", "newest", "cq allocated", "cq used"),
                        [(r.topic, r.queue_id, r.min_offset, r.max_offset, r.messages,
                          human_bytes(r.stored_bytes), clock(r.oldest_store_time_ms),
-                         clock(r.newest_store_time_ms)) for r in rows],
+                         clock(r.newest_store_time_ms), human_bytes(r.cq_allocated_bytes),
+                         human_bytes(r.cq_used_bytes)) for r in rows],
                        empty="no topics yet"))
     return CliExit.OK
 
@@ -110,14 +113,6 @@ def clock(ms: int | None) -> str:
 
 def dash(value: object) -> object:
     return "-" if value is None else value
-
-
-def human_bytes(size_bytes: int) -> str:
-    """Bytes in B below 1 KiB, else in the largest binary unit up to GiB, one decimal."""
-    if size_bytes < 1024:
-        return f"{size_bytes} B"
-    exponent = min(3, (size_bytes.bit_length() - 1) // 10)
-    return f"{size_bytes / 1024 ** exponent:.1f} {('KiB', 'MiB', 'GiB')[exponent - 1]}"
 
 
 def human_ms(ms: int) -> str:

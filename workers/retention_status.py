@@ -1,28 +1,23 @@
 """The retention part of `mqstore status`: the line, what the passes removed, the oldest
-message still retained and the disk each part of the store uses.
-
-Bytes used are allocated blocks (files are created sparse, so a preallocated segment costs
-nothing until written); the oldest retained time is the STORETIMESTAMP of the first record at
-the line.
+message still retained and the disk each part of the store allocates and uses (engine.disk_use:
+blocks, and the bytes of them holding data); the oldest retained time is the STORETIMESTAMP of
+the first record at the line.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from engine.commitlog import CommitLog
+from engine.disk_use import human_bytes, store_disk_use
 from engine.errors import StoreError
 from engine.formats.record import V4_HEADER_SIZE, store_ts_at
 from engine.mapped_file import Access
-from engine.naming import COMMITLOG_DIR, CONSUMEQUEUE_DIR, INDEX_DIR
 from engine.store_dir import read_meta
 from ipc.control_block import ControlBlock
 from ipc.retention_block import RetentionBlock
-
-PARTS = {"commitlog": COMMITLOG_DIR, "consumequeue": CONSUMEQUEUE_DIR, "index": INDEX_DIR}
 
 
 def describe_retention(root: Path, ctl: ControlBlock) -> dict:
@@ -30,12 +25,14 @@ def describe_retention(root: Path, ctl: ControlBlock) -> dict:
     block = RetentionBlock(ctl)
     line, cleans = block.line(), block.cleans()
     oldest_ms = oldest_store_ts_ms(root, line.min_commit_pos, ctl.written_pos)
+    disk = store_disk_use(root)
     return {
         "min_commit_pos": line.min_commit_pos,
         "oldest_retained_ms": oldest_ms,
         "oldest_retained": None if oldest_ms is None else
         datetime.fromtimestamp(oldest_ms / 1000, UTC).isoformat(timespec="milliseconds"),
-        "bytes_used": {part: used_bytes(root / name) for part, name in PARTS.items()},
+        "bytes_allocated": {part: use.allocated_bytes for part, use in disk.items()},
+        "bytes_used": {part: use.used_bytes for part, use in disk.items()},
         "passes": line.passes,
         "segments_removed": line.segments_removed,
         "bytes_removed": line.bytes_removed,
@@ -44,19 +41,6 @@ def describe_retention(root: Path, ctl: ControlBlock) -> dict:
         "cleaned_to": {part: clean.clean_pos for part, clean in cleans.items()},
         "files_removed": {part: clean.files_removed for part, clean in cleans.items()},
     }
-
-
-def used_bytes(directory: Path) -> int:
-    """Allocated bytes of every file under `directory` (0 when it is missing); a file deleted
-    while walking is skipped."""
-    total = 0
-    for dirpath, _, names in os.walk(directory):
-        for name in names:
-            try:
-                total += os.stat(os.path.join(dirpath, name)).st_blocks * 512
-            except FileNotFoundError:
-                continue
-    return total
 
 
 def oldest_store_ts_ms(root: Path, min_commit_pos: int, written_pos: int) -> int | None:
@@ -78,13 +62,15 @@ def oldest_store_ts_ms(root: Path, min_commit_pos: int, written_pos: int) -> int
 
 def render_retention(retention: dict) -> list[str]:
     """The status lines of describe_retention()."""
-    used = retention["bytes_used"]
+    allocated, used = retention["bytes_allocated"], retention["bytes_used"]
     oldest = retention["oldest_retained"] or "-"
     if retention["oldest_retained_ms"] is not None:
         age_s = max(time.time() - retention["oldest_retained_ms"] / 1000, 0.0)
         oldest += f" ({age_s:.0f} s ago)"
     return ["", f"retention  oldest retained {oldest}, from commit_pos {retention['min_commit_pos']}",
-            f"           used: commitlog {used['commitlog'] / 2**20:.1f} MiB, consume queues "
-            f"{used['consumequeue'] / 2**20:.1f} MiB, index {used['index'] / 2**20:.1f} MiB",
+            "           disk allocated (used): " + ", ".join(
+                f"{label} {human_bytes(allocated[part])} ({human_bytes(used[part])})"
+                for part, label in (("commitlog", "commitlog"), ("consumequeue", "consume queues"),
+                                    ("index", "index"))),
             f"           {retention['passes']} pass(es), {retention['segments_removed']} segment(s) "
             f"removed ({retention['bytes_removed'] / 2**20:.1f} MiB), last: {retention['last_reason']}"]

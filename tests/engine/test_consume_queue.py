@@ -15,7 +15,7 @@ from engine.consume_queue import Boundary, ConsumeQueue
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.errors import BadInputError, CorruptConsumeQueueError
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, FILLER_ENTRY, CqEntry, encode_cq_entry
-from engine.mapped_file import Access
+from engine.mapped_file import Access, MappedFile
 from engine.naming import consume_queue_dir, offset_to_name
 from tests.engine.test_mapped_file import resident_pages
 
@@ -638,3 +638,25 @@ def test_a_reput_equal_entry_is_written_again_so_the_next_flush_writes_it(tmp_pa
     queue.flush()
     assert not _page_is_dirty(mapping, 3 * CQ_ENTRY_SIZE)
     queue.close()
+
+
+def test_a_queue_file_costs_64_kib_of_disk_at_its_first_entry_and_grows_by_doubling(tmp_path, monkeypatch):
+    """RocketMQ's 300,000-entry file (6 MB) took a 4 MiB step at its first entry, so 100 topics
+    of 8 queues took ~3 GB before any data; the steps now start at 64 KiB, and entries put one by
+    one allocate once a doubling, not once a put."""
+    allocations = []
+    real_allocate = MappedFile.allocate
+    monkeypatch.setattr(MappedFile, "allocate", lambda self, start, end: (
+        allocations.append(end), real_allocate(self, start, end)))
+    queue = load(tmp_path, epf=300_000)
+    put_range(queue, 0, 1)
+    path = qdir(tmp_path) / offset_to_name(0)
+    assert path.stat().st_size == 300_000 * CQ_ENTRY_SIZE  # RocketMQ's file size and name
+    assert path.stat().st_blocks * 512 <= 64 << 10
+    put_range(queue, 1, 10_000)
+    assert path.stat().st_blocks * 512 <= 256 << 10  # 200 KB of entries
+    assert allocations == [64 << 10, 128 << 10, 256 << 10]
+    queue.close()
+    reader = load(tmp_path, epf=300_000, access=Access.READ_ONLY)
+    assert (reader.max_offset, reader.entry(9_999)) == (10_000, CqEntry(9_999 * MSG, MSG, 9_999 % 7))
+    reader.close()

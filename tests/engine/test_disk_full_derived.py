@@ -140,6 +140,28 @@ def test_index_entries_past_the_reserved_step_on_a_full_disk_give_disk_full(tmp_
     assert shard.query(TOPIC, f"k{first + 99}") == [(first + 99) * 100]
 
 
+@pytest.mark.parametrize("keys", [30, 200], ids=["key_by_key", "vectorized"])
+def test_index_keys_on_slot_pages_not_yet_allocated_on_a_full_disk_give_disk_full(tmp_path, small_disk, keys):
+    """Slot pages are allocated when a key first hashes into them: a batch whose keys land on new
+    pages of a full disk writes nothing (not a SIGBUS from a store into a hole) and the retry gives
+    a never-failed file's bytes."""
+    slots, entries = 64 * 1024, 4096  # 65 pages of header and slots; entries well inside a step
+    root, ref_root = small_disk / "store", tmp_path / "ref"
+    shard, ref = shard_at(root, slots, entries), shard_at(ref_root, slots, entries)
+    for index in (shard, ref):
+        index.put_hashes(*key_batch(0, 1))
+    before = shard_bytes(root)
+    fill(small_disk, leave_bytes=0)
+    with pytest.raises(DiskFullError):
+        shard.put_hashes(*key_batch(1, 1 + keys))
+    assert shard_bytes(root) == before
+    unfill(small_disk)
+    for index in (shard, ref):
+        index.put_hashes(*key_batch(1, 1 + keys))
+    assert shard_bytes(root) == shard_bytes(ref_root)
+    assert shard.query(TOPIC, f"k{keys}") == [keys * 100]
+
+
 def test_shard_batch_that_rolls_on_a_full_disk_is_taken_back_whole(tmp_path, small_disk):
     root, ref_root = small_disk / "store", tmp_path / "ref"
     shard, ref = shard_at(root, 8, 32), shard_at(ref_root, 8, 32)  # 31 keys a file

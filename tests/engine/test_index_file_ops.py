@@ -252,3 +252,73 @@ def test_index_file_put_hashes_key_by_key_and_vectorized_write_put_key_bytes(tmp
     assert one.path.read_bytes() == many.path.read_bytes()
     assert many.select("T#k5", TS0, TS0 + 10**9, 100) == [p for k, p in zip(keys, positions, strict=True)
                                                           if k == "T#k5"][::-1]
+
+
+# -- disk use ---------------------------------------------------------------------------------------
+
+
+def allocated_bytes(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def test_a_new_index_file_costs_a_page_of_disk_not_its_slot_table(tmp_path):
+    """The default geometry's 20 MB slot table was allocated whole at creation; now a slot page
+    is allocated when a key first hashes into it, and unallocated pages read as empty slots."""
+    f = IndexFile.create(tmp_path / "f", 5_000_000, 20_000_000)  # StoreConfig's defaults
+    try:
+        assert allocated_bytes(f.path) <= 4096
+        for i in range(10):
+            f.put_key(f"T#k{i}", i * 100, TS0 + i)
+        assert allocated_bytes(f.path) <= 4096 + 10 * 4096 + (64 << 10)  # header, slot pages, entries
+        assert [f.select(f"T#k{i}", TS0, TS0 + 10, 4) for i in (0, 9)] == [[0], [900]]
+        with open(f.path, "rb") as fh:  # the slot table as a reader of the file sees it
+            fh.seek(slot_pos(0))
+            slots = np.frombuffer(fh.read(5_000_000 * SLOT_SIZE), dtype=">i4")
+        assert sorted(slots[slots != 0]) == list(range(1, 11))
+    finally:
+        f.close()
+    reopened = IndexFile.open(tmp_path / "f", 5_000_000, 20_000_000, Access.READ_WRITE)
+    try:
+        reopened.put_key("T#k10", 1000, TS0 + 10)  # pages it does not know of are allocated again
+        assert reopened.select("T#k10", TS0, TS0 + 10, 4) == [1000]
+    finally:
+        reopened.close()
+
+
+def test_index_slot_pages_and_entries_are_allocated_once_not_once_a_put(tmp_path):
+    """Each slot page is allocated at its first key and the entries by doubling steps, so puts
+    past the first ones allocate nothing."""
+    f = make_file(tmp_path, slots=8192, entries=40_000)  # 8 slot pages, 800 KB of entries
+    calls = []
+    real_allocate = f._mapped.allocate
+    f._mapped.allocate = lambda start, end: (calls.append((start, end)), real_allocate(start, end))
+    try:
+        for i in range(5000):
+            f.put_key(f"T#k{i}", i, TS0)
+        hashes = np.array([index_key_hash(f"T#b{i}") for i in range(20_000)], dtype=np.int64)
+        f.put_hashes(hashes, np.arange(20_000), np.full(20_000, TS0))
+        slot_pages = [c for c in calls if c[1] <= entry_pos(8192, 0) + 4096]
+        assert len(calls) <= 9 + 4  # 9 pages hold the header and slots; 64 KiB..512 KiB, then the file
+        assert sum(end - start for start, end in slot_pages) <= 9 * 4096
+        assert allocated_bytes(f.path) <= 9 * 4096 + (512 << 10) + 2 * 4096  # 500 KB of entries, not 800
+    finally:
+        f.close()
+
+
+def test_a_file_whose_slots_fit_the_header_page_allocates_only_entries(tmp_path):
+    """Header and slots in one page are allocated at creation, so no put allocates a slot page:
+    the allocations are the entries' doubling steps alone."""
+    f = make_file(tmp_path, slots=100, entries=8000)
+    calls = []
+    real_allocate = f._mapped.allocate
+    f._mapped.allocate = lambda start, end: (calls.append((start, end)), real_allocate(start, end))
+    try:
+        assert f._slot_pages._unallocated_pages == 0
+        for i in range(10):
+            f.put_key(f"T#a{i}", i, TS0)
+        f.put_hashes(np.arange(5000, dtype=np.int64), np.arange(5000), np.full(5000, TS0))
+        base = entry_pos(100, 0)
+        assert calls == [(base, base + (64 << 10)), (base + (64 << 10), base + (128 << 10))]
+        assert f.select("T#a3", TS0, TS0, 4) == [3]
+    finally:
+        f.close()

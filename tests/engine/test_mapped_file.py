@@ -17,6 +17,7 @@ import pytest
 from engine.errors import DiskFullError, StoreError
 from engine.filesystem import PAGE_BYTES
 from engine.mapped_file import (
+    FIRST_RESERVE_STEP_BYTES,
     RESERVE_STEP_BYTES,
     ZERO_AHEAD_BYTES,
     ZERO_LEAD_BYTES,
@@ -24,6 +25,7 @@ from engine.mapped_file import (
     Access,
     MappedFile,
     ReadAhead,
+    reserve_end,
 )
 from tools.torture.filesystems import FilesystemUnavailable, MiB, ThinDisk, small_tmpfs, unmount
 
@@ -146,12 +148,46 @@ def test_reserve_allocates_blocks_without_filling_the_page_cache(tmp_path):
     read-ahead of each 4 MiB step stalled the dispatcher at every consume-queue reserve."""
     mapped = MappedFile.create(tmp_path / "f", 64 * MiB)
     try:
-        mapped.reserve(1)
+        mapped.reserve(RESERVE_STEP_BYTES)
         assert os.stat(mapped.path).st_blocks * 512 >= RESERVE_STEP_BYTES
         assert resident_pages(mapped.path, 0, RESERVE_STEP_BYTES) == 0
         mapped.write(0, b"kept")
         assert resident_pages(mapped.path, 0, RESERVE_STEP_BYTES) == 1
         assert bytes(mapped.read(0, 4)) == b"kept"
+    finally:
+        mapped.close()
+
+
+def test_reserve_steps_double_from_64_kib_to_4_mib_then_go_by_4_mib(tmp_path):
+    """A file's first write costs 64 KiB of disk, not a 4 MiB step; the steps then double, so a
+    file written entry by entry takes one allocation a doubling, not one a write."""
+    assert [reserve_end(n) for n in (0, 1, 64 << 10, (64 << 10) + 1, 3 << 20, 4 << 20, (4 << 20) + 1)] \
+        == [64 << 10, 64 << 10, 64 << 10, 128 << 10, 4 << 20, 4 << 20, 8 << 20]
+    mapped = MappedFile.create(tmp_path / "f", 16 * MiB)
+    calls = []
+    real_allocate = mapped.allocate
+    mapped.allocate = lambda start, end: (calls.append((start, end)), real_allocate(start, end))
+    try:
+        mapped.reserve(20)
+        assert os.stat(mapped.path).st_blocks * 512 == FIRST_RESERVE_STEP_BYTES
+        for end in range(40, 9 * MiB, 20 * 1000):
+            mapped.reserve(end)
+        assert [end for _, end in calls] == [64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20,
+                                             2 << 20, 4 << 20, 8 << 20, 12 << 20]
+        assert [start for start, _ in calls[1:]] == [end for _, end in calls[:-1]]
+    finally:
+        mapped.close()
+
+
+def test_allocate_stays_within_the_file(tmp_path):
+    """A page past the end of a small file is not allocated: posix_fallocate would grow the file
+    and change its size, which readers check."""
+    mapped = MappedFile.create(tmp_path / "f", 5000)
+    try:
+        mapped.allocate(4096, 8192)
+        mapped.allocate(6000, 9000)  # wholly past the end: nothing
+        assert os.stat(mapped.path).st_size == 5000
+        assert os.stat(mapped.path).st_blocks * 512 == 4096
     finally:
         mapped.close()
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.formats.cq_entry import CQ_ENTRY_SIZE
 from ipc.consumer import Consumer
 from ipc.producer import Producer
 from tests.helpers import snapshot
@@ -81,6 +82,8 @@ def test_topics_text_and_json_show_what_was_produced(store):
         row = got[key]
         assert (row["min_offset"], row["max_offset"], row["messages"]) == (0, SENT[key], SENT[key])
         assert row["stored_bytes"] == sum(r.total_size for r in records)
+        assert row["cq_used_bytes"] == SENT[key] * CQ_ENTRY_SIZE  # the queue's files from offset 0
+        assert row["cq_used_bytes"] <= row["cq_allocated_bytes"] <= 64 << 10  # a first reserve step
         assert (row["oldest_store_time_ms"], row["newest_store_time_ms"]) == (
             records[0].store_ts_ms, records[-1].store_ts_ms)
     table = ok_text("topics", "--store", str(store.root))
@@ -202,6 +205,8 @@ def test_exporter_scraped_over_http_matches_the_store(store):
         labels = {"topic": topic, "queue": str(qid)}
         assert value(samples, "mqstore_queue_messages", **labels) == SENT[(topic, qid)]
         assert value(samples, "mqstore_queue_stored_bytes", **labels) == sum(r.total_size for r in records)
+        assert value(samples, "mqstore_queue_used_bytes", **labels) == SENT[(topic, qid)] * CQ_ENTRY_SIZE
+        assert 0 < value(samples, "mqstore_queue_allocated_bytes", **labels) <= 64 << 10
     billing = {"group": "billing", "topic": "Orders"}
     assert value(samples, "mqstore_group_committed_offset", queue="0", **billing) == 4
     assert value(samples, "mqstore_group_lag_messages", queue="0", **billing) == 2
@@ -213,7 +218,11 @@ def test_exporter_scraped_over_http_matches_the_store(store):
         assert value(samples, "mqstore_process_up", role=role, shard=shard) == 1
         assert value(samples, "mqstore_process_restarts_total", role=role, shard=shard) == 0
         assert value(samples, "mqstore_process_resident_memory_bytes", role=role, shard=shard) > 0
-    assert value(samples, "mqstore_disk_used_bytes", part="commitlog") > 0
+    for part in ("commitlog", "consumequeue", "index"):
+        assert 0 < value(samples, "mqstore_disk_used_bytes", part=part) \
+            <= value(samples, "mqstore_disk_allocated_bytes", part=part)
+    queue_bytes = sum(SENT.values()) * CQ_ENTRY_SIZE
+    assert value(samples, "mqstore_disk_used_bytes", part="consumequeue") == queue_bytes
     assert all(value(samples, "mqstore_scrape_error", part=part) == 0
                for part in ("status", "disk", "queues", "groups"))
 
@@ -278,6 +287,10 @@ def test_status_watch_json_prints_one_object_per_refresh(store):
         assert proc.wait(30) == 0
     frames = [json.loads(line) for line in seen[:2]]
     assert all(f["running"] and f["totals"]["appended_msgs"] == sum(SENT.values()) for f in frames)
+    retention = frames[-1]["retention"]
+    assert retention["bytes_used"]["consumequeue"] == sum(SENT.values()) * CQ_ENTRY_SIZE
+    assert all(0 < retention["bytes_used"][part] <= retention["bytes_allocated"][part]
+               for part in ("commitlog", "consumequeue", "index"))
 
 
 # ---------------------------------------------------------------------------------- check, log level

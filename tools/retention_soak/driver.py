@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.check import check
+from engine.disk_use import allocated_bytes
 from engine.naming import commitlog_dir, segment_files
 from engine.status import GetStatus
 from ipc.consumer import Consumer
@@ -34,7 +35,6 @@ from ipc.retention_block import RetentionBlock
 from tools.retention_soak.clients import TOPIC, ConsumerRole, seq_of
 from tools.store_process import StoreProcess, wait_until, write_store_config
 from workers.child_env import REPO_ROOT, child_env
-from workers.retention_status import used_bytes
 
 SAMPLE_S = 1.0
 POLL_S = 0.05
@@ -145,7 +145,7 @@ def _sample_until_done(settings: SoakSettings, root: Path, supervisor: StoreProc
             raise RuntimeError("the producer did not stop at the end of the run")
         now = time.monotonic()
         segments = len(segment_files(commitlog_dir(root)))
-        samples.append((now - started, used_bytes(root), segments))
+        samples.append((now - started, allocated_bytes(root), segments))
         if now >= next_report:
             next_report += 60.0
             progress(f"  {now - started:5.0f} s: {samples[-1][1] / 2**20:.1f} MiB used, "
