@@ -353,8 +353,9 @@ def test_overview_shows_sizes_durations_times_and_round_chart_ticks_in_human_uni
     assert_cells(positions, "lag_ms", DURATION)
     retention = {row["name"]: row["value"] for row in table_rows(browser, "retention-table")}
     assert not any("_" in name and name != "retention line (commit_pos)" for name in retention), retention
-    for part in ("commitlog", "consume queues", "index"):
-        assert BYTES.match(retention[f"{part} on disk"]), retention
+    for part in ("commitlog", "consume queues", "index"):  # allocated (used), as `du` and the data
+        allocated, _, used = retention[f"{part} on disk"].removesuffix(" used)").partition(" (")
+        assert BYTES.match(allocated) and BYTES.match(used), retention
     oldest, _, ago = retention["oldest retained message"].partition(" (")
     assert DATE.match(oldest) and DURATION.match(ago.removesuffix(" ago)")), retention
     assert retention["retention line (commit_pos)"].isdigit(), retention

@@ -136,16 +136,18 @@ function renderOverview(data) {
 
 // The retention facts of `mqstore status` in words, each value in its unit.
 function retentionRows(retention) {
+  const allocated = retention.bytes_allocated || {};
   const used = retention.bytes_used || {};
+  const onDisk = (part) => formatBytes(allocated[part]) + " (" + formatBytes(used[part]) + " used)";
   const oldest = retention.oldest_retained_ms;
   const lastPass = retention.last_pass_ms;
   return {
     "oldest retained message": oldest === null ? "none (no message)" :
       formatTime(oldest) + " (" + formatDuration(Math.max(Date.now() - oldest, 0)) + " ago)",
     "retention line (commit_pos)": String(retention.min_commit_pos),
-    "commitlog on disk": formatBytes(used.commitlog),
-    "consume queues on disk": formatBytes(used.consumequeue),
-    "index on disk": formatBytes(used.index),
+    "commitlog on disk": onDisk("commitlog"),
+    "consume queues on disk": onDisk("consumequeue"),
+    "index on disk": onDisk("index"),
     "retention passes": String(retention.passes),
     "segments removed": retention.segments_removed + " (" + formatBytes(retention.bytes_removed) + ")",
     "last pass": lastPass === null ? "none yet" : formatTime(lastPass) + " (trigger: " + retention.last_reason + ")",
