@@ -214,11 +214,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         return "  ".join(f"{k}={v}" for k, v in data.items() if v not in (None, ""))
 
     if args.json:
-        print(json.dumps(findings_to_json(findings), indent=2))
+        print(json.dumps({"findings": findings_to_json(findings), "pending_records": summary.pending_records,
+                          "pending": findings_to_json(list(summary.pending))}, indent=2))
     else:
         for data in findings_to_json(findings):
             print(line(data))
-        print(f"{len(findings)} finding(s)" if findings else "store is consistent")
+        if summary.pending_records:  # a crash's undispatched tail: the next start's work, not damage
+            print(f"recovery pending: {summary.pending_records} records past the dispatched position; "
+                  "a start re-dispatches them")
+        print(f"{len(findings)} finding(s)" if findings else
+              "no findings" if summary.pending_records else "store is consistent")
     for data in findings_to_json(list(summary.accepted)):  # known damage, kept on purpose: no finding
         print(line(data), file=sys.stderr)
     return CliExit.FAILED if findings else CliExit.OK
