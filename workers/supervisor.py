@@ -61,6 +61,7 @@ from workers.retention_runner import RetentionRunner
 from workers.shared_state import SharedState, cleanup_stale
 
 SUPERVISE_INTERVAL_S = 0.1
+RECLAIM_INTERVAL_S = 1.0  # how often what dead consumers left in the waiter table is removed
 MAX_WAIT_S = 0.05
 PROGRESS_INTERVAL_S = 2.0
 
@@ -242,7 +243,7 @@ class Supervisor:
         """The loop: requests, children, signals; returns when asked to stop."""
         ctl = self._shared.ctl
         appender, server = self._appender, self._shared.server
-        next_supervise = time.monotonic()
+        next_supervise = next_reclaim = time.monotonic()
         while self.stop_reason is None:
             timeout = MAX_WAIT_S
             deadline = appender.next_deadline()
@@ -264,6 +265,15 @@ class Supervisor:
                 self._supervise_children(now)
                 self._retention.run_if_due(now)
                 next_supervise = now + SUPERVISE_INTERVAL_S
+            if now >= next_reclaim:
+                self._reclaim_dead_consumers()
+                next_reclaim = now + RECLAIM_INTERVAL_S
+
+    def _reclaim_dead_consumers(self) -> None:
+        removed = self._shared.reclaim_dead_consumers()
+        if removed:
+            log.info("removed the semaphores of %d consumers that died: %s", len(removed),
+                     ", ".join(removed))
 
     def _on_flushed(self) -> None:
         """Called by the flush thread after each flush (or its failure): answer the producers
