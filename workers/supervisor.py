@@ -106,10 +106,12 @@ def _logged_cause(root: Path, pid: int | None) -> str:
 class Supervisor:
     def __init__(self, root: str | Path, config: StoreConfig | None = None,
                  settings: SupervisorSettings | None = None, *,
+                 on_locked: Callable[[], None] | None = None,
                  on_ready: Callable[[Supervisor], None] | None = None):
         self.root = Path(root)
         self.config = config or StoreConfig()
         self.settings = settings or SupervisorSettings()
+        self.on_locked = on_locked  # first thing once the store's lock is held (its log opens)
         self.on_ready = on_ready
         self.report: RecoveryReport | None = None
         self.children: list[ChildHandle] = []
@@ -198,7 +200,10 @@ class Supervisor:
             self.on_ready(self)
 
     def _clear_stale(self) -> None:
-        """Under the lock: wait out and remove what a crashed previous supervisor left."""
+        """Under the lock: on_locked, then wait out and remove what a crashed previous supervisor
+        left."""
+        if self.on_locked is not None:
+            self.on_locked()
         self._generation = cleanup_stale(self.root) + 1
 
     def _start_children(self) -> None:
