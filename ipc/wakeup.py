@@ -299,14 +299,13 @@ class WaiterTable:
         return wakeup
 
     def reclaim_dead(self, run_dir: str | os.PathLike) -> list[str]:
-        """Clear every entry no live consumer holds that a dead one left (its identity, its
-        semaphores), holding the entry's flock meanwhile; returns the semaphore names removed.
-        A held entry is left alone: its consumer removed older names when it claimed it."""
+        """Clear every entry no live consumer holds that a dead one left a semaphore in (the
+        semaphores, the entry's identity), holding the entry's flock meanwhile; returns the
+        names removed. A held entry is left alone: its consumer removed older names when it
+        claimed it. Only entries with names are looked at: a listing, not 64 seqlock reads."""
         names = waiter_wakeup_names(self.store_dir)
-        left = {index for index in names if index < self.entry_count}
-        left |= {entry.index for entry in self.registered()}
         removed: list[str] = []
-        for index in sorted(left):
+        for index in sorted(i for i in names if i < self.entry_count):
             fd = slot_claim.hold_if_free(run_dir, index, prefix=WAITER_LOCK_PREFIX)
             if fd is None:
                 continue

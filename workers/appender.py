@@ -345,22 +345,23 @@ class Appender:
 
     def _check(self, request: PendingRequest, data: memoryview,
                results: np.ndarray) -> CheckedRequest | None:
-        refusals = results.view(REFUSAL_DTYPE)  # a refused row carries why (engine.refusal)
         try:
             checked = self.checker.check_request(data, request.count)
         except BadInputError as exc:
             log.warning("slot %d (pid %d): malformed request: %s", request.slot_index,
                         request.owner_pid, exc)
             results["status"] = PutStatus.MESSAGE_ILLEGAL
-            refusals["refusal"] = Refusal.MALFORMED_REQUEST
+            results.view(REFUSAL_DTYPE)["refusal"] = Refusal.MALFORMED_REQUEST
             self._count_failed(PutStatus.MESSAGE_ILLEGAL, request.count)
             return None
+        if not checked.reasons:
+            return checked
+        refusals = results.view(REFUSAL_DTYPE)  # a refused row carries why (engine.refusal)
         for i, reason in checked.reasons.items():
             log.warning("slot %d (pid %d): record %d refused: %s", request.slot_index,
                         request.owner_pid, i, reason)
             refusals[i] = (PutStatus.MESSAGE_ILLEGAL, reason.refusal, reason.limit, reason.found, 0)
-        if checked.reasons:
-            self._count_failed(PutStatus.MESSAGE_ILLEGAL, len(checked.reasons))
+        self._count_failed(PutStatus.MESSAGE_ILLEGAL, len(checked.reasons))
         return checked
 
     def _append(self, data: memoryview, batch: list[_Served], taken_ns: int) -> int:

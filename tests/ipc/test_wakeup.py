@@ -183,16 +183,16 @@ def test_reclaim_dead_clears_a_killed_consumer_entry_and_keeps_a_live_one(store_
     in an entry nobody holds goes; the live consumer's entry and semaphore stay and still work."""
     table = WaiterTable.create(store_dir, entry_count=4)
     run_dir = store_dir / "run"
+    live = ConsumerWaiter.register(table, run_dir)  # first: the child cannot take its entry
     child = SPAWN.Process(target=child_register_and_hang, args=(str(store_dir), str(run_dir)))
     child.start()
     wait_until(lambda: any(e.pid == child.pid for e in table.registered()), 30, "consumer registered")
     os.kill(child.pid, signal.SIGKILL)
     child.join(10)
-    live = ConsumerWaiter.register(table, run_dir)
+    dead_name = next(e.sem_name for e in table.registered() if e.pid == child.pid)
     free = ({0, 1, 2, 3} - {e.index for e in table.registered()}).pop()
     reused = Wakeup.create(waiter_wakeup_name(store_dir, free, 1))  # pid 1 lives: not proof
     reused.close()
-    dead_name = next(e.sem_name for e in table.registered() if e.pid == child.pid)
     assert {dead_name, live.wakeup.name, reused.name} <= set(_names(waiter_wakeup_names(store_dir)))
     removed = table.reclaim_dead(run_dir)
     assert sorted(removed) == sorted([dead_name, reused.name])
