@@ -5,17 +5,19 @@ Start order (each step only after the previous one succeeded):
 1. open the store with engine.store_open.open_store, the sequence MessageStore.open runs too:
    classify the directory (a RocketMQ store or anything else is refused), create a new store's
    layout, check store.json, take the store lock (a second supervisor is refused); then, under
-   the lock, wait out and remove what a crashed previous supervisor left (children, shared
-   memory); recover (logging progress and the report) and create `abort` (present until a
-   clean stop removes it); keep the commitlog open for writing and hand the derived files to
-   the children (Dispatch.CHILD_PROCESSES);
+   the lock, start writing the store's log (on_locked: a refused start writes nothing there),
+   wait out and remove what a crashed previous supervisor left (children, shared memory);
+   recover (logging progress and the report) and create `abort` (present until a clean stop
+   removes it); keep the commitlog open for writing and hand the derived files to the children
+   (Dispatch.CHILD_PROCESSES);
 2. create the shared memory (owner-only) with every position at the recovery cut;
 3. start the flush thread, the dispatcher and one index builder per shard, and wait for them
    to boot;
 4. write run/supervisor.json, mark the store READY (producers are admitted), say so.
 
 Then the loop: serve producer requests (Appender), watch children (exit, heartbeat) and restart
-them within the restart budget, and handle queued signals. The checkpoint (every
+them within the restart budget, remove what dead consumers left in the waiter table (every
+RECLAIM_INTERVAL_S), and handle queued signals. The checkpoint (every
 cq_flush_interval_ms, from the durable positions the children publish) and run/supervisor.json
 updates are written by the metadata thread (workers.metadata_writer), so a disk stall never
 delays the answers and a full disk never stops the store.
