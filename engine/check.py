@@ -19,6 +19,9 @@ What is checked, and where
   resolves to a record key and carries that record's store time; slot heads and chains agree.
 - checkpoint (here; mqstore stores): readable, and every durable position is a record boundary
   at or before the end of valid data.
+- recovery pending (engine.check_pending): a consume-queue entry or index key missing for a
+  record routine recovery re-dispatches (past the checkpoint's durable positions, what a
+  crash leaves) is listed in CheckSummary.pending, not among the findings;
 - accepted damage (engine.accepted_damage): a corrupt record inside a span a salvage accepted
   is listed in CheckSummary.accepted, not among the findings (it is known and kept on purpose);
   damage outside every accepted span is a finding as before.
@@ -41,6 +44,7 @@ from engine.check_commitlog import LogScan, Progress, scan_log
 from engine.check_consume_queues import check_queues
 from engine.check_findings import MAX_FINDINGS_PER_FILE, Finding, FindingKind, FindingList
 from engine.check_index import KeyProbe, check_index
+from engine.check_pending import PendingWork
 from engine.commitlog import CommitLog
 from engine.errors import AcceptedDamageError, CheckpointError, NotAStoreError, SegmentLayoutError
 from engine.formats.checkpoint import decode_checkpoint, decode_rocketmq_checkpoint, is_rocketmq_checkpoint
@@ -63,6 +67,8 @@ class CheckSummary:
     end_pos: int
     findings: tuple[Finding, ...]
     accepted: tuple[Finding, ...] = ()  # ACCEPTED_DAMAGE notes: not findings
+    pending: tuple[Finding, ...] = ()  # missing entries and keys recovery re-dispatches: not findings
+    pending_records: int = 0  # the distinct records those are about
 
 
 def check(root: Path | str, *, progress: Progress | None = None) -> list[Finding]:
@@ -103,16 +109,18 @@ def check_summary(root: Path | str, *, progress: Progress | None = None) -> Chec
             progress = _against_written_bytes(progress, log)
         scan = scan_log(log, verify, shard_count, None if keys is None else keys.probe, progress, out,
                         accepted, noted)
+        pending = PendingWork.nothing() if meta is None else PendingWork.read(root, scan, shard_count)
         if meta is not None:
-            check_queues(root, meta.consume_queue_entries, scan, out)
-            check_index(root, meta.index_slot_count, meta.index_entry_count, shard_count, scan, keys, out)
+            check_queues(root, meta.consume_queue_entries, scan, out, pending)
+            check_index(root, meta.index_slot_count, meta.index_entry_count, shard_count, scan, keys, out,
+                        pending)
         _check_checkpoint(root, kind, scan, shard_count, out)
     finally:
         if keys is not None:
             keys.close()
         log.close()
     return CheckSummary(kind.value, scan.records, scan.bytes_scanned, scan.min_pos, scan.data_end,
-                        tuple(out.items), tuple(noted.items))
+                        tuple(out.items), tuple(noted.items), pending.findings, pending.record_count)
 
 
 def _against_written_bytes(progress: Progress, log: CommitLog) -> Progress:

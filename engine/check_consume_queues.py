@@ -6,6 +6,7 @@ past the end of the log; offsets are contiguous; no two entries share a commit_p
 below the log's min position are expired (retention deletes segments first), never corrupt.
 Entries pointing into damage a salvage accepted (the damaged records' own entries and
 placeholders, engine.salvage) are not matched against a record and may share a position.
+A record without its entry that routine recovery re-dispatches is pending (engine.check_pending).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from engine.check_commitlog import LogScan
 from engine.check_findings import FindingKind, FindingList
+from engine.check_pending import PendingWork
 from engine.consume_queue_table import marked_queue_id
 from engine.errors import SegmentLayoutError
 from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE, FILLER_SIZE_MARK
@@ -27,7 +29,8 @@ _QUEUE_KINDS = (FindingKind.CQ_ENTRY_MISMATCH, FindingKind.CQ_GAP, FindingKind.C
                 FindingKind.CQ_DUPLICATE, FindingKind.CQ_PAST_END)
 
 
-def check_queues(root: Path, entries_per_file: int, scan: LogScan, out: FindingList) -> None:
+def check_queues(root: Path, entries_per_file: int, scan: LogScan, out: FindingList,
+                 pending: PendingWork) -> None:
     """Every queue on disk and every queue the log's records name."""
     on_disk = _queue_dirs(root / CONSUMEQUEUE_DIR, out)
     a = scan.arrays
@@ -37,9 +40,10 @@ def check_queues(root: Path, entries_per_file: int, scan: LogScan, out: FindingL
         directory = on_disk.get((topic, queue_id),
                                 root / CONSUMEQUEUE_DIR / topic / str(queue_id))
         entries, first = _read_queue(directory, entries_per_file, out)
-        _check_queue(topic, queue_id, entries, first, scan, str(directory), out)
+        _check_queue(topic, queue_id, entries, first, scan, str(directory), out, pending)
         for kind in _QUEUE_KINDS:
             out.close_group(kind, directory)
+        pending.close_group(FindingKind.CQ_MISSING_ENTRY, directory)
 
 
 def _queue_dirs(base: Path, out: FindingList) -> dict[tuple[str, int], Path]:
@@ -92,7 +96,7 @@ def _read_queue(directory: Path, entries_per_file: int, out: FindingList) -> tup
 
 
 def _check_queue(topic: str, queue_id: int, entries: np.ndarray, first: int, scan: LogScan,
-                 path: str, out: FindingList) -> None:
+                 path: str, out: FindingList, pending: PendingWork) -> None:
     cp = entries["commit_pos"].astype(np.int64)
     size = entries["size"].astype(np.int64)
     tags = entries["tags_code"].astype(np.int64)
@@ -124,7 +128,7 @@ def _check_queue(topic: str, queue_id: int, entries: np.ndarray, first: int, sca
     for pos in positions[dup]:  # placeholders of a salvage share their damaged span's start
         offsets = (first + live_idx[cp[live_idx] == pos]).tolist()
         out.add(FindingKind.CQ_DUPLICATE, path, f"offsets {offsets} all point at {pos}", int(pos))
-    _report_missing(topic, queue_id, first, cp, live, scan, path, out)
+    _report_missing(topic, queue_id, first, cp, live, scan, path, out, pending)
 
 
 def _match_entries(topic: str, queue_id: int, first: int, idx: np.ndarray, cp, size, tags,
@@ -157,8 +161,9 @@ def _match_entries(topic: str, queue_id: int, first: int, idx: np.ndarray, cp, s
 
 
 def _report_missing(topic: str, queue_id: int, first: int, cp, live, scan: LogScan, path: str,
-                    out: FindingList) -> None:
-    """Consumable records of this queue whose offset holds no live entry with their position."""
+                    out: FindingList, pending: PendingWork) -> None:
+    """Consumable records of this queue whose offset holds no live entry with their position;
+    those recovery re-dispatches go to `pending`."""
     a = scan.arrays
     tid = scan.topic_ids.get(topic, -1)
     mine = (a["topic"] == tid) & (a["queue_id"] == queue_id) & a["consumable"]
@@ -169,10 +174,16 @@ def _report_missing(topic: str, queue_id: int, first: int, cp, live, scan: LogSc
     present = inside & (live[atc] if len(cp) else False) & (cp[atc] == positions if len(cp) else False)
     order = np.argsort(offsets[~present], kind="stable")
     missing_offsets, missing_pos = offsets[~present][order], positions[~present][order]
-    for run in _runs(missing_offsets):
-        lo, hi = int(missing_offsets[run[0]]), int(missing_offsets[run[-1]])
-        out.add(FindingKind.CQ_MISSING_ENTRY, path, f"{len(run)} record(s) at queue offsets "
-                f"{lo}..{hi} have no consume-queue entry", int(missing_pos[run[0]]))
+    redispatched = pending.cq_covers(missing_pos)
+    for chosen in (~redispatched, redispatched):
+        run_offsets, run_pos = missing_offsets[chosen], missing_pos[chosen]
+        for run in _runs(run_offsets):
+            detail = (f"{len(run)} record(s) at queue offsets {int(run_offsets[run[0]])}.."
+                      f"{int(run_offsets[run[-1]])} have no consume-queue entry")
+            if chosen is redispatched:
+                pending.add(FindingKind.CQ_MISSING_ENTRY, path, detail, run_pos[run])
+            else:
+                out.add(FindingKind.CQ_MISSING_ENTRY, path, detail, int(run_pos[run[0]]))
 
 
 def _runs(values: np.ndarray) -> list[np.ndarray]:

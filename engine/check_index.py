@@ -1,6 +1,7 @@
 """`engine.check`, the index part: every record key is found by `ShardIndex.query`; every entry
 resolves to a record start with a key of that hash in that shard, and carries the time its
 writer computed from that record's store time; slot heads and chains agree with the entries.
+A key not found that routine recovery indexes again is pending (engine.check_pending).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 
 from engine.check_commitlog import LogScan
 from engine.check_findings import FindingKind, FindingList
+from engine.check_pending import PendingWork
 from engine.errors import SegmentLayoutError, StoreError
 from engine.formats.index_file import (
     INDEX_ENTRY_DTYPE,
@@ -73,7 +75,7 @@ class KeyProbe:
 
 
 def check_index(root: Path, slot_count: int, entry_count: int, shard_count: int, scan: LogScan,
-                keys: KeyProbe, out: FindingList) -> None:
+                keys: KeyProbe, out: FindingList, pending: PendingWork) -> None:
     """Every shard's files, oldest first, and the keys the probe did not find."""
     base = root / INDEX_DIR
     if base.is_dir():
@@ -99,8 +101,12 @@ def check_index(root: Path, slot_count: int, entry_count: int, shard_count: int,
             out.add(FindingKind.INDEX_KEY_MISSING, directory, f"{keys.unchecked[shard]} keys not checked: "
                     f"the shard cannot be opened ({keys.unreadable[shard]})")
         for _, detail, pos in (m for m in keys.missing if m[0] == shard):
-            out.add(FindingKind.INDEX_KEY_MISSING, directory, detail, pos)
+            if pending.shard_covers(shard, pos):
+                pending.add(FindingKind.INDEX_KEY_MISSING, directory, detail, [pos])
+            else:
+                out.add(FindingKind.INDEX_KEY_MISSING, directory, detail, pos)
         out.close_group(FindingKind.INDEX_KEY_MISSING, directory)
+        pending.close_group(FindingKind.INDEX_KEY_MISSING, directory)
 
 
 def expected_time_diffs_s(store_ts_ms: np.ndarray, begin_ts_ms: int) -> np.ndarray:

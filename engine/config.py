@@ -10,6 +10,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from engine.errors import BadInputError
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE
+from engine.formats.record.layout import FILLER_SIZE, RECORD_FIXED_SIZE
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -75,6 +77,24 @@ class StoreConfig:
 
     def replace(self, **changes) -> StoreConfig:
         return dataclasses.replace(self, **changes)
+
+
+def max_body_room_bytes(segment_bytes: int) -> int:
+    """The largest body any record can carry in a segment of `segment_bytes`: less the filler a
+    roll may need, the fixed fields, a one-byte topic and the __CRC32C property."""
+    return segment_bytes - FILLER_SIZE - RECORD_FIXED_SIZE - 1 - CRC32C_PROP_SIZE
+
+
+def refuse_unfit_body_limit(config: StoreConfig) -> None:
+    """BadInputError when a body of max_body_bytes could never fit one commitlog segment: the
+    store would accept a limit its own writer refuses (at start; in-process test stores with
+    tiny segments keep the default limit)."""
+    room_bytes = max_body_room_bytes(config.commitlog_file_size)
+    if config.max_body_bytes > room_bytes:
+        raise BadInputError("max_body_bytes", f"{config.max_body_bytes} does not fit a commitlog segment "
+                            f"of {config.commitlog_file_size} bytes, whose records carry bodies of at "
+                            f"most {room_bytes} bytes; lower max_body_bytes (commitlog_file_size is "
+                            "fixed when a store is created)")
 
 
 def _require(ok: bool, field: str, reason: str) -> None:

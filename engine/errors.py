@@ -37,6 +37,17 @@ class BadInputError(StoreError, ValueError):
         super().__init__(f"invalid {field}: {reason}", path=path)
 
 
+class RecordRefusedError(BadInputError):
+    """The supervisor's check refused a producer's record. `refusal` (an engine.refusal.Refusal),
+    `limit` and `found` travel back in the record's answer row (engine.refusal)."""
+
+    def __init__(self, field: str, reason: str, *, refusal: int, limit: int = 0, found: int = 0):
+        self.refusal = refusal
+        self.limit = limit
+        self.found = found
+        super().__init__(field, reason)
+
+
 class FrozenSettingError(BadInputError):
     """A setting that shapes the store's files asks for another value than store.json froze."""
 

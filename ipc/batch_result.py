@@ -15,15 +15,15 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from engine.refusal import describe_refusal
 from engine.status import PUT_OK_CODE, PutResult, PutStatus
-from ipc.mailbox import RESULT_DTYPE
+from ipc.mailbox import REFUSAL_DTYPE, RESULT_DTYPE
 
 _STATUSES = tuple(PutStatus)
 assert [int(s) for s in _STATUSES] == list(range(len(_STATUSES)))
 _STORED = np.array([status.is_stored for status in _STATUSES])
 _FEW_ROWS = 16  # up to this many rows ok and status_counts count in Python: numpy's fixed cost is more
-_DEFAULT_REASONS = {PutStatus.MESSAGE_ILLEGAL: "the supervisor refused the record",
-                    PutStatus.SERVICE_NOT_AVAILABLE: "the store is stopping",
+_DEFAULT_REASONS = {PutStatus.SERVICE_NOT_AVAILABLE: "the store is stopping",
                     PutStatus.DISK_FULL: "the disk is full"}
 
 
@@ -85,10 +85,21 @@ class BatchResult(Sequence[PutResult]):
 
     def reason(self, index: int) -> str | None:
         """Why message `index` was not stored (None when it was)."""
+        index = range(len(self))[index]
         status = _STATUSES[self.status[index]]
         if status.is_stored:
             return None
-        return self._reasons.get(index % len(self), _DEFAULT_REASONS.get(status))
+        return self._reason_unstored(index, status)
+
+    def _reason_unstored(self, index: int, status: PutStatus) -> str | None:
+        """The sender's reason for the message, else the supervisor's refusal (its row says
+        which), else what the status means."""
+        if index in self._reasons:
+            return self._reasons[index]
+        if status is PutStatus.MESSAGE_ILLEGAL:
+            refusal = self.rows[index:index + 1].view(REFUSAL_DTYPE)[0]
+            return describe_refusal(int(refusal["refusal"]), int(refusal["limit"]), int(refusal["found"]))
+        return _DEFAULT_REASONS.get(status)
 
     def msg_id(self, index: int) -> str | None:
         """RocketMQ's offset msgId of message `index` (None when it was not stored)."""
@@ -120,7 +131,7 @@ class BatchResult(Sequence[PutResult]):
         status, queue_id, commit_pos, queue_offset, store_ts_ms = row
         status = _STATUSES[status]
         if not status.is_stored:
-            return PutResult(status, reason=self._reasons.get(index, _DEFAULT_REASONS.get(status)))
+            return PutResult(status, reason=self._reason_unstored(index, status))
         return PutResult(status, commit_pos=commit_pos, queue_id=queue_id, queue_offset=queue_offset,
                          msg_id=f"{self._msg_id_prefix}{commit_pos:016X}", store_ts_ms=store_ts_ms)
 

@@ -15,7 +15,10 @@ allocated where producers write):
       +24 req_count u32  +28 req_flags u32 (RequestFlag)  producer, before req_seq
       +32 req_bytes u64  +40 resp_count u32               resp_count: supervisor, before resp_seq
     A + stride*i           B*32       results of slot i (RESULT_DTYPE: status i32, queue_id i32,
-                                      commit_pos i64, queue_offset i64, store_ts_ms i64)
+                                      commit_pos i64, queue_offset i64, store_ts_ms i64); the
+                                      row of a record refused (MESSAGE_ILLEGAL) holds no
+                                      position, so it is a REFUSAL_DTYPE: status i32, refusal
+                                      i32 (engine.refusal.Refusal), limit i64, found i64, 8 zero
     A + stride*i + B*32    D          data of slot i: the batch's records back to back, each
                                       starting with its 4-byte big-endian TOTALSIZE
 
@@ -78,6 +81,10 @@ RESULT_FIELDS = (("status", "i"), ("queue_id", "i"), ("commit_pos", "q"), ("queu
 RESULT_DTYPE = np.dtype([(name, "<" + fmt) for name, fmt in RESULT_FIELDS])
 RESULT_ROW = struct.Struct("<" + "".join(fmt for _, fmt in RESULT_FIELDS))  # one row, for a few rows
 RESULT_SIZE = RESULT_DTYPE.itemsize
+REFUSAL_FIELDS = (("status", "i"), ("refusal", "i"), ("limit", "q"), ("found", "q"), ("reserved", "q"))
+REFUSAL_DTYPE = np.dtype([(name, "<" + fmt) for name, fmt in REFUSAL_FIELDS])  # a refused row's view
+assert REFUSAL_DTYPE.itemsize == RESULT_SIZE
+assert REFUSAL_DTYPE.fields["status"] == RESULT_DTYPE.fields["status"]
 assert HEADER.size <= HEADER_SIZE and SLOT_HEADER.size <= SLOT_HEADER_SIZE
 assert RESULT_SIZE == RESULT_ROW.size == 32
 assert SLOT_HEADER_DTYPE.fields["req_seq"][1] == 8 and SLOT_HEADER_DTYPE.fields["resp_count"][1] == 40

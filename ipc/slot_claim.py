@@ -53,6 +53,19 @@ def release_slot(fd: int) -> None:
         os.close(fd)
 
 
+def hold_if_free(run_dir: str | os.PathLike, index: int, *, prefix: str = DEFAULT_PREFIX) -> int | None:
+    """Hold slot `index` if no live process does (the fd; release with release_slot), else None:
+    its owner's reclaim, done while holding it so no claimant can take the slot meanwhile (one
+    that tries then takes another slot)."""
+    fd = _open_lock_file(slot_lock_path(run_dir, index, prefix=prefix))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def is_slot_owner_alive(run_dir: str | os.PathLike, index: int, *,
                         prefix: str = DEFAULT_PREFIX) -> bool:
     """True while some live process holds slot `index` (the supervisor's check)."""

@@ -20,7 +20,12 @@ The waiter table is its own small region (kind 'wait'), created by the superviso
     +80           4     waiting u32             set by the consumer, cleared by either side
     +84           44    reserved
 
-A consumer claims entry i with slot_claim (prefix 'waiter'), so a dead consumer frees it.
+A consumer claims entry i with slot_claim (prefix 'waiter'), so a dead consumer frees it. The
+flock is what tells a live consumer's semaphore from a dead one's (never the pid in the name,
+which another process may have by now): whoever holds entry i owns the names sem-wait-<i>-*. A
+consumer that claims an entry removes the names earlier holders left in it; the supervisor
+(`WaiterTable.reclaim_dead`, periodically) holds each free entry while it clears its identity
+and removes its names; at stop it removes every semaphore of its token (`unlink_all`).
 Wait protocol: consumer drains its semaphore, sets waiting, full fence, re-checks its condition,
 then sleeps. The notifier publishes its position, full fence, then posts every entry whose
 waiting flag is set, clearing the flag first. The fences make the handshake lose no wakeup;
@@ -35,6 +40,7 @@ import os
 import signal
 import struct
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,6 +56,7 @@ WAITER_MAGIC = b"MQSTWAIT"
 WAITER_LAYOUT_VERSION = 1
 WAITER_REGION_KIND = "wait"
 WAITER_LOCK_PREFIX = "waiter"
+WAITER_WAKEUP_KIND = "sem-wait"
 DEFAULT_WAITER_COUNT = 64
 WAITER_HEADER = struct.Struct("<8sII")
 WAITER_HEADER_SIZE = 64
@@ -68,7 +75,34 @@ def slot_wakeup_name(store_dir: str | os.PathLike, index: int) -> str:
 
 
 def waiter_wakeup_name(store_dir: str | os.PathLike, index: int, pid: int) -> str:
-    return region_name(store_dir, f"sem-wait-{index}-{pid}")
+    return region_name(store_dir, f"{WAITER_WAKEUP_KIND}-{index}-{pid}")
+
+
+def waiter_wakeup_names(store_dir: str | os.PathLike) -> dict[int, list[str]]:
+    """The consumers' semaphores of the store now in /dev/shm, by waiter-table entry."""
+    if not token_path(store_dir).exists():
+        return {}
+    prefix = "sem." + store_prefix(store_dir)[1:] + WAITER_WAKEUP_KIND + "-"
+    found: dict[int, list[str]] = defaultdict(list)
+    for entry in sorted(os.listdir(SHM_DIR)):
+        if not entry.startswith(prefix):
+            continue
+        index, _, pid = entry[len(prefix):].partition("-")
+        if index.isdigit() and pid.isdigit():
+            found[int(index)].append("/" + entry[len("sem."):])
+    return found
+
+
+def _unlink_names(names: list[str]) -> list[str]:
+    """Unlink these semaphores; the names that existed."""
+    removed = []
+    for name in names:
+        try:
+            posix_ipc.unlink_semaphore(name)
+        except posix_ipc.ExistentialError:
+            continue
+        removed.append(name)
+    return removed
 
 
 def unlink_all(store_dir: str | os.PathLike) -> list[str]:
@@ -76,16 +110,8 @@ def unlink_all(store_dir: str | os.PathLike) -> list[str]:
     if not token_path(store_dir).exists():
         return []  # no token, no semaphores: nothing of this store can be in /dev/shm
     prefix = "sem." + store_prefix(store_dir)[1:]
-    removed = []
-    for entry in sorted(os.listdir(SHM_DIR)):
-        if not entry.startswith(prefix):
-            continue
-        try:
-            posix_ipc.unlink_semaphore("/" + entry[len("sem."):])
-        except posix_ipc.ExistentialError:
-            continue
-        removed.append("/" + entry[len("sem."):])
-    return removed
+    return _unlink_names(["/" + entry[len("sem."):] for entry in sorted(os.listdir(SHM_DIR))
+                          if entry.startswith(prefix)])
 
 
 WAIT_SLICE_S = 0.1  # the longest a signal (Ctrl-C) waits for its handler during a Wakeup.wait
@@ -272,6 +298,25 @@ class WaiterTable:
         self._notify_cache[index] = wakeup
         return wakeup
 
+    def reclaim_dead(self, run_dir: str | os.PathLike) -> list[str]:
+        """Clear every entry no live consumer holds that a dead one left a semaphore in (the
+        semaphores, the entry's identity), holding the entry's flock meanwhile; returns the
+        names removed. A held entry is left alone: its consumer removed older names when it
+        claimed it. Only entries with names are looked at: a listing, not 64 seqlock reads."""
+        names = waiter_wakeup_names(self.store_dir)
+        removed: list[str] = []
+        for index in sorted(i for i in names if i < self.entry_count):
+            fd = slot_claim.hold_if_free(run_dir, index, prefix=WAITER_LOCK_PREFIX)
+            if fd is None:
+                continue
+            try:
+                self.waiting[index] = 0
+                seqlock.write_locked(self._buf, self.entry_offset(index), WAITER_IDENTITY, (0, b""))
+                removed += _unlink_names(names.get(index, []))
+            finally:
+                slot_claim.release_slot(fd)
+        return removed
+
     def close(self) -> None:
         for wakeup in self._notify_cache.values():
             wakeup.close()
@@ -299,10 +344,7 @@ class ConsumerWaiter:
         index, fd = slot_claim.claim_slot(run_dir, table.entry_count, prefix=WAITER_LOCK_PREFIX)
         try:
             name = waiter_wakeup_name(table.store_dir, index, os.getpid())
-            try:
-                posix_ipc.unlink_semaphore(name)  # our flock proves any namesake is stale
-            except posix_ipc.ExistentialError:
-                pass
+            _unlink_names(waiter_wakeup_names(table.store_dir).get(index, []))  # our flock: all stale
             wakeup = Wakeup.create(name)
         except BaseException:
             slot_claim.release_slot(fd)

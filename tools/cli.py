@@ -34,7 +34,7 @@ from engine.errors import (
 )
 from engine.owners import refuse_unsafe_parents
 from tools import client_commands, ops_commands, retention_commands
-from tools.logging_setup import setup_logging
+from tools.logging_setup import hold_records, open_store_log, setup_logging
 from tools.typo_hints import HintingParser
 from workers.child_env import child_env
 from workers.exit_codes import CliExit, cli_epilog
@@ -85,13 +85,8 @@ def refuse_changes_to(root: Path, args: argparse.Namespace):
 
 # ---------------------------------------------------------------------------------- start/stop
 def cmd_start(args: argparse.Namespace) -> int:
-    from engine.store_dir import (
-        StoreKind,
-        create_store_dir,
-        inspect_store_dir,
-        refuse_foreign_store,
-    )
-    from tools.start_settings import load_settings
+    from engine.store_dir import StoreKind, create_store_dir, inspect_store_dir, refuse_foreign_store
+    from tools.start_settings import asked_store_settings, fit_body_limit, load_settings
     from workers.supervisor import Supervisor
 
     os.umask(0o077)
@@ -102,15 +97,21 @@ def cmd_start(args: argparse.Namespace) -> int:
         return _start_detached(args, root)
     ready_fd = args.ready_fd  # the --ready-fd pipe while open: on_ready closes it
     try:
+        setup_logging("supervisor", to_stderr=args.ready_fd is None)
+        held = hold_records("supervisor")  # the store's log is not ours before its lock is
         kind = inspect_store_dir(root)
         if kind is StoreKind.NEW:
+            config = fit_body_limit(config, config.commitlog_file_size, asked_store_settings(args))
             create_store_dir(root, config)
         elif kind is StoreKind.MQSTORE:
-            refuse_changes_to(root, args)
-        else:  # before the log file: a foreign store keeps every byte and every name
+            meta = refuse_changes_to(root, args)
+            config = fit_body_limit(config, meta.commitlog_file_size, asked_store_settings(args))
+        else:  # a foreign store keeps every byte and every name
             refuse_foreign_store(root, "start would write it")
-        setup_logging("supervisor", root, rotate=True, to_stderr=args.ready_fd is None)
-        log_fatal_signals(root)
+
+        def on_locked() -> None:  # the store is this supervisor's now, and so is its log
+            open_store_log("supervisor", root, held)
+            log_fatal_signals(root)
 
         def on_ready(sup: Supervisor) -> None:
             nonlocal ready_fd
@@ -123,7 +124,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                 print(f"mqstore ready: store {root}, pid {os.getpid()} "
                       f"(Ctrl-C or `mqstore stop --store {root}` stops it)", flush=True)
 
-        return Supervisor(root, config, settings, on_ready=on_ready).run()
+        return Supervisor(root, config, settings, on_locked=on_locked, on_ready=on_ready).run()
     except Exception as exc:  # a StoreError, EMFILE, a bug: the log and `start --detach` name it
         message = str(exc) if isinstance(exc, StoreError) else f"{type(exc).__name__}: {exc}"
         log.error("supervisor failed: %s", message, exc_info=not isinstance(exc, StoreError))
@@ -215,11 +216,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         return "  ".join(f"{k}={v}" for k, v in data.items() if v not in (None, ""))
 
     if args.json:
-        print(json.dumps(findings_to_json(findings), indent=2))
+        print(json.dumps({"findings": findings_to_json(findings), "pending_records": summary.pending_records,
+                          "pending": findings_to_json(list(summary.pending))}, indent=2))
     else:
         for data in findings_to_json(findings):
             print(line(data))
-        print(f"{len(findings)} finding(s)" if findings else "store is consistent")
+        if summary.pending_records:  # a crash's undispatched tail: the next start's work, not damage
+            print(f"recovery pending: {summary.pending_records} records past the dispatched position; "
+                  "a start re-dispatches them")
+        print(f"{len(findings)} finding(s)" if findings else
+              "no findings" if summary.pending_records else "store is consistent")
     for data in findings_to_json(list(summary.accepted)):  # known damage, kept on purpose: no finding
         print(line(data), file=sys.stderr)
     return CliExit.FAILED if findings else CliExit.OK
@@ -426,12 +432,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] in DELEGATED:
             rest = take_log_level(argv[1:])
-            setup_logging("cli", None, level=logging.WARNING)
+            setup_logging("cli", level=logging.WARNING)
             return run_delegated(argv[0], rest)
         args = build_parser().parse_args(argv)
         use_log_level(args.log_level)
         if args.command not in ("start",):
-            setup_logging("cli", None, level=logging.WARNING)
+            setup_logging("cli", level=logging.WARNING)
         return int(args.func(args))
     except CliError as exc:
         print(f"mqstore: error: {exc}", file=sys.stderr)

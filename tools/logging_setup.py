@@ -1,8 +1,12 @@
 """Logging for the `mqstore` processes: stderr plus a rotating file in the store directory.
 
 The supervisor owns rotation (RotatingFileHandler on <store>/mqstore.log). Its children append
-to the same file through a WatchedFileHandler, which reopens the file after the supervisor
-rotated it; each line carries the process role and pid, and O_APPEND keeps lines whole.
+to the same file through a WatchedFileHandler (workers.child), which reopens the file after the
+supervisor rotated it; each line carries the process role and pid, and O_APPEND keeps lines whole.
+
+A supervisor writes the store's log only once it holds the store's lock: until then the log
+may be another supervisor's (a second `start` is refused at the lock), so `hold_records` keeps
+its lines in memory and `open_store_log` writes them to the file once the store is its own.
 """
 
 from __future__ import annotations
@@ -31,35 +35,44 @@ class _RoleFilter(logging.Filter):
         return True
 
 
-def setup_logging(role: str, store_dir: str | Path | None = None, *, level: int = logging.INFO,
-                  rotate: bool = False, to_stderr: bool = True) -> None:
-    """Route the root logger to stderr and, when the store directory exists, to its log file.
+def setup_logging(role: str, *, level: int = logging.INFO, to_stderr: bool = True) -> None:
+    """Route the root logger to stderr (a supervisor adds the store's log with open_store_log).
 
     `level` applies unless the environment names one (MQSTORE_LOG_LEVEL, set by `--log-level`).
-    `rotate` is for the supervisor only: children must not rotate a file others write.
     """
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
         handler.close()
     root.setLevel(env_log_level(level))
-    role_filter = _RoleFilter(role)
     if to_stderr:
         stream = logging.StreamHandler(sys.stderr)
         stream.setFormatter(logging.Formatter(STDERR_FORMAT, "%H:%M:%S"))
-        stream.addFilter(role_filter)
+        stream.addFilter(_RoleFilter(role))
         root.addHandler(stream)
-    if store_dir is not None and Path(store_dir).is_dir():
-        path = Path(store_dir) / LOG_FILE
-        if rotate:
-            handler = logging.handlers.RotatingFileHandler(path, maxBytes=MAX_LOG_BYTES,
-                                                           backupCount=BACKUP_COUNT)
-        else:
-            handler = logging.handlers.WatchedFileHandler(path)
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler.addFilter(role_filter)
-        root.addHandler(handler)
-        try:
-            path.chmod(0o600)
-        except OSError:
-            pass
+
+
+def hold_records(role: str) -> logging.handlers.MemoryHandler:
+    """Keep every log record from now on in memory (beside stderr), for `open_store_log`."""
+    held = logging.handlers.MemoryHandler(capacity=1 << 30, flushLevel=logging.CRITICAL + 1)
+    held.addFilter(_RoleFilter(role))
+    logging.getLogger().addHandler(held)
+    return held
+
+
+def open_store_log(role: str, store_dir: str | Path, held: logging.handlers.MemoryHandler) -> None:
+    """Start writing the store's log, the held records first. The supervisor's handler rotates
+    the file; its children reopen it after a rotation (workers.child)."""
+    path = Path(store_dir) / LOG_FILE
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=MAX_LOG_BYTES, backupCount=BACKUP_COUNT)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.addFilter(_RoleFilter(role))
+    try:
+        path.chmod(0o600)
+    except OSError:
+        pass
+    root = logging.getLogger()
+    root.removeHandler(held)
+    held.setTarget(handler)
+    held.close()  # flushes the held records into the file
+    root.addHandler(handler)

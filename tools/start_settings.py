@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import typing
 
 from engine.config import (
     StoreConfig,
     check_setting_types,
     config_from_tables,
+    max_body_room_bytes,
     parse_flush_policy,
     read_config_tables,
+    refuse_unfit_body_limit,
     store_table,
 )
 from workers.restart_policy import RestartSettings
 from workers.supervisor import SupervisorSettings
 
 RESTART_PREFIX = "restart_"
+
+log = logging.getLogger(__name__)
 
 
 def supervisor_setting_types() -> dict[str, type]:
@@ -69,3 +74,20 @@ def asked_store_settings(args: argparse.Namespace) -> dict[str, tuple[object, st
     if getattr(args, "index_shards", None) is not None:
         asked["index_shards"] = (args.index_shards, "--index-shards")
     return asked
+
+
+def fit_body_limit(config: StoreConfig, segment_bytes: int, asked: dict[str, tuple[object, str]]
+                   ) -> StoreConfig:
+    """`config` with a max_body_bytes a commitlog segment of `segment_bytes` holds, before anything
+    is written: an asked limit that does not fit is refused (BadInputError); the default is
+    lowered to what fits, and the log says so (a store made with small segments starts)."""
+    if "max_body_bytes" in asked:
+        refuse_unfit_body_limit(config.replace(commitlog_file_size=segment_bytes))
+        return config
+    room_bytes = max_body_room_bytes(segment_bytes)
+    if config.max_body_bytes <= room_bytes:
+        return config
+    log.warning("max_body_bytes: the default %d does not fit a commitlog segment of %d bytes; "
+                "%d is used (bodies of at most that are accepted)", config.max_body_bytes,
+                segment_bytes, room_bytes)
+    return config.replace(max_body_bytes=room_bytes)

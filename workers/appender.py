@@ -53,9 +53,18 @@ from engine.config import FlushPolicy, StoreConfig
 from engine.errors import BadInputError, DiskFullError, StoreError
 from engine.filesystem import disk_usage_ratio
 from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS
+from engine.refusal import Refusal
 from engine.retention import is_disk_full
 from engine.status import PUT_OK_CODE, PutStatus
-from ipc.mailbox import RESULT_DTYPE, RESULT_ROW, RESULT_SIZE, MailboxServer, PendingRequest, RequestFlag
+from ipc.mailbox import (
+    REFUSAL_DTYPE,
+    RESULT_DTYPE,
+    RESULT_ROW,
+    RESULT_SIZE,
+    MailboxServer,
+    PendingRequest,
+    RequestFlag,
+)
 from ipc.put_latency import LatencyTally
 from workers.flush_waiters import FlushWaiters, Waiting, set_status, status_rows
 from workers.group_commit import GroupCommit
@@ -342,14 +351,17 @@ class Appender:
             log.warning("slot %d (pid %d): malformed request: %s", request.slot_index,
                         request.owner_pid, exc)
             results["status"] = PutStatus.MESSAGE_ILLEGAL
+            results.view(REFUSAL_DTYPE)["refusal"] = Refusal.MALFORMED_REQUEST
             self._count_failed(PutStatus.MESSAGE_ILLEGAL, request.count)
             return None
+        if not checked.reasons:
+            return checked
+        refusals = results.view(REFUSAL_DTYPE)  # a refused row carries why (engine.refusal)
         for i, reason in checked.reasons.items():
             log.warning("slot %d (pid %d): record %d refused: %s", request.slot_index,
                         request.owner_pid, i, reason)
-        if checked.reasons:
-            results["status"][~checked.ok] = PutStatus.MESSAGE_ILLEGAL
-            self._count_failed(PutStatus.MESSAGE_ILLEGAL, len(checked.reasons))
+            refusals[i] = (PutStatus.MESSAGE_ILLEGAL, reason.refusal, reason.limit, reason.found, 0)
+        self._count_failed(PutStatus.MESSAGE_ILLEGAL, len(checked.reasons))
         return checked
 
     def _append(self, data: memoryview, batch: list[_Served], taken_ns: int) -> int:

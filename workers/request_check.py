@@ -8,8 +8,9 @@ stamp_record overwrites), its BODYCRC matches its body, its topic is valid and i
 are UTF-8, and it meets what is asked of a producer's record here: TOTALSIZE the bytes it
 occupies, magic v1 with IPv4 hosts, a queue id in range, a body within the maximum, no
 transaction PREPARED or ROLLBACK bit, a fit in one segment and the reserved __CRC32C slot ending
-its properties. Anything else raises BadInputError: the record gets MESSAGE_ILLEGAL and never
-reaches the log.
+its properties. Anything else raises RecordRefusedError: the record gets MESSAGE_ILLEGAL and
+never reaches the log, its answer row carrying the refusal's code (engine.refusal), so the
+producer's error says why.
 
 `check` is the rule, record by record (struct, structure's scalar form); `check_request` runs
 it on each record of a small request (up to stamp_many.STRUCT_PATH_MAX_RECORDS, where numpy's
@@ -31,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engine.errors import BadInputError, CorruptRecordError
+from engine.errors import BadInputError, CorruptRecordError, RecordRefusedError
 from engine.formats.crc32c_property import CRC32C_PREFIX, CRC32C_PROP_SIZE, CRC32C_RESERVED
 from engine.formats.properties import SEP_PROP
 from engine.formats.record.arrays import crc32_each, int_view
@@ -55,6 +56,7 @@ from engine.formats.record.spans import walk_chain
 from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, StampableRecords
 from engine.formats.record.structure import locate_parts
 from engine.naming import validate_topic
+from engine.refusal import Refusal, refused
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
 _I32 = struct.Struct(">i")  # BODYLENGTH
@@ -93,7 +95,7 @@ class CheckedRequest(NamedTuple):
     ok: np.ndarray  # bool
     topics: list[str | None]  # None where not ok
     queue_ids: np.ndarray  # int64, -1 where not ok
-    reasons: dict[int, str]  # why each rejected record was rejected
+    reasons: dict[int, RecordRefusedError]  # why each rejected record was rejected
 
     @property
     def good_rows(self) -> np.ndarray | slice:
@@ -153,46 +155,45 @@ class RecordChecker:
         self._word_rules = _header_word_rules(max_body_bytes, queue_count, self.max_record_bytes)
 
     def check(self, record: memoryview) -> tuple[str, int]:
-        """(topic, queue_id) of a well-formed record; BadInputError naming what is wrong."""
+        """(topic, queue_id) of a well-formed record; RecordRefusedError naming what is wrong."""
         return self._check_at(record, 0, len(record))
 
     def _check_at(self, view: memoryview, start: int, size: int) -> tuple[str, int]:
         """`check` of the record of `size` bytes at view[start:]."""
         if size < _MIN_RECORD_BYTES:
-            raise BadInputError("record", f"{size} bytes is too short for a record")
+            raise refused(Refusal.TOO_SHORT, limit=_MIN_RECORD_BYTES, found=size)
         if size > self.max_record_bytes:
-            raise BadInputError("record", f"{size} bytes does not fit a commitlog segment")
+            raise refused(Refusal.SEGMENT_FIT, limit=self.max_record_bytes, found=size)
         fields = _HEADER.unpack_from(view, start)
         if fields[_F_TOTAL] != size:
-            raise BadInputError("record", f"TOTALSIZE {fields[_F_TOTAL]} but {size} bytes")
+            raise refused(Refusal.TOTAL_SIZE, limit=size, found=fields[_F_TOTAL])
         if fields[_F_MAGIC] != MAGIC_V1:
-            raise BadInputError("record", f"magic 0x{fields[_F_MAGIC]:08X} is not message version 1")
+            raise refused(Refusal.MAGIC, found=fields[_F_MAGIC])
         sys_flag, queue_id, body_len = fields[_F_SYS_FLAG], fields[_F_QUEUE_ID], fields[_F_BODY_LENGTH]
         if sys_flag & HOSTS_V6 or sys_flag < 0:
-            raise BadInputError("record", "IPv6 host flags are not accepted from producers")
+            raise refused(Refusal.IPV6_HOSTS, found=sys_flag)
         if sys_flag & _TX_HALF_OR_ROLLBACK:
-            raise BadInputError("record", f"SYSFLAG 0x{sys_flag:X} marks a transaction PREPARED or "
-                                "ROLLBACK record; mqstore stores no transactional half messages")
+            raise refused(Refusal.TRANSACTION, found=sys_flag)
         if not 0 <= queue_id < self.queue_count:
-            raise BadInputError("queue_id", f"{queue_id} is outside 0..{self.queue_count - 1}")
+            raise refused(Refusal.QUEUE_ID, limit=self.queue_count, found=queue_id)
         if not 0 <= body_len <= self.max_body_bytes:
-            raise BadInputError("body", f"BODYLENGTH {body_len} exceeds {self.max_body_bytes}")
+            raise refused(Refusal.BODY_SIZE, limit=self.max_body_bytes, found=body_len)
         body_pos, end = start + BODY_OFFSET, start + size
         try:  # the codec's structural rules; PHYSICALOFFSET is stamped later, so it is not one
             body_end, topic_pos, props_pos = locate_parts(view, start, size, MAGIC_V1, body_pos,
                                                           body_len, start)
         except CorruptRecordError as exc:
-            raise BadInputError("record", exc.reason) from None
+            raise refused(Refusal.STRUCTURE, detail=exc.reason) from None
         crc_pos = end - CRC32C_PROP_SIZE
         if crc_pos < props_pos or view[crc_pos:crc_pos + len(CRC32C_PREFIX)] != CRC32C_PREFIX \
                 or view[end - 1] != _CRC32C_SEPARATOR:
-            raise BadInputError("record", "properties do not end with the reserved __CRC32C slot")
+            raise refused(Refusal.CRC32C_SLOT)
         if zlib.crc32(view[body_pos:body_end]) & BODY_CRC_MASK != fields[_F_BODY_CRC]:
-            raise BadInputError("body", "BODYCRC does not match the body")
+            raise refused(Refusal.BODY_CRC)
         try:
             str(view[props_pos:crc_pos], "utf-8")
         except UnicodeDecodeError:
-            raise BadInputError("properties", "are not valid UTF-8") from None
+            raise refused(Refusal.PROPERTIES_UTF8) from None
         return self._topic(bytes(view[topic_pos:props_pos - PROPERTIES_LENGTH_SIZE])), queue_id
 
     def check_request(self, data: bytearray | memoryview, count: int) -> CheckedRequest:
@@ -229,12 +230,12 @@ class RecordChecker:
         """check_request record by record."""
         topics: list[str | None] = []
         queue_ids: list[int] = []
-        reasons: dict[int, str] = {}
+        reasons: dict[int, RecordRefusedError] = {}
         for i, (start, size) in enumerate(zip(starts, sizes, strict=True)):
             try:
                 topic, queue_id = self._check_at(view, start, size)
-            except BadInputError as exc:
-                reasons[i] = str(exc)
+            except RecordRefusedError as exc:
+                reasons[i] = exc
                 topic, queue_id = None, -1
             topics.append(topic)
             queue_ids.append(queue_id)
@@ -284,7 +285,7 @@ class RecordChecker:
         ok &= (crc32_each(data, body_pos, topic_len_pos) & BODY_CRC_MASK) == fields[:, _BODY_CRC_WORD]
         topics: list[str | None] = [topic] * len(starts)
         queue_ids = fields[:, _QUEUE_ID_WORD].astype(np.int64)
-        reasons: dict[int, str] = {}
+        reasons: dict[int, RecordRefusedError] = {}
         if not ok.all():
             self._recheck(view, starts, sizes, np.flatnonzero(~ok).tolist(), ok, topics, queue_ids,
                           reasons)
@@ -292,16 +293,16 @@ class RecordChecker:
 
     def _recheck(self, view: memoryview, starts: list[int], sizes: list[int], rows: list[int],
                  ok: np.ndarray, topics: list[str | None], queue_ids: np.ndarray,
-                 reasons: dict[int, str]) -> None:
+                 reasons: dict[int, RecordRefusedError]) -> None:
         """`check` the records the batch path did not accept: each is accepted after all or
         refused with its reason."""
         for i in rows:
             try:
                 topics[i], queue_ids[i] = self._check_at(view, starts[i], sizes[i])
                 ok[i] = True
-            except BadInputError as exc:
+            except RecordRefusedError as exc:
                 topics[i], queue_ids[i] = None, -1
-                reasons[i] = str(exc)
+                reasons[i] = exc
 
     def _topic(self, raw: bytes) -> str:
         topic = self._topics.get(raw)
@@ -309,7 +310,9 @@ class RecordChecker:
             try:
                 topic = validate_topic(raw.decode("utf-8"))
             except UnicodeDecodeError:
-                raise BadInputError("topic", "is not valid UTF-8") from None
+                raise refused(Refusal.TOPIC, detail="is not valid UTF-8") from None
+            except BadInputError as exc:
+                raise refused(Refusal.TOPIC, detail=exc.reason) from None
             if len(self._topics) >= _MAX_TOPIC_CACHE:
                 self._topics.clear()
             self._topics[raw] = topic

@@ -33,6 +33,7 @@ from ipc.control_block import (
     remove_stale,
 )
 from ipc.mailbox import MailboxServer
+from ipc.run_info import run_dir
 from ipc.shm import forget_shm_token, issue_shm_token, unlink_stale_regions
 from ipc.wakeup import WaiterTable, unlink_all
 
@@ -124,14 +125,27 @@ class SharedState:
             raise
         return cls(ctl, waiters, server, Path(store_dir))
 
+    def reclaim_dead_consumers(self) -> list[str]:
+        """Remove the waiter entries and semaphores of consumers that died (SIGKILL, SIGTERM)."""
+        return self.waiters.reclaim_dead(run_dir(self.store_dir))
+
     def destroy(self) -> None:
-        """Unlink and unmap everything, then forget the names (the supervisor's last act)."""
+        """Unlink and unmap everything, then forget the names (the supervisor's last act). The
+        token's namespace ends here: every semaphore under it goes, consumers' too (a live one
+        keeps its open handle; a dead one's would otherwise stay in /dev/shm for good)."""
         for thing in (self.server, self.waiters, self.ctl):
             try:
                 thing.unlink()
             except Exception:
                 log.exception("could not unlink %r", thing)
             thing.close()
+        try:
+            left = unlink_all(self.store_dir)
+        except Exception:
+            log.exception("could not remove the store's semaphores")
+        else:
+            if left:
+                log.info("removed %d consumer semaphores at stop", len(left))
         try:
             forget_shm_token(self.store_dir)
         except OSError as exc:  # a failed disk: the next start or `recover` removes it

@@ -5,17 +5,19 @@ Start order (each step only after the previous one succeeded):
 1. open the store with engine.store_open.open_store, the sequence MessageStore.open runs too:
    classify the directory (a RocketMQ store or anything else is refused), create a new store's
    layout, check store.json, take the store lock (a second supervisor is refused); then, under
-   the lock, wait out and remove what a crashed previous supervisor left (children, shared
-   memory); recover (logging progress and the report) and create `abort` (present until a
-   clean stop removes it); keep the commitlog open for writing and hand the derived files to
-   the children (Dispatch.CHILD_PROCESSES);
+   the lock, start writing the store's log (on_locked: a refused start writes nothing there),
+   wait out and remove what a crashed previous supervisor left (children, shared memory);
+   recover (logging progress and the report) and create `abort` (present until a clean stop
+   removes it); keep the commitlog open for writing and hand the derived files to the children
+   (Dispatch.CHILD_PROCESSES);
 2. create the shared memory (owner-only) with every position at the recovery cut;
 3. start the flush thread, the dispatcher and one index builder per shard, and wait for them
    to boot;
 4. write run/supervisor.json, mark the store READY (producers are admitted), say so.
 
 Then the loop: serve producer requests (Appender), watch children (exit, heartbeat) and restart
-them within the restart budget, and handle queued signals. The checkpoint (every
+them within the restart budget, remove what dead consumers left in the waiter table (every
+RECLAIM_INTERVAL_S), and handle queued signals. The checkpoint (every
 cq_flush_interval_ms, from the durable positions the children publish) and run/supervisor.json
 updates are written by the metadata thread (workers.metadata_writer), so a disk stall never
 delays the answers and a full disk never stops the store.
@@ -61,6 +63,7 @@ from workers.retention_runner import RetentionRunner
 from workers.shared_state import SharedState, cleanup_stale
 
 SUPERVISE_INTERVAL_S = 0.1
+RECLAIM_INTERVAL_S = 1.0  # how often what dead consumers left in the waiter table is removed
 MAX_WAIT_S = 0.05
 PROGRESS_INTERVAL_S = 2.0
 
@@ -105,10 +108,12 @@ def _logged_cause(root: Path, pid: int | None) -> str:
 class Supervisor:
     def __init__(self, root: str | Path, config: StoreConfig | None = None,
                  settings: SupervisorSettings | None = None, *,
+                 on_locked: Callable[[], None] | None = None,
                  on_ready: Callable[[Supervisor], None] | None = None):
         self.root = Path(root)
         self.config = config or StoreConfig()
         self.settings = settings or SupervisorSettings()
+        self.on_locked = on_locked  # first thing once the store's lock is held (its log opens)
         self.on_ready = on_ready
         self.report: RecoveryReport | None = None
         self.open_lines: list[str] = []  # what opening the store did (OpenedStore.summary_lines)
@@ -201,7 +206,10 @@ class Supervisor:
             self.on_ready(self)
 
     def _clear_stale(self) -> None:
-        """Under the lock: wait out and remove what a crashed previous supervisor left."""
+        """Under the lock: on_locked, then wait out and remove what a crashed previous supervisor
+        left."""
+        if self.on_locked is not None:
+            self.on_locked()
         self._generation = cleanup_stale(self.root) + 1
 
     def _start_children(self) -> None:
@@ -247,7 +255,7 @@ class Supervisor:
         """The loop: requests, children, signals; returns when asked to stop."""
         ctl = self._shared.ctl
         appender, server = self._appender, self._shared.server
-        next_supervise = time.monotonic()
+        next_supervise = next_reclaim = time.monotonic()
         while self.stop_reason is None:
             timeout = MAX_WAIT_S
             deadline = appender.next_deadline()
@@ -269,6 +277,15 @@ class Supervisor:
                 self._supervise_children(now)
                 self._retention.run_if_due(now)
                 next_supervise = now + SUPERVISE_INTERVAL_S
+            if now >= next_reclaim:
+                self._reclaim_dead_consumers()
+                next_reclaim = now + RECLAIM_INTERVAL_S
+
+    def _reclaim_dead_consumers(self) -> None:
+        removed = self._shared.reclaim_dead_consumers()
+        if removed:
+            log.info("removed the semaphores of %d consumers that died: %s", len(removed),
+                     ", ".join(removed))
 
     def _on_flushed(self) -> None:
         """Called by the flush thread after each flush (or its failure): answer the producers

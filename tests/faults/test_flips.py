@@ -128,7 +128,7 @@ def test_rebuild_after_a_flip_in_a_middle_record_cuts_there_and_quarantines_the_
     flip_byte(path, file_pos + size // 2)
     checked = _cli("check", "--store", str(root), "--json")
     assert checked.returncode == 1, (checked.stdout, checked.stderr)
-    findings = json.loads(checked.stdout)
+    findings = json.loads(checked.stdout)["findings"]
     assert {"kind": FindingKind.CORRUPT_RECORD.value, "pos": commit_pos} in [
         {"kind": f["kind"], "pos": f["pos"]} for f in findings], findings
     tail = _log_bytes(root)[commit_pos:].rstrip(b"\0")

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from engine.formats.msg_id import make_msg_id
+from engine.refusal import Refusal
 from engine.status import PUT_OK_CODE, SERVICE_NOT_AVAILABLE_CODE, PutResult, PutStatus
 from ipc.batch_result import BatchResult, BatchResultBuilder, failed_rows
-from ipc.mailbox import RESULT_DTYPE
+from ipc.mailbox import REFUSAL_DTYPE, RESULT_DTYPE
 
 STORE_HOST = ("127.0.0.1", 10911)
 PREFIX = make_msg_id(STORE_HOST, 0)[:-16]
@@ -17,6 +18,19 @@ PREFIX = make_msg_id(STORE_HOST, 0)[:-16]
 def rows(*spec) -> np.ndarray:
     """(status, queue_id, commit_pos, queue_offset, store_ts_ms) tuples as answer rows."""
     return np.array(list(spec), dtype=RESULT_DTYPE)
+
+
+def test_a_refused_row_carries_the_supervisor_reason_into_the_result():
+    answer = rows((0, 1, 500, 7, 99), (2, 0, 0, 0, 0), (2, 0, 0, 0, 0))
+    refusals = answer.view(REFUSAL_DTYPE)
+    refusals[1] = (PutStatus.MESSAGE_ILLEGAL, Refusal.SEGMENT_FIT, 65528, 70123, 0)
+    refusals[2] = (PutStatus.MESSAGE_ILLEGAL, 999, 0, 0, 0)  # a code this producer does not know
+    result = BatchResult(answer, {}, PREFIX)
+    words = ("invalid record: 70123 bytes does not fit a commitlog segment, which holds records "
+             "of at most 65528 bytes")
+    assert result[1] == PutResult(PutStatus.MESSAGE_ILLEGAL, reason=words) and result.reason(1) == words
+    assert result.reason(2) == "the supervisor refused the record (reason code 999)"
+    assert result.reason(0) is None
 
 
 def test_results_are_built_like_the_message_path():

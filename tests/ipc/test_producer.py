@@ -20,10 +20,11 @@ from engine.errors import (
 )
 from engine.formats.record import encode_record
 from engine.message import Message
+from engine.refusal import Refusal
 from engine.status import PutStatus
 from ipc.consumer import Consumer
 from ipc.control_block import Role
-from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
+from ipc.mailbox import REFUSAL_DTYPE, Mailbox, ProducerSlot, RequestFlag
 from ipc.producer import Producer
 from ipc.run_info import run_dir
 from ipc.shm import region_name
@@ -178,15 +179,34 @@ def test_garbage_request_is_refused_by_the_supervisor(store):
             seq = slot.write_request([bytes(garbage), bytes(good)], flags=RequestFlag.WAIT_FOR_FLUSH)
             results = slot.wait_response(seq, 10, ctl.supervisor_alive)
             assert [PutStatus(s) for s in results["status"]] == [PutStatus.MESSAGE_ILLEGAL, PutStatus.PUT_OK]
+            assert results.view(REFUSAL_DTYPE)["refusal"][0] == Refusal.BODY_CRC  # the row says why
             assert ctl.written_pos == before + len(good)
             seq = slot.write_request(b"\x00\x00\x00\x09garbage!", count=1)  # framing garbage
             results = slot.wait_response(seq, 10, ctl.supervisor_alive)
             assert PutStatus(results["status"][0]) is PutStatus.MESSAGE_ILLEGAL
+            assert results.view(REFUSAL_DTYPE)["refusal"][0] == Refusal.MALFORMED_REQUEST
             assert ctl.written_pos == before + len(good)
         finally:
             slot.release()
             mailbox.close()
 
+
+
+def test_a_record_the_supervisor_refuses_carries_its_reason_to_the_producer(tmp_path):
+    """A body within max_body_bytes whose properties make the record too big for a segment
+    passes the producer's checks; the supervisor's refusal names why, in the producer's error."""
+    running = start_store(tmp_path / "store", store={"max_body_bytes": 60_000})  # 64 KiB segments
+    try:
+        with Producer(running.root) as producer, running.ctl() as ctl:
+            before = ctl.written_pos
+            result = producer.send("BIG", b"b" * 60_000, properties={"big": "v" * 8000})
+            assert result.status is PutStatus.MESSAGE_ILLEGAL
+            assert "does not fit a commitlog segment, which holds records of at most" in result.reason
+            assert ctl.written_pos == before
+            assert producer.send("BIG", b"b" * 60_000).ok  # the limit itself fits
+    finally:
+        assert running.stop() == 0
+    assert_check_clean(running.root)
 
 
 def test_transaction_half_and_rollback_records_are_refused_and_the_store_stays_up(store):

@@ -20,6 +20,8 @@ from ipc.wakeup import (
     Wakeup,
     supervisor_wakeup_name,
     unlink_all,
+    waiter_wakeup_name,
+    waiter_wakeup_names,
 )
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -173,3 +175,47 @@ def test_unlink_all_removes_every_semaphore_of_the_store_and_no_other(store_dir,
     waiter.close()
     table.close()
     server.close()
+
+
+@pytest.mark.slow
+def test_reclaim_dead_clears_a_killed_consumer_entry_and_keeps_a_live_one(store_dir):
+    """Liveness is the entry's flock, not the pid in a name: a name whose pid is alive (pid 1)
+    in an entry nobody holds goes; the live consumer's entry and semaphore stay and still work."""
+    table = WaiterTable.create(store_dir, entry_count=4)
+    run_dir = store_dir / "run"
+    live = ConsumerWaiter.register(table, run_dir)  # first: the child cannot take its entry
+    child = SPAWN.Process(target=child_register_and_hang, args=(str(store_dir), str(run_dir)))
+    child.start()
+    wait_until(lambda: any(e.pid == child.pid for e in table.registered()), 30, "consumer registered")
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(10)
+    dead_name = next(e.sem_name for e in table.registered() if e.pid == child.pid)
+    free = ({0, 1, 2, 3} - {e.index for e in table.registered()}).pop()
+    reused = Wakeup.create(waiter_wakeup_name(store_dir, free, 1))  # pid 1 lives: not proof
+    reused.close()
+    assert {dead_name, live.wakeup.name, reused.name} <= set(_names(waiter_wakeup_names(store_dir)))
+    removed = table.reclaim_dead(run_dir)
+    assert sorted(removed) == sorted([dead_name, reused.name])
+    assert _names(waiter_wakeup_names(store_dir)) == [live.wakeup.name]
+    assert [(e.index, e.pid) for e in table.registered()] == [(live.index, os.getpid())]
+    table.waiting[live.index] = 1
+    assert table.notify_waiters() == 1 and live.wakeup.wait(1.0)
+    assert table.reclaim_dead(run_dir) == []
+    live.close()
+    table.close()
+    table.unlink()
+
+
+def test_register_removes_the_names_earlier_holders_left_in_its_entry(store_dir):
+    table = WaiterTable.create(store_dir, entry_count=1)
+    left = Wakeup.create(waiter_wakeup_name(store_dir, 0, 1))  # a holder that died, its pid reused
+    left.close()
+    with ConsumerWaiter.register(table, store_dir / "run") as waiter:
+        assert _names(waiter_wakeup_names(store_dir)) == [waiter.wakeup.name]
+    assert waiter_wakeup_names(store_dir) == {}
+    table.close()
+    table.unlink()
+
+
+def _names(by_entry: dict[int, list[str]]) -> list[str]:
+    return sorted(name for names in by_entry.values() for name in names)

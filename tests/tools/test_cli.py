@@ -11,10 +11,18 @@ import sys
 
 import pytest
 
-from engine.store_dir import holder_pid
+from engine.config import StoreConfig
+from engine.store_dir import create_store_dir, holder_pid
 from tests.conftest import ROCKETMQ_SAMPLES
 from tests.helpers import snapshot
-from tests.workers.store_harness import assert_check_clean, cli, start_store, wait_for, write_config
+from tests.workers.store_harness import (
+    SMALL_STORE,
+    assert_check_clean,
+    cli,
+    start_store,
+    wait_for,
+    write_config,
+)
 from workers.child_env import REPO_ROOT, child_env
 
 
@@ -158,9 +166,30 @@ def test_non_utf8_key_and_tag_exit_2(running):
 
 
 @pytest.mark.slow
-def test_second_start_is_refused(running):
+def test_second_start_is_refused_and_writes_nothing_into_the_running_store_log(running):
+    log_path = running.root / "mqstore.log"
+    before = log_path.read_bytes()
     assert_one_line_error(cli("start", "--store", str(running.root)), 4,
                           f"already in use by pid {running.proc.pid}")
+    assert log_path.read_bytes() == before  # the log is the running supervisor's, not the refused one's
+
+
+def test_start_refuses_a_body_limit_no_segment_holds_and_creates_nothing(tmp_path):
+    store = tmp_path / "store"
+    config = write_config(tmp_path / "big-body.toml", {"max_body_bytes": 64 * 1024})  # 64 KiB segments
+    assert_one_line_error(cli("start", "--store", str(store), "--config", str(config)), 2,
+                          "invalid max_body_bytes: 65536 does not fit a commitlog segment of 65536 bytes")
+    assert not store.exists()
+
+
+def test_start_refuses_a_body_limit_past_an_existing_store_segment_and_changes_nothing(tmp_path):
+    store = tmp_path / "store"
+    create_store_dir(store, StoreConfig(**SMALL_STORE))  # its segment size is frozen: 64 KiB
+    before = snapshot(store)
+    config = write_config(tmp_path / "big-body.toml", {"max_body_bytes": 1 << 20})
+    assert_one_line_error(cli("start", "--store", str(store), "--config", str(config)), 2,
+                          "segment of 65536 bytes, whose records carry bodies of at most")
+    assert snapshot(store) == before
 
 
 def test_not_a_store_and_newer_version_exit_2(tmp_path):

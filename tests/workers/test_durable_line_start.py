@@ -126,7 +126,7 @@ def test_missing_commitlog_refuses_start_and_keeps_the_queues(tmp_path):
 @pytest.mark.slow
 def test_missing_first_segment_refuses_start_until_a_rebuild_accepts_the_loss(tmp_path):
     root = tmp_path / "store"
-    config = write_config(tmp_path / "store.toml", {"commitlog_file_size": 4096})
+    config = write_config(tmp_path / "store.toml", {"commitlog_file_size": 4096, "max_body_bytes": 1024})
     assert cli("start", "--store", str(root), "--config", str(config), "--detach").returncode == 0
     send(root, 80)  # ~20 segments
     assert cli("stop", "--store", str(root)).returncode == 0

@@ -91,7 +91,7 @@ def test_check_request_batch_agrees_with_the_record_check():
     assert checked.ok.tolist() == [True, True, False, False, False, False]
     assert checked.topics[:2] == ["T1", "T2"] and checked.queue_ids[:2].tolist() == [1, 3]
     assert set(checked.reasons) == {2, 3, 4, 5}
-    assert "queue_id" in checked.reasons[2] and "BODYCRC" in checked.reasons[5]
+    assert "queue_id" in str(checked.reasons[2]) and "BODYCRC" in str(checked.reasons[5])
     assert checked.sizes.tolist() == [len(r) for r in records]
 
 
@@ -138,7 +138,7 @@ def assert_agrees(data: bytearray, count: int):
             CHECKER.check_request(data, count)
         return None
     checked = CHECKER.check_request(data, count)
-    got = [(bool(ok), topic, int(queue_id), checked.reasons.get(i))
+    got = [(bool(ok), topic, int(queue_id), str(checked.reasons[i]) if i in checked.reasons else None)
            for i, (ok, topic, queue_id) in enumerate(zip(checked.ok, checked.topics, checked.queue_ids,
                                                          strict=True))]
     assert got == expected
@@ -233,7 +233,7 @@ def test_check_request_batch_refuses_each_kind_of_bad_record_like_check(name, wh
     checked = assert_agrees(bytearray(b"".join(records)), BIG)
     assert checked.ok.sum() == BIG - (words is not None)
     if words is not None:
-        assert set(checked.reasons) == {at} and words in checked.reasons[at]
+        assert set(checked.reasons) == {at} and words in str(checked.reasons[at])
         assert checked.topics[at] is None and checked.queue_ids[at] == -1
     else:
         assert checked.topics[at] == ("T9" if name == "other topic" else "T1")
@@ -326,7 +326,7 @@ def test_check_request_of_large_bodies_agrees_with_check_on_a_view():
     checked = checker.check_request(memoryview(data)[:-100], len(records))
     expected = [i not in (5, BIG - 1) for i in range(BIG)]
     assert checked.ok.tolist() == expected
-    assert "BODYCRC" in checked.reasons[5] and "BODYCRC" in checked.reasons[BIG - 1]
+    assert "BODYCRC" in str(checked.reasons[5]) and "BODYCRC" in str(checked.reasons[BIG - 1])
     for i, start in enumerate(checked.starts.tolist()):
         view = memoryview(data)[start:start + int(checked.sizes[i])]
         if expected[i]:

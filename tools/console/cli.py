@@ -41,7 +41,7 @@ def add_console_parser(subparsers) -> None:
 def run_console(args: argparse.Namespace) -> int:
     from tools.logging_setup import setup_logging
 
-    setup_logging("console", None)
+    setup_logging("console")
     address = parse_listen(args.listen, args.remote)  # refused before anything is opened
     root = Path(args.store)
     kind = inspect_store_dir(root)
