@@ -1,0 +1,162 @@
+"""Which records enter a consume queue and which are indexed: each rule written once, as data.
+
+A rule is a small expression over a record's header fields (`Clause`, combined by `AllOf` and
+`AnyOf`). It is rendered three ways from that one definition, so the store, the dispatcher,
+recovery, `mqstore check` and the Spark jobs cannot disagree:
+
+- `scalar_function`: a plain Python function of the fields, generated once at import, so a
+  hot loop pays one call and no interpretation;
+- `numpy_function`: the same test over numpy columns, a boolean mask;
+- `spark_sql`: the same test as a Spark SQL condition over the dispatch view's columns.
+
+The rules (RocketMQ stores transactional half (PREPARED) and ROLLBACK records with QUEUEOFFSET 0
+and gives them no consume-queue entry; a rollback gets no index keys either). mqstore refuses
+these bits from producers (workers.request_check), but an older mqstore gave such records the
+queue's next offset and acknowledged them: a record carrying an offset other than 0 holds its
+place in its queue, so it is a message like any other (skipping it left a gap that stopped the
+store). One at offset 0 stays out as RocketMQ's do.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from functools import reduce
+
+import numpy as np
+
+from engine.formats.record import TX_TYPE_MASK, TxType
+
+# The header fields a rule may test, in the order every rendering takes them as arguments.
+FIELDS = ("sys_flag", "queue_offset")
+
+
+class Op(Enum):
+    """How a clause compares a field with its values."""
+
+    IN = "in"
+    NOT_IN = "not in"
+
+
+@dataclass(frozen=True)
+class Clause:
+    """`(field & mask) op values`: one test of one header field (`mask` None: the whole field)."""
+
+    field: str
+    op: Op
+    values: tuple[int, ...]
+    mask: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.field not in FIELDS:
+            raise ValueError(f"a rule tests only {FIELDS}, not {self.field!r}")
+        if not self.values:
+            raise ValueError("a clause needs at least one value")
+
+
+@dataclass(frozen=True)
+class AllOf:
+    """True when every part holds."""
+
+    parts: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """True when some part holds."""
+
+    parts: tuple[Expr, ...]
+
+
+Expr = Clause | AllOf | AnyOf
+_OPPOSITE = {Op.IN: Op.NOT_IN, Op.NOT_IN: Op.IN}
+
+
+def negation(expr: Expr) -> Expr:
+    """The expression true exactly where `expr` is false (De Morgan: no NOT node to render)."""
+    if isinstance(expr, Clause):
+        return Clause(expr.field, _OPPOSITE[expr.op], expr.values, expr.mask)
+    if isinstance(expr, AllOf):
+        return AnyOf(tuple(negation(part) for part in expr.parts))
+    return AllOf(tuple(negation(part) for part in expr.parts))
+
+
+# ------------------------------------------------------------------------------ the rules
+
+_AT_OFFSET_ZERO = Clause("queue_offset", Op.IN, (0,))
+_HALF_OR_ROLLBACK = Clause("sys_flag", Op.IN, (int(TxType.PREPARED), int(TxType.ROLLBACK)), TX_TYPE_MASK)
+_ROLLBACK = Clause("sys_flag", Op.IN, (int(TxType.ROLLBACK),), TX_TYPE_MASK)
+
+# The offset clause comes first: it is the cheap one, and for nearly every record it decides.
+HELD_OUT_OF_QUEUE = AllOf((_AT_OFFSET_ZERO, _HALF_OR_ROLLBACK))
+ENTERS_CONSUME_QUEUE = negation(HELD_OUT_OF_QUEUE)
+UNINDEXED_ROLLBACK = AllOf((_AT_OFFSET_ZERO, _ROLLBACK))
+
+
+# ------------------------------------------------------------------------------ renderings
+
+
+def _python_source(expr: Expr) -> str:
+    """`expr` as a Python expression over the names in FIELDS (also the numpy form's source)."""
+    if isinstance(expr, Clause):
+        operand = expr.field if expr.mask is None else f"({expr.field} & {expr.mask})"
+        if len(expr.values) == 1:
+            return f"{operand} {'==' if expr.op is Op.IN else '!='} {expr.values[0]}"
+        return f"{operand} {expr.op.value} {expr.values!r}"
+    joiner = " and " if isinstance(expr, AllOf) else " or "
+    return "(" + joiner.join(_python_source(part) for part in expr.parts) + ")"
+
+
+def scalar_function(expr: Expr, name: str) -> Callable[[int, int], bool]:
+    """`expr` as `name(sys_flag, queue_offset) -> bool`, compiled from generated source once, so
+    a call costs what the same function written by hand costs."""
+    source = f"def {name}({', '.join(FIELDS)}):\n    return {_python_source(expr)}\n"
+    namespace: dict = {}
+    exec(compile(source, f"<record rule {name}>", "exec"), namespace)
+    function = namespace[name]
+    function.__doc__ = f"Record rule: {_python_source(expr)}"
+    function.__module__ = __name__
+    return function
+
+
+def numpy_function(expr: Expr) -> Callable[..., np.ndarray]:
+    """`expr` over columns: `f(sys_flag, queue_offset)` is the boolean mask of the rows it holds
+    for (closures built once; each clause is a few whole-array operations)."""
+    if isinstance(expr, Clause):
+        index, mask, values = FIELDS.index(expr.field), expr.mask, expr.values
+        if expr.op is Op.IN:
+            def clause(*columns: np.ndarray) -> np.ndarray:
+                column = columns[index] if mask is None else columns[index] & mask
+                return reduce(operator.or_, (column == value for value in values))
+        else:
+            def clause(*columns: np.ndarray) -> np.ndarray:
+                column = columns[index] if mask is None else columns[index] & mask
+                return reduce(operator.and_, (column != value for value in values))
+        return clause
+    parts = [numpy_function(part) for part in expr.parts]
+    combine = operator.and_ if isinstance(expr, AllOf) else operator.or_
+
+    def combined(*columns: np.ndarray) -> np.ndarray:
+        return reduce(combine, (part(*columns) for part in parts))
+    return combined
+
+
+def spark_sql(expr: Expr) -> str:
+    """`expr` as a Spark SQL condition over columns named as FIELDS."""
+    if isinstance(expr, Clause):
+        operand = expr.field if expr.mask is None else f"({expr.field} & {expr.mask})"
+        if len(expr.values) == 1:
+            return f"{operand} {'=' if expr.op is Op.IN else '!='} {expr.values[0]}"
+        keyword = "IN" if expr.op is Op.IN else "NOT IN"
+        return f"{operand} {keyword} ({', '.join(map(str, expr.values))})"
+    joiner = " AND " if isinstance(expr, AllOf) else " OR "
+    return "(" + joiner.join(spark_sql(part) for part in expr.parts) + ")"
+
+
+enters_consume_queue = scalar_function(ENTERS_CONSUME_QUEUE, "enters_consume_queue")
+is_unindexed_rollback = scalar_function(UNINDEXED_ROLLBACK, "is_unindexed_rollback")
+held_out_of_queue_mask = numpy_function(HELD_OUT_OF_QUEUE)
+unindexed_rollback_mask = numpy_function(UNINDEXED_ROLLBACK)
+ENTERS_CONSUME_QUEUE_SQL = spark_sql(ENTERS_CONSUME_QUEUE)
