@@ -19,11 +19,9 @@ store). One at offset 0 stays out as RocketMQ's do.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from functools import reduce
 
 import numpy as np
 
@@ -99,7 +97,7 @@ UNINDEXED_ROLLBACK = AllOf((_AT_OFFSET_ZERO, _ROLLBACK))
 
 
 def _python_source(expr: Expr) -> str:
-    """`expr` as a Python expression over the names in FIELDS (also the numpy form's source)."""
+    """`expr` as a Python expression over the names in FIELDS."""
     if isinstance(expr, Clause):
         operand = expr.field if expr.mask is None else f"({expr.field} & {expr.mask})"
         if len(expr.values) == 1:
@@ -109,10 +107,9 @@ def _python_source(expr: Expr) -> str:
     return "(" + joiner.join(_python_source(part) for part in expr.parts) + ")"
 
 
-def scalar_function(expr: Expr, name: str) -> Callable[[int, int], bool]:
-    """`expr` as `name(sys_flag, queue_offset) -> bool`, compiled from generated source once, so
-    a call costs what the same function written by hand costs."""
-    source = f"def {name}({', '.join(FIELDS)}):\n    return {_python_source(expr)}\n"
+def _compiled(name: str, body: list[str], expr: Expr) -> Callable:
+    """`def name(*FIELDS): body`, compiled once; its docstring is the rule it renders."""
+    source = f"def {name}({', '.join(FIELDS)}):\n" + "".join(f"    {line}\n" for line in body)
     namespace: dict = {}
     exec(compile(source, f"<record rule {name}>", "exec"), namespace)
     function = namespace[name]
@@ -121,26 +118,43 @@ def scalar_function(expr: Expr, name: str) -> Callable[[int, int], bool]:
     return function
 
 
-def numpy_function(expr: Expr) -> Callable[..., np.ndarray]:
-    """`expr` over columns: `f(sys_flag, queue_offset)` is the boolean mask of the rows it holds
-    for (closures built once; each clause is a few whole-array operations)."""
-    if isinstance(expr, Clause):
-        index, mask, values = FIELDS.index(expr.field), expr.mask, expr.values
-        if expr.op is Op.IN:
-            def clause(*columns: np.ndarray) -> np.ndarray:
-                column = columns[index] if mask is None else columns[index] & mask
-                return reduce(operator.or_, (column == value for value in values))
-        else:
-            def clause(*columns: np.ndarray) -> np.ndarray:
-                column = columns[index] if mask is None else columns[index] & mask
-                return reduce(operator.and_, (column != value for value in values))
-        return clause
-    parts = [numpy_function(part) for part in expr.parts]
-    combine = operator.and_ if isinstance(expr, AllOf) else operator.or_
+def scalar_function(expr: Expr, name: str) -> Callable[[int, int], bool]:
+    """`expr` as `name(sys_flag, queue_offset) -> bool`, compiled from generated source once, so
+    a call costs what the same function written by hand costs."""
+    return _compiled(name, [f"return {_python_source(expr)}"], expr)
 
-    def combined(*columns: np.ndarray) -> np.ndarray:
-        return reduce(combine, (part(*columns) for part in parts))
-    return combined
+
+def _numpy_source(expr: Expr, operands: dict[str, str]) -> str:
+    """`expr` as a numpy expression over the names in FIELDS; each masked field it tests is
+    computed once, into a local named in `operands` (local name -> its expression)."""
+    if isinstance(expr, Clause):
+        operand = expr.field
+        if expr.mask is not None:
+            operand = f"{expr.field}_and_{expr.mask}"
+            operands[operand] = f"{expr.field} & {expr.mask}"
+        compare, join = ("==", " | ") if expr.op is Op.IN else ("!=", " & ")
+        return "(" + join.join(f"({operand} {compare} {value})" for value in expr.values) + ")"
+    joiner = " & " if isinstance(expr, AllOf) else " | "
+    return "(" + joiner.join(_numpy_source(part, operands) for part in expr.parts) + ")"
+
+
+def numpy_function(expr: Expr, name: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """`expr` over columns: `name(sys_flag, queue_offset)` is the boolean mask of the rows it
+    holds for, generated once as `scalar_function` is."""
+    operands: dict[str, str] = {}
+    if not isinstance(expr, AllOf):
+        expression = _numpy_source(expr, operands)
+        body = [f"{local} = {value}" for local, value in operands.items()]
+        return _compiled(name, [*body, f"return {expression}"], expr)
+    # Parts in order, stopping at one that holds for no row: the rest cannot change the answer
+    # (in a steady store no record has queue offset 0, so one whole-array compare decides).
+    body = []
+    for i, part in enumerate(expr.parts):
+        known = set(operands)
+        source = _numpy_source(part, operands)
+        body += [f"{local} = {operands[local]}" for local in operands if local not in known]
+        body += [f"part_{i} = {source}", f"if not part_{i}.any(): return part_{i}"]
+    return _compiled(name, [*body, "return " + " & ".join(f"part_{i}" for i in range(len(expr.parts)))], expr)
 
 
 def spark_sql(expr: Expr) -> str:
@@ -157,6 +171,6 @@ def spark_sql(expr: Expr) -> str:
 
 enters_consume_queue = scalar_function(ENTERS_CONSUME_QUEUE, "enters_consume_queue")
 is_unindexed_rollback = scalar_function(UNINDEXED_ROLLBACK, "is_unindexed_rollback")
-held_out_of_queue_mask = numpy_function(HELD_OUT_OF_QUEUE)
-unindexed_rollback_mask = numpy_function(UNINDEXED_ROLLBACK)
+held_out_of_queue_mask = numpy_function(HELD_OUT_OF_QUEUE, "held_out_of_queue_mask")
+unindexed_rollback_mask = numpy_function(UNINDEXED_ROLLBACK, "unindexed_rollback_mask")
 ENTERS_CONSUME_QUEUE_SQL = spark_sql(ENTERS_CONSUME_QUEUE)

@@ -72,13 +72,25 @@ def test_scalar_numpy_and_sql_renderings_agree_with_the_rule(rule, scalar, mask,
     flags = np.array([f for f, _ in GRID], dtype=np.int32)
     offsets = np.array([o for _, o in GRID], dtype=np.int64)
     assert mask(flags, offsets).tolist() == want
-    assert numpy_function(rule)(flags, offsets).tolist() == want
+    assert numpy_function(rule, "r")(flags, offsets).tolist() == want
     assert sql_holds(spark_sql(rule), GRID) == want
 
 
 def test_the_spark_fsck_text_is_the_rule_rendered():
     assert spark_sql(ENTERS_CONSUME_QUEUE) == ENTERS_CONSUME_QUEUE_SQL
     assert sql_holds(ENTERS_CONSUME_QUEUE_SQL, GRID) == [expected_enters(f, o) for f, o in GRID]
+
+
+@pytest.mark.parametrize("rows", [[], [(4, 3), (12, 9), (0, 1)], [(12, 3), (4, 9), (12, 0)]],
+                         ids=["empty", "no-offset-zero", "only-the-last"])
+def test_numpy_masks_where_the_first_clause_decides_every_row(rows):
+    """The generated numpy form stops at a clause that holds for no row (no queue offset 0)."""
+    flags = np.array([f for f, _ in rows], dtype=np.int32)
+    offsets = np.array([o for _, o in rows], dtype=np.int64)
+    for mask, expected in ((held_out_of_queue_mask, lambda f, o: not expected_enters(f, o)),
+                           (unindexed_rollback_mask, expected_unindexed)):
+        got = mask(flags, offsets)
+        assert got.dtype == bool and got.tolist() == [expected(f, o) for f, o in rows]
 
 
 def test_held_out_is_the_exact_negation_of_entering_a_queue():
@@ -103,7 +115,7 @@ def test_renderings_of_a_rule_with_a_single_value_and_no_mask():
     want = [o == 5 or f not in (1, 2) for f, o in rows]
     assert [scalar_function(rule, "r")(f, o) for f, o in rows] == want
     flags, offsets = np.array([f for f, _ in rows]), np.array([o for _, o in rows])
-    assert numpy_function(rule)(flags, offsets).tolist() == want
+    assert numpy_function(rule, "r")(flags, offsets).tolist() == want
     assert sql_holds(spark_sql(rule), rows) == want
 
 
