@@ -167,11 +167,6 @@ def topic_bytes(topic: object) -> bytes:
     return raw
 
 
-def validated_topic_bytes(topic: object) -> bytes | None:
-    """topic_bytes of a topic already validated in this process; None for any other."""
-    return _TOPIC_BYTES.get(topic) if type(topic) is str else None
-
-
 def message_parts(message: Message, uniq_key: str,
                   limits: PutLimits) -> tuple[bytes, bytes, bytes, int | None]:
     """(topic UTF-8, body, properties without the CRC32C tail, queue id) of a valid message,

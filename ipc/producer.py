@@ -83,7 +83,6 @@ from engine.message import (
     queue_id_column,
     tags_text,
     topic_bytes,
-    validated_topic_bytes,
 )
 from engine.status import PutResult
 from engine.store_dir import StoreKind, inspect_store_dir, read_meta, refuse_foreign_store
@@ -280,21 +279,20 @@ class Producer:
     def send(self, topic: str, body: bytes, *, tags: str | None = None, keys: Iterable[str] | str = (),
              queue_id: int | None = None, properties: Mapping[str, str] | None = None,
              wait: bool = True) -> PutResult:
-        """Put one message; blocks until the store answers (PUT_OK after the flush under sync)."""
-        if _fits_columns(keys, properties, wait):  # send_columns' direct path, no Message
-            sender = self._live_sender()
+        """Put one message; blocks until the store answers (PUT_OK after the flush under sync).
+
+        One path per message: a valid message of send_columns' shape is checked and encoded once,
+        straight-line (`_send_one_now`); any other, or a bad one, goes by the message path, whose
+        validator (engine.message.message_parts) gives it its status and reason."""
+        sender = self._live_sender()
+        if _fits_columns(keys, properties, wait):
             result = self._send_one_now(sender, topic, body,
                                         keys if type(keys) is str else (keys[0] if keys else None),
                                         tags, queue_id)
             if result is not None:
                 return result[0]
-            key_column = [keys] if type(keys) is str else list(keys) or None
-            try:  # send_columns less the one-message path just tried
-                return self._send_columns_blocking(sender, topic, (body,), key_column, tags, queue_id)[0]
-            except BadInputError:
-                pass  # the message path gives a bad message its status
         message = _message(topic, body, tags, keys, queue_id, properties, wait)
-        return self._send_one(message, self._live_sender().send_or_enqueue).result()
+        return self._send_one(message, sender.send_or_enqueue).result()
 
     def send_async(self, topic: str, body: bytes, *, tags: str | None = None,
                    keys: Iterable[str] | str = (), queue_id: int | None = None,
@@ -418,10 +416,13 @@ class Producer:
 
     def _one_record(self, topic: object, body: object, key: object, tags: object,
                     queue_id: object) -> bytes | None:
-        """ipc.one_message.one_record of a message to a topic already validated, in a producer
-        that is not closed; None otherwise (the general path checks the topic)."""
-        topic_raw = validated_topic_bytes(topic)
-        if topic_raw is None or self._closed or self._sender.closing:
+        """ipc.one_message.one_record of a message to a valid topic, in a producer that is not
+        closed; None otherwise (the general path names what is wrong)."""
+        if self._closed or self._sender.closing:
+            return None
+        try:
+            topic_raw = topic_bytes(topic)
+        except BadInputError:
             return None
         info = self.info
         return one_record(topic, topic_raw, body, key, tags, queue_id, max_body_bytes=info.max_body_bytes,
