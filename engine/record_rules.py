@@ -92,6 +92,11 @@ HELD_OUT_OF_QUEUE = AllOf((_AT_OFFSET_ZERO, _HALF_OR_ROLLBACK))
 ENTERS_CONSUME_QUEUE = negation(HELD_OUT_OF_QUEUE)
 UNINDEXED_ROLLBACK = AllOf((_AT_OFFSET_ZERO, _ROLLBACK))
 
+# The SYSFLAG bit set in exactly the transaction types kept out of queues (0x4 of PREPARED 0x4
+# and ROLLBACK 0xC): the producer refusal (workers.request_check) tests it with one AND.
+HALF_OR_ROLLBACK_BIT = _HALF_OR_ROLLBACK.values[0] & _HALF_OR_ROLLBACK.values[1]
+assert all(bool(tx & HALF_OR_ROLLBACK_BIT) == (tx in _HALF_OR_ROLLBACK.values) for tx in TxType)
+
 
 # ------------------------------------------------------------------------------ renderings
 

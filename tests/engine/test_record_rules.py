@@ -126,3 +126,11 @@ def test_renderings_of_a_rule_with_a_single_value_and_no_mask():
 def test_a_clause_on_an_unknown_field_or_without_values_is_refused(field, values, message):
     with pytest.raises(ValueError, match=message):
         Clause(field, Op.IN, values)
+
+
+def test_the_producer_refusal_bit_marks_exactly_the_types_kept_out_of_queues():
+    """workers.request_check refuses records with this bit: PREPARED and ROLLBACK, no others."""
+    bit = record_rules.HALF_OR_ROLLBACK_BIT
+    assert bit == 0x4
+    assert {tx for tx in TxType if tx & bit} == {TxType.PREPARED, TxType.ROLLBACK}
+    assert {tx for tx in TxType if not enters_consume_queue(int(tx), 0)} == {TxType.PREPARED, TxType.ROLLBACK}
