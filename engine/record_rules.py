@@ -6,8 +6,8 @@ recovery, `mqstore check` and the Spark jobs cannot disagree:
 
 - `scalar_function`: a plain Python function of the fields, generated once at import, so a
   hot loop pays one call and no interpretation;
-- `numpy_function`: the same test over numpy columns, a boolean mask;
-- `spark_sql`: the same test as a Spark SQL condition over the dispatch view's columns.
+- `numpy_function`: the same test over numpy columns, a boolean mask, generated the same way;
+- `render_text(expr, SPARK_SQL)`: a Spark SQL condition over the dispatch view's columns.
 
 The rules (RocketMQ stores transactional half (PREPARED) and ROLLBACK records with QUEUEOFFSET 0
 and gives them no consume-queue entry; a rollback gets no index keys either). mqstore refuses
@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -101,15 +102,26 @@ assert all(bool(tx & HALF_OR_ROLLBACK_BIT) == (tx in _HALF_OR_ROLLBACK.values) f
 # ------------------------------------------------------------------------------ renderings
 
 
-def _python_source(expr: Expr) -> str:
-    """`expr` as a Python expression over the names in FIELDS."""
+class Dialect(NamedTuple):
+    """The words a text rendering writes: Python's or Spark SQL's."""
+
+    equal: str
+    ops: dict[Op, str]
+    joiners: dict[type, str]
+
+
+PYTHON = Dialect("==", {Op.IN: "in", Op.NOT_IN: "not in"}, {AllOf: " and ", AnyOf: " or "})
+SPARK_SQL = Dialect("=", {Op.IN: "IN", Op.NOT_IN: "NOT IN"}, {AllOf: " AND ", AnyOf: " OR "})
+
+
+def render_text(expr: Expr, dialect: Dialect) -> str:
+    """`expr` as a condition over the names in FIELDS, in Python or Spark SQL."""
     if isinstance(expr, Clause):
         operand = expr.field if expr.mask is None else f"({expr.field} & {expr.mask})"
         if len(expr.values) == 1:
-            return f"{operand} {'==' if expr.op is Op.IN else '!='} {expr.values[0]}"
-        return f"{operand} {expr.op.value} {expr.values!r}"
-    joiner = " and " if isinstance(expr, AllOf) else " or "
-    return "(" + joiner.join(_python_source(part) for part in expr.parts) + ")"
+            return f"{operand} {dialect.equal if expr.op is Op.IN else '!='} {expr.values[0]}"
+        return f"{operand} {dialect.ops[expr.op]} ({', '.join(map(str, expr.values))})"
+    return "(" + dialect.joiners[type(expr)].join(render_text(part, dialect) for part in expr.parts) + ")"
 
 
 def _compiled(name: str, body: list[str], expr: Expr) -> Callable:
@@ -118,7 +130,7 @@ def _compiled(name: str, body: list[str], expr: Expr) -> Callable:
     namespace: dict = {}
     exec(compile(source, f"<record rule {name}>", "exec"), namespace)
     function = namespace[name]
-    function.__doc__ = f"Record rule: {_python_source(expr)}"
+    function.__doc__ = f"Record rule: {render_text(expr, PYTHON)}"
     function.__module__ = __name__
     return function
 
@@ -126,7 +138,7 @@ def _compiled(name: str, body: list[str], expr: Expr) -> Callable:
 def scalar_function(expr: Expr, name: str) -> Callable[[int, int], bool]:
     """`expr` as `name(sys_flag, queue_offset) -> bool`, compiled from generated source once, so
     a call costs what the same function written by hand costs."""
-    return _compiled(name, [f"return {_python_source(expr)}"], expr)
+    return _compiled(name, [f"return {render_text(expr, PYTHON)}"], expr)
 
 
 def _numpy_source(expr: Expr, operands: dict[str, str]) -> str:
@@ -147,35 +159,20 @@ def numpy_function(expr: Expr, name: str) -> Callable[[np.ndarray, np.ndarray], 
     """`expr` over columns: `name(sys_flag, queue_offset)` is the boolean mask of the rows it
     holds for, generated once as `scalar_function` is."""
     operands: dict[str, str] = {}
-    if not isinstance(expr, AllOf):
-        expression = _numpy_source(expr, operands)
-        body = [f"{local} = {value}" for local, value in operands.items()]
-        return _compiled(name, [*body, f"return {expression}"], expr)
     # Parts in order, stopping at one that holds for no row: the rest cannot change the answer
     # (in a steady store no record has queue offset 0, so one whole-array compare decides).
+    parts = expr.parts if isinstance(expr, AllOf) else (expr,)
     body = []
-    for i, part in enumerate(expr.parts):
+    for i, part in enumerate(parts):
         known = set(operands)
         source = _numpy_source(part, operands)
         body += [f"{local} = {operands[local]}" for local in operands if local not in known]
         body += [f"part_{i} = {source}", f"if not part_{i}.any(): return part_{i}"]
-    return _compiled(name, [*body, "return " + " & ".join(f"part_{i}" for i in range(len(expr.parts)))], expr)
-
-
-def spark_sql(expr: Expr) -> str:
-    """`expr` as a Spark SQL condition over columns named as FIELDS."""
-    if isinstance(expr, Clause):
-        operand = expr.field if expr.mask is None else f"({expr.field} & {expr.mask})"
-        if len(expr.values) == 1:
-            return f"{operand} {'=' if expr.op is Op.IN else '!='} {expr.values[0]}"
-        keyword = "IN" if expr.op is Op.IN else "NOT IN"
-        return f"{operand} {keyword} ({', '.join(map(str, expr.values))})"
-    joiner = " AND " if isinstance(expr, AllOf) else " OR "
-    return "(" + joiner.join(spark_sql(part) for part in expr.parts) + ")"
+    return _compiled(name, [*body, "return " + " & ".join(f"part_{i}" for i in range(len(parts)))], expr)
 
 
 enters_consume_queue = scalar_function(ENTERS_CONSUME_QUEUE, "enters_consume_queue")
 is_unindexed_rollback = scalar_function(UNINDEXED_ROLLBACK, "is_unindexed_rollback")
 held_out_of_queue_mask = numpy_function(HELD_OUT_OF_QUEUE, "held_out_of_queue_mask")
 unindexed_rollback_mask = numpy_function(UNINDEXED_ROLLBACK, "unindexed_rollback_mask")
-ENTERS_CONSUME_QUEUE_SQL = spark_sql(ENTERS_CONSUME_QUEUE)
+ENTERS_CONSUME_QUEUE_SQL = render_text(ENTERS_CONSUME_QUEUE, SPARK_SQL)

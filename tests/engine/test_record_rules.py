@@ -20,6 +20,7 @@ from engine.record_rules import (
     ENTERS_CONSUME_QUEUE,
     ENTERS_CONSUME_QUEUE_SQL,
     HELD_OUT_OF_QUEUE,
+    SPARK_SQL,
     UNINDEXED_ROLLBACK,
     AllOf,
     AnyOf,
@@ -30,8 +31,8 @@ from engine.record_rules import (
     is_unindexed_rollback,
     negation,
     numpy_function,
+    render_text,
     scalar_function,
-    spark_sql,
     unindexed_rollback_mask,
 )
 
@@ -73,11 +74,11 @@ def test_scalar_numpy_and_sql_renderings_agree_with_the_rule(rule, scalar, mask,
     offsets = np.array([o for _, o in GRID], dtype=np.int64)
     assert mask(flags, offsets).tolist() == want
     assert numpy_function(rule, "r")(flags, offsets).tolist() == want
-    assert sql_holds(spark_sql(rule), GRID) == want
+    assert sql_holds(render_text(rule, SPARK_SQL), GRID) == want
 
 
 def test_the_spark_fsck_text_is_the_rule_rendered():
-    assert spark_sql(ENTERS_CONSUME_QUEUE) == ENTERS_CONSUME_QUEUE_SQL
+    assert render_text(ENTERS_CONSUME_QUEUE, SPARK_SQL) == ENTERS_CONSUME_QUEUE_SQL
     assert sql_holds(ENTERS_CONSUME_QUEUE_SQL, GRID) == [expected_enters(f, o) for f, o in GRID]
 
 
@@ -116,7 +117,7 @@ def test_renderings_of_a_rule_with_a_single_value_and_no_mask():
     assert [scalar_function(rule, "r")(f, o) for f, o in rows] == want
     flags, offsets = np.array([f for f, _ in rows]), np.array([o for _, o in rows])
     assert numpy_function(rule, "r")(flags, offsets).tolist() == want
-    assert sql_holds(spark_sql(rule), rows) == want
+    assert sql_holds(render_text(rule, SPARK_SQL), rows) == want
 
 
 @pytest.mark.parametrize(("field", "values", "message"), [
