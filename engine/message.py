@@ -2,8 +2,8 @@
 
 `message_parts` is the one validator of the in-process store and the co-located Producer, so
 both refuse the same bad input with the same error before anything reaches the log; the error
-carries the put status (PROPERTIES_SIZE_EXCEEDED or MESSAGE_ILLEGAL). The column checks (`body_column`,
-`key_column`, `tags_text`) apply the same rules to a batch given as columns
+carries the put status (PROPERTIES_SIZE_EXCEEDED or MESSAGE_ILLEGAL). The column checks
+(`body_column`, `key_column`, `tags_text`) apply the same rules to a batch given as columns
 (Producer.send_columns), with one C-level pass per column instead of a call per message;
 its UNIQ_KEYs are one block (engine.formats.uniq_key.new_uniq_key_block).
 """

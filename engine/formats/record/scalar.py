@@ -50,6 +50,7 @@ from engine.formats.record.layout import (
     MAGIC_OFFSET,
     MAGIC_V1,
     MAGIC_V2,
+    MAX_PROPERTIES_BYTES,
     MAX_TOPIC_BYTES,
     PHYSICAL_OFFSET_OFFSET,
     PROPERTIES_LENGTH_SIZE,
@@ -263,7 +264,8 @@ def _encode_props_with_crc_slot(properties: Mapping[str, str] | None) -> bytes:
     if properties and PROP_CRC32C in properties:
         raise BadInputError("properties", f"{PROP_CRC32C!r} is reserved for the store")
     raw = encode_properties(properties) if properties else b""
-    check_properties_bytes(len(raw) + CRC32C_PROP_SIZE)
+    if len(raw) + CRC32C_PROP_SIZE > MAX_PROPERTIES_BYTES:
+        check_properties_bytes(len(raw) + CRC32C_PROP_SIZE)
     return raw + CRC32C_RESERVED
 
 
