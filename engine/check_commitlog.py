@@ -18,11 +18,12 @@ import numpy as np
 from engine.accepted_damage import AcceptedSpan, is_accepted, span_at
 from engine.check_findings import FindingKind, FindingList
 from engine.commitlog import CommitLog
-from engine.dispatch import enters_consume_queue, keys_by_shard
+from engine.dispatch import keys_by_shard
 from engine.formats.index_file import index_key_hash_of
 from engine.formats.record import Filler, Record, Verify
 from engine.log_walk import walk_log
 from engine.log_walker import BadRegion
+from engine.record_rules import enters_consume_queue
 
 Progress = Callable[[int, int], None]
 RecordVisitor = Callable[[Record, dict[int, list[str]]], None]  # a record and its keys by shard

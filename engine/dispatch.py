@@ -2,7 +2,8 @@
 
 Shared by the in-process store, the dispatcher and index-builder processes, recovery and the
 Spark rebuild, so all of them build byte-identical consume queues and index files. Every
-step is idempotent: re-dispatching a record that is already there changes nothing.
+step is idempotent: re-dispatching a record that is already there changes nothing. Which
+records enter a queue and which are indexed is engine.record_rules'.
 """
 
 from __future__ import annotations
@@ -15,31 +16,15 @@ import numpy as np
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.formats.index_file import index_key, shard_of
 from engine.formats.key_batch import index_key_values
-from engine.formats.record import TX_TYPE_MASK, RecordHeader, TxType
+from engine.formats.record import RecordHeader
 from engine.formats.record.dispatch_columns import DispatchColumns
+from engine.record_rules import (
+    enters_consume_queue,
+    held_out_of_queue_mask,
+    is_unindexed_rollback,
+    unindexed_rollback_mask,
+)
 from engine.shard_index import ShardIndex
-
-_NOT_CONSUMABLE = (TxType.PREPARED, TxType.ROLLBACK)
-_PREPARED, _ROLLBACK = int(TxType.PREPARED), int(TxType.ROLLBACK)  # plain ints for numpy: an
-# IntEnum operand costs an attribute lookup through Enum per array operation
-
-# The rule for transactional half (PREPARED) and ROLLBACK records. RocketMQ stores them with
-# QUEUEOFFSET 0 and gives them no consume-queue entry (a rollback gets no index keys either).
-# mqstore refuses these bits from producers (workers.request_check), but an older mqstore gave
-# such records the queue's next offset and acknowledged them: a record carrying an offset other
-# than 0 holds its place in its queue, so it is a message like any other (skipping it left a gap
-# that stopped the store). One at offset 0 stays out as RocketMQ's do.
-
-
-def enters_consume_queue(sys_flag: int, queue_offset: int) -> bool:
-    """Whether a record gets a consume-queue entry: every record but a PREPARED or ROLLBACK one
-    at queue offset 0 (the rule above)."""
-    return queue_offset != 0 or (sys_flag & TX_TYPE_MASK) not in _NOT_CONSUMABLE
-
-
-def is_unindexed_rollback(sys_flag: int, queue_offset: int) -> bool:
-    """A RocketMQ rollback record (offset 0): no index keys (RocketMQ IndexService)."""
-    return queue_offset == 0 and (sys_flag & TX_TYPE_MASK) == TxType.ROLLBACK
 
 
 def index_keys(header: RecordHeader) -> list[str]:
@@ -95,16 +80,9 @@ class KeyColumns(NamedTuple):
 
 
 def consumable_rows(cols: DispatchColumns) -> np.ndarray:
-    """Rows that enter a consume queue (enters_consume_queue, vectorized)."""
-    tx = cols.sys_flag & TX_TYPE_MASK
-    if not tx.any():
-        return np.arange(cols.count)
-    return np.flatnonzero(((tx != _PREPARED) & (tx != _ROLLBACK)) | (cols.queue_offset != 0))
-
-
-def unindexed_rollbacks(sys_flag: np.ndarray, queue_offset: np.ndarray) -> np.ndarray:
-    """is_unindexed_rollback, vectorized over records' columns."""
-    return ((sys_flag & TX_TYPE_MASK) == _ROLLBACK) & (queue_offset == 0)
+    """Rows that enter a consume queue (engine.record_rules.ENTERS_CONSUME_QUEUE)."""
+    held_out = held_out_of_queue_mask(cols.sys_flag, cols.queue_offset)
+    return np.flatnonzero(~held_out) if held_out.any() else np.arange(cols.count)
 
 
 def dispatch_columns_to_consume_queues(table: ConsumeQueueTable, cols: DispatchColumns,
@@ -157,7 +135,7 @@ def shard_key_columns(cols: DispatchColumns, shard_count: int,
     `keys` is key_hashes_and_shards(cols, shard_count) if the caller has it."""
     hashes, shards = key_hashes_and_shards(cols, shard_count) if keys is None else keys
     rows = cols.key_rows
-    rollback = unindexed_rollbacks(cols.sys_flag[rows], cols.queue_offset[rows])
+    rollback = unindexed_rollback_mask(cols.sys_flag[rows], cols.queue_offset[rows])
     if rollback.any():
         keep = np.flatnonzero(~rollback)
         hashes, shards, rows = hashes[keep], shards[keep], rows[keep]
@@ -196,7 +174,7 @@ def dispatch_columns_to_shard(shard: ShardIndex, cols: DispatchColumns, shard_no
         return 0
     hashes, shards = keys
     rows = cols.key_rows
-    indexed = ~unindexed_rollbacks(cols.sys_flag[rows], cols.queue_offset[rows])
+    indexed = ~unindexed_rollback_mask(cols.sys_flag[rows], cols.queue_offset[rows])
     take = np.flatnonzero((shards == shard_no) & indexed)
     columns = KeyColumns(hashes[take], cols.commit_pos[rows[take]], cols.store_ts_ms[rows[take]])
     return put_key_columns(shard, columns, cols.end_pos)

@@ -3,12 +3,12 @@
 A step of a few dozen records spends ~0.5 ms in the fixed cost of the batch codec and of the
 per-queue numpy of engine.dispatch, however few records it has. Here the same rules run record by
 record with struct: the structure checks of engine.formats.record.structure, the properties rule
-of properties.decode_properties, enters_consume_queue and is_unindexed_rollback of
-engine.dispatch, one ConsumeQueue.put_few per queue, and one matrix product for every key's hash
-(key_batch.padded_key_hashes). `decode_few` takes plain records only (magic v1 or v2, IPv4
-hosts, ASCII topic and properties) and stops at the first other piece (a filler, an IPv6 host,
-non-ASCII text, damage): the caller hands the rest to the batch codec, which has every rule, so
-both paths write the same bytes (tests/workers/test_dispatch_few.py).
+of properties.decode_properties, the rules of engine.record_rules, one ConsumeQueue.put_few per
+queue, and one matrix product for every key's hash (key_batch.padded_key_hashes). `decode_few`
+takes plain records only (magic v1 or v2, IPv4 hosts, ASCII topic and properties) and stops at
+the first other piece (a filler, an IPv6 host, non-ASCII text, damage): the caller hands the rest
+to the batch codec, which has every rule, so both paths write the same bytes
+(tests/workers/test_dispatch_few.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from functools import lru_cache
 import crc32c
 
 from engine.consume_queue_table import ConsumeQueueTable
-from engine.dispatch import enters_consume_queue, is_unindexed_rollback
 from engine.errors import CorruptRecordError
 from engine.formats.index_file import KEY_SEPARATOR
 from engine.formats.java_hash import tags_code
@@ -35,6 +34,7 @@ from engine.formats.record.layout import (
     V4_HEADER_SIZE,
 )
 from engine.formats.record.structure import check_head, check_position, locate_parts
+from engine.record_rules import enters_consume_queue, is_unindexed_rollback
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
 _F_TOTAL, _F_MAGIC, _F_QUEUE_ID, _F_QUEUE_OFFSET, _F_COMMIT, _F_SYS_FLAG, _F_STORE_TS, _F_BODY_LEN = (

@@ -6,6 +6,8 @@ remediation exists; `str()` renders them for humans.
 
 from __future__ import annotations
 
+from engine.status import PutStatus
+
 
 class StoreError(Exception):
     """Root of every error mqstore raises on purpose."""
@@ -29,11 +31,16 @@ class StoreError(Exception):
 
 
 class BadInputError(StoreError, ValueError):
-    """A caller passed something the store refuses (topic, queue id, size, encoding)."""
+    """A caller passed something the store refuses (topic, queue id, size, encoding).
 
-    def __init__(self, field: str, reason: str, *, path: str | None = None):
+    `put_status` is the status a put of that input gets, set where the error is raised, so no
+    caller reads it out of the reason's text."""
+
+    def __init__(self, field: str, reason: str, *, path: str | None = None,
+                 put_status: PutStatus = PutStatus.MESSAGE_ILLEGAL):
         self.field = field
         self.reason = reason
+        self.put_status = put_status
         super().__init__(f"invalid {field}: {reason}", path=path)
 
 

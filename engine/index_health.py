@@ -26,9 +26,10 @@ import numpy as np
 from engine.accepted_damage import AcceptedSpan, ScanPastAccepted, load_accepted
 from engine.checkpoint import load_checkpoint
 from engine.commitlog import CommitLog
-from engine.dispatch import key_hashes_and_shards, unindexed_rollbacks
+from engine.dispatch import key_hashes_and_shards
 from engine.errors import CorruptRecordError
 from engine.formats.record import Verify
+from engine.record_rules import unindexed_rollback_mask
 from engine.shard_index import ShardIndex
 
 
@@ -78,7 +79,7 @@ def first_key_pos(log: CommitLog, shard_no: int, shard_count: int, start_pos: in
             _, shards = key_hashes_and_shards(cols, shard_count)
             positions = cols.commit_pos[rows]
             mine = np.flatnonzero((shards == shard_no) & (positions < end_pos)
-                                  & ~unindexed_rollbacks(cols.sys_flag[rows], cols.queue_offset[rows]))
+                                  & ~unindexed_rollback_mask(cols.sys_flag[rows], cols.queue_offset[rows]))
             if len(mine):
                 return int(positions[mine[0]])
     except CorruptRecordError:

@@ -1,8 +1,9 @@
 """A message as callers give it, and its validation into record properties.
 
-Shared by the in-process store and the co-located Producer so both refuse the same bad input
-with the same error before anything reaches the log. The column checks (`body_column`,
-`key_column`, `tags_text`) apply the same rules to a batch given as columns
+`message_parts` is the one validator of the in-process store and the co-located Producer, so
+both refuse the same bad input with the same error before anything reaches the log; the error
+carries the put status (PROPERTIES_SIZE_EXCEEDED or MESSAGE_ILLEGAL). The column checks
+(`body_column`, `key_column`, `tags_text`) apply the same rules to a batch given as columns
 (Producer.send_columns), with one C-level pass per column instead of a call per message;
 its UNIQ_KEYs are one block (engine.formats.uniq_key.new_uniq_key_block).
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.errors import BadInputError
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.properties import (
     PROP_CRC32C,
     PROP_KEYS,
@@ -23,6 +25,7 @@ from engine.formats.properties import (
     PROP_WAIT,
     encode_properties,
 )
+from engine.formats.record.layout import MAX_PROPERTIES_BYTES, RECORD_FIXED_SIZE, check_properties_bytes
 from engine.formats.uniq_key import new_uniq_key
 from engine.naming import validate_topic
 
@@ -134,6 +137,57 @@ def encode_message_properties(message: Message, uniq_key: str) -> bytes:
             "\x01" in tags or "\x02" in tags)) or not text.isascii():
         return encode_properties(build_properties(message, uniq_key=uniq_key))
     return text.encode("ascii")
+
+
+# ---------------------------------------------------------------- the one message validator
+
+
+@dataclass(frozen=True, slots=True)
+class PutLimits:
+    """What bounds a message where it is put: queue ids, body bytes, and the room a whole
+    record must fit (`record_room` names it in the error: a commitlog segment, a mailbox slot)."""
+
+    queue_count: int
+    max_body_bytes: int
+    max_record_bytes: int
+    record_room: str
+
+
+_TOPIC_BYTES: dict[str, bytes] = {}  # validated topics, UTF-8
+_MAX_TOPIC_CACHE = 4096
+
+
+def topic_bytes(topic: object) -> bytes:
+    """The UTF-8 of a valid topic (BadInputError otherwise); valid topics are cached."""
+    raw = _TOPIC_BYTES.get(topic) if type(topic) is str else None
+    if raw is None:
+        raw = validate_topic(topic).encode("utf-8")
+        if len(_TOPIC_BYTES) < _MAX_TOPIC_CACHE:
+            _TOPIC_BYTES[topic] = raw
+    return raw
+
+
+def message_parts(message: Message, uniq_key: str,
+                  limits: PutLimits) -> tuple[bytes, bytes, bytes, int | None]:
+    """(topic UTF-8, body, properties without the CRC32C tail, queue id) of a valid message,
+    the queue id None when the message leaves it to the caller. The rules of the store and of
+    the Producer alike; a BadInputError carries the put status the message gets."""
+    if not isinstance(message, Message):
+        raise BadInputError("message", f"not a Message: {type(message).__name__}")
+    queue_id = message.queue_id
+    if queue_id is not None:
+        validate_queue_id(queue_id, limits.queue_count)
+    topic_raw = topic_bytes(message.topic)
+    body = validate_body(message.body)
+    if len(body) > limits.max_body_bytes:
+        raise BadInputError("body", f"{len(body)} bytes exceeds the maximum of {limits.max_body_bytes}")
+    props_raw = encode_message_properties(message, uniq_key)
+    if len(props_raw) + CRC32C_PROP_SIZE > MAX_PROPERTIES_BYTES:
+        check_properties_bytes(len(props_raw) + CRC32C_PROP_SIZE)
+    size = RECORD_FIXED_SIZE + len(body) + len(topic_raw) + len(props_raw) + CRC32C_PROP_SIZE
+    if size > limits.max_record_bytes:
+        raise BadInputError("body", f"the record of {size} bytes does not fit {limits.record_room}")
+    return topic_raw, body, props_raw, queue_id
 
 
 # ---------------------------------------------------------------- columns

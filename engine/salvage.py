@@ -30,7 +30,7 @@ from engine.accepted_damage import AcceptedSpan, is_accepted, span_at
 from engine.commitlog import CommitLog
 from engine.consume_queue import ConsumeQueue
 from engine.consume_queue_table import ConsumeQueueTable
-from engine.dispatch import consumable_rows, enters_consume_queue, queue_groups
+from engine.dispatch import consumable_rows, queue_groups
 from engine.errors import BadInputError, CorruptRecordError
 from engine.filesystem import ensure_dir, write_new_file
 from engine.formats.cq_entry import FILLER_SIZE_MARK
@@ -40,6 +40,7 @@ from engine.log_tail import log_chunks
 from engine.log_walk import walk_log
 from engine.log_walker import BadRegion, OnBadBytes, record_decoder, walk
 from engine.naming import QUARANTINE_DIR, damaged_copy_name
+from engine.record_rules import enters_consume_queue
 
 _MAX_PLACEHOLDER_BYTES = FILLER_SIZE_MARK - 1  # the filler mark itself is not a size
 

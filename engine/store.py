@@ -26,13 +26,10 @@ from engine.errors import (
 )
 from engine.filesystem import disk_usage_ratio
 from engine.formats.checkpoint import Checkpoint
-from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.index_file import shard_of
 from engine.formats.msg_id import make_msg_id
 from engine.formats.record import (
     FILLER_SIZE,
-    MAX_PROPERTIES_BYTES,
-    RECORD_FIXED_SIZE,
     Record,
     Verify,
     store_ts_at,
@@ -41,10 +38,9 @@ from engine.formats.record.encode_many import EncodedRecords, encode_records
 from engine.formats.uniq_key import new_uniq_keys
 from engine.message import (
     Message,
-    encode_message_properties,
+    PutLimits,
+    message_parts,
     normalize_keys,
-    validate_body,
-    validate_queue_id,
 )
 from engine.naming import validate_topic
 from engine.record_reads import read_key_records, read_queue_records
@@ -62,15 +58,6 @@ from engine.store_dir import (
 from engine.store_open import Dispatch, close_parts, open_store
 
 DISK_CHECK_INTERVAL_MS = 1000
-_TOPIC_BYTES: dict[str, bytes] = {}  # validated topics, UTF-8
-
-
-def _topic_bytes(topic: str) -> bytes:
-    raw = validate_topic(topic).encode("utf-8")
-    if len(_TOPIC_BYTES) < 4096:
-        _TOPIC_BYTES[topic] = raw
-    return raw
-
 
 class _EncodedBatch(NamedTuple):
     """The accepted messages of a put_batch (indexes into it) and their encoded records."""
@@ -101,6 +88,9 @@ class MessageStore:
         self._next_offsets = {(q.topic, q.queue_id): q.max_offset for q in self.queues}
         self._dispatched_pos = self.commitlog.written_pos
         self._store_host = config.store_ip_port
+        segment_bytes = self.commitlog.segment_bytes  # a record and the filler before it fit a segment
+        self._put_limits = PutLimits(config.queue_count, config.max_body_bytes, segment_bytes - FILLER_SIZE,
+                                     f"a commitlog segment of {segment_bytes} bytes")
         self._last_checkpoint_ms = self._flushed_at_ms = _now_ms()
         self._disk_checked_ms = 0
         self._disk_full = False
@@ -144,39 +134,20 @@ class MessageStore:
         accepted, topics, bodies, props, queue_ids = [], [], [], [], []
         for i, (message, uniq_key) in enumerate(zip(messages, new_uniq_keys(len(messages)), strict=True)):
             try:
-                topic_raw, body, props_raw, queue_id = self._message_parts(message, uniq_key)
+                topic_raw, body, props_raw, queue_id = message_parts(message, uniq_key, self._put_limits)
             except BadInputError as exc:
-                results[i] = PutResult(_status_for(exc), reason=str(exc))
+                results[i] = PutResult(exc.put_status, reason=str(exc))
                 continue
             accepted.append(i)
             topics.append(topic_raw)
             bodies.append(body)
             props.append(props_raw)
-            queue_ids.append(queue_id)
+            queue_ids.append(queue_id or 0)
         if not accepted:
             return None
         records = encode_records(topics, bodies, props, queue_ids, born_ts_ms=_now_ms(),
                                  born_host=("127.0.0.1", _pid_port()), store_host=self._store_host)
         return _EncodedBatch(accepted, [messages[i].topic for i in accepted], queue_ids, records)
-
-    def _message_parts(self, message: Message, uniq_key: str) -> tuple[bytes, bytes, bytes, int]:
-        """(topic, body, properties without the CRC32C tail, queue id) of a valid message."""
-        queue_id = validate_queue_id(message.queue_id or 0, self.config.queue_count)
-        topic = message.topic
-        topic_raw = (_TOPIC_BYTES.get(topic) if type(topic) is str else None) or _topic_bytes(topic)
-        body = validate_body(message.body)
-        if len(body) > self.config.max_body_bytes:
-            raise BadInputError("body", f"{len(body)} bytes exceeds the maximum of "
-                                f"{self.config.max_body_bytes}")
-        props_raw = encode_message_properties(message, uniq_key)
-        if len(props_raw) + CRC32C_PROP_SIZE > MAX_PROPERTIES_BYTES:
-            raise BadInputError("properties", f"{len(props_raw)} bytes plus the {CRC32C_PROP_SIZE}-byte "
-                                f"CRC32C property exceeds {MAX_PROPERTIES_BYTES}")
-        size = RECORD_FIXED_SIZE + len(body) + len(topic_raw) + len(props_raw) + CRC32C_PROP_SIZE
-        if size + FILLER_SIZE > self.commitlog.segment_bytes:
-            raise BadInputError("body", f"the record of {size} bytes does not fit a commitlog "
-                                f"segment of {self.commitlog.segment_bytes} bytes")
-        return topic_raw, body, props_raw, queue_id
 
     def _append(self, batch: _EncodedBatch, results: list) -> None:
         offsets, next_offsets = [], {}
@@ -365,11 +336,6 @@ def _offset_status(offset: int, low: int, high: int) -> GetStatus | None:
     if offset > high:
         return GetStatus.OFFSET_OVERFLOW_BADLY
     return None
-
-
-def _status_for(exc: BadInputError) -> PutStatus:
-    return PutStatus.PROPERTIES_SIZE_EXCEEDED if exc.field == "properties" and "32767" in exc.reason \
-        else PutStatus.MESSAGE_ILLEGAL
 
 
 def _pid_port() -> int:

@@ -71,23 +71,20 @@ from engine.errors import (
     StoreClosedError,
     StorePermissionError,
 )
-from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.msg_id import make_msg_id
-from engine.formats.record import MAX_PROPERTIES_BYTES, RECORD_FIXED_SIZE
 from engine.formats.record.encode_many import EncodedRecords, encode_columns, encode_records
 from engine.formats.uniq_key import new_uniq_key_block
 from engine.message import (
     Message,
+    PutLimits,
     body_column,
-    encode_message_properties,
     key_column,
+    message_parts,
     queue_id_column,
     tags_text,
-    validate_body,
-    validate_queue_id,
+    topic_bytes,
 )
-from engine.naming import validate_topic
-from engine.status import PutResult, PutStatus
+from engine.status import PutResult
 from engine.store_dir import StoreKind, inspect_store_dir, read_meta, refuse_foreign_store
 from ipc.batch_result import BatchResult, BatchResultBuilder
 from ipc.control_block import ControlBlock
@@ -104,7 +101,6 @@ from ipc.slot_sender import Pending, SlotSender, StoreLink
 
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
 BORN_IP = "127.0.0.1"
-MAX_TOPIC_CACHE = 4096
 
 
 def _after_fork_in_child() -> None:
@@ -230,7 +226,6 @@ class Producer:
         self._born_host = (BORN_IP, os.getpid() & 0x7FFFFFFF)
         self._round_robin: dict[str, int] = {}  # next queue id per topic
         self._round_robin_lock = threading.Lock()
-        self._topics: dict[str, bytes] = {}  # validated topics, UTF-8
 
     def _new_sender(self) -> SlotSender:
         """Attach to the supervisor serving the store now (ServiceNotAvailableError at once when
@@ -284,21 +279,20 @@ class Producer:
     def send(self, topic: str, body: bytes, *, tags: str | None = None, keys: Iterable[str] | str = (),
              queue_id: int | None = None, properties: Mapping[str, str] | None = None,
              wait: bool = True) -> PutResult:
-        """Put one message; blocks until the store answers (PUT_OK after the flush under sync)."""
-        if _fits_columns(keys, properties, wait):  # send_columns' direct path, no Message
-            sender = self._live_sender()
+        """Put one message; blocks until the store answers (PUT_OK after the flush under sync).
+
+        One path per message: a valid message of send_columns' shape is checked and encoded once,
+        straight-line (`_send_one_now`); any other, or a bad one, goes by the message path, whose
+        validator (engine.message.message_parts) gives it its status and reason."""
+        sender = self._live_sender()
+        if _fits_columns(keys, properties, wait):
             result = self._send_one_now(sender, topic, body,
                                         keys if type(keys) is str else (keys[0] if keys else None),
                                         tags, queue_id)
             if result is not None:
                 return result[0]
-            key_column = [keys] if type(keys) is str else list(keys) or None
-            try:  # send_columns less the one-message path just tried
-                return self._send_columns_blocking(sender, topic, (body,), key_column, tags, queue_id)[0]
-            except BadInputError:
-                pass  # the message path gives a bad message its status
         message = _message(topic, body, tags, keys, queue_id, properties, wait)
-        return self._send_one(message, self._live_sender().send_or_enqueue).result()
+        return self._send_one(message, sender.send_or_enqueue).result()
 
     def send_async(self, topic: str, body: bytes, *, tags: str | None = None,
                    keys: Iterable[str] | str = (), queue_id: int | None = None,
@@ -422,10 +416,13 @@ class Producer:
 
     def _one_record(self, topic: object, body: object, key: object, tags: object,
                     queue_id: object) -> bytes | None:
-        """ipc.one_message.one_record of a message to a topic already sent to, in a producer
-        that is not closed; None otherwise (the general path checks the topic)."""
-        topic_raw = self._topics.get(topic) if type(topic) is str else None
-        if topic_raw is None or self._closed or self._sender.closing:
+        """ipc.one_message.one_record of a message to a valid topic, in a producer that is not
+        closed; None otherwise (the general path names what is wrong)."""
+        if self._closed or self._sender.closing:
+            return None
+        try:
+            topic_raw = topic_bytes(topic)
+        except BadInputError:
             return None
         info = self.info
         return one_record(topic, topic_raw, body, key, tags, queue_id, max_body_bytes=info.max_body_bytes,
@@ -458,7 +455,7 @@ class Producer:
 
     def _encode_columns(self, topic: str, bodies: Sequence[bytes], keys: Sequence[str] | None,
                         tags: str | None, queue_ids: Sequence[int] | int | None) -> EncodedRecords:
-        topic_raw = self._topic_raw(topic)
+        topic_raw = topic_bytes(topic)
         bodies = body_column(bodies)
         n = len(bodies)
         keys_raw = key_column(keys, n) if keys is not None else None
@@ -495,15 +492,6 @@ class Producer:
             self._round_robin[topic] = (first + count) % self.info.queue_count
         return first
 
-    def _topic_raw(self, topic: str) -> bytes:
-        """The UTF-8 of a valid topic (BadInputError otherwise); valid topics are cached."""
-        topic_raw = self._topics.get(topic) if type(topic) is str else None
-        if topic_raw is None:
-            topic_raw = validate_topic(topic).encode("utf-8")
-            if len(self._topics) < MAX_TOPIC_CACHE:
-                self._topics[topic] = topic_raw
-        return topic_raw
-
     # ------------------------------------------------------------------------------ messages
     def _send_messages(self, messages: Sequence[Message], done: Callable[[BatchResult], None],
                        submit: Callable[[list[Pending]], None]) -> None:
@@ -521,16 +509,17 @@ class Producer:
         """Validate each message (a bad one gets its status from `builder.fail`) and encode the
         rest, many at once, in runs of equal `wait` (which never share a request)."""
         runs: list[tuple[bool, list[int], list[tuple[bytes, bytes, bytes, int]]]] = []
+        limits = self._put_limits()
         for i, (message, uniq_key) in enumerate(zip(messages, new_uniq_key_block(len(messages)).texts(),
                                                     strict=True)):
             try:
-                parts = self._message_parts(message, uniq_key)
+                topic_raw, body, props_raw, queue_id = message_parts(message, uniq_key, limits)
             except BadInputError as exc:
-                status = (PutStatus.PROPERTIES_SIZE_EXCEEDED
-                          if exc.field == "properties" and "exceed" in exc.reason
-                          else PutStatus.MESSAGE_ILLEGAL)
-                builder.fail(i, status, str(exc))
+                builder.fail(i, exc.put_status, str(exc))
                 continue
+            if queue_id is None:
+                queue_id = self._take_round_robin(message.topic, 1)
+            parts = (topic_raw, body, props_raw, queue_id)
             if not runs or runs[-1][0] != message.wait:
                 runs.append((message.wait, [], []))
             runs[-1][1].append(i)
@@ -544,24 +533,8 @@ class Producer:
                             indexes, wait))
         return encoded
 
-    def _message_parts(self, message: Message, uniq_key: str) -> tuple[bytes, bytes, bytes, int]:
-        """(topic, body, properties without the CRC32C tail, queue id) of a valid message."""
-        if not isinstance(message, Message):
-            raise BadInputError("message", f"not a Message: {type(message).__name__}")
-        topic_raw = self._topic_raw(message.topic)
-        body = validate_body(message.body)
-        if len(body) > self.info.max_body_bytes:
-            raise BadInputError("body", f"{len(body)} bytes exceeds the maximum of "
-                                f"{self.info.max_body_bytes}")
-        props_raw = encode_message_properties(message, uniq_key)
-        if len(props_raw) + CRC32C_PROP_SIZE > MAX_PROPERTIES_BYTES:
-            raise BadInputError("properties", f"{len(props_raw)} bytes plus the {CRC32C_PROP_SIZE}"
-                                f"-byte CRC32C property exceeds {MAX_PROPERTIES_BYTES}")
-        size = RECORD_FIXED_SIZE + len(body) + len(topic_raw) + len(props_raw) + CRC32C_PROP_SIZE
-        if size > self._mailbox.data_bytes:
-            raise BadInputError("body", f"a record of {size} bytes is larger than a mailbox slot "
-                                f"({self._mailbox.data_bytes} bytes)")
-        queue_id = message.queue_id
-        if queue_id is None:
-            queue_id = self._take_round_robin(message.topic, 1)
-        return topic_raw, body, props_raw, validate_queue_id(queue_id, self.info.queue_count)
+    def _put_limits(self) -> PutLimits:
+        """engine.message's limits of the supervisor attached to: a record fits a mailbox slot."""
+        info, slot_bytes = self.info, self._mailbox.data_bytes
+        return PutLimits(info.queue_count, info.max_body_bytes, slot_bytes,
+                         f"a mailbox slot of {slot_bytes} bytes")

@@ -50,12 +50,12 @@ from engine.formats.record.layout import (
     TOPIC_LENGTH_SIZE_V1,
     V4_HEADER_FMT,
     V4_HEADER_SIZE,
-    SysFlag,
 )
 from engine.formats.record.spans import walk_chain
 from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, StampableRecords
 from engine.formats.record.structure import locate_parts
 from engine.naming import validate_topic
+from engine.record_rules import HALF_OR_ROLLBACK_BIT
 from engine.refusal import Refusal, refused
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
@@ -64,10 +64,6 @@ _I32 = struct.Struct(">i")  # BODYLENGTH
 _WORD_FIELDS = ("total_size", "magic", "body_crc", "queue_id", "sys_flag", "body_length")
 _F_TOTAL, _F_MAGIC, _F_BODY_CRC, _F_QUEUE_ID, _F_SYS_FLAG, _F_BODY_LENGTH = (
     FIELD_INDEX[name] for name in _WORD_FIELDS)
-# Bit 0x4 is set in exactly the PREPARED (0x4) and ROLLBACK (0xC) transaction types: records
-# that RocketMQ keeps out of consume queues. mqstore has no transactions, so a producer may not
-# send them (one it acknowledged with a queue offset and then kept out of its queue left a gap).
-_TX_HALF_OR_ROLLBACK = int(SysFlag.TRANSACTION_PREPARED)
 _MAX_TOPIC_CACHE = 4096
 _MIN_RECORD_BYTES = RECORD_FIXED_SIZE + CRC32C_PROP_SIZE  # room for the __CRC32C slot
 _CRC32C_SEPARATOR = SEP_PROP[0]  # the byte that closes the __CRC32C property
@@ -172,7 +168,9 @@ class RecordChecker:
         sys_flag, queue_id, body_len = fields[_F_SYS_FLAG], fields[_F_QUEUE_ID], fields[_F_BODY_LENGTH]
         if sys_flag & HOSTS_V6 or sys_flag < 0:
             raise refused(Refusal.IPV6_HOSTS, found=sys_flag)
-        if sys_flag & _TX_HALF_OR_ROLLBACK:
+        # mqstore has no transactions: a PREPARED or ROLLBACK record, which RocketMQ keeps out of
+        # consume queues, is refused (one acknowledged with an offset and kept out left a gap)
+        if sys_flag & HALF_OR_ROLLBACK_BIT:
             raise refused(Refusal.TRANSACTION, found=sys_flag)
         if not 0 <= queue_id < self.queue_count:
             raise refused(Refusal.QUEUE_ID, limit=self.queue_count, found=queue_id)
@@ -350,7 +348,7 @@ def _header_word_rules(max_body_bytes: int, queue_count: int, max_record_bytes: 
     word - MAGIC <= 0 only where word == MAGIC)."""
     and_, sub, limit = (np.zeros(len(_CHECKED_WORDS), dtype=np.uint32) for _ in range(3))
     and_[:] = _ALL_BITS
-    and_[_SYS_FLAG_WORD] = _SIGN_BIT | HOSTS_V6 | _TX_HALF_OR_ROLLBACK
+    and_[_SYS_FLAG_WORD] = _SIGN_BIT | HOSTS_V6 | HALF_OR_ROLLBACK_BIT
     sub[_TOTAL_WORD] = _MIN_RECORD_BYTES
     limit[_TOTAL_WORD] = max(max_record_bytes - _MIN_RECORD_BYTES, 0)
     sub[_MAGIC_WORD] = MAGIC_V1

@@ -154,7 +154,7 @@ def test_round_robin_and_explicit_queue(store):
     ({"tags": "bad\udcfftag"}, PutStatus.MESSAGE_ILLEGAL, "not valid UTF-8"),
     ({"keys": ("two words",)}, PutStatus.MESSAGE_ILLEGAL, "no spaces"),
     ({"properties": {"UNIQ_KEY": "x"}}, PutStatus.MESSAGE_ILLEGAL, "set by the store"),
-    ({"properties": {"big": "v" * 40000}}, PutStatus.PROPERTIES_SIZE_EXCEEDED, "exceeds 32767"),
+    ({"properties": {"big": "v" * 40000}}, PutStatus.PROPERTIES_SIZE_EXCEEDED, "exceed 32767"),
 ])
 def test_bad_input_gets_a_status_and_changes_nothing(store, kwargs, status, words):
     args = {"topic": "BAD", "body": b"x", **kwargs}

@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from engine.dispatch import unindexed_rollbacks
 from engine.formats.properties import PROP_CRC32C, PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
 from engine.formats.record.arrays import gather_field, slices, take_spans
 from engine.formats.record.dispatch_columns import decode_dispatch
@@ -35,6 +34,7 @@ from engine.formats.record.props_many import (
     split_tokens,
 )
 from engine.formats.record.spans import RecordSpans, crc32c_tails
+from engine.record_rules import unindexed_rollback_mask
 
 _TS = pa.timestamp("us", tz="UTC")
 _PADDING_BYTES = 8  # after the properties blob: a key head reads 8 bytes at any key start
@@ -251,7 +251,7 @@ def dispatch_batch(chunk: bytes, spans: RecordSpans, base_pos: int, schema: pa.S
     cols = decode_dispatch(chunk, spans, base_pos)
     n = cols.count
     key_u8 = np.frombuffer(cols.key_blob, dtype=np.uint8)
-    keep = ~unindexed_rollbacks(cols.sys_flag[cols.key_rows], cols.queue_offset[cols.key_rows])
+    keep = ~unindexed_rollback_mask(cols.sys_flag[cols.key_rows], cols.queue_offset[cols.key_rows])
     keys = _list_array(cols.key_rows[keep], n,
                        string_array(key_u8, cols.key_starts[keep], cols.key_ends[keep]))
     columns = [

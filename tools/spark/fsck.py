@@ -38,13 +38,13 @@ from engine.formats.index_file import (
     shard_of,
 )
 from engine.naming import CHECKPOINT_FILE, CONSUMEQUEUE_DIR, INDEX_DIR
+from engine.record_rules import ENTERS_CONSUME_QUEUE_SQL
 from tools.spark.layout import StoreFormat, StoreLayout, read_layout
 from tools.spark.session import read_store
 from tools.spark.tasks import flat_map, flat_map_items
 
 Say = Callable[[str], None]
 MAX_FINDINGS_PER_KIND = 50
-CONSUMABLE_SQL = "(sys_flag & 12) NOT IN (4, 12)"
 KEY_ROWS_DDL = "shard int, key_hash int, commit_pos long, key string"
 ENTRY_DDL = "topic string, queue_id int, queue_offset long, e_pos long, e_size int, e_tags long, path string"
 FOUND_DDL = "shard int, key_hash int, commit_pos long, problem string, path string"
@@ -160,8 +160,8 @@ def _check_queues(spark, valid, root: Path, layout: StoreLayout, report: CheckRe
             "sum(count) AS entries", "slice(collect_list(IF(count > 1, struct(e_pos, count), NULL)), 1, 100) "
             "AS dupes").first()
         report.cq_entries = int(per_pos.entries or 0)
-        expected = valid.where(CONSUMABLE_SQL).select("topic", "queue_id", "queue_offset", "commit_pos",
-                                                      "size", "tags_code")
+        expected = valid.where(ENTERS_CONSUME_QUEUE_SQL).select("topic", "queue_id", "queue_offset",
+                                                                "commit_pos", "size", "tags_code")
         joined = expected.join(entries, ["topic", "queue_id", "queue_offset"], "full_outer").where(
             "commit_pos IS NULL OR e_pos IS NULL OR commit_pos != e_pos OR size != e_size "
             "OR tags_code != e_tags").orderBy("topic", "queue_id", "queue_offset").limit(1000).collect()

@@ -58,6 +58,7 @@ from engine.formats.record.layout import (
     TOPIC_LENGTH_SIZE_V1,
     V4_HEADER_FMT,
     V4_HEADER_SIZE,
+    check_properties_bytes,
 )
 from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS
 from engine.formats.uniq_key import UNIQ_COUNTER_DIGITS, UNIQ_COUNTER_MASK, UNIQ_KEY_CHARS, UNIQ_PREFIX_CHARS
@@ -115,8 +116,7 @@ def _check_lengths(topic_lens: np.ndarray, props_lens: np.ndarray) -> None:
     if len(topic_lens) and (topic_lens.min() < 1 or topic_lens.max() > MAX_TOPIC_BYTES):
         raise BadInputError("topic", f"must be 1..{MAX_TOPIC_BYTES} bytes of UTF-8")
     if len(props_lens) and props_lens.max() > MAX_PROPERTIES_BYTES:
-        raise BadInputError("properties", f"properties plus the {CRC32C_PROP_SIZE}-byte CRC32C "
-                            f"property exceed {MAX_PROPERTIES_BYTES}")
+        check_properties_bytes(int(props_lens.max()))
 
 
 def _topic_pieces(topic_raws: Sequence[bytes], topic_lens: np.ndarray) -> list[bytes]:
@@ -182,7 +182,7 @@ def _encode_vector(topic_raw: bytes, bodies: Sequence[bytes], queue_ids: Sequenc
     body_lens = list(map(len, bodies))
     key_lens = list(map(len, keys_raw)) if keys_raw is not None else [0]
     props_base = _props_base_bytes(tags_raw, keys_raw is not None)
-    _check_properties_bytes(props_base + max(key_lens))
+    check_properties_bytes(props_base + max(key_lens))
     sizes, starts = _sizes_and_starts(RECORD_FIXED_SIZE + len(topic_raw) + props_base, body_lens,
                                       key_lens, n)
     same = _SAME_HEADER.pack(0, 0, 0, 0, born_ts_ms, *_ipv4(born_host), 0, *_ipv4(store_host), 0, 0)
@@ -241,7 +241,7 @@ def _encode_few(topic_raw: bytes, bodies: Sequence[bytes], queue_ids: Sequence[i
     for counter, body, key, queue_id in zip(range(first_counter, first_counter + len(bodies)),
                                             bodies, keys, queue_ids, strict=False):
         if props_base + len(key) > MAX_PROPERTIES_BYTES:
-            _check_properties_bytes(props_base + len(key))
+            check_properties_bytes(props_base + len(key))
         size = fixed + len(body) + len(key)
         sizes.append(size)
         pieces.append(_HEADER.pack(size, MAGIC_V1, zlib.crc32(body) & BODY_CRC_MASK, queue_id,
@@ -283,7 +283,7 @@ def encode_one(topic_raw: bytes, body: bytes, queue_id: int, *, key_raw: bytes |
         topic_raw, tags_raw, key_raw is not None, born_host, store_host)
     key_bytes = 0 if key_raw is None else len(key_raw)
     if props_base + key_bytes > MAX_PROPERTIES_BYTES:
-        _check_properties_bytes(props_base + key_bytes)
+        check_properties_bytes(props_base + key_bytes)
     if len(uniq_prefix) != UNIQ_PREFIX_CHARS or not uniq_prefix.isascii():
         _check_uniq_prefix(uniq_prefix)
     head = _FULL_HEADER.pack(fixed_bytes + len(body) + key_bytes, MAGIC_V1,
@@ -328,14 +328,6 @@ def _check_topic(topic_raw: bytes) -> None:
 def _check_uniq_prefix(uniq_prefix: str) -> None:
     if len(uniq_prefix) != UNIQ_PREFIX_CHARS or not uniq_prefix.isascii():
         raise BadInputError("uniq_prefix", f"{uniq_prefix!r} is not {UNIQ_PREFIX_CHARS} hex digits")
-
-
-def _check_properties_bytes(props_bytes: int) -> None:
-    """The one properties-length rule of every path; the per-record paths call it only past
-    the limit, keeping the comparison inline (no call per record)."""
-    if props_bytes > MAX_PROPERTIES_BYTES:
-        raise BadInputError("properties", f"properties plus the {CRC32C_PROP_SIZE}-byte CRC32C "
-                            f"property exceed {MAX_PROPERTIES_BYTES}")
 
 
 def _props_base_bytes(tags_raw: bytes | None, with_key: bool) -> int:

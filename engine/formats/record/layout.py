@@ -42,6 +42,10 @@ from enum import IntEnum, IntFlag
 
 import numpy as np
 
+from engine.errors import BadInputError
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE
+from engine.status import PutStatus
+
 MAGIC_V1 = 0xDAA320A7
 MAGIC_V2 = 0xDAA320AB
 BLANK_MAGIC = 0xCBD43194
@@ -125,6 +129,16 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 BODY_CRC_MASK = 0x7FFFFFFF
 # Every record and every filler starts with its 4-byte big-endian TOTALSIZE: what walkers read.
 TOTAL_SIZE_FIELD = struct.Struct(_fmt("total_size", "magic"))
+
+
+def check_properties_bytes(props_bytes: int) -> None:
+    """The one PROPERTIESLENGTH rule of every encoder: properties of `props_bytes` (the CRC32C
+    tail included) fit a signed short; past it a put gets PROPERTIES_SIZE_EXCEEDED. Hot paths
+    compare inline and call this only past the limit."""
+    if props_bytes > MAX_PROPERTIES_BYTES:
+        raise BadInputError("properties", f"{props_bytes - CRC32C_PROP_SIZE} bytes plus the "
+                            f"{CRC32C_PROP_SIZE}-byte CRC32C property exceed {MAX_PROPERTIES_BYTES}",
+                            put_status=PutStatus.PROPERTIES_SIZE_EXCEEDED)
 
 
 class SysFlag(IntFlag):

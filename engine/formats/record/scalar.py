@@ -66,6 +66,7 @@ from engine.formats.record.layout import (
     SYS_FLAG_OFFSET,
     V4_HEADER_FMT,
     V4_HEADER_SIZE,
+    check_properties_bytes,
 )
 from engine.formats.record.structure import (
     check_head,
@@ -264,8 +265,7 @@ def _encode_props_with_crc_slot(properties: Mapping[str, str] | None) -> bytes:
         raise BadInputError("properties", f"{PROP_CRC32C!r} is reserved for the store")
     raw = encode_properties(properties) if properties else b""
     if len(raw) + CRC32C_PROP_SIZE > MAX_PROPERTIES_BYTES:
-        raise BadInputError("properties", f"{len(raw)} bytes plus the {CRC32C_PROP_SIZE}-byte CRC32C "
-                            f"property exceeds {MAX_PROPERTIES_BYTES}")
+        check_properties_bytes(len(raw) + CRC32C_PROP_SIZE)
     return raw + CRC32C_RESERVED
 
 
