@@ -113,7 +113,7 @@ def group_table(store_dir: str | Path) -> list[GroupRow]:
     """Every consumer group that committed an offset, sorted by name."""
     root = Path(store_dir)
     require_store(root)
-    offsets, times = ConsumerOffsets(root).load_with_times()
+    offsets, times = ConsumerOffsets(root).peek_with_times()
     rows: dict[str, list[CommittedOffset]] = {}
     for key, queues in offsets.items():
         topic, group = _split_key(key)
