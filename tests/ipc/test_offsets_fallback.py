@@ -3,8 +3,10 @@ process and in mqstore.log, the bad file kept aside, the fallback counted for st
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
 
 import pytest
 
@@ -96,3 +98,48 @@ def test_a_garbled_fallback_record_is_reported_not_fatal(tmp_path):
     offsets.path.write_text("garbage")
     offsets.load()
     assert read_fallbacks(tmp_path).count == 1  # starts over rather than block the fallback
+
+
+@pytest.mark.slow
+def test_a_consumer_process_falls_back_loudly_and_status_and_exporter_count_it(tmp_path):
+    """Real processes: `mqstore consume` commits twice, the primary is truncated between runs;
+    the next run reads again from the backup's offset and says so on its stderr and in
+    mqstore.log, and `mqstore status` and the exporter's counter show the fallback."""
+    from ipc.producer import Producer
+    from tests.workers.store_harness import checked_store, cli
+    from tools.exporter import StoreCollector
+
+    def consume(count: int) -> subprocess.CompletedProcess:
+        result = cli("consume", "--store", str(store.root), "--topic", "Torn", "--group", "g",
+                     "--queue-id", "0", "--max", str(count), "--timeout-ms", "0", "--json")
+        assert result.returncode == 0, result.stderr.decode()
+        return result
+
+    def counter() -> float:
+        [family] = [f for f in StoreCollector(store.root).collect()
+                    if f.name == "mqstore_consumer_offset_fallbacks"]
+        return family.samples[0].value
+
+    with checked_store(tmp_path / "store") as store:
+        with Producer(store.root) as producer:
+            for i in range(10):
+                assert producer.send("Torn", f"m{i}".encode(), queue_id=0).ok
+        store.wait_caught_up()
+        consume(4)
+        consume(3)  # the primary says 7, the backup 4
+        assert counter() == 0
+        offsets = ConsumerOffsets(store.root)
+        offsets.path.write_bytes(offsets.path.read_bytes()[:20])
+        again = consume(10)
+        bodies = [json.loads(line)["body"] for line in again.stdout.decode().splitlines()]
+        assert bodies == [f"m{i}" for i in range(4, 10)]  # 4..6 again: the backup's offset
+        stderr = again.stderr.decode()
+        assert "WARNING" in stderr and "consumerOffset.json unreadable" in stderr
+        logged = [line for line in (store.root / "mqstore.log").read_text().splitlines()
+                  if "consumerOffset.json unreadable" in line]
+        assert len(logged) == 1 and " WARNING " in logged[0] and " consumer[" in logged[0]
+        status = cli("status", "--store", str(store.root), "--json")
+        assert json.loads(status.stdout)["offset_fallbacks"]["count"] == 1
+        text = cli("status", "--store", str(store.root)).stdout.decode()
+        assert "consumer offsets: replaced by their backup 1 time(s)" in text
+        assert counter() == 1
