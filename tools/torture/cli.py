@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tools.torture.faults import Tear
 from tools.torture.figures import Figures
+from tools.torture.offset_damage import DAMAGES
 from tools.torture.rounds import FAULTS, TARGETS, TortureRun, TortureSettings
 
 SOAK_PLAN = (  # (target, fault, flush): the supervisor first, then power loss, then the rest
@@ -29,6 +30,7 @@ SOAK_PLAN = (  # (target, fault, flush): the supervisor first, then power loss, 
     ("hostile", "kill", "sync"),
     ("random", "kill", "async"),
     ("supervisor", "power-loss", "async"),
+    ("supervisor", "offsets", "sync"),
 )
 
 
@@ -41,6 +43,14 @@ def _ack_range(text: str) -> tuple[int, int]:
     if not 0 < values[0] <= values[1]:
         raise argparse.ArgumentTypeError(f"{text!r}: need 0 < LOW <= HIGH")
     return values
+
+
+def _damages(text: str) -> tuple[str, ...]:
+    names = tuple(name for name in text.split(",") if name)
+    unknown = sorted(set(names) - set(DAMAGES))
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {','.join(DAMAGES)}")
+    return names
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +81,9 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
                         help="acks required after the last restart of a round (default 20)")
     parser.add_argument("--rounds-per-store", type=int, default=0,
                         help="start a fresh store every N rounds (0: one store; bounds check time)")
+    parser.add_argument("--offset-damages", type=_damages, default=DAMAGES, metavar="D[,D]",
+                        help="with --fault offsets: what is damaged while the store is down, "
+                        f"of {','.join(DAMAGES)} (default both)")
     parser.add_argument("--json", help="write the figures (and every round) to this file")
 
 
@@ -92,7 +105,7 @@ def settings_from_args(args: argparse.Namespace, **overrides) -> TortureSettings
                   producers=args.producers,
                   kills_per_round=args.kills_per_round, acks_before_kill=args.acks_before_kill,
                   acks_after_restart=args.acks_after_restart,
-                  rounds_per_store=args.rounds_per_store,
+                  rounds_per_store=args.rounds_per_store, offset_damages=args.offset_damages,
                   work_dir=Path(args.work_dir) if args.work_dir else None,
                   progress=lambda line: print(line, flush=True))
     values.update(overrides)
