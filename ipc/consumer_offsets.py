@@ -140,7 +140,8 @@ class ConsumerOffsets:
     """Read and commit the offsets of one store's consumer groups."""
 
     def __init__(self, store_dir: str | os.PathLike):
-        self.path = Path(store_dir) / CONFIG_DIR / CONSUMER_OFFSET_FILE
+        self.root = Path(store_dir)
+        self.path = self.root / CONFIG_DIR / CONSUMER_OFFSET_FILE
 
     def load(self) -> OffsetTable:
         """The whole table ({} when no file exists); a bad primary is replaced by `.bak`."""
@@ -211,14 +212,14 @@ class ConsumerOffsets:
             kept_as = f"{self.path.name}{TORN_SUFFIX}{at_ms}"
             os.replace(self.path, self.path.with_name(kept_as))
         write_file_atomically(self.path, encode_offset_table(table, times))
-        count = count_fallback(self.path.parent.parent, at_ms, reason, kept_as)
+        count = count_fallback(self.root, at_ms, reason, kept_as)
         written = max((ms for queues in times.values() for ms in queues.values()), default=None)
         message = (f"{reason}: took {self.backup_path.name} (one commit older, last commit at "
                    f"{_clock(written)}) in its place; every group reads again what it consumed "
                    f"since then; the bad file is kept as {kept_as or 'nothing (it was gone)'} "
                    f"(fallback {count} of this store, see `mqstore status`)")
         log.warning("%s", message)
-        append_to_store_log(self.path.parent.parent, __name__, logging.WARNING, message)
+        append_to_store_log(self.root, __name__, logging.WARNING, message)
         return table, times
 
     def get(self, topic: str, group: str, queue_id: int) -> int | None:
