@@ -23,7 +23,6 @@ the dispatcher) tracks the end of the segments it has mapped; `refresh()` adopts
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -72,7 +71,6 @@ class SegmentInfo(NamedTuple):
 
     base_pos: int
     path: Path
-    mtime_s: float
 
 
 class CommitLog:
@@ -430,9 +428,9 @@ class CommitLog:
         return self.segments.remove_first()
 
     def segments_info(self) -> list[SegmentInfo]:
-        """(base_pos, path, mtime_s) of every segment, oldest first."""
-        return [SegmentInfo(self.segments.base_of(s), s.path, os.stat(s.path).st_mtime)
-                for s in self.segments.segments]
+        """(base_pos, path) of every segment, oldest first (a segment's age is the store time
+        of its last record, engine.segment_age, never its file's mtime)."""
+        return [SegmentInfo(self.segments.base_of(s), s.path) for s in self.segments.segments]
 
     def close(self) -> None:
         self.segments.close()

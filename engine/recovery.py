@@ -33,6 +33,7 @@ from engine.dispatch import (
     queue_groups,
 )
 from engine.durable_line import durable_line, refuse_loss_below, refuse_short_segments
+from engine.durable_times import CheckpointTimes
 from engine.errors import (
     CorruptConsumeQueueError,
     CorruptIndexError,
@@ -433,9 +434,6 @@ def _finish(parts: StoreParts, report: RecoveryReport, cut_pos: int,
     if accepted != load_accepted(parts.root):
         save_accepted(parts.root, accepted)
     settle_retention_line(parts.root, parts.commitlog.min_pos)  # before: the checkpoint ends recovery
-    now = int(time.time() * 1000)
-    write_checkpoint(parts.root, Checkpoint(
-        physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now,
-        confirm_commit_pos=cut_pos, commitlog_flushed_pos=cut_pos, cq_durable_pos=cut_pos,
-        index_durable_pos=tuple(cut_pos for _ in parts.shards)))
+    times = CheckpointTimes(parts.commitlog, parts.root, len(parts.shards))
+    write_checkpoint(parts.root, times.checkpoint(cut_pos, cut_pos, tuple(cut_pos for _ in parts.shards)))
     parts.queues.finish_rebuilds()  # the queues set aside are whole: the checkpoint says so

@@ -10,9 +10,15 @@ When segments may go, judged on the used fraction of the store's filesystem:
     a manual pass (`mqstore clean`)        delete expired segments at any hour
     otherwise                              delete nothing
 
-A segment is expired when now >= its mtime + file_reserved_hours. The walk goes oldest to
-newest, never touches the last (active) segment, stops at the first segment it may not delete
-(so segments never go from the middle) and deletes at most `max_files` per pass.
+A segment is expired when now >= the store time of its last record + file_reserved_hours
+(engine.segment_age; Kafka's rule). Its file's mtime is never read: a restore, a copy tool or
+a clock set after boot moves it. A segment whose last record cannot be read has no age and is
+never expired by age; a store time in the future keeps its segment until that time has aged.
+The walk goes oldest to newest, never touches the last (active) segment, stops at the first
+segment it may not delete (so segments never go from the middle) and deletes at most
+`max_files` per pass. A pass that leaves segments behind that may go says so (`more_due`): its
+caller runs the next pass at once, so retention keeps pace with any write rate while the I/O
+of one pass stays bounded (the tails of at most `max_files` + 1 segments are read, each once).
 
 Step order. Each step is durable on its own (unlink + fsync of the directory), and death
 between any two steps leaves a state that readers, `recover` and `check` accept:
@@ -33,18 +39,19 @@ short after step 1 is finished by the next one.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from engine.config import StoreConfig
 from engine.errors import BadInputError
 from engine.filesystem import disk_usage_ratio
 from engine.retention_line import raise_retention_line
+from engine.segment_age import SegmentAge, SegmentAges
 
 if TYPE_CHECKING:
-    from engine.commitlog import CommitLog, SegmentInfo
+    from engine.commitlog import CommitLog
     from engine.consume_queue import ConsumeQueue
     from engine.recovery import StoreParts
     from engine.shard_index import ShardIndex
@@ -81,6 +88,7 @@ class RetentionReport:
     disk_full: bool = False
     reason: RetentionReason = RetentionReason.NONE
     min_commit_pos: int = 0
+    more_due: bool = False  # segments that may go were left behind by the batch limit
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -110,28 +118,41 @@ def is_disk_full(usage_ratio: float, config: StoreConfig) -> bool:
     return usage_ratio >= config.disk_full_ratio
 
 
-def plan_retention(segments_info: Sequence[SegmentInfo], now_ms: int, usage_ratio: float,
-                   config: StoreConfig, max_files: int = DEFAULT_MAX_FILES,
-                   kind: PassKind = PassKind.SCHEDULED) -> tuple[list[int], RetentionReason]:
-    """Base positions of the segments to delete this pass, oldest first, and the trigger (pure).
+class RetentionPlan(NamedTuple):
+    """The segments one pass deletes (base positions, oldest first), the trigger, and whether
+    segments that may go are left behind by the batch limit (the next pass is due at once)."""
 
-    `segments_info` lists the segments oldest first up to the active one, which is last and
-    never chosen (`plan_pass` builds the list for an open store).
+    base_positions: list[int]
+    reason: RetentionReason
+    more_due: bool
+
+
+def is_expired(age: SegmentAge, now_ms: int, config: StoreConfig) -> bool:
+    """Its last record is older than file_reserved_hours; a segment without an age never is."""
+    if age.last_store_ts_ms is None:
+        return False
+    return now_ms >= age.last_store_ts_ms + config.file_reserved_hours * MS_PER_HOUR
+
+
+def plan_retention(sealed_bases: Sequence[int], age_of: Callable[[int], SegmentAge], now_ms: int,
+                   usage_ratio: float, config: StoreConfig, max_files: int = DEFAULT_MAX_FILES,
+                   kind: PassKind = PassKind.SCHEDULED) -> RetentionPlan:
+    """The plan of one pass over `sealed_bases`, the segments that may go at all, oldest first
+    (never the active one: `plan_log` builds the list). `age_of` is asked only for the
+    segments an age decides, at most `max_files` + 1 of them, and not at all under SPACE_FORCE.
     """
     reason = retention_reason(now_ms, usage_ratio, config, kind)
     if reason is RetentionReason.NONE:
-        return [], reason
+        return RetentionPlan([], reason, False)
     regardless_of_age = reason is RetentionReason.SPACE_FORCE
-    reserved_ms = config.file_reserved_hours * MS_PER_HOUR
     chosen: list[int] = []
-    for info in sorted(segments_info, key=lambda s: s.base_pos)[:-1]:
-        if len(chosen) >= max_files:
-            break
-        expired = now_ms >= round(info.mtime_s * 1000) + reserved_ms
-        if not (expired or regardless_of_age):
+    for base_pos in sealed_bases:
+        if not (regardless_of_age or is_expired(age_of(base_pos), now_ms, config)):
             break  # never from the middle
-        chosen.append(info.base_pos)
-    return chosen, reason
+        if len(chosen) >= max_files:
+            return RetentionPlan(chosen, reason, max_files > 0)
+        chosen.append(base_pos)
+    return RetentionPlan(chosen, reason, False)
 
 
 # ------------------------------------------------------------------------------ the steps
@@ -180,44 +201,48 @@ def expire_shards(shards: Iterable[ShardIndex], min_commit_pos: int) -> int:
 
 
 def plan_pass(parts: StoreParts, config: StoreConfig, *, now_ms: int, usage_ratio: float,
-              max_files: int = DEFAULT_MAX_FILES, kind: PassKind = PassKind.SCHEDULED
-              ) -> tuple[list[int], RetentionReason]:
+              ages: SegmentAges, max_files: int = DEFAULT_MAX_FILES,
+              kind: PassKind = PassKind.SCHEDULED) -> RetentionPlan:
     """`plan_retention` over an open store's segments (see `plan_log`)."""
-    return plan_log(parts.commitlog, config, now_ms=now_ms, usage_ratio=usage_ratio,
+    return plan_log(parts.commitlog, config, now_ms=now_ms, usage_ratio=usage_ratio, ages=ages,
                     max_files=max_files, end_pos=parts.commitlog.written_pos, kind=kind)
 
 
 def plan_log(log: CommitLog, config: StoreConfig, *, now_ms: int, usage_ratio: float, end_pos: int,
-             max_files: int = DEFAULT_MAX_FILES, kind: PassKind = PassKind.SCHEDULED
-             ) -> tuple[list[int], RetentionReason]:
+             ages: SegmentAges, max_files: int = DEFAULT_MAX_FILES,
+             kind: PassKind = PassKind.SCHEDULED) -> RetentionPlan:
     """`plan_retention` over the segments of `log` that lie wholly below `end_pos`.
 
     `end_pos` is the write position in one process; the supervisor passes the lowest position
     every process has made durable, so no segment goes that a child still has to read. The
-    segment holding `end_pos` stands for the active one: never chosen, as are those after it.
+    segment holding `end_pos` stands for the active one: never chosen, as are those after it
+    (and the last segment always). Ages come from `ages`, read once per segment.
     """
-    infos = log.segments_info()
-    sealed = sum(1 for s in infos if s.base_pos + log.segment_bytes <= end_pos)
-    return plan_retention(infos[:sealed + 1], now_ms, usage_ratio, config, max_files, kind)
+    bases = [s.base_pos for s in log.segments_info()]
+    sealed = sum(1 for base in bases if base + log.segment_bytes <= end_pos)
+    ages.forget_below(log.min_pos)
+    return plan_retention(bases[:min(sealed, len(bases) - 1)], lambda base: ages.age_of(log, base),
+                          now_ms, usage_ratio, config, max_files, kind)
 
 
 def run_retention(parts: StoreParts, config: StoreConfig, *, now_ms: int | None = None,
                   usage_ratio: float | None = None, max_files: int = DEFAULT_MAX_FILES,
-                  kind: PassKind = PassKind.SCHEDULED) -> RetentionReport:
+                  kind: PassKind = PassKind.SCHEDULED, ages: SegmentAges | None = None) -> RetentionReport:
     """One retention pass over an open, writable store (see the module doc for the rules).
 
     `usage_ratio` defaults to the measured usage of the store's filesystem; a caller that has
     just measured it (the supervisor's cleaner) passes its value. DISK_FULL is judged on the
-    usage before this pass deletes anything, as RocketMQ does; the next pass clears it.
+    usage before this pass deletes anything, as RocketMQ does; the next pass clears it. A
+    caller that runs passes again passes the same `ages`, so no segment's records are read twice.
     """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     ratio = disk_usage_ratio(parts.root) if usage_ratio is None else usage_ratio
-    bases, reason = plan_pass(parts, config, now_ms=now_ms, usage_ratio=ratio, max_files=max_files,
-                              kind=kind)
-    removed = delete_segments(parts, bases)
+    plan = plan_pass(parts, config, now_ms=now_ms, usage_ratio=ratio, max_files=max_files, kind=kind,
+                     ages=SegmentAges() if ages is None else ages)
+    removed = delete_segments(parts, plan.base_positions)
     min_commit_pos = parts.commitlog.min_pos
     return RetentionReport(segments_removed=removed,
                            cq_files_removed=clean_consume_queues(parts, min_commit_pos),
                            index_files_removed=clean_index(parts, min_commit_pos),
                            disk_usage_ratio=ratio, disk_full=is_disk_full(ratio, config),
-                           reason=reason, min_commit_pos=min_commit_pos)
+                           reason=plan.reason, min_commit_pos=min_commit_pos, more_due=plan.more_due)

@@ -18,6 +18,7 @@ from engine.checkpoint import write_checkpoint
 from engine.config import FlushPolicy, StoreConfig
 from engine.consume_queue import Boundary
 from engine.dispatch import dispatch_columns
+from engine.durable_times import CheckpointTimes
 from engine.errors import (
     BadInputError,
     DiskFullError,
@@ -52,6 +53,7 @@ from engine.recovery import (
     RecoveryReport,
     StoreParts,
 )
+from engine.segment_age import SegmentAges
 from engine.status import GetResult, GetStatus, PutResult, PutStatus
 from engine.store_dir import (
     StoreLock,
@@ -103,6 +105,8 @@ class MessageStore:
         self._disk_checked_ms = 0
         self._disk_full = False
         self._closed = False
+        self._times = CheckpointTimes(self.commitlog, root, len(self.shards))
+        self._segment_ages = SegmentAges()
 
     @classmethod
     def open(cls, path: str | Path, config: StoreConfig | None = None, *,
@@ -238,13 +242,9 @@ class MessageStore:
         dispatched = self._dispatched_pos
         self.queues.flush_all()
         index_positions = tuple(shard.sync() for shard in self.shards)
-        now = _now_ms()
-        cp = Checkpoint(physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now,
-                        confirm_commit_pos=self.commitlog.flushed_pos,
-                        commitlog_flushed_pos=self.commitlog.flushed_pos,
-                        cq_durable_pos=dispatched, index_durable_pos=index_positions)
+        cp = self._times.checkpoint(self.commitlog.flushed_pos, dispatched, index_positions)
         write_checkpoint(self.root, cp)
-        self._last_checkpoint_ms = now
+        self._last_checkpoint_ms = _now_ms()
         return cp
 
     def _is_disk_full(self) -> bool:
@@ -262,7 +262,8 @@ class MessageStore:
         so puts refuse or resume without waiting for the next periodic disk check.
         """
         self._require_open()
-        report = retention.run_retention(self._parts, self.config, now_ms=now_ms, kind=kind)
+        report = retention.run_retention(self._parts, self.config, now_ms=now_ms, kind=kind,
+                                         ages=self._segment_ages)
         self._disk_full = report.disk_full
         self._disk_checked_ms = _now_ms()
         return report

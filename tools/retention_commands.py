@@ -3,7 +3,8 @@
 With a supervisor running, the command asks it (the request word of the control block's
 retention area, ipc/retention_block.py) and waits for the pass and for every child to clean up
 to the new line. With none, it takes the store lock and runs the same pass in-process
-(MessageStore.clean_expired, recovery first as for any writer). Either way it is a manual pass:
+(MessageStore.clean_expired, recovery first as for any writer), and runs passes (10 segments
+each at most) until none leaves segments behind that may go. Either way it is a manual pass:
 expired segments go at any hour, as RocketMQ's executeDeleteFilesManually; disk pressure still
 deletes regardless of age. Offline, the retention settings come from --config (else defaults);
 online, the running supervisor's settings apply.
@@ -101,14 +102,16 @@ def clean_offline(root: Path, config: StoreConfig) -> dict:
         raise StoreError("the store did not stop cleanly", path=str(root),
                          hint="run `mqstore recover` (or start it) first")
     with MessageStore.open(root, config) as store:
-        report = store.clean_expired(kind=PassKind.MANUAL)
+        reports = [store.clean_expired(kind=PassKind.MANUAL)]
+        while reports[-1].more_due:  # a full batch left segments that may go: the next pass at once
+            reports.append(store.clean_expired(kind=PassKind.MANUAL))
         segment_bytes = store.commitlog.segment_bytes
-    return {"mode": "offline", "reason": report.reason.value,
-            "segments_removed": len(report.segments_removed),
-            "bytes_removed": len(report.segments_removed) * segment_bytes,
-            "cq_files_removed": report.cq_files_removed,
-            "index_files_removed": report.index_files_removed,
-            "min_commit_pos": report.min_commit_pos}
+    segments_removed = sum(len(r.segments_removed) for r in reports)
+    return {"mode": "offline", "reason": reports[0].reason.value, "passes": len(reports),
+            "segments_removed": segments_removed, "bytes_removed": segments_removed * segment_bytes,
+            "cq_files_removed": sum(r.cq_files_removed for r in reports),
+            "index_files_removed": sum(r.index_files_removed for r in reports),
+            "min_commit_pos": reports[-1].min_commit_pos}
 
 
 def render_clean(report: dict) -> str:

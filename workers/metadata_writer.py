@@ -8,6 +8,10 @@ checkpoint only speeds recovery up; the durable positions in shared memory stay 
 Any other error (EIO from an fsync) is kept in `error` for the supervisor loop, which stops
 the store like a failed commitlog flush. The shutdown's last checkpoint is written by the
 caller with `write_checkpoint` after `stop`.
+
+RocketMQ's three timestamps in the checkpoint are the store times of what its positions hold
+(engine.durable_times), read through this thread's own read-only view of the commitlog, so the
+appender's segment list is never walked from here.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.checkpoint import write_checkpoint
+from engine.commitlog import CommitLog
+from engine.durable_times import CheckpointTimes
 from engine.errors import DiskFullError, StoreError
 from engine.formats.checkpoint import Checkpoint
+from engine.mapped_file import Access
 from ipc.control_block import ControlBlock
 from ipc.run_info import RunInfo, write_run_info
 from workers.group_commit import GroupCommit, wait_while_stalled
@@ -32,8 +39,11 @@ class MetadataWriter:
     """Writes the checkpoint and the run info on its own thread."""
 
     def __init__(self, root: Path, ctl: ControlBlock, group_commit: GroupCommit, interval_s: float,
-                 *, on_error: Callable[[], None], fault_stall_path: Path | None = None):
+                 *, segment_bytes: int, shard_count: int, on_error: Callable[[], None],
+                 fault_stall_path: Path | None = None):
         self.root = Path(root)
+        self._commitlog = CommitLog.open(self.root, segment_bytes, Access.READ_ONLY)
+        self._times = CheckpointTimes(self._commitlog, self.root, shard_count)
         self.ctl = ctl
         self.group_commit = group_commit
         self.interval_s = interval_s
@@ -64,6 +74,10 @@ class MetadataWriter:
         if self._thread.is_alive():
             self._thread.join()
 
+    def close(self) -> None:
+        """Unmap the commitlog view (after `stop` and the last `write_checkpoint`)."""
+        self._commitlog.close()
+
     def write_checkpoint(self) -> Checkpoint | None:
         """Write the checkpoint from the published positions now; None if a child's publication
         was torn (its restart repairs it). DiskFullError or OSError when the write fails."""
@@ -73,11 +87,8 @@ class MetadataWriter:
             log.warning("checkpoint skipped: %s", exc)
             return None
         flushed = self.group_commit.published_flushed
-        now = time.time_ns() // 1_000_000
-        cp = Checkpoint(physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now,
-                        confirm_commit_pos=flushed, commitlog_flushed_pos=flushed,
-                        cq_durable_pos=snap.cq_durable_pos,
-                        index_durable_pos=tuple(snap.shard_durable_pos))
+        self._commitlog.refresh()  # adopt new segments; let go of those retention removed
+        cp = self._times.checkpoint(flushed, snap.cq_durable_pos, tuple(snap.shard_durable_pos))
         if self._fault_stall_path is not None:
             wait_while_stalled(self._fault_stall_path)
         write_checkpoint(self.root, cp)

@@ -4,7 +4,10 @@ Every `clean_resource_interval_ms`, and at once when `mqstore clean` asks (the r
 ipc/retention_block.py), one pass: measure the disk, plan with engine.retention (the delete
 hour, disk pressure, never the active segment), remove the planned commitlog segments and
 publish the new minimum commit position as the retention line. Each child then drops its own
-consume-queue or index files below the line (workers/child_retention.py).
+consume-queue or index files below the line (workers/child_retention.py). A pass that left
+segments behind that may go (its batch of 10 was full) is followed by another of the same kind
+at the next loop turn, not an interval later: the horizon holds at any write rate, and each
+pass's I/O stays one batch.
 
 The line never passes what every process has made durable (the flushed position, the consume
 queues' and each index shard's durable position): no child still has to read a segment that
@@ -28,6 +31,7 @@ from engine.retention import (
     plan_log,
     remove_segments,
 )
+from engine.segment_age import SegmentAges
 from ipc.control_block import ControlBlock
 from ipc.retention_block import RetentionBlock, RetentionLine
 from workers.group_commit import GroupCommit
@@ -49,6 +53,8 @@ class RetentionRunner:
         self._group_commit = group_commit
         self._interval_s = config.clean_resource_interval_ms / 1000.0
         self._next_at_s = time.monotonic() + self._interval_s
+        self._follow_up: PassKind | None = None  # the kind of a pass due at once
+        self._ages = SegmentAges()
         self.block = RetentionBlock(ctl)
         self.line = RetentionLine(commitlog.min_pos)
 
@@ -58,17 +64,22 @@ class RetentionRunner:
         self.block.publish_line(self.line)
 
     def run_if_due(self, now_s: float) -> RetentionReport | None:
-        """One pass when the interval is up or a manual pass is asked for; None otherwise, and
-        when a flush held the disk (the next call tries again)."""
+        """One pass when the interval is up, a manual pass is asked for, or the last pass left
+        segments behind that may go; None otherwise, and when a flush held the disk (the next
+        call tries again)."""
         requested = self.block.manual_requested()
-        kind = PassKind.MANUAL if requested > self.line.manual_done else PassKind.SCHEDULED
-        if kind is PassKind.SCHEDULED and now_s < self._next_at_s:
-            return None
+        kind = PassKind.MANUAL if requested > self.line.manual_done else self._follow_up
+        if kind is None:
+            if now_s < self._next_at_s:
+                return None
+            kind = PassKind.SCHEDULED
         report = self._group_commit.run_between_flushes(lambda: self._pass(kind), FLUSH_WAIT_S)
         if report is None:
             return None
         self._next_at_s = now_s + self._interval_s
-        self._publish(report, requested if kind is PassKind.MANUAL else self.line.manual_done)
+        self._follow_up = kind if report.more_due else None
+        finished_manual = kind is PassKind.MANUAL and not report.more_due  # `mqstore clean` waits for it
+        self._publish(report, requested if finished_manual else self.line.manual_done)
         if report.segments_removed or kind is PassKind.MANUAL:
             log.info("retention (%s, disk %.0f%% used): removed %d commitlog segment(s) %s; the "
                      "store now starts at commit_pos %d", report.reason.value,
@@ -83,12 +94,12 @@ class RetentionRunner:
 
     def _pass(self, kind: PassKind) -> RetentionReport:
         ratio = disk_usage_ratio(self._root)
-        bases, reason = plan_log(self._commitlog, self._config, now_ms=int(time.time() * 1000),
-                                 usage_ratio=ratio, end_pos=self.durable_end(), kind=kind)
-        removed = remove_segments(self._commitlog, bases)
+        plan = plan_log(self._commitlog, self._config, now_ms=int(time.time() * 1000),
+                        usage_ratio=ratio, end_pos=self.durable_end(), ages=self._ages, kind=kind)
+        removed = remove_segments(self._commitlog, plan.base_positions)
         return RetentionReport(segments_removed=removed, disk_usage_ratio=ratio,
-                               disk_full=is_disk_full(ratio, self._config), reason=reason,
-                               min_commit_pos=self._commitlog.min_pos)
+                               disk_full=is_disk_full(ratio, self._config), reason=plan.reason,
+                               min_commit_pos=self._commitlog.min_pos, more_due=plan.more_due)
 
     def _publish(self, report: RetentionReport, manual_done: int) -> None:
         old = self.line

@@ -182,6 +182,8 @@ class Supervisor:
         write_run_info(self.root, self.run_info)
         self._metadata = MetadataWriter(self.root, ctl, self._group_commit,
                                         self.config.cq_flush_interval_ms / 1000.0,
+                                        segment_bytes=self._commitlog.segment_bytes,
+                                        shard_count=self.config.index_shards,
                                         on_error=self._shared.server.wakeup.post,
                                         fault_stall_path=stall_path)
         self._metadata.start()
@@ -227,6 +229,7 @@ class Supervisor:
             child.stop(self.settings.child_stop_timeout_s)
         if self._metadata is not None:
             self._metadata.stop()
+            self._metadata.close()
         if self._deadlines is not None:
             self._deadlines.stop()
         if self._group_commit is not None:
@@ -354,14 +357,16 @@ class Supervisor:
     def _final_checkpoint(self) -> Checkpoint | None:
         """The stop's checkpoint, written here (the metadata thread has ended); None if not written."""
         self._metadata.stop()
-        if self._metadata.error is not None:
-            return None  # the disk failed; the next start recovers from the last checkpoint
         try:
+            if self._metadata.error is not None:
+                return None  # the disk failed; the next start recovers from the last checkpoint
             return self._metadata.write_checkpoint()
         except DiskFullError as exc:
             log.warning("disk full: the last checkpoint was not written (%s)", exc)
         except OSError as exc:
             self._fail(f"flushing the checkpoint failed: {exc}")
+        finally:
+            self._metadata.close()
         return None
 
     # ------------------------------------------------------------------------------- stop

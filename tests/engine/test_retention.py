@@ -19,15 +19,17 @@ from hypothesis import strategies as st
 
 from engine import retention
 from engine.check import check
-from engine.commitlog import SegmentInfo
 from engine.config import StoreConfig
 from engine.errors import BadInputError
 from engine.filesystem import disk_usage_ratio, usage_ratio_of
+from engine.formats.record import BODY_OFFSET, FILLER_SIZE
 from engine.mapped_file import Access
+from engine.message import Message
 from engine.naming import commitlog_dir, consume_queue_dir, index_shard_dir
 from engine.recovery import StoreParts
 from engine.retention import RetentionReason, local_hour, plan_retention, run_retention
 from engine.retention_line import read_retention_line
+from engine.segment_age import SegmentAge, SegmentAges
 from engine.status import GetStatus, PutStatus
 from engine.store import MessageStore
 from engine.store_dir import mark_running
@@ -49,10 +51,24 @@ LOW, WARN, FORCE, FULL = 0.10, 0.80, 0.86, 0.95
 # ------------------------------------------------------------------------------ the pure plan
 
 
-def infos(*ages_h: float, now_ms: int = NOW_MS) -> list[SegmentInfo]:
-    """Segments oldest first with the given ages in hours (the last one is the active one)."""
-    return [SegmentInfo(i * SEGMENT_BYTES, Path(f"{i}"), (now_ms - age * HOUR_MS) / 1000)
-            for i, age in enumerate(ages_h)]
+def ages(*ages_h: float | None, now_ms: int = NOW_MS) -> dict[int, SegmentAge]:
+    """Sealed segments oldest first, by the age in hours of their last record (None: unreadable)."""
+    return {i * SEGMENT_BYTES: SegmentAge(i * SEGMENT_BYTES,
+                                          None if age is None else round(now_ms - age * HOUR_MS))
+            for i, age in enumerate(ages_h)}
+
+
+def plan(*ages_h: float | None, usage: float = LOW, config: StoreConfig = CONFIG, max_files: int = 10,
+         asked: list[int] | None = None) -> retention.RetentionPlan:
+    """plan_retention over `ages(*ages_h)`; the bases whose age it read go to `asked`."""
+    known = ages(*ages_h)
+
+    def age_of(base_pos: int) -> SegmentAge:
+        if asked is not None:
+            asked.append(base_pos)
+        return known[base_pos]
+
+    return plan_retention(list(known), age_of, NOW_MS, usage, config, max_files)
 
 
 @pytest.mark.parametrize(("usage", "config", "reason"), [
@@ -75,66 +91,102 @@ def test_plan_disk_full_only_at_top_threshold():
 
 def test_plan_time_up_stops_at_first_unexpired():
     """MappedFileQueueTest.testDeleteExpiredFileByTime: never from the middle."""
-    plan, reason = plan_retention(infos(100, 100, 1, 100, 100, 0), NOW_MS, LOW, CONFIG)
-    assert (plan, reason) == ([0, SEGMENT_BYTES], RetentionReason.TIME_UP)
+    assert plan(100, 100, 1, 100, 100) == ([0, SEGMENT_BYTES], RetentionReason.TIME_UP, False)
 
 
 def test_plan_expiry_boundary_is_inclusive():
-    plan, _ = plan_retention(infos(72, 71.999, 0), NOW_MS, LOW, CONFIG)
-    assert plan == [0]
+    assert plan(72, 71.999).base_positions == [0]
 
 
 def test_plan_outside_delete_hour_keeps_expired_below_warn():
-    assert plan_retention(infos(100, 100, 0), NOW_MS, LOW, OFF_HOUR) == ([], RetentionReason.NONE)
+    asked: list[int] = []
+    assert plan(100, 100, config=OFF_HOUR, asked=asked) == ([], RetentionReason.NONE, False)
+    assert asked == []  # no trigger: no segment is read
 
 
 def test_plan_space_warn_deletes_only_expired():
-    plan, reason = plan_retention(infos(100, 1, 100, 0), NOW_MS, WARN, OFF_HOUR)
-    assert (plan, reason) == ([0], RetentionReason.SPACE_WARN)
+    assert plan(100, 1, 100, usage=WARN, config=OFF_HOUR)[:2] == ([0], RetentionReason.SPACE_WARN)
 
 
-def test_plan_space_force_ignores_age_but_never_the_last():
-    plan, reason = plan_retention(infos(0, 0, 0), NOW_MS, FORCE, OFF_HOUR)
-    assert (plan, reason) == ([0, SEGMENT_BYTES], RetentionReason.SPACE_FORCE)
+def test_plan_space_force_ignores_age_and_reads_none():
+    asked: list[int] = []
+    assert plan(0, None, usage=FORCE, config=OFF_HOUR, asked=asked)[:2] == (
+        [0, SEGMENT_BYTES], RetentionReason.SPACE_FORCE)
+    assert asked == []
 
 
-def test_plan_at_most_max_files():
-    plan, _ = plan_retention(infos(*[100] * 30), NOW_MS, FULL, CONFIG, max_files=10)
-    assert plan == [i * SEGMENT_BYTES for i in range(10)]
-    assert plan_retention(infos(100, 100), NOW_MS, FULL, CONFIG, max_files=0)[0] == []
+def test_plan_unreadable_last_record_is_never_expired_by_age():
+    """A torn or flipped last record gives no age: the segment (and those after it) stays."""
+    assert plan(100, None, 100).base_positions == [0]
+    assert plan(None, 100).base_positions == []
 
 
-def test_plan_empty_or_single_segment_deletes_nothing():
-    assert plan_retention([], NOW_MS, FULL, CONFIG)[0] == []
-    assert plan_retention(infos(1000), NOW_MS, FULL, CONFIG)[0] == []
+def test_plan_future_store_time_keeps_the_segment():
+    """A clock that was ahead when the record was stored: kept until that time has aged."""
+    assert plan(-1, 100).base_positions == []
 
 
-@given(ages=st.lists(st.sampled_from([0, 1, 71, 72, 73, 500]), max_size=25),
+def test_plan_at_most_max_files_and_says_more_are_due():
+    asked: list[int] = []
+    full = plan(*[100] * 29, max_files=10, asked=asked)
+    assert full == ([i * SEGMENT_BYTES for i in range(10)], RetentionReason.TIME_UP, True)
+    assert len(asked) == 11  # the batch and the one that tells whether more are due
+    assert plan(*[100] * 10, 1, max_files=10).more_due is False  # the 11th has not expired
+    assert plan(*[100] * 10, max_files=10).more_due is False  # nothing after the batch
+    assert plan(*[0] * 29, usage=FULL, max_files=10).more_due is True
+    assert plan(100, 100, usage=FULL, max_files=0) == ([], RetentionReason.SPACE_FORCE, False)
+
+
+def test_plan_empty_deletes_nothing():
+    assert plan(usage=FULL) == ([], RetentionReason.SPACE_FORCE, False)
+
+
+@given(ages_h=st.lists(st.sampled_from([None, -5, 0, 1, 71, 72, 73, 500]), max_size=25),
        usage=st.sampled_from([LOW, 0.75, WARN, 0.85, FORCE, FULL]),
        hour_matches=st.booleans(), max_files=st.integers(0, 12))
-def test_plan_properties(ages, usage, hour_matches, max_files):
+def test_plan_properties(ages_h, usage, hour_matches, max_files):
     config = CONFIG if hour_matches else OFF_HOUR
-    segs = infos(*ages)
-    plan, reason = plan_retention(segs, NOW_MS, usage, config, max_files)
+    asked: list[int] = []
+    chosen, reason, more_due = plan(*ages_h, usage=usage, config=config, max_files=max_files, asked=asked)
     force = usage >= config.disk_clean_force_ratio
     may_delete = force or usage >= config.disk_warn_ratio or hour_matches
-    expired = [s.mtime_s * 1000 + 72 * HOUR_MS <= NOW_MS for s in segs]
-    assert plan == [s.base_pos for s in segs[:len(plan)]]  # a prefix: never from the middle
-    assert len(plan) <= max(0, min(max_files, len(segs) - 1))  # never the active segment
-    assert may_delete or plan == []
+    expired = [age is not None and age >= 72 for age in ages_h]
+    assert chosen == [i * SEGMENT_BYTES for i in range(len(chosen))]  # a prefix: never from the middle
+    assert len(chosen) <= max_files
+    assert len(asked) <= max_files + 1 and (not force or asked == [])
+    assert may_delete or chosen == []
     assert (reason is RetentionReason.NONE) == (not may_delete)
-    assert force or all(expired[:len(plan)])
-    stopped_early = len(plan) < min(max_files, len(segs) - 1)
-    if may_delete and stopped_early:
-        assert not force and not expired[len(plan)]  # stopped at the first one it may not delete
+    assert force or all(expired[:len(chosen)])
+    left = ages_h[len(chosen):]
+    assert more_due == (may_delete and max_files > 0 and len(chosen) == max_files and bool(left)
+                        and (force or expired[len(chosen)]))
+    if may_delete and len(chosen) < min(max_files, len(ages_h)):
+        assert not force and not expired[len(chosen)]  # stopped at the first one it may not delete
 
 
 # ------------------------------------------------------------------------------ stores
 
 
-def make_store(root: Path, count: int, config: StoreConfig = CONFIG) -> MessageStore:
+@pytest.fixture
+def clock(monkeypatch):
+    """The store's clock, set by the test: records are stamped with `clock.now_ms`."""
+
+    class Clock:
+        now_ms = NOW_MS
+
+    fake = Clock()
+    monkeypatch.setattr("engine.store._now_ms", lambda: fake.now_ms)
+    return fake
+
+
+def make_store(root: Path, count: int, config: StoreConfig = CONFIG, *, clock=None, aged: int = 0,
+               hours: float = 100) -> MessageStore:
+    """A store of `count` one-record segments; the first `aged` records stamped `hours` before
+    NOW_MS (through `clock`), the others at NOW_MS."""
     store = MessageStore.open(root, config)
     for i in range(count):
+        if clock is not None:
+            clock.now_ms = round(NOW_MS - hours * HOUR_MS) if i < aged else NOW_MS
         result = store.put(TOPIC, BODY + str(i).encode())
         assert result.ok, result
     assert len(store.commitlog.segments.segments) == count  # one message per segment
@@ -145,21 +197,19 @@ def parts_of(store: MessageStore) -> StoreParts:
     return StoreParts(store.root, store.commitlog, store.queues, store.shards)
 
 
-def age_segments(root: Path, count: int, hours: float = 100) -> None:
-    """Make the oldest `count` segment files look `hours` old."""
-    then = NOW_MS / 1000 - hours * 3600
-    for path in sorted(commitlog_dir(root).iterdir())[:count]:
-        os.utime(path, (then, then))
+def set_mtimes(root: Path, epoch_s: float) -> None:
+    """Every commitlog file's mtime (a restore, a copy tool, a clock set after boot)."""
+    for path in commitlog_dir(root).iterdir():
+        os.utime(path, (epoch_s, epoch_s))
 
 
 def file_count(directory: Path) -> int:
     return len(list(directory.iterdir()))
 
 
-def test_retention_time_up_deletes_expired_10_per_pass(tmp_path):
+def test_retention_time_up_deletes_expired_10_per_pass(tmp_path, clock):
     """DefaultMessageStoreCleanFilesTest.testDeleteExpiredFilesByTimeUp."""
-    store = make_store(tmp_path, 55)
-    age_segments(tmp_path, 15)
+    store = make_store(tmp_path, 55, clock=clock, aged=15)
     cq_dir, index_dir = consume_queue_dir(tmp_path, TOPIC, 0), index_shard_dir(tmp_path, 0)
     assert (file_count(cq_dir), file_count(index_dir)) == (6, 6)
     first = run_retention(parts_of(store), OFF_HOUR, now_ms=NOW_MS, usage_ratio=LOW)
@@ -167,13 +217,14 @@ def test_retention_time_up_deletes_expired_10_per_pass(tmp_path):
 
     first = run_retention(parts_of(store), CONFIG, now_ms=NOW_MS, usage_ratio=LOW)
     assert first.reason is RetentionReason.TIME_UP and not first.disk_full
-    assert len(first.segments_removed) == 10
+    assert len(first.segments_removed) == 10 and first.more_due  # five more have expired
     assert (first.cq_files_removed, first.index_files_removed) == (1, 1)
     assert store.min_offset(TOPIC, 0) == 10
     assert first.min_commit_pos == store.commitlog.min_pos == 10 * SEGMENT_BYTES
 
     second = run_retention(parts_of(store), CONFIG, now_ms=NOW_MS, usage_ratio=LOW)
     assert len(second.segments_removed) == 5  # stops at the first segment that has not expired
+    assert not second.more_due
     assert (second.cq_files_removed, second.index_files_removed) == (0, 0)
     assert store.min_offset(TOPIC, 0) == 15
     assert run_retention(parts_of(store), CONFIG, now_ms=NOW_MS, usage_ratio=LOW).segments_removed == []
@@ -191,9 +242,8 @@ def test_retention_time_up_deletes_expired_10_per_pass(tmp_path):
     assert check(tmp_path) == []
 
 
-def test_retention_space_warn_deletes_expired_outside_delete_hour(tmp_path):
-    store = make_store(tmp_path, 20)
-    age_segments(tmp_path, 5)
+def test_retention_space_warn_deletes_expired_outside_delete_hour(tmp_path, clock):
+    store = make_store(tmp_path, 20, clock=clock, aged=5)
     report = run_retention(parts_of(store), OFF_HOUR, now_ms=NOW_MS, usage_ratio=WARN)
     assert report.reason is RetentionReason.SPACE_WARN and len(report.segments_removed) == 5
     store.close()
@@ -214,9 +264,9 @@ def test_retention_space_force_deletes_unexpired_10_per_pass(tmp_path):
 
 def test_retention_never_deletes_active_segment_even_when_all_expired(tmp_path):
     store = make_store(tmp_path, 12)
-    age_segments(tmp_path, 100)  # every file, the active and the preallocated one too
+    later_ms = NOW_MS + 100 * HOUR_MS  # every record has expired, the active segment's too
     for _ in range(3):
-        report = run_retention(parts_of(store), CONFIG, now_ms=NOW_MS, usage_ratio=FULL)
+        report = run_retention(parts_of(store), CONFIG, now_ms=later_ms, usage_ratio=FULL)
         assert report.disk_full
     assert len(store.commitlog.segments.segments) == 1
     assert store.min_offset(TOPIC, 0) == 11 and store.max_offset(TOPIC, 0) == 12
@@ -225,8 +275,7 @@ def test_retention_never_deletes_active_segment_even_when_all_expired(tmp_path):
     store.close()
     assert check(tmp_path) == []
     with MessageStore.open(tmp_path, CONFIG) as reopened:  # after reopen the active one stays too
-        age_segments(tmp_path, 100)
-        assert run_retention(parts_of(reopened), CONFIG, now_ms=NOW_MS, usage_ratio=FULL).segments_removed \
+        assert run_retention(parts_of(reopened), CONFIG, now_ms=later_ms, usage_ratio=FULL).segments_removed \
             == []
     assert check(tmp_path) == []
 
@@ -362,12 +411,12 @@ STEPS = {
     [STEPS["segments"], STEPS["consume_queues"]],
     [STEPS["segments"], STEPS["consume_queues"], STEPS["index"]],
 ], ids=["none", "3_of_10_segments", "segments", "segments+cq", "segments+cq+index"])
-def test_retention_crash_after_step_recovers_clean(tmp_path, steps):
-    make_store(tmp_path, 25).close()
-    age_segments(tmp_path, 15)
+def test_retention_crash_after_step_recovers_clean(tmp_path, clock, steps):
+    make_store(tmp_path, 25, clock=clock, aged=15).close()
     mark_running(tmp_path)  # the supervisor running the cleaner dies: `abort` stays behind
     parts = open_parts(tmp_path, CONFIG, Access.READ_WRITE)
-    plan, _ = retention.plan_pass(parts, CONFIG, now_ms=NOW_MS, usage_ratio=LOW)
+    plan = retention.plan_pass(parts, CONFIG, now_ms=NOW_MS, usage_ratio=LOW,
+                               ages=SegmentAges()).base_positions
     assert len(plan) == 10
     for step in steps:
         step(parts, plan)
@@ -387,3 +436,88 @@ def test_retention_crash_after_step_recovers_clean(tmp_path, steps):
         report = store.clean_expired(now_ms=NOW_MS)  # the next pass finishes what the dead one began
     assert check(tmp_path) == []
     assert report.min_commit_pos >= min_pos
+
+
+# ------------------------------------------------------------------------------ age by store time
+
+
+@pytest.mark.slow
+def test_retention_keeps_fresh_segments_whose_mtimes_say_1970(tmp_path):
+    """Issue #32: 2,000 messages a minute old, the store stopped, its segments' mtimes set to
+    1970, a manual pass with a 1-hour retention. By mtime 10 of 12 segments went; by the store
+    time of each segment's last record none does, until those records are an hour old."""
+    config = StoreConfig(commitlog_file_size=64 << 10, consume_queue_entries=1000, index_shards=1,
+                         queue_count=1, file_reserved_hours=1)
+    with MessageStore.open(tmp_path, config) as store:
+        results = store.put_batch([Message(TOPIC, b"m" * 250 + str(i).encode()) for i in range(2000)])
+        assert all(r.ok for r in results)
+        segment_count = len(store.commitlog.segments.segments)
+        assert segment_count >= 10
+    set_mtimes(tmp_path, 0)
+    with MessageStore.open(tmp_path, config) as store:
+        kept = run_retention(parts_of(store), config, now_ms=NOW_MS + 60_000, usage_ratio=LOW,
+                             kind=retention.PassKind.MANUAL)
+        assert (kept.segments_removed, kept.reason) == ([], RetentionReason.MANUAL)
+        assert (store.min_offset(TOPIC, 0), store.max_offset(TOPIC, 0)) == (0, 2000)
+        assert store.get_messages(TOPIC, 0, 0, 1).messages[0].body == b"m" * 250 + b"0"
+        aged = run_retention(parts_of(store), config, now_ms=NOW_MS + 2 * HOUR_MS, usage_ratio=LOW,
+                             kind=retention.PassKind.MANUAL)
+        sealed = segment_count - 1
+        assert (len(aged.segments_removed), aged.more_due) == (min(10, sealed), sealed > 10)
+    assert check(tmp_path) == []
+
+
+def test_retention_ignores_a_recent_mtime_on_an_old_segment(tmp_path, clock):
+    """The other way round: records 100 h old in files just touched (a copy) expire."""
+    store = make_store(tmp_path, 6, clock=clock, aged=3)
+    set_mtimes(tmp_path, NOW_MS / 1000)
+    report = run_retention(parts_of(store), CONFIG, now_ms=NOW_MS, usage_ratio=LOW)
+    assert len(report.segments_removed) == 3 and not report.more_due
+    store.close()
+    assert check(tmp_path) == []
+
+
+def test_retention_keeps_a_segment_whose_store_time_is_in_the_future(tmp_path, clock):
+    """Records stamped by a clock 10 h ahead: their segments wait until that time has aged."""
+    store = make_store(tmp_path, 6, clock=clock, aged=3, hours=-10)
+    parts, manual = parts_of(store), retention.PassKind.MANUAL
+    early = run_retention(parts, CONFIG, now_ms=NOW_MS + 73 * HOUR_MS, usage_ratio=LOW, kind=manual)
+    assert early.segments_removed == []
+    late = run_retention(parts, CONFIG, now_ms=NOW_MS + 82 * HOUR_MS, usage_ratio=LOW, kind=manual)
+    assert len(late.segments_removed) == 5
+    store.close()
+    assert check(tmp_path) == []
+
+
+def _flip_body_byte(root: Path, base_pos: int) -> None:
+    with open(commitlog_dir(root) / f"{base_pos:020d}", "r+b") as fh:
+        fh.seek(BODY_OFFSET + 10)
+        byte = fh.read(1)
+        fh.seek(BODY_OFFSET + 10)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _zero_head(root: Path, base_pos: int) -> None:
+    with open(commitlog_dir(root) / f"{base_pos:020d}", "r+b") as fh:
+        fh.write(bytes(FILLER_SIZE))  # TOTALSIZE and magic: the chain ends before the filler
+
+
+@pytest.mark.parametrize("damage", [_flip_body_byte, _zero_head], ids=["flipped", "torn"])
+def test_retention_keeps_a_segment_whose_last_record_does_not_read(tmp_path, caplog, damage):
+    """Never expired by a bad read: the segment, and every one after it, stays (warned once)
+    until disk pressure removes segments regardless of age."""
+    store = make_store(tmp_path, 6)
+    damage(tmp_path, SEGMENT_BYTES)  # segment 1's only record, through the store's shared mapping
+    parts, later_ms = parts_of(store), NOW_MS + 100 * HOUR_MS
+    ages, manual = SegmentAges(), retention.PassKind.MANUAL
+    first = run_retention(parts, CONFIG, now_ms=later_ms, usage_ratio=LOW, ages=ages, kind=manual)
+    assert first.segments_removed == [f"{0:020d}"] and not first.more_due
+    again = run_retention(parts, CONFIG, now_ms=later_ms, usage_ratio=LOW, ages=ages, kind=manual)
+    assert again.segments_removed == []
+    warned = [r.getMessage() for r in caplog.records if "retention keeps it" in r.getMessage()]
+    assert len(warned) == 1 and f"segment at {SEGMENT_BYTES}" in warned[0]
+    assert store.min_offset(TOPIC, 0) == 1
+    forced = run_retention(parts, CONFIG, now_ms=later_ms, usage_ratio=FORCE, ages=ages)
+    assert len(forced.segments_removed) == 4  # regardless of age, the damaged one too
+    store.close()
+    assert check(tmp_path) == []

@@ -19,6 +19,7 @@ import pytest
 
 from engine.commitlog import CommitLog
 from engine.consume_queue_table import ConsumeQueueTable
+from engine.formats.checkpoint import decode_checkpoint
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, decode_cq_entry
 from engine.index_file import IndexFile
 from engine.mapped_file import Access
@@ -259,6 +260,57 @@ def test_mqstore_clean_without_a_supervisor_runs_the_pass_offline(tmp_path):
     assert report["mode"] == "offline" and report["reason"] == "manual"
     assert report["segments_removed"] >= 3 and report["cq_files_removed"] >= 1
     assert segment_bases(running.root)[0] == report["min_commit_pos"] > before[0]
+    assert_check_clean(running.root)
+
+
+def _store_times_in(root: Path, end_pos: int) -> list[int]:
+    """The store time of every record below `end_pos`, in log order."""
+    log = CommitLog.open(root, SMALL_STORE["commitlog_file_size"], Access.READ_ONLY)
+    try:
+        return [record.store_ts_ms for record in log.scan(log.min_pos, end_pos)]
+    finally:
+        log.close()
+
+
+def _sealed_index_end_ts(root: Path) -> int:
+    """The lowest end timestamp over the shards of each one's newest full (next to last) index file."""
+    ends = []
+    for shard in range(SMALL_STORE["index_shards"]):
+        path = sorted(index_shard_dir(root, shard).iterdir())[-2]
+        index_file = IndexFile.open(path, SMALL_STORE["index_slot_count"], SMALL_STORE["index_entry_count"],
+                                    Access.READ_ONLY)
+        ends.append(index_file.end_ts_ms)
+        index_file.close()
+    return min(ends)
+
+
+@pytest.mark.slow
+def test_a_stopped_store_with_1970_mtimes_keeps_its_fresh_messages(tmp_path):
+    """Issue #32: the segments' mtimes set to 1970 (a restore, a copy tool) do not make fresh
+    messages expire; `mqstore clean` with a 1-hour retention removes nothing. The stop's
+    checkpoint, written by the supervisor, carries the store times of what it holds."""
+    settings = {"file_reserved_hours": 1, "disk_warn_ratio": 0.999, "disk_clean_force_ratio": 0.999,
+                "disk_full_ratio": 1.0}
+    running = start_store(tmp_path / "store", store=settings)
+    try:
+        for wave in range(3):
+            send_wave(running.root, wave * PER_WAVE)
+    finally:
+        assert running.stop() == 0
+    cp = decode_checkpoint((running.root / "checkpoint").read_bytes())
+    times = _store_times_in(running.root, cp.commitlog_flushed_pos)
+    assert cp.physic_msg_ts_ms == cp.logics_msg_ts_ms == times[-1]  # a clean stop: all durable
+    assert cp.index_msg_ts_ms == _sealed_index_end_ts(running.root) <= times[-1]
+    before = segment_bases(running.root)
+    assert len(before) >= 5
+    for path in commitlog_dir(running.root).iterdir():
+        os.utime(path, (0, 0))
+    done = cli("clean", "--store", str(running.root), "--config", str(tmp_path / "store.toml"), "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    report = json.loads(done.stdout)
+    assert (report["mode"], report["segments_removed"]) == ("offline", 0)
+    assert segment_bases(running.root)[:len(before) - 1] == before[:-1]  # (the last one: preallocated)
+    assert len(_store_times_in(running.root, cp.commitlog_flushed_pos)) == len(times) == 3 * PER_WAVE
     assert_check_clean(running.root)
 
 

@@ -41,8 +41,8 @@ from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, GiB, MiB, StoreConfig
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns, dispatch_to_consume_queue, dispatch_to_shard, keys_by_shard
+from engine.durable_times import CheckpointTimes
 from engine.errors import CorruptRecordError
-from engine.formats.checkpoint import Checkpoint
 from engine.formats.record import Verify, encode_record
 from engine.formats.record.encode_many import encode_records
 from engine.formats.uniq_key import new_uniq_keys
@@ -232,10 +232,8 @@ def build_store(root: Path, inputs: Inputs, batch: int, config: StoreConfig) -> 
     parts.queues.flush_all()
     end = parts.commitlog.written_pos
     positions = tuple(shard.sync() for shard in parts.shards)
-    now = int(time.time() * 1000)
-    write_checkpoint(root, Checkpoint(physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now,
-                                      confirm_commit_pos=end, commitlog_flushed_pos=end,
-                                      cq_durable_pos=end, index_durable_pos=positions))
+    times = CheckpointTimes(parts.commitlog, root, len(parts.shards))
+    write_checkpoint(root, times.checkpoint(end, end, positions))
     close_parts(parts)
     done = time.perf_counter()
     return {"records": inputs.count, "index_keys": 2 * inputs.count, "commitlog_bytes": end,

@@ -35,11 +35,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.checkpoint import write_checkpoint
+from engine.commitlog import CommitLog
 from engine.consume_queue import ConsumeQueue
 from engine.dispatch import consumable_rows, key_hashes_and_shards, queue_groups
+from engine.durable_times import CheckpointTimes
 from engine.errors import BadInputError, ReadOnlyStoreError, StoreLockedError
 from engine.filesystem import ensure_dir, fsync_dir, remove_tree
-from engine.formats.checkpoint import Checkpoint
 from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.mapped_file import Access
 from engine.naming import ABORT_FILE, CONSUMEQUEUE_DIR, INDEX_DIR
@@ -242,8 +243,11 @@ def _swap_in(root: Path, staging: Path) -> None:
 
 
 def _write_final_checkpoint(root: Path, layout: StoreLayout, end_pos: int) -> None:
-    now = int(time.time() * 1000)
-    write_checkpoint(root, Checkpoint(
-        physic_msg_ts_ms=now, logics_msg_ts_ms=now, index_msg_ts_ms=now, confirm_commit_pos=end_pos,
-        commitlog_flushed_pos=end_pos, cq_durable_pos=end_pos,
-        index_durable_pos=tuple(end_pos for _ in range(layout.index_shards))))
+    """Every structure is whole to `end_pos`; RocketMQ's times are those of what it holds."""
+    commitlog = CommitLog.open(root, layout.segment_bytes, Access.READ_ONLY)
+    try:
+        times = CheckpointTimes(commitlog, root, layout.index_shards)
+        shard_positions = tuple(end_pos for _ in range(layout.index_shards))
+        write_checkpoint(root, times.checkpoint(end_pos, end_pos, shard_positions))
+    finally:
+        commitlog.close()

@@ -1,0 +1,88 @@
+"""RocketMQ's three checkpoint timestamps, taken from what is durable (reference §5.1):
+
+    physicMsgTimestamp   store time of the last record below the commitlog's flushed position
+    logicsMsgTimestamp   store time of the last record below the consume queues' durable position
+    indexMsgTimestamp    end timestamp (store time of the last entry) of the newest full index
+                         file, the lowest over the shards; 0 while a shard has none
+
+RocketMQ's abnormal recovery starts at the last segment whose first record is at most
+min(physic, logics) - 3 s old, and drops index files that end after indexMsgTimestamp, so each
+must be a time that the files at the checkpoint's positions hold; the wall clock of the
+checkpoint is later than all of them. A full index file is one followed by another in its shard
+(ShardIndex._roll syncs it before it creates the next). 0 is RocketMQ's own value before
+anything is durable. mqstore's recovery reads only the positions.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from engine.commitlog import CommitLog
+from engine.errors import BadInputError, CorruptIndexError, CorruptRecordError
+from engine.formats.checkpoint import Checkpoint
+from engine.formats.index_file import INDEX_HEADER_SIZE, decode_index_header
+from engine.formats.record import Verify
+from engine.last_record import record_ending_at
+from engine.naming import index_shard_dir
+
+log = logging.getLogger(__name__)
+
+_INDEX_NAME_RE = re.compile(r"^\d{17}$")
+
+
+def store_ts_before(commitlog: CommitLog, end_pos: int) -> int:
+    """The store time of the record that ends at `end_pos` (a durable position: a record end,
+    or a segment base after a filler), found backwards (engine.last_record); 0 when no record
+    is below it, or none ends there (warned: 0 makes RocketMQ scan from its first segment)."""
+    if end_pos <= commitlog.min_pos:
+        return 0
+    start = record_ending_at(commitlog, end_pos)
+    try:
+        if start is not None:
+            return commitlog.read_at(start, Verify.STRUCTURE).store_ts_ms
+    except (CorruptRecordError, BadInputError) as exc:
+        log.warning("the record at %d, which ends at the durable position %d, does not read: %s",
+                    start, end_pos, exc)
+        return 0
+    log.warning("no record ends at the durable position %d", end_pos)
+    return 0
+
+
+class CheckpointTimes:
+    """Checkpoints stamped with the store times of what their positions hold, read through one
+    commitlog view (used by one thread)."""
+
+    def __init__(self, commitlog: CommitLog, root: Path, shard_count: int):
+        self._commitlog = commitlog
+        self._root = Path(root)
+        self._shard_count = shard_count
+
+    def checkpoint(self, commitlog_flushed_pos: int, cq_durable_pos: int,
+                   index_durable_pos: tuple[int, ...]) -> Checkpoint:
+        """The checkpoint of these durable positions (confirmPhyOffset: the flushed position)."""
+        return Checkpoint(physic_msg_ts_ms=store_ts_before(self._commitlog, commitlog_flushed_pos),
+                          logics_msg_ts_ms=store_ts_before(self._commitlog, cq_durable_pos),
+                          index_msg_ts_ms=sealed_index_ts_ms(self._root, self._shard_count),
+                          confirm_commit_pos=commitlog_flushed_pos,
+                          commitlog_flushed_pos=commitlog_flushed_pos, cq_durable_pos=cq_durable_pos,
+                          index_durable_pos=tuple(index_durable_pos))
+
+
+def sealed_index_ts_ms(root: Path, shard_count: int) -> int:
+    """indexMsgTimestamp: the lowest, over the shards, end timestamp of the newest full index
+    file of the shard (the next to last); 0 when a shard has no full file (or it went meanwhile)."""
+    lowest = None
+    for shard in range(shard_count):
+        directory = index_shard_dir(root, shard)
+        try:
+            names = sorted(n for n in (p.name for p in directory.iterdir()) if _INDEX_NAME_RE.match(n))
+            if len(names) < 2:
+                return 0
+            with open(directory / names[-2], "rb") as fh:
+                header = decode_index_header(fh.read(INDEX_HEADER_SIZE))
+        except (FileNotFoundError, CorruptIndexError):
+            return 0
+        lowest = header.end_ts_ms if lowest is None else min(lowest, header.end_ts_ms)
+    return lowest or 0
