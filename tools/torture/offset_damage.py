@@ -72,7 +72,8 @@ class OffsetDamage:
         self.damages = damages
         self.offsets = ConsumerOffsets(root)
         self.figures = OffsetFigures()
-        self._backup: OffsetTable | None = None  # the backup a restart must fall back to
+        self._floor: OffsetTable = {}  # no offset may end below these after the restart
+        self._torn = False  # the offsets file was torn: the restart must fall back, loudly
 
     def consume_twice(self) -> None:
         """Each group reads and commits twice: the primary and the backup differ."""
@@ -83,12 +84,14 @@ class OffsetDamage:
     def damage_while_down(self) -> str:
         """Tear the offsets file and backdate the segments (the store is down); what was done."""
         done = []
-        if "offsets" in self.damages and self.offsets.path.exists() and self.offsets.backup_path.exists():
-            self._backup = parse_offset_table(self.offsets.backup_path.read_text())
-            primary = parse_offset_table(self.offsets.path.read_text())
-            moved = [(key, q) for key, queues in primary.items() for q, offset in queues.items()
-                     if self._backup.get(key, {}).get(q, 0) < offset]
-            self.figures.queues_moved_back += len(moved)
+        self._floor = self.offsets.peek_with_times()[0]  # what the groups committed before the kill
+        self._torn = False
+        if "offsets" in self.damages and self.offsets.backup_path.exists():
+            backup = parse_offset_table(self.offsets.backup_path.read_text())
+            self.figures.queues_moved_back += sum(
+                1 for key, queues in self._floor.items() for q, offset in queues.items()
+                if backup.get(key, {}).get(q, 0) < offset)
+            self._floor, self._torn = backup, True
             done.append(self._tear())
         if "mtimes" in self.damages:
             count = backdate_segments(self.root)
@@ -101,32 +104,36 @@ class OffsetDamage:
         if "mtimes" in self.damages:
             wait_for_retention_pass(self.root)  # the 1970 mtimes meet a retention pass this round
         fallbacks_before = read_fallbacks(self.root).count
-        logged_before = _log_lines(self.root)
+        logged_before = len(_log_lines(self.root))
+        stderr = "".join(self._consume(group, topic, 1) for group, topic in GROUPS.items())
         problems = []
-        stderr = ""
-        for group, topic in GROUPS.items():
-            stderr += self._consume(group, topic, 1)
-        after = self.offsets.peek_with_times()[0]
-        if self._backup is not None:
-            if FALLBACK_WORDS not in stderr:
-                problems.append("a consumer fell back to the backup without a WARNING on its stderr")
-            logged = _log_lines(self.root)[len(logged_before):]
-            if not any(FALLBACK_WORDS in line and " WARNING " in line for line in logged):
-                problems.append("a consumer fell back to the backup without a WARNING in mqstore.log")
-            count = read_fallbacks(self.root).count
-            if count != fallbacks_before + 1:
-                problems.append(f"the fallback record went from {fallbacks_before} to {count}, not +1")
-            self.figures.fallbacks += count - fallbacks_before
-            for key, queues in self._backup.items():
-                for queue_id, offset in queues.items():
-                    now = after.get(key, {}).get(queue_id, 0)
-                    if now < offset:
-                        problems.append(f"{key} queue {queue_id} moved back to {now}, below the "
-                                        f"backup's {offset}, with no logged reason")
-            self._backup = None
+        if self._torn:
+            problems += self._fallback_problems(stderr, _log_lines(self.root)[logged_before:],
+                                                fallbacks_before)
         elif FALLBACK_WORDS in stderr:
             problems.append("a consumer fell back although the offsets file was not damaged")
+        after = self.offsets.peek_with_times()[0]
+        for key, queues in self._floor.items():
+            for queue_id, offset in queues.items():
+                now = after.get(key, {}).get(queue_id, 0)
+                if now < offset:
+                    problems.append(f"{key} queue {queue_id} moved back to {now}, below the "
+                                    f"{'backup' if self._torn else 'committed'} {offset}, with no "
+                                    "logged reason")
         self.figures.problems += problems
+        return problems
+
+    def _fallback_problems(self, stderr: str, logged: list[str], fallbacks_before: int) -> list[str]:
+        """The restart's fallback must be on the consumer's stderr, in mqstore.log, and counted."""
+        problems = []
+        if FALLBACK_WORDS not in stderr:
+            problems.append("a consumer fell back to the backup without a WARNING on its stderr")
+        if not any(FALLBACK_WORDS in line and " WARNING " in line for line in logged):
+            problems.append("a consumer fell back to the backup without a WARNING in mqstore.log")
+        count = read_fallbacks(self.root).count
+        if count != fallbacks_before + 1:
+            problems.append(f"the fallback record went from {fallbacks_before} to {count}, not +1")
+        self.figures.fallbacks += count - fallbacks_before
         return problems
 
     def _tear(self) -> str:
