@@ -219,7 +219,7 @@ class ConsumerOffsets:
                    f"since then; the bad file is kept as {kept_as or 'nothing (it was gone)'} "
                    f"(fallback {count} of this store, see `mqstore status`)")
         log.warning("%s", message)
-        append_to_store_log(self.root, __name__, logging.WARNING, message)
+        append_to_store_log(self.root, "consumer", __name__, logging.WARNING, message)
         return table, times
 
     def get(self, topic: str, group: str, queue_id: int) -> int | None:

@@ -79,7 +79,7 @@ def reset_offsets(store_dir: str | Path, group: str, topic: str, to_text: str) -
     message = (f"offsets of group {group} on {topic} reset to {to_text} by `mqstore groups "
                f"--reset` (pid {os.getpid()}): {said}")
     log.info("%s", message)
-    append_to_store_log(root, __name__, logging.WARNING, message)
+    append_to_store_log(root, "cli", __name__, logging.WARNING, message)
     return moves
 
 

@@ -13,6 +13,7 @@ import pytest
 from engine.errors import StoreError
 from ipc.consumer_offsets import ConsumerOffsets
 from ipc.offsets_fallbacks import OffsetFallbacks, fallbacks_path, read_fallbacks
+from tools.console.events import recent_events
 from workers.status_report import describe_offset_fallbacks, render_offset_fallbacks
 
 DAMAGES = {"truncated": lambda text: text[: len(text) // 2], "garbage": lambda text: "\x00garbage{"}
@@ -38,6 +39,8 @@ def test_a_torn_primary_is_replaced_by_its_backup_with_a_warning_and_a_count(tmp
     log_lines = (tmp_path / "mqstore.log").read_text().splitlines()
     assert len(log_lines) == 1 and " WARNING " in log_lines[0] and "consumer[" in log_lines[0]
     assert "reads again what it consumed" in log_lines[0]
+    [event] = recent_events(tmp_path)  # the console's event view reads the line as a warning
+    assert event.kind == "warning" and "consumerOffset.json.bak" in event.message
     record = read_fallbacks(tmp_path)
     assert record.count == 1 and record.last_kept_as.startswith("consumerOffset.json.torn-")
     assert (offsets.path.parent / record.last_kept_as).read_text() == bad_text  # the evidence
