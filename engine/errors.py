@@ -151,6 +151,38 @@ class CorruptConsumeQueueError(StoreError):
                          hint="run `mqstore recover` to rebuild it from the commitlog")
 
 
+class CommittedOffsetError(StoreError):
+    """A group's committed offset lies outside its queue (past the end, or below zero): taking it
+    would skip the queue for good or read nothing; the operator resets it."""
+
+    def __init__(self, *, group: str, topic: str, queue_id: int, offset: int, max_offset: int,
+                 path: str):
+        self.group = group
+        self.topic = topic
+        self.queue_id = queue_id
+        self.offset = offset
+        self.max_offset = max_offset
+        where = "below zero" if offset < 0 else f"past the queue's end {max_offset}"
+        super().__init__(
+            f"group {group!r} committed offset {offset} on {topic}/{queue_id}, {where}; refused "
+            "(reading from it would skip or repeat the queue)", path=path,
+            hint=f"reset it: `mqstore groups --reset --group {group} --topic {topic} "
+                 "--to earliest|latest|TIME|OFFSET` (with the group's consumers stopped)")
+
+
+class GroupInUseError(StoreError):
+    """A consumer group has live consumers: changing its offsets now would be overwritten by
+    their next commit."""
+
+    def __init__(self, group: str, pids: list[int], *, path: str | None = None):
+        self.group = group
+        self.pids = pids
+        who = f" (pid {', '.join(map(str, pids))})" if pids else ""
+        super().__init__(f"group {group!r} has live consumers{who}; nothing was changed", path=path,
+                         hint="stop the group's consumers first: their commits would overwrite "
+                              "the reset")
+
+
 class CorruptIndexError(StoreError):
     """An index file is inconsistent; rebuild it from the commitlog."""
 

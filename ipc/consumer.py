@@ -63,6 +63,7 @@ from engine.consume_queue import ConsumeQueue
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.errors import (
     BadInputError,
+    CommittedOffsetError,
     CorruptConsumeQueueError,
     CorruptRecordError,
     ServiceNotAvailableError,
@@ -76,6 +77,7 @@ from engine.record_reads import read_queue_records, skip
 from engine.status import GetResult, GetStatus, SkippedRecord
 from engine.store_dir import read_meta
 from ipc.consumer_offsets import ConsumerOffsets, validate_group
+from ipc.group_members import GroupMembership
 from ipc.producer import attach_running_store
 from ipc.reattach import (
     DEFAULT_REATTACH_TIMEOUT_S,
@@ -138,7 +140,8 @@ class _Span(NamedTuple):
 
 class Consumer:
     """A consumer group member reading one store; not thread-safe (one per thread). Usable in a
-    child made by os.fork(): the child waits on a waiter entry of its own."""
+    child made by os.fork(): the child waits on a waiter entry of its own. While open it holds
+    its group's membership lock (ipc.group_members), so the group's offsets are not reset under it."""
 
     def __init__(self, store_dir: str | os.PathLike, group: str, *,
                  reattach_timeout_s: float = DEFAULT_REATTACH_TIMEOUT_S):
@@ -151,6 +154,8 @@ class Consumer:
             meta = read_meta(self.root)
             self.commitlog = CommitLog.open(self.root, meta.commitlog_file_size, Access.READ_ONLY)
             self.queues = ConsumeQueueTable(self.root, meta.consume_queue_entries, Access.READ_ONLY)
+            # the group's live consumers are the holders of this lock (`mqstore groups --reset`)
+            self._membership = GroupMembership(self.root, self.group)
         except BaseException:
             self._ctl.close()
             raise
@@ -442,16 +447,38 @@ class Consumer:
     # ------------------------------------------------------------------------------ offsets
     def committed(self, topic: str, queue_id: int) -> int | None:
         """The group's committed next offset of a queue (one `iterate` consumed but has not
-        written yet included), or None."""
+        written yet included), or None. A committed offset past the queue's end or below zero
+        is refused (CommittedOffsetError): taken as it is, it would skip the queue for good."""
         self._adopt_if_forked()
         pending = self._uncommitted.get((topic, queue_id))
-        return pending if pending is not None else self.offsets.get(topic, self.group, queue_id)
+        if pending is not None:
+            return pending
+        offset = self.offsets.get(topic, self.group, queue_id)
+        if offset is not None and not 0 <= offset <= self._queue_end(topic, queue_id):
+            raise CommittedOffsetError(group=self.group, topic=topic, queue_id=queue_id, offset=offset,
+                                       max_offset=self._queue_end(topic, queue_id),
+                                       path=str(self.offsets.path))
+        return offset
 
     def commit(self, topic: str, queue_id: int, offset: int) -> None:
-        """Persist the group's next offset of a queue (atomic replace, previous kept as .bak)."""
+        """Persist the group's next offset of a queue (atomic replace, previous kept as .bak);
+        an offset past the queue's end is refused (BadInputError), as reading it would be."""
         validate_queue_id(queue_id, self.info.queue_count)
+        if isinstance(offset, int) and not isinstance(offset, bool) and offset > self._queue_end(
+                topic, queue_id):
+            raise BadInputError("offset", f"{offset} is past the end of {topic}/{queue_id} "
+                                f"({self._queue_end(topic, queue_id)})", path=str(self.offsets.path))
         self.offsets.commit(topic, self.group, queue_id, offset)
         self._uncommitted.pop((topic, queue_id), None)  # an explicit commit wins over iterate's
+
+    def _queue_end(self, topic: str, queue_id: int) -> int:
+        """The queue's max offset on disk (0 for a queue not created yet). Recovery re-dispatches
+        the whole log before a supervisor serves, so every offset a group read lies below it."""
+        queue = self.queues.get(validate_topic(topic), queue_id)
+        if queue is None:
+            return 0
+        queue.refresh()
+        return queue.max_offset
 
     def flush_offsets(self) -> None:
         """Write the offsets `iterate` consumed since its last write, in one atomic replace."""
@@ -466,6 +493,7 @@ class Consumer:
         self._closed = True
         self._adopt_if_forked()
         self.flush_offsets()
+        self._membership.close()
         self._detach()
         self.queues.close()
         self.commitlog.close()

@@ -9,13 +9,16 @@ RocketMQ's fastjson writes the queue ids as bare integers ({0:250}), which is no
 reader accepts both, the writer writes strict JSON. A commit is a read-modify-write under an
 flock on `consumerOffset.json.lock`, so consumers in several processes never lose each other's
 commits, and the file is replaced atomically with the previous version kept as `.bak` (a torn
-or garbled primary falls back to the backup).
+or garbled primary is replaced by the backup: logged at WARNING here and in mqstore.log, kept
+aside as `.torn-<ms>`, and counted in ipc.offsets_fallbacks for `mqstore status` and the
+exporter).
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
 import time
@@ -26,12 +29,25 @@ from pathlib import Path
 from engine.errors import BadInputError, StoreError
 from engine.filesystem import ensure_dir, write_file_atomically
 from engine.naming import BACKUP_SUFFIX, CONFIG_DIR, CONSUMER_OFFSET_FILE, validate_topic
+from ipc.offsets_fallbacks import count_fallback
+from ipc.store_log import append_to_store_log
+
+log = logging.getLogger(__name__)
 
 OffsetTable = dict[str, dict[int, int]]
 CommitTimes = dict[str, dict[int, int]]  # same keys as OffsetTable; values are ms since epoch
 GROUP_MAX_BYTES = 255
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_%|-]+$")
 LOCK_SUFFIX = ".lock"
+TORN_SUFFIX = ".torn-"  # consumerOffset.json.torn-<ms>: a bad primary the backup replaced
+
+
+class _Unreadable(Exception):
+    """The primary offsets file cannot be used as it is (`reason` says why)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(reason)
 
 
 def validate_group(group: object) -> str:
@@ -124,27 +140,87 @@ class ConsumerOffsets:
     """Read and commit the offsets of one store's consumer groups."""
 
     def __init__(self, store_dir: str | os.PathLike):
-        self.path = Path(store_dir) / CONFIG_DIR / CONSUMER_OFFSET_FILE
+        self.root = Path(store_dir)
+        self.path = self.root / CONFIG_DIR / CONSUMER_OFFSET_FILE
 
     def load(self) -> OffsetTable:
-        """The whole table ({} when no file exists); falls back to `.bak` if the primary is bad."""
+        """The whole table ({} when no file exists); a bad primary is replaced by `.bak`."""
         return self.load_with_times()[0]
 
     def load_with_times(self) -> tuple[OffsetTable, CommitTimes]:
         """The table and when each queue was last committed ({} for a queue never committed
-        by mqstore); falls back to `.bak` as `load` does."""
-        problems = []
-        for path in (self.path, self.path.with_name(self.path.name + BACKUP_SUFFIX)):
-            try:
-                return parse_offset_document(path.read_text(encoding="utf-8"))
-            except FileNotFoundError:
-                continue
-            except (ValueError, UnicodeDecodeError) as exc:
-                problems.append(f"{path.name}: {exc}")
-        if problems:
-            raise StoreError("consumer offsets unreadable: " + "; ".join(problems),
-                             path=str(self.path), hint="fix or remove the file to start over")
-        return {}, {}
+        by mqstore). A torn, garbled or missing primary beside a good backup is replaced by
+        the backup (`_restore_backup`: logged, counted); both unreadable: StoreError."""
+        try:
+            return self._read_primary()
+        except _Unreadable:
+            with self._locked():
+                return self._read_or_restore()
+
+    def peek_with_times(self) -> tuple[OffsetTable, CommitTimes]:
+        """`load_with_times` for read-only tools: a bad primary is read past (the backup's
+        table, with a WARNING here), never replaced; the next consumer does that."""
+        try:
+            return self._read_primary()
+        except _Unreadable as bad:
+            tables = self._read_backup(bad.reason)
+            log.warning("%s; showing %s (one commit older) until a consumer puts it back",
+                        bad.reason, self.backup_path.name)
+            return tables
+
+    @property
+    def backup_path(self) -> Path:
+        return self.path.with_name(self.path.name + BACKUP_SUFFIX)
+
+    def _read_primary(self) -> tuple[OffsetTable, CommitTimes]:
+        """The primary's tables; ({}, {}) when neither file exists; _Unreadable when it is
+        bad, or missing while a backup exists (someone removed it: the backup is older)."""
+        try:
+            return parse_offset_document(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            if not self.backup_path.exists():
+                return {}, {}
+            raise _Unreadable(f"{self.path.name} is missing beside its backup") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _Unreadable(f"{self.path.name} unreadable: {exc}") from None
+
+    def _read_backup(self, primary_reason: str) -> tuple[OffsetTable, CommitTimes]:
+        try:
+            return parse_offset_document(self.backup_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise StoreError(f"consumer offsets unreadable: {primary_reason}; "
+                             f"{self.backup_path.name}: {exc}", path=str(self.path),
+                             hint="put the file back from a copy, or remove both files (and "
+                                  "the .bak) to start every group over") from None
+
+    def _read_or_restore(self) -> tuple[OffsetTable, CommitTimes]:
+        """Under the lock: the primary, or the backup put in its place (another consumer may
+        have restored it since the read that found it bad)."""
+        try:
+            return self._read_primary()
+        except _Unreadable as bad:
+            return self._restore_backup(bad.reason)
+
+    def _restore_backup(self, reason: str) -> tuple[OffsetTable, CommitTimes]:
+        """Put the backup (one commit older) in the bad primary's place, keep the bad file as
+        `.torn-<ms>`, count the fallback and say so: every group moves back to the backup's
+        offsets and reads again what it consumed since, which must never go unexplained."""
+        table, times = self._read_backup(reason)
+        at_ms = time.time_ns() // 1_000_000
+        kept_as = None
+        if self.path.exists():
+            kept_as = f"{self.path.name}{TORN_SUFFIX}{at_ms}"
+            os.replace(self.path, self.path.with_name(kept_as))
+        write_file_atomically(self.path, encode_offset_table(table, times))
+        count = count_fallback(self.root, at_ms, reason, kept_as)
+        written = max((ms for queues in times.values() for ms in queues.values()), default=None)
+        message = (f"{reason}: took {self.backup_path.name} (one commit older, last commit at "
+                   f"{_clock(written)}) in its place; every group reads again what it consumed "
+                   f"since then; the bad file is kept as {kept_as or 'nothing (it was gone)'} "
+                   f"(fallback {count} of this store, see `mqstore status`)")
+        log.warning("%s", message)
+        append_to_store_log(self.root, "consumer", __name__, logging.WARNING, message)
+        return table, times
 
     def get(self, topic: str, group: str, queue_id: int) -> int | None:
         """The committed next offset of one queue, or None when the group never committed it."""
@@ -163,7 +239,7 @@ class ConsumerOffsets:
                 raise BadInputError("offset", f"{offset!r} is not a non-negative int")
             checked[(table_key(topic, group), queue_id)] = offset
         with self._locked():
-            table, times = self.load_with_times()
+            table, times = self._read_or_restore()
             now_ms = time.time_ns() // 1_000_000
             for (key, queue_id), offset in checked.items():
                 table.setdefault(key, {})[queue_id] = offset
@@ -183,3 +259,10 @@ class ConsumerOffsets:
             yield
         finally:
             os.close(fd)
+
+
+def _clock(ms: int | None) -> str:
+    """An epoch-ms stamp as local date and time, 'unknown' for none."""
+    if ms is None:
+        return "unknown"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"

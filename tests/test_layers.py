@@ -31,10 +31,11 @@ UNLIMITED_LAYERS = {"tools"}  # the command line, the load test and the Spark pi
 IPC_PRIMITIVES = {
     "ipc.shm", "ipc.seqlock", "ipc.slot_claim", "ipc.control_block", "ipc.retention_block",
     "ipc.mailbox", "ipc.wakeup", "ipc.key_ring", "ipc.run_info", "ipc.put_latency",
+    "ipc.offsets_fallbacks",  # a file record, not shared memory: the status reads it as the clients write it
 }
 IPC_CLIENT = {
     "ipc.producer", "ipc.one_message", "ipc.slot_sender", "ipc.batch_result", "ipc.reattach", "ipc.consumer",
-    "ipc.consumer_offsets",
+    "ipc.consumer_offsets", "ipc.store_log", "ipc.group_members",
 }
 
 # Cycles other branches of issue 21 remove; the integrator empties this list after merging them

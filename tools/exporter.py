@@ -30,6 +30,7 @@ from engine.disk_use import store_disk_use
 from engine.errors import BadInputError, StoreError
 from engine.mapped_file import Access
 from engine.store_dir import read_meta
+from ipc.offsets_fallbacks import read_fallbacks
 from tools.inventory import lag_table, require_store, topic_table
 from workers.exit_codes import CliExit
 from workers.status_report import collect_status
@@ -201,6 +202,9 @@ class StoreCollector:
                                   "has not read (0 when caught up)", labels=labels)
         last = GaugeMetricFamily("mqstore_group_last_commit_timestamp_seconds", "When the group last "
                                  "committed the queue, Unix seconds", labels=labels)
+        yield _counter("mqstore_consumer_offset_fallbacks", "Times a torn or garbled "
+                       "consumerOffset.json was replaced by its backup (one commit older: groups "
+                       "read again what they consumed since)", read_fallbacks(self.root).count)
         for row in lag_table(self.root):
             key = [row.group, row.topic, str(row.queue_id)]
             _add_known(committed, key, row.committed_offset)

@@ -9,6 +9,8 @@ is the first entry whose record retention has not deleted (ConsumeQueue.correct_
 Lag of a group on a queue counts the messages it has still to read: from its committed offset,
 or from the queue's min offset when retention deleted what lay below it or it never committed,
 to the max offset. Lag in time is the age of the first of those messages (0 when caught up).
+A committed offset past the queue's end or below zero is flagged (`offset_problem`): a consumer
+refuses it until `mqstore groups --reset` moves it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.commitlog import CommitLog
-from engine.consume_queue import ConsumeQueue
+from engine.consume_queue import Boundary, ConsumeQueue
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.disk_use import queue_disk_use
 from engine.errors import (
@@ -57,6 +59,15 @@ class QueueRow:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class QueueSpan:
+    """A queue's readable offsets [min_offset, max_offset), and an offset looked up by time."""
+
+    min_offset: int
+    max_offset: int
+    at_time_offset: int | None
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,7 @@ class LagRow:
     lag_messages: int
     lag_ms: int
     last_commit_time_ms: int | None
+    offset_problem: str | None = None  # the committed offset lies outside the queue: why
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -117,7 +129,7 @@ def group_table(store_dir: str | Path) -> list[GroupRow]:
     """Every consumer group that committed an offset, sorted by name."""
     root = Path(store_dir)
     require_store(root)
-    offsets, times = ConsumerOffsets(root).load_with_times()
+    offsets, times = ConsumerOffsets(root).peek_with_times()
     rows: dict[str, list[CommittedOffset]] = {}
     for key, queues in offsets.items():
         topic, group = _split_key(key)
@@ -140,6 +152,20 @@ def lag_table(store_dir: str | Path, group: str | None = None) -> list[LagRow]:
                                 path=str(root))
     with _StoreView.open(root) as view:
         return [row for g in groups for row in view.lag_rows(g)]
+
+
+def topic_spans(store_dir: str | Path, topic: str, ts_ms: int | None = None) -> dict[int, QueueSpan]:
+    """[min, max) of each queue of `topic` that exists (as `topics` shows them), and with
+    `ts_ms` the offset of the first message stored at or after it (clamped into the span)."""
+    with _StoreView.open(Path(store_dir)) as view:
+        spans = {}
+        for queue in view.queues():
+            if queue.topic != topic:
+                continue
+            low, high = view.span(queue)
+            at = None if ts_ms is None else min(max(view.offset_for_time(queue, ts_ms), low), high)
+            spans[queue.queue_id] = QueueSpan(low, high, at)
+        return spans
 
 
 def _group_row(group: str, committed: list[CommittedOffset]) -> GroupRow:
@@ -229,7 +255,17 @@ class _StoreView:
         oldest_ms = self.store_time_ms(queue, next_offset, high)
         lag_ms = 0 if oldest_ms is None else max(self.now_ms - oldest_ms, 0)
         return LagRow(group, queue.topic, queue.queue_id, offset, low, high, high - next_offset,
-                      lag_ms, None if commit is None else commit.commit_time_ms)
+                      lag_ms, None if commit is None else commit.commit_time_ms,
+                      offset_problem(offset, queue.max_offset))
+
+    def offset_for_time(self, queue: ConsumeQueue, ts_ms: int) -> int:
+        """The first queue offset stored at or after `ts_ms` (ConsumeQueue.offset_for_time)."""
+        def store_ts_of(commit_pos: int, _size: int) -> int:
+            if self.commitlog.segments.find(commit_pos) is None:
+                self.commitlog.refresh()
+            return store_ts_at(self.commitlog.read_bytes(commit_pos, V4_HEADER_SIZE), 0)
+
+        return queue.offset_for_time(ts_ms, Boundary.LOWER, store_ts_of, self.commitlog.min_pos)
 
     def store_time_ms(self, queue: ConsumeQueue, queue_offset: int, high: int) -> int | None:
         """STORETIMESTAMP of the record at `queue_offset`; None outside [min, high) or when
@@ -245,6 +281,18 @@ class _StoreView:
             return store_ts_at(self.commitlog.read_bytes(entry.commit_pos, V4_HEADER_SIZE), 0)
         except (StoreError, OSError):
             return None
+
+
+def offset_problem(committed_offset: int | None, max_offset: int) -> str | None:
+    """Why a committed offset lies outside its queue (a consumer refuses to read from it), or
+    None; compared with the entries on disk, as the consumer does."""
+    if committed_offset is None:
+        return None
+    if committed_offset < 0:
+        return "below zero: reset it"
+    if committed_offset > max_offset:
+        return f"past the end {max_offset}: reset it"
+    return None
 
 
 def dispatched_bound(root: Path) -> int | None:

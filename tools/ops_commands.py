@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from engine.errors import BadInputError
 from workers.exit_codes import CliExit
 
 DEFAULT_LISTEN = "127.0.0.1:9460"
@@ -25,9 +26,16 @@ def add_parsers(command) -> None:
                 "and newest store time, disk its consume-queue files allocate and use (read-only; "
                 "live or stopped store)", cmd_topics)
     p.add_argument("--json", action="store_true")
-    p = command("groups", "consumer groups: committed offsets, queues and last commit time",
-                cmd_groups)
+    p = command("groups", "consumer groups: committed offsets, queues and last commit time; "
+                "--reset moves a group's offsets on a topic", cmd_groups)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--reset", action="store_true",
+                   help="reset --group's committed offsets on --topic to --to (refused while the "
+                   "group has live consumers)")
+    p.add_argument("--group", help="with --reset: the consumer group")
+    p.add_argument("--topic", help="with --reset: the topic (every queue of it)")
+    p.add_argument("--to", help="with --reset: earliest, latest, a TIME (ISO 8601, or @<ms since "
+                   "the epoch>) or an OFFSET (in every queue's [min, max])")
     p = command("lag", "per group and queue: committed offset, max offset, lag in messages and "
                 "in time, last commit time", cmd_lag)
     p.add_argument("--group", help="only this consumer group (an unknown group is an error)")
@@ -62,6 +70,11 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def cmd_groups(args: argparse.Namespace) -> int:
     from tools.inventory import group_table
 
+    if args.reset:
+        return cmd_reset(args)
+    given = [f"--{name}" for name in ("group", "topic", "to") if getattr(args, name) is not None]
+    if given:
+        raise BadInputError(given[0], "only goes with --reset")
     rows = group_table(args.store)
     if args.json:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
@@ -73,6 +86,23 @@ def cmd_groups(args: argparse.Namespace) -> int:
     return CliExit.OK
 
 
+def cmd_reset(args: argparse.Namespace) -> int:
+    from tools.offset_reset import reset_offsets
+
+    missing = [f"--{name}" for name in ("group", "topic", "to") if getattr(args, name) is None]
+    if missing:
+        raise BadInputError(missing[0], "--reset needs --group, --topic and --to")
+    moves = reset_offsets(args.store, args.group, args.topic, args.to)
+    if args.json:
+        print(json.dumps({"group": args.group, "topic": args.topic, "to": args.to,
+                          "queues": [move.as_dict() for move in moves]}, indent=2))
+        return CliExit.OK
+    print(f"group {args.group} on {args.topic}: reset to {args.to}")
+    print(render_table(("queue", "committed before", "committed now"),
+                       [(m.queue_id, dash(m.before), m.after) for m in moves], empty="no queue"))
+    return CliExit.OK
+
+
 def cmd_lag(args: argparse.Namespace) -> int:
     from tools.inventory import lag_table
 
@@ -81,10 +111,10 @@ def cmd_lag(args: argparse.Namespace) -> int:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
         return CliExit.OK
     print(render_table(("group", "topic", "queue", "committed", "max offset", "lag msgs", "lag time",
-                        "committed at"),
+                        "committed at", "note"),
                        [(r.group, r.topic, r.queue_id, dash(r.committed_offset), r.max_offset,
-                         r.lag_messages, human_ms(r.lag_ms), clock(r.last_commit_time_ms))
-                        for r in rows],
+                         r.lag_messages, human_ms(r.lag_ms), clock(r.last_commit_time_ms),
+                         r.offset_problem or "") for r in rows],
                        empty="no consumer group has committed an offset"))
     return CliExit.OK
 

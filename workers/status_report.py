@@ -27,6 +27,7 @@ from engine.mapped_file import Access
 from engine.naming import ABORT_FILE
 from engine.store_dir import StoreKind, holder_pid, inspect_store_dir, read_meta
 from ipc.control_block import ControlBlock, Positions, ProcessSlot
+from ipc.offsets_fallbacks import read_fallbacks
 from ipc.put_latency import LatencyHistogram
 from ipc.run_info import read_run_info
 from workers.retention_status import describe_retention, render_retention
@@ -115,7 +116,28 @@ def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S)
         "put_latency": put_latency,
         "restart_history": info.restart_history,
         "retention": retention,
+        "offset_fallbacks": describe_offset_fallbacks(root),
     }
+
+
+def describe_offset_fallbacks(root: Path) -> dict:
+    """How often a torn consumerOffset.json was replaced by its backup (ipc.offsets_fallbacks);
+    a garbled record is reported as such rather than fail the whole status."""
+    try:
+        return read_fallbacks(root).as_dict()
+    except StoreError as exc:
+        return {"count": None, "unreadable": str(exc)}
+
+
+def render_offset_fallbacks(fallbacks: dict) -> str:
+    """The status line of the offset fallbacks."""
+    if fallbacks["count"] is None:
+        return f"consumer offsets: fallback record unreadable: {fallbacks['unreadable']}"
+    if not fallbacks["count"]:
+        return "consumer offsets: never replaced by their backup"
+    return (f"consumer offsets: replaced by their backup {fallbacks['count']} time(s), last at "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(fallbacks['last_at_ms'] / 1000))}: "
+            f"{fallbacks['last_reason']} (bad file kept as {fallbacks['last_kept_as'] or '-'})")
 
 
 def describe_put_latency(histogram: LatencyHistogram) -> dict:
@@ -132,7 +154,8 @@ def describe_put_latency(histogram: LatencyHistogram) -> dict:
 def not_running_status(root: Path, state: str, detail: str, **extra) -> dict:
     """The status of a store no supervisor runs (state STOPPED or STALE)."""
     return {"store": str(root.resolve()), "state": state, "running": False, "detail": detail,
-            "clean_stop": not (root / ABORT_FILE).exists(), **extra}
+            "clean_stop": not (root / ABORT_FILE).exists(),
+            "offset_fallbacks": describe_offset_fallbacks(root), **extra}
 
 
 def _stopped(root: Path) -> dict:
@@ -144,7 +167,11 @@ def _stopped(root: Path) -> dict:
 
 def render_not_running(status: dict) -> str:
     """The human-readable form of a STOPPED or STALE status."""
-    return f"store {status['store']}: {status['state']}, {status['detail']}"
+    line = f"store {status['store']}: {status['state']}, {status['detail']}"
+    fallbacks = status.get("offset_fallbacks")
+    if fallbacks and fallbacks["count"] != 0:
+        line += "\n" + render_offset_fallbacks(fallbacks)
+    return line
 
 
 def _flush_window(first: Positions, second: Positions) -> dict:
@@ -287,6 +314,7 @@ def render_status(status: dict) -> str:
         lines.append(f"put latency over {latency['count']} requests: p50 {latency['p50_ms']:.2f} ms, "
                      f"p99 {latency['p99_ms']:.2f} ms")
     lines += render_retention(status["retention"])
+    lines.append(render_offset_fallbacks(status["offset_fallbacks"]))
     history = status["restart_history"]
     lines.append("")
     lines.append(f"restart history: {len(history)} event(s)" if history else "restart history: none")

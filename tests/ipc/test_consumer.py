@@ -81,7 +81,8 @@ def test_torn_primary_falls_back_to_backup(tmp_path):
     offsets.commit("T1", "g", 0, 5)
     offsets.commit("T1", "g", 0, 6)
     offsets.path.write_text('{"offsetTable": {"T1@g": {"0": ')
-    assert offsets.get("T1", "g", 0) == 5
+    assert offsets.get("T1", "g", 0) == 5  # the backup, put in the primary's place
+    offsets.path.write_text("garbage")
     offsets.path.with_name(offsets.path.name + ".bak").write_text("garbage")
     with pytest.raises(StoreError, match="unreadable"):
         offsets.load()

@@ -1,7 +1,7 @@
 """`mqstore torture` and `python -m tools.torture soak`: the command-line side of the torture.
 
     mqstore torture --store DIR --rounds N --target supervisor|dispatcher|index|producer|random
-                    [--flush sync|async] [--fault kill|power-loss] [--seed N] [--json FILE]
+                    [--flush sync|async] [--fault kill|power-loss|offsets] [--seed N] [--json FILE]
 
 The lead wires `add_torture_parser(subparsers)` into tools/cli.py; the parser's `func` is
 `run_torture`, which returns the exit code (0 when every round passed, 1 otherwise).
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tools.torture.faults import Tear
 from tools.torture.figures import Figures
+from tools.torture.offset_damage import DAMAGES
 from tools.torture.rounds import FAULTS, TARGETS, TortureRun, TortureSettings
 
 SOAK_PLAN = (  # (target, fault, flush): the supervisor first, then power loss, then the rest
@@ -29,6 +30,7 @@ SOAK_PLAN = (  # (target, fault, flush): the supervisor first, then power loss, 
     ("hostile", "kill", "sync"),
     ("random", "kill", "async"),
     ("supervisor", "power-loss", "async"),
+    ("supervisor", "offsets", "sync"),
 )
 
 
@@ -43,6 +45,14 @@ def _ack_range(text: str) -> tuple[int, int]:
     return values
 
 
+def _damages(text: str) -> tuple[str, ...]:
+    names = tuple(name for name in text.split(",") if name)
+    unknown = sorted(set(names) - set(DAMAGES))
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {','.join(DAMAGES)}")
+    return names
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `mqstore torture` and `python -m tools.torture run`."""
     parser.add_argument("--target", choices=(*TARGETS, "random"), default="random",
@@ -50,7 +60,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         "bit-flipped requests beside the load); default random")
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
     parser.add_argument("--fault", choices=FAULTS, default="kill",
-                        help="power-loss: after a supervisor kill, drop what was not flushed")
+                        help="power-loss: after a supervisor kill, drop what was not flushed; "
+                        "offsets: consumer groups commit between kills, and while the store is down "
+                        "consumerOffset.json is torn and segment mtimes are set to 1970")
     parser.add_argument("--work-dir", help="ledgers and logs (default: DIR.torture next to the store)")
     add_load_arguments(parser)
 
@@ -69,6 +81,9 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
                         help="acks required after the last restart of a round (default 20)")
     parser.add_argument("--rounds-per-store", type=int, default=0,
                         help="start a fresh store every N rounds (0: one store; bounds check time)")
+    parser.add_argument("--offset-damages", type=_damages, default=DAMAGES, metavar="D[,D]",
+                        help="with --fault offsets: what is damaged while the store is down, "
+                        f"of {','.join(DAMAGES)} (default both)")
     parser.add_argument("--json", help="write the figures (and every round) to this file")
 
 
@@ -90,7 +105,7 @@ def settings_from_args(args: argparse.Namespace, **overrides) -> TortureSettings
                   producers=args.producers,
                   kills_per_round=args.kills_per_round, acks_before_kill=args.acks_before_kill,
                   acks_after_restart=args.acks_after_restart,
-                  rounds_per_store=args.rounds_per_store,
+                  rounds_per_store=args.rounds_per_store, offset_damages=args.offset_damages,
                   work_dir=Path(args.work_dir) if args.work_dir else None,
                   progress=lambda line: print(line, flush=True))
     values.update(overrides)
@@ -99,8 +114,8 @@ def settings_from_args(args: argparse.Namespace, **overrides) -> TortureSettings
 
 def run_torture(args: argparse.Namespace) -> int:
     """Run the torture the arguments describe; print the figures; 0 if it passed."""
-    if args.fault == "power-loss" and args.target not in ("supervisor", "random"):
-        print("mqstore: error: --fault power-loss needs --target supervisor or random",
+    if args.fault != "kill" and args.target not in ("supervisor", "random"):
+        print(f"mqstore: error: --fault {args.fault} needs --target supervisor or random",
               file=sys.stderr)
         return 2
     run = TortureRun(settings_from_args(args))

@@ -32,6 +32,7 @@ class RoundRecord:
     duplicated: int = 0
     problems: list[str] = field(default_factory=list)
     power_loss: str | None = None
+    damage: str | None = None  # the offsets fault: what was damaged while the store was down
     duration_s: float = 0.0
 
 
@@ -61,6 +62,11 @@ class Figures:
     index_missing: int = 0
     check_findings: int = 0
     unclean_stops: int = 0
+    offset_damages: int = 0  # the offsets fault: consumerOffset.json files torn
+    offset_fallbacks: int = 0  # ... and replaced by their backup, each with its WARNING
+    offsets_moved_back: int = 0  # queues whose backup offset lay below the torn primary's
+    segments_backdated: int = 0  # segment mtimes set to 1970
+    consumer_runs: int = 0
     stores: int = 1
     duration_s: float = 0.0
     failure: str | None = None
@@ -104,6 +110,9 @@ class Figures:
             "lost_to_salvage": self.lost_to_salvage, "duplicated": self.duplicated,
             "mismatched": self.mismatched, "index_missing": self.index_missing,
             "check_findings": self.check_findings, "unclean_stops": self.unclean_stops,
+            "offset_damages": self.offset_damages, "offset_fallbacks": self.offset_fallbacks,
+            "offsets_moved_back": self.offsets_moved_back,
+            "segments_backdated": self.segments_backdated, "consumer_runs": self.consumer_runs,
             "recovery_ms": self.latency_summary(self.recovery_ms),
             "recovery_ms_by_target": self.per_target_recovery(),
             "engine_recovery_ms": self.latency_summary(self.engine_recovery_ms),
@@ -139,6 +148,11 @@ class Figures:
             out.append(f"  damage below the durable line: {self.salvages} refused start(s), each "
                        f"then salvaged; acknowledged messages in the accepted damage "
                        f"{self.lost_to_salvage}")
+        if self.consumer_runs:
+            out.append(f"  offsets: {self.consumer_runs} consumer runs, {self.offset_damages} offset "
+                       f"files torn, {self.offset_fallbacks} fallbacks to the backup (each logged), "
+                       f"{self.offsets_moved_back} queue offsets moved back by them, "
+                       f"{self.segments_backdated} segment mtimes set to 1970")
         out += [
             f"  mismatched {self.mismatched}, index misses {self.index_missing}, check findings "
             f"{self.check_findings}, unclean stops {self.unclean_stops}",

@@ -66,6 +66,7 @@ from tools.torture.faults import DurablePositions, Tear, simulate_power_loss
 from tools.torture.figures import Figures, RoundRecord
 from tools.torture.hostile import acks_path, attack, verify_hostile_acks
 from tools.torture.ledger import LedgerReader
+from tools.torture.offset_damage import DAMAGES, OffsetDamage, retention_overrides
 from tools.torture.processes import ProducerFleet, TortureError
 from tools.torture.verify import (
     AcceptedDamage,
@@ -78,7 +79,7 @@ from tools.torture.verify import (
 
 KILL_TARGETS = ("supervisor", "dispatcher", "index", "producer")  # what `random` picks from
 TARGETS = (*KILL_TARGETS, "hostile")
-FAULTS = ("kill", "power-loss")
+FAULTS = ("kill", "power-loss", "offsets")
 ACK_TIMEOUT_S = 120.0
 HOSTILE_REQUESTS = 300  # per hostile round: enough random flips to reach every header field's check
 KILL_JITTER_S = 0.03
@@ -120,6 +121,7 @@ class TortureSettings:
     max_batch: int = 8
     max_body_bytes: int = 6000
     work_dir: Path | None = None
+    offset_damages: tuple[str, ...] = DAMAGES  # the offsets fault: what it damages between kills
     store_overrides: dict = field(default_factory=dict)
     supervisor_overrides: dict = field(default_factory=dict)
     progress: Callable[[str], None] | None = None
@@ -147,6 +149,7 @@ class TortureRun:
         self._round_tags: list[str] = []
         self.store: StoreProcess | None = None
         self.fleet: ProducerFleet | None = None
+        self.offset_damage: OffsetDamage | None = None
 
     # ------------------------------------------------------------------------------ run
     def run(self) -> Figures:
@@ -202,10 +205,17 @@ class TortureRun:
             (self.work_dir / sub).mkdir(parents=True, exist_ok=True)
         self.state = VerifyState()
         self.ledger = LedgerReader(self.work_dir / "ledgers")
+        offsets_fault = self.settings.fault == "offsets"
         config = write_store_config(
             self.work_dir / "store.toml",
-            {**TORTURE_STORE, "flush": self.settings.flush, **self.settings.store_overrides},
+            {**TORTURE_STORE, "flush": self.settings.flush,
+             **(retention_overrides() if offsets_fault else {}), **self.settings.store_overrides},
             self.settings.supervisor_overrides)
+        previous = self.offset_damage
+        self.offset_damage = (OffsetDamage(self.root, self.rng, self.settings.offset_damages)
+                              if offsets_fault else None)
+        if previous is not None and self.offset_damage is not None:
+            self.offset_damage.figures = previous.figures  # totals over every store of the run
         self.store = StoreProcess(self.root, config, self.work_dir / "logs" / "supervisor.log")
         self.fleet = ProducerFleet(self.root, self.work_dir / "ledgers", self.work_dir / "logs",
                                    max_batch=self.settings.max_batch,
@@ -270,6 +280,9 @@ class TortureRun:
 
     def _kill_supervisor(self, record: RoundRecord, number: int) -> None:
         s = self.settings
+        offsets = self.offset_damage if record.fault == "offsets" else None
+        if offsets is not None:
+            offsets.consume_twice()
         children = self.store.child_pids()
         durable = self._freeze(children) if record.fault == "power-loss" else None
         self.store.kill()
@@ -285,6 +298,8 @@ class TortureRun:
             self._power_loss_count += 1
             if s.damage_every and self._power_loss_count % s.damage_every == 0:
                 self._damage_below_line(record)
+        if offsets is not None:
+            record.damage = "; ".join(filter(None, (record.damage, offsets.damage_while_down())))
         began = time.monotonic()
         self.store.start()
         for _ in range(self.settings.producers):
@@ -297,6 +312,8 @@ class TortureRun:
             record.engine_recovery_ms.append(float(match.group(2)))
         # forget what the log held past the recovery cut (unknown: rescan it all)
         self.state.log.invalidate_from(int(match.group(1)) if match else 0)
+        if offsets is not None:
+            record.problems += offsets.check_after_restart()
 
     def _damage_below_line(self, record: RoundRecord) -> None:
         """Flip a byte below the durable line: start must refuse; the operator's rebuild cut there
@@ -400,15 +417,27 @@ class TortureRun:
         f.index_missing = len(report.index_missing)
         f.check_findings = len(report.findings)
         f.producer_statuses = self._statuses_in_old_stores + self.fleet.counts
+        if self.offset_damage is not None:
+            self._add_offset_figures()
         record.acked_total = report.acknowledged
         record.lost, record.lost_unflushed = len(report.lost), len(report.lost_unflushed)
         record.duplicated = len(report.duplicated)
         record.problems += report.problems
         record.problems += verify_hostile_acks(self.root, acks_path(self.work_dir / "logs"))
 
+    def _add_offset_figures(self) -> None:
+        """The offsets fault's totals so far (its figures object lives as long as the run)."""
+        o, f = self.offset_damage.figures, self.figures
+        f.offset_damages, f.offset_fallbacks = o.damaged_files, o.fallbacks
+        f.offsets_moved_back, f.segments_backdated = o.queues_moved_back, o.segments_backdated
+        f.consumer_runs = o.consumer_runs
+        if o.problems:
+            f.failure = f.failure or "offsets: " + "; ".join(o.problems[:3])
+
     def _round_line(self, r: RoundRecord) -> str:
         rec = ", ".join(f"{ms:.0f}" for ms in r.recovery_ms) or "-"
         loss = f", power loss: {r.power_loss}" if r.power_loss else ""
+        loss += f", damage: {r.damage}" if r.damage else ""
         return (f"round {r.number}/{self.settings.rounds} {r.target} ({r.fault}): kills {r.kills}, "
                 f"recovery {rec} ms, acked {r.acked_total}, lost {r.lost}, dup {r.duplicated}, "
                 f"lost unflushed {r.lost_unflushed}{loss} [{r.duration_s:.1f} s]")
