@@ -16,8 +16,9 @@ def small_config() -> StoreConfig:
 
 
 @pytest.fixture
-def clock(monkeypatch) -> FakeClock:
-    """The store's clock (born and store timestamps, checkpoint and disk-check timing)."""
-    fake = FakeClock()
+def clock(monkeypatch, request) -> FakeClock:
+    """The store's clock (born and store timestamps, checkpoint and disk-check timing); it starts
+    at the test module's `CLOCK_START_MS` where one is set (retention compares with the wall clock)."""
+    fake = FakeClock(getattr(request.module, "CLOCK_START_MS", FakeClock().now_ms))
     monkeypatch.setattr(store_module, "_now_ms", fake)
     return fake

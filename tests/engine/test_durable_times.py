@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
-
 from engine.check import check
 from engine.config import FlushPolicy, StoreConfig
 from engine.durable_times import sealed_index_ts_ms, store_ts_before
@@ -22,22 +20,13 @@ from engine.store import MessageStore
 from engine.store_dir import mark_running
 
 NOW_MS = int(time.time() * 1000)
+CLOCK_START_MS = NOW_MS  # the conftest's `clock` starts here: records stamped near the wall clock
 TOPIC = "DT"
 NEVER_MS = 3_600_000  # no timed flush or checkpoint during a test
 CONFIG = StoreConfig(commitlog_file_size=4096, consume_queue_entries=10, index_slot_count=64,
                      index_entry_count=11, index_shards=2, queue_count=1, flush=FlushPolicy.ASYNC,
                      async_flush_interval_ms=NEVER_MS, async_flush_thorough_interval_ms=NEVER_MS,
                      cq_flush_interval_ms=NEVER_MS)  # one record per segment, 10 keys per index file
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    class Clock:
-        now_ms = NOW_MS
-
-    fake = Clock()
-    monkeypatch.setattr("engine.store._now_ms", lambda: fake.now_ms)
-    return fake
 
 
 def put_stamped(store: MessageStore, clock, first: int, count: int) -> list[int]:

@@ -40,6 +40,7 @@ SEGMENT_BYTES = 4096
 BODY = b"r" * 2500  # one record per segment
 TOPIC = "T"
 NOW_MS = int(time.time() * 1000)
+CLOCK_START_MS = NOW_MS  # the conftest's `clock` starts here: records stamped near the wall clock
 DELETE_HOUR = local_hour(NOW_MS)
 CONFIG = StoreConfig(commitlog_file_size=SEGMENT_BYTES, consume_queue_entries=10, index_slot_count=64,
                      index_entry_count=11, index_shards=1, queue_count=1, file_reserved_hours=72,
@@ -165,18 +166,6 @@ def test_plan_properties(ages_h, usage, hour_matches, max_files):
 
 
 # ------------------------------------------------------------------------------ stores
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    """The store's clock, set by the test: records are stamped with `clock.now_ms`."""
-
-    class Clock:
-        now_ms = NOW_MS
-
-    fake = Clock()
-    monkeypatch.setattr("engine.store._now_ms", lambda: fake.now_ms)
-    return fake
 
 
 def make_store(root: Path, count: int, config: StoreConfig = CONFIG, *, clock=None, aged: int = 0,
