@@ -20,6 +20,7 @@ Hashes collide (the key hash is Java's `String.hashCode`, and `slot = hash % slo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NoReturn
 
@@ -72,8 +73,9 @@ class IndexFileFullError(StoreError):
 class IndexFile:
     """One RocketMQ index file, mapped whole."""
 
-    def __init__(self, mapped: MappedFile, slot_count: int, entry_count: int):
+    def __init__(self, mapped: MappedFile, slot_count: int, entry_count: int, read_fd: int):
         self._mapped = mapped
+        self._read_fd = read_fd  # O_RDONLY, for slot reads that must not fault in a hole (select_hash)
         self.slot_count = slot_count
         self.entry_count = entry_count
         self._buf = mapped.buf
@@ -101,7 +103,7 @@ class IndexFile:
             raise
         _header_pack(mapped.buf, 0, seed_ts_ms, seed_ts_ms, seed_commit_pos, seed_commit_pos, 0, 1)
         mapped.sync(0, INDEX_HEADER_SIZE)
-        index_file = cls(mapped, slot_count, entry_count)
+        index_file = cls(mapped, slot_count, entry_count, _open_read_fd(mapped))
         index_file._slot_pages.allocated(0, PAGE_BYTES)
         return index_file
 
@@ -118,7 +120,7 @@ class IndexFile:
         if problem is not None:
             mapped.close()
             raise CorruptIndexError(problem, path=str(path))
-        return cls(mapped, slot_count, entry_count)
+        return cls(mapped, slot_count, entry_count, _open_read_fd(mapped))
 
     # -- header ---------------------------------------------------------------------------------
 
@@ -282,7 +284,8 @@ class IndexFile:
         if count <= 1 or max_count <= 0:
             return found
         slot_count = self.slot_count
-        index_no = _slot_unpack(buf, slot_pos(key_hash % slot_count))[0]
+        # a slot page never written is a hole: read it without a fault, which on tmpfs allocates it
+        index_no = self._slot_pages.slot_head(buf, self._read_fd, key_hash % slot_count)
         if index_no <= 0 or index_no > count:
             return found
         while len(found) < max_count:
@@ -428,12 +431,19 @@ class IndexFile:
     def close(self) -> None:
         if self._buf is not None:
             self._buf = self._wbuf = None
+            self._close_read_fd()
             self._mapped.close()
 
     def delete(self) -> None:
         """Unmap and remove the file durably."""
         self._buf = self._wbuf = None
+        self._close_read_fd()
         self._mapped.delete()
+
+    def _close_read_fd(self) -> None:
+        if self._read_fd >= 0:
+            os.close(self._read_fd)
+            self._read_fd = -1
 
     def _live_buf(self) -> memoryview:
         if self._buf is None:
@@ -474,6 +484,16 @@ def _set_slot_heads(heads: np.ndarray, slots: np.ndarray, numbers: np.ndarray,
     last = np.ones(len(order), dtype=bool)
     last[:-1] = sorted_slots[1:] != sorted_slots[:-1]
     heads[sorted_slots[last]] = numbers[order][last]
+
+
+def _open_read_fd(mapped: MappedFile) -> int:
+    """An O_RDONLY fd of the mapped file; the mapping is closed if the file is gone (a reader
+    that lost a race with retention gets FileNotFoundError, as from MappedFile.open)."""
+    try:
+        return os.open(mapped.path, os.O_RDONLY)
+    except OSError:
+        mapped.close()
+        raise
 
 
 def raise_if_disk_full(exc: OSError, what: str, path: Path) -> None:

@@ -10,15 +10,23 @@ on a full disk is a SIGBUS, so every page a batch will write is allocated before
 writes anything (docs/DECISIONS.md#reserve-blocks-ahead): DiskFullError, nothing written.
 What this object does not know (a file opened again) is allocated again: a posix_fallocate of
 blocks a file has already costs no disk.
+
+Reads take the same care: a read fault on a tmpfs hole allocates the page (and on a full tmpfs
+is a SIGBUS), so a lookup reads a slot through the mapping only on a page known to have blocks,
+and with pread elsewhere (`slot_head`), which reads a hole as zeros and allocates nothing.
 """
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from engine.filesystem import PAGE_BYTES
-from engine.formats.index_file import SLOT_DTYPE, SLOT_SIZE, slot_pos
+from engine.formats.index_file import SLOT, SLOT_DTYPE, SLOT_SIZE, slot_pos
 from engine.mapped_file import MappedFile
+
+_slot_unpack = SLOT.unpack_from
 
 
 class SlotPages:
@@ -39,6 +47,19 @@ class SlotPages:
         view = self._allocated_view[first_page:end_page]
         self._unallocated_pages -= len(view) - int(np.count_nonzero(view))
         view[:] = True
+
+    def slot_head(self, buf: memoryview, read_fd: int, slot: int) -> int:
+        """The head stored in `slot`: through the mapping `buf` on a page known to have blocks,
+        else with pread on `read_fd` (a hole reads as 0, allocating nothing). A head found that
+        way marks its page, which holds data, so the next lookup there takes the mapping."""
+        spos = slot_pos(slot)
+        page = spos // PAGE_BYTES
+        if self._allocated[page]:
+            return _slot_unpack(buf, spos)[0]
+        head = _slot_unpack(os.pread(read_fd, SLOT_SIZE, spos), 0)[0]
+        if head:
+            self._mark(page, page + 1)
+        return head
 
     def reserve_few(self, mapped: MappedFile, key_hashes: list[int]) -> None:
         """Allocate the slot pages a few keys hash into, key by key (no numpy fixed cost)."""
