@@ -120,7 +120,11 @@ class IndexFile:
         if problem is not None:
             mapped.close()
             raise CorruptIndexError(problem, path=str(path))
-        return cls(mapped, slot_count, entry_count, _open_read_fd(mapped))
+        index_file = cls(mapped, slot_count, entry_count, _open_read_fd(mapped))
+        # once per open: lookups on pages that hold data then read through the mapping
+        for start_pos, end_pos in mapped.data_ranges(0, slot_pos(slot_count)):
+            index_file._slot_pages.allocated(start_pos, end_pos)
+        return index_file
 
     # -- header ---------------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ class SlotPages:
         self._unallocated_pages = page_count  # 0: every put skips the lookup
 
     def allocated(self, start_pos: int, end_pos: int) -> None:
-        """Pages of [start_pos, end_pos) were allocated by the caller (the header's, at create)."""
+        """Pages of [start_pos, end_pos) have blocks: the header's at create, those holding data at open."""
         self._mark(start_pos // PAGE_BYTES, -(-end_pos // PAGE_BYTES))
 
     def _mark(self, first_page: int, end_page: int) -> None:
