@@ -288,8 +288,13 @@ class IndexFile:
         if count <= 1 or max_count <= 0:
             return found
         slot_count = self.slot_count
-        # a slot page never written is a hole: read it without a fault, which on tmpfs allocates it
-        index_no = self._slot_pages.slot_head(buf, self._read_fd, key_hash % slot_count)
+        spos = slot_pos(key_hash % slot_count)
+        if self._slot_pages.has_blocks[spos // PAGE_BYTES]:
+            index_no = _slot_unpack(buf, spos)[0]
+        elif self._wbuf is not None:  # the writer allocates every slot page: one it does not know is a hole
+            index_no = 0
+        else:  # maybe a hole, or a page the writer allocated since: read it without a fault
+            index_no = self._slot_pages.unknown_slot_head(self._read_fd, spos)
         if index_no <= 0 or index_no > count:
             return found
         while len(found) < max_count:

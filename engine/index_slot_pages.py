@@ -13,7 +13,7 @@ blocks a file has already costs no disk.
 
 Reads take the same care: a read fault on a tmpfs hole allocates the page (and on a full tmpfs
 is a SIGBUS), so a lookup reads a slot through the mapping only on a page known to have blocks,
-and with pread elsewhere (`slot_head`), which reads a hole as zeros and allocates nothing.
+and with pread elsewhere (`unknown_slot_head`), which reads a hole as zeros and allocates nothing.
 """
 
 from __future__ import annotations
@@ -48,16 +48,18 @@ class SlotPages:
         self._unallocated_pages -= len(view) - int(np.count_nonzero(view))
         view[:] = True
 
-    def slot_head(self, buf: memoryview, read_fd: int, slot: int) -> int:
-        """The head stored in `slot`: through the mapping `buf` on a page known to have blocks,
-        else with pread on `read_fd` (a hole reads as 0, allocating nothing). A head found that
-        way marks its page, which holds data, so the next lookup there takes the mapping."""
-        spos = slot_pos(slot)
-        page = spos // PAGE_BYTES
-        if self._allocated[page]:
-            return _slot_unpack(buf, spos)[0]
+    @property
+    def has_blocks(self) -> bytearray:
+        """Per page, 1 when it has blocks: a slot there reads through the mapping."""
+        return self._allocated
+
+    def unknown_slot_head(self, read_fd: int, spos: int) -> int:
+        """The head at file byte `spos`, on a page not known to have blocks, read with pread on
+        `read_fd` (a hole reads as 0, allocating nothing). A head found marks its page, which
+        then holds data, so the next lookup there reads through the mapping."""
         head = _slot_unpack(os.pread(read_fd, SLOT_SIZE, spos), 0)[0]
         if head:
+            page = spos // PAGE_BYTES
             self._mark(page, page + 1)
         return head
 
