@@ -275,3 +275,17 @@ def test_put_whose_dispatch_meets_a_full_disk_is_put_ok_and_dispatched_by_the_ne
     assert [m.body for m in got.messages] == [b"first", b"second", b"third"]  # no duplicate
     store.close()
     assert check(root) == []
+
+
+def test_check_reads_no_hole_of_the_store_files(tmpfs_disk):
+    """check reads consume queues and slot tables only where they hold data: a read fault on a
+    hole allocates it on tmpfs (a whole 6 MB queue file here), and on a full one is a SIGBUS."""
+    root = tmpfs_disk / "store"
+    config = StoreConfig(commitlog_file_size=256 << 10, queue_count=1, index_slot_count=100_000,
+                         index_entry_count=1000, index_shards=1)
+    with MessageStore.open(root, config) as store:
+        assert store.put(TOPIC, b"hello", keys=["order-1"]).status is PutStatus.PUT_OK
+    files = [path for path in root.rglob("*") if path.is_file()]
+    blocks_before = {path: path.stat().st_blocks for path in files}
+    assert check(root) == []
+    assert {path: path.stat().st_blocks for path in files} == blocks_before
