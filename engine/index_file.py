@@ -11,7 +11,7 @@ Trimming then re-putting the same keys gives the same bytes as never having trim
 survives a trim is decided by `engine.index_trim`), which makes recovery's re-dispatch
 idempotent. Writes reserve disk blocks before they touch a page not yet allocated (the header
 when a file is created, a slot page when a key first hashes into it: engine.index_slot_pages; the
-entries ahead in growing steps: `reserve_end`), so a full disk gives DiskFullError with nothing
+entries ahead in growing steps: `MappedFile.reserve`), so a full disk gives DiskFullError with nothing
 written, never SIGBUS, and a new file costs a page of disk, not its whole slot table.
 
 Hashes collide (the key hash is Java's `String.hashCode`, and `slot = hash % slot_count`), so
@@ -58,7 +58,7 @@ from engine.formats.java_hash import index_key_hash
 from engine.index_changes import ChangedRanges, TakenRanges
 from engine.index_slot_pages import SlotPages, stored_slot_heads
 from engine.index_trim import heads_after_trim, kept_count
-from engine.mapped_file import Access, MappedFile, ReadAhead, reserve_end
+from engine.mapped_file import Access, MappedFile, ReadAhead
 
 _header_unpack, _header_pack = INDEX_HEADER.unpack_from, INDEX_HEADER.pack_into
 _slot_unpack, _slot_pack = SLOT.unpack_from, SLOT.pack_into
@@ -391,12 +391,9 @@ class IndexFile:
         return True
 
     def _reserve(self, end_pos: int) -> None:
-        """Allocate disk blocks for the entries up to end_pos, rounded up by `reserve_end` from
-        entry 0 (DiskFullError if there is no room)."""
-        base = entry_pos(self.slot_count, 0)
-        target = min(self._mapped.size_bytes, base + reserve_end(end_pos - base))
-        self._mapped.allocate(self._reserved_end, target)
-        self._reserved_end = target
+        """Allocate disk blocks for the entries up to end_pos, in the steps of a region starting
+        at entry 0 (DiskFullError if there is no room)."""
+        self._reserved_end = self._mapped.reserve(end_pos, entry_pos(self.slot_count, 0))
 
     def _rewrite_header_after_trim(self, count: int) -> None:
         begin_ts, _, begin_pos, _, _, _ = _header_unpack(self._buf, 0)
