@@ -83,14 +83,17 @@ def _read_queue(directory: Path, entries_per_file: int, out: FindingList) -> tup
         return np.zeros(0, dtype=CQ_DTYPE), 0
     first_pos = aligned[0].base_pos
     entries = np.zeros((aligned[-1].base_pos + file_bytes - first_pos) // CQ_ENTRY_SIZE, dtype=CQ_DTYPE)
+    raw = entries.view(np.uint8)
     for base_pos, path in aligned:
         try:
             mapped = MappedFile.open(path, Access.READ_ONLY, expected_bytes=file_bytes)
         except SegmentLayoutError as exc:
             out.add(FindingKind.LAYOUT, path, exc.message)
             continue
-        at = (base_pos - first_pos) // CQ_ENTRY_SIZE
-        entries[at:at + entries_per_file] = np.frombuffer(mapped.buf, dtype=CQ_DTYPE)
+        at_byte = base_pos - first_pos
+        # only the data: a read fault on a hole allocates it on tmpfs (a SIGBUS when it is full)
+        for lo, hi in mapped.data_ranges():
+            raw[at_byte + lo:at_byte + hi] = np.frombuffer(mapped.buf[lo:hi], dtype=np.uint8)
         mapped.close()
     return entries, first_pos // CQ_ENTRY_SIZE
 

@@ -11,7 +11,7 @@ Trimming then re-putting the same keys gives the same bytes as never having trim
 survives a trim is decided by `engine.index_trim`), which makes recovery's re-dispatch
 idempotent. Writes reserve disk blocks before they touch a page not yet allocated (the header
 when a file is created, a slot page when a key first hashes into it: engine.index_slot_pages; the
-entries ahead in growing steps: `reserve_end`), so a full disk gives DiskFullError with nothing
+entries ahead in growing steps: `MappedFile.reserve`), so a full disk gives DiskFullError with nothing
 written, never SIGBUS, and a new file costs a page of disk, not its whole slot table.
 
 Hashes collide (the key hash is Java's `String.hashCode`, and `slot = hash % slot_count`), so
@@ -20,6 +20,7 @@ Hashes collide (the key hash is Java's `String.hashCode`, and `slot = hash % slo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NoReturn
 
@@ -57,7 +58,7 @@ from engine.formats.java_hash import index_key_hash
 from engine.index_changes import ChangedRanges, TakenRanges
 from engine.index_slot_pages import SlotPages, stored_slot_heads
 from engine.index_trim import heads_after_trim, kept_count
-from engine.mapped_file import Access, MappedFile, ReadAhead, reserve_end
+from engine.mapped_file import Access, MappedFile, ReadAhead
 
 _header_unpack, _header_pack = INDEX_HEADER.unpack_from, INDEX_HEADER.pack_into
 _slot_unpack, _slot_pack = SLOT.unpack_from, SLOT.pack_into
@@ -72,8 +73,9 @@ class IndexFileFullError(StoreError):
 class IndexFile:
     """One RocketMQ index file, mapped whole."""
 
-    def __init__(self, mapped: MappedFile, slot_count: int, entry_count: int):
+    def __init__(self, mapped: MappedFile, slot_count: int, entry_count: int, read_fd: int):
         self._mapped = mapped
+        self._read_fd = read_fd  # O_RDONLY, for slot reads that must not fault in a hole (select_hash)
         self.slot_count = slot_count
         self.entry_count = entry_count
         self._buf = mapped.buf
@@ -101,7 +103,7 @@ class IndexFile:
             raise
         _header_pack(mapped.buf, 0, seed_ts_ms, seed_ts_ms, seed_commit_pos, seed_commit_pos, 0, 1)
         mapped.sync(0, INDEX_HEADER_SIZE)
-        index_file = cls(mapped, slot_count, entry_count)
+        index_file = cls(mapped, slot_count, entry_count, _open_read_fd(mapped))
         index_file._slot_pages.allocated(0, PAGE_BYTES)
         return index_file
 
@@ -118,7 +120,11 @@ class IndexFile:
         if problem is not None:
             mapped.close()
             raise CorruptIndexError(problem, path=str(path))
-        return cls(mapped, slot_count, entry_count)
+        index_file = cls(mapped, slot_count, entry_count, _open_read_fd(mapped))
+        # once per open: lookups on pages that hold data then read through the mapping
+        for start_pos, end_pos in mapped.data_ranges(0, slot_pos(slot_count)):
+            index_file._slot_pages.allocated(start_pos, end_pos)
+        return index_file
 
     # -- header ---------------------------------------------------------------------------------
 
@@ -282,7 +288,13 @@ class IndexFile:
         if count <= 1 or max_count <= 0:
             return found
         slot_count = self.slot_count
-        index_no = _slot_unpack(buf, slot_pos(key_hash % slot_count))[0]
+        spos = slot_pos(key_hash % slot_count)
+        if self._slot_pages.has_blocks[spos // PAGE_BYTES]:
+            index_no = _slot_unpack(buf, spos)[0]
+        elif self._wbuf is not None:  # the writer allocates every slot page: one it does not know is a hole
+            index_no = 0
+        else:  # maybe a hole, or a page the writer allocated since: read it without a fault
+            index_no = self._slot_pages.unknown_slot_head(self._read_fd, spos)
         if index_no <= 0 or index_no > count:
             return found
         while len(found) < max_count:
@@ -379,12 +391,9 @@ class IndexFile:
         return True
 
     def _reserve(self, end_pos: int) -> None:
-        """Allocate disk blocks for the entries up to end_pos, rounded up by `reserve_end` from
-        entry 0 (DiskFullError if there is no room)."""
-        base = entry_pos(self.slot_count, 0)
-        target = min(self._mapped.size_bytes, base + reserve_end(end_pos - base))
-        self._mapped.allocate(self._reserved_end, target)
-        self._reserved_end = target
+        """Allocate disk blocks for the entries up to end_pos, in the steps of a region starting
+        at entry 0 (DiskFullError if there is no room)."""
+        self._reserved_end = self._mapped.reserve(end_pos, entry_pos(self.slot_count, 0))
 
     def _rewrite_header_after_trim(self, count: int) -> None:
         begin_ts, _, begin_pos, _, _, _ = _header_unpack(self._buf, 0)
@@ -428,12 +437,19 @@ class IndexFile:
     def close(self) -> None:
         if self._buf is not None:
             self._buf = self._wbuf = None
+            self._close_read_fd()
             self._mapped.close()
 
     def delete(self) -> None:
         """Unmap and remove the file durably."""
         self._buf = self._wbuf = None
+        self._close_read_fd()
         self._mapped.delete()
+
+    def _close_read_fd(self) -> None:
+        if self._read_fd >= 0:
+            os.close(self._read_fd)
+            self._read_fd = -1
 
     def _live_buf(self) -> memoryview:
         if self._buf is None:
@@ -474,6 +490,16 @@ def _set_slot_heads(heads: np.ndarray, slots: np.ndarray, numbers: np.ndarray,
     last = np.ones(len(order), dtype=bool)
     last[:-1] = sorted_slots[1:] != sorted_slots[:-1]
     heads[sorted_slots[last]] = numbers[order][last]
+
+
+def _open_read_fd(mapped: MappedFile) -> int:
+    """An O_RDONLY fd of the mapped file; the mapping is closed if the file is gone (a reader
+    that lost a race with retention gets FileNotFoundError, as from MappedFile.open)."""
+    try:
+        return os.open(mapped.path, os.O_RDONLY)
+    except OSError:
+        mapped.close()
+        raise
 
 
 def raise_if_disk_full(exc: OSError, what: str, path: Path) -> None:

@@ -10,15 +10,23 @@ on a full disk is a SIGBUS, so every page a batch will write is allocated before
 writes anything (docs/DECISIONS.md#reserve-blocks-ahead): DiskFullError, nothing written.
 What this object does not know (a file opened again) is allocated again: a posix_fallocate of
 blocks a file has already costs no disk.
+
+Reads take the same care: a read fault on a tmpfs hole allocates the page (and on a full tmpfs
+is a SIGBUS), so a lookup reads a slot through the mapping only on a page known to have blocks,
+and with pread elsewhere (`unknown_slot_head`), which reads a hole as zeros and allocates nothing.
 """
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from engine.filesystem import PAGE_BYTES
-from engine.formats.index_file import SLOT_DTYPE, SLOT_SIZE, slot_pos
+from engine.formats.index_file import SLOT, SLOT_DTYPE, SLOT_SIZE, slot_pos
 from engine.mapped_file import MappedFile
+
+_slot_unpack = SLOT.unpack_from
 
 
 class SlotPages:
@@ -32,13 +40,28 @@ class SlotPages:
         self._unallocated_pages = page_count  # 0: every put skips the lookup
 
     def allocated(self, start_pos: int, end_pos: int) -> None:
-        """Pages of [start_pos, end_pos) were allocated by the caller (the header's, at create)."""
+        """Pages of [start_pos, end_pos) have blocks: the header's at create, those holding data at open."""
         self._mark(start_pos // PAGE_BYTES, -(-end_pos // PAGE_BYTES))
 
     def _mark(self, first_page: int, end_page: int) -> None:
         view = self._allocated_view[first_page:end_page]
         self._unallocated_pages -= len(view) - int(np.count_nonzero(view))
         view[:] = True
+
+    @property
+    def has_blocks(self) -> bytearray:
+        """Per page, 1 when it has blocks: a slot there reads through the mapping."""
+        return self._allocated
+
+    def unknown_slot_head(self, read_fd: int, spos: int) -> int:
+        """The head at file byte `spos`, on a page not known to have blocks, read with pread on
+        `read_fd` (a hole reads as 0, allocating nothing). A head found marks its page, which
+        then holds data, so the next lookup there reads through the mapping."""
+        head = _slot_unpack(os.pread(read_fd, SLOT_SIZE, spos), 0)[0]
+        if head:
+            page = spos // PAGE_BYTES
+            self._mark(page, page + 1)
+        return head
 
     def reserve_few(self, mapped: MappedFile, key_hashes: list[int]) -> None:
         """Allocate the slot pages a few keys hash into, key by key (no numpy fixed cost)."""

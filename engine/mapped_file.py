@@ -221,9 +221,10 @@ class MappedFile:
         self._mmap.madvise(mmap.MADV_RANDOM if self._read_ahead is ReadAhead.OWN_PAGE
                            else mmap.MADV_NORMAL)
 
-    def reserve(self, end_file_pos: int) -> None:
-        """Allocate disk blocks up to end_file_pos, rounded up by `reserve_end` (within the file),
-        before writing through the map.
+    def reserve(self, end_file_pos: int, base_pos: int = 0) -> int:
+        """Allocate disk blocks up to end_file_pos, rounded up by `reserve_end` from `base_pos`
+        (where the growing region starts: 0 for a segment, entry 0 for an index file) within the
+        file, before writing through the map; returns the end now reserved.
 
         A write into an unallocated page of a sparse mapped file on a full disk kills the process
         with SIGBUS; allocating first turns that into DiskFullError while nothing is written.
@@ -232,10 +233,11 @@ class MappedFile:
         (see docs/DECISIONS.md#reserve-blocks-ahead).
         """
         if end_file_pos <= self._reserved_until:
-            return
-        target = min(self.size_bytes, reserve_end(end_file_pos))
-        self.allocate(self._reserved_until, target)
+            return self._reserved_until
+        target = min(self.size_bytes, base_pos + reserve_end(end_file_pos - base_pos))
+        self.allocate(max(self._reserved_until, base_pos), target)
         self._reserved_until = target
+        return target
 
     def allocate(self, start_pos: int, end_pos: int) -> None:
         """Allocate disk blocks for [start_pos, end_pos) within the file (posix_fallocate:

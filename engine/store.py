@@ -7,6 +7,7 @@ dispatcher process does, so both build identical files.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -58,6 +59,7 @@ from engine.store_dir import (
 from engine.store_open import Dispatch, close_parts, open_store
 
 DISK_CHECK_INTERVAL_MS = 1000
+_log = logging.getLogger(__name__)
 
 class _EncodedBatch(NamedTuple):
     """The accepted messages of a put_batch (indexes into it) and their encoded records."""
@@ -94,6 +96,7 @@ class MessageStore:
         self._last_checkpoint_ms = self._flushed_at_ms = _now_ms()
         self._disk_checked_ms = 0
         self._disk_full = False
+        self._dispatch_deferred = False  # a dispatch met a full disk; the next put retries it
         self._closed = False
         self._times = CheckpointTimes(self.commitlog, root, len(self.shards))
         self._segment_ages = SegmentAges()
@@ -117,7 +120,12 @@ class MessageStore:
         return self.put_batch([message])[0]
 
     def put_batch(self, messages: Iterable[Message]) -> list[PutResult]:
-        """Append messages with one flush; bad ones get their own status, the rest are stored."""
+        """Append messages with one flush; bad ones get their own status, the rest are stored.
+
+        PUT_OK means the record is in the commitlog (durable under SYNC flush), whatever its
+        dispatch met: when the consume queues or index have no disk space, get_messages and
+        query_by_key may miss the record until a later put (or close) finds space to dispatch it.
+        """
         self._require_open()
         messages = list(messages)
         if self._is_disk_full():
@@ -167,7 +175,7 @@ class MessageStore:
             return
         self._next_offsets.update(next_offsets)  # only once the records are in: no offset is lost
         self._flush_by_policy()
-        self._dispatch_until(self._dispatch_limit())
+        self._dispatch_or_defer()
         id_prefix = make_msg_id(self._store_host, 0)[:-16]  # msgId ends with the position in hex
         for i, key, offset, pos in zip(batch.accepted, keys, offsets, positions, strict=True):
             results[i] = PutResult(PutStatus.PUT_OK, commit_pos=pos, queue_id=key[1],
@@ -194,6 +202,22 @@ class MessageStore:
         if self.config.flush is FlushPolicy.SYNC:
             return self.commitlog.flushed_pos
         return self.commitlog.written_pos
+
+    def _dispatch_or_defer(self) -> None:
+        """Dispatch what is appended; on a full disk leave it for the next put (or close) to
+        retry: the records are already in the commitlog, so their puts must not fail for it.
+        Dispatch is idempotent (queues reconcile present entries, shards skip processed keys)."""
+        try:
+            self._dispatch_until(self._dispatch_limit())
+        except DiskFullError as exc:
+            if not self._dispatch_deferred:
+                _log.warning("dispatch waits for disk space (records stay appended; retried on "
+                             "the next put): %s", exc)
+            self._dispatch_deferred = True
+            return
+        if self._dispatch_deferred:
+            _log.info("dispatch resumed: queues and index caught up to %d", self._dispatched_pos)
+        self._dispatch_deferred = False
 
     def _dispatch_until(self, end_pos: int) -> None:
         """Tail the log to end_pos as the dispatcher does, many records per step."""

@@ -10,10 +10,13 @@ ordinary disk gives the bytes the files must end with.
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 import pytest
 
+from engine.check import check
+from engine.config import FlushPolicy, StoreConfig
 from engine.consume_queue import ConsumeQueue
 from engine.errors import DiskFullError
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, FILLER_ENTRY, encode_cq_entry
@@ -23,6 +26,8 @@ from engine.index_file import IndexFile
 from engine.mapped_file import RESERVE_STEP_BYTES, Access
 from engine.naming import consume_queue_dir, index_shard_dir
 from engine.shard_index import ShardIndex
+from engine.status import PutStatus
+from engine.store import MessageStore
 from tools.torture.filesystems import (
     FilesystemUnavailable,
     MiB,
@@ -194,3 +199,93 @@ def test_index_file_created_on_a_full_disk_leaves_no_file(small_disk):
     created = IndexFile.create(directory / "20240101000000000", 64, 256)
     assert created.path.stat().st_size == index_file_size(64, 256)
     created.close()
+
+
+@pytest.fixture
+def tmpfs_disk(tmp_path):
+    """A small tmpfs: the filesystem whose read faults on a hole allocate the page."""
+    mount_point = tmp_path / "tmpfs"
+    try:
+        small_tmpfs(mount_point, 16 * MiB)
+    except FilesystemUnavailable as exc:
+        pytest.skip(f"no tmpfs: {exc}")
+    yield mount_point
+    unmount(mount_point)
+
+
+@pytest.mark.parametrize("access", [Access.READ_WRITE, Access.READ_ONLY])
+def test_lookups_of_absent_keys_allocate_no_slot_page(tmpfs_disk, access):
+    """A lookup reads a slot page never written without faulting it in: on tmpfs that fault
+    allocates the page (a SIGBUS on a full one), so 200 lookups of absent keys would allocate
+    most of the 64-page slot table."""
+    slots, entries = 64 * 1024, 4096
+    path = tmpfs_disk / "20240101000000000"
+    created = IndexFile.create(path, slots, entries)
+    created.put_key(f"{TOPIC}#k0", 100, FIXED_CLOCK_MS)
+    created.sync()
+    created.close()
+    index_file = IndexFile.open(path, slots, entries, access)
+    blocks_before = path.stat().st_blocks
+    assert all(index_file.select(f"{TOPIC}#absent-{i}", 0, 2**62, 64) == [] for i in range(200))
+    assert path.stat().st_blocks == blocks_before
+    assert index_file.select(f"{TOPIC}#k0", 0, 2**62, 64) == [100]  # a key put is still found
+    assert index_file.select(f"{TOPIC}#k0", 0, 2**62, 64) == [100]  # and again, through the mapping
+    assert path.stat().st_blocks == blocks_before
+    index_file.close()
+
+
+@pytest.fixture
+def store_with_full_index_disk(tmp_path):
+    """A store whose index directory is its own small tmpfs (the commitlog's disk has room, so
+    the put's disk check passes and the append succeeds), yielded with that mount point."""
+    root = tmp_path / "store"
+    index_dir = root / "index"
+    config = StoreConfig(commitlog_file_size=256 << 10, queue_count=1, index_slot_count=100_000,
+                         index_entry_count=1000, index_shards=1, flush=FlushPolicy.SYNC)
+    MessageStore.open(root, config).close()  # a new store, whose index/ is then moved onto the tmpfs
+    index_dir.rename(tmp_path / "index")
+    try:
+        small_tmpfs(index_dir, 16 * MiB)
+    except FilesystemUnavailable as exc:
+        pytest.skip(f"no tmpfs: {exc}")
+    shutil.copytree(tmp_path / "index", index_dir, dirs_exist_ok=True)
+    yield root, config, index_dir
+    unmount(index_dir)
+
+
+def test_put_whose_dispatch_meets_a_full_disk_is_put_ok_and_dispatched_by_the_next_put(
+        store_with_full_index_disk):
+    """The record is in the commitlog (durable under SYNC) before its index keys meet the full
+    disk: the put is PUT_OK, not an error a caller would retry into a duplicate, and the next
+    put once space returns indexes it."""
+    root, config, index_dir = store_with_full_index_disk
+    store = MessageStore.open(root, config)
+    assert store.put(TOPIC, b"first", keys=["order-1"]).status is PutStatus.PUT_OK
+    fill(index_dir, leave_bytes=0)
+    written_before = store.commitlog.written_pos
+    result = store.put(TOPIC, b"second", keys=["new-key"])  # a key on a slot page not yet allocated
+    assert result.status is PutStatus.PUT_OK and result.commit_pos == written_before
+    assert store.commitlog.flushed_pos > written_before  # durable, as PUT_OK says under SYNC
+    assert store.query_by_key(TOPIC, "new-key") == []  # not indexed while the disk is full
+    unfill(index_dir)
+    assert store.put(TOPIC, b"third").status is PutStatus.PUT_OK
+    [found] = store.query_by_key(TOPIC, "new-key")
+    assert (found.commit_pos, found.body) == (result.commit_pos, b"second")
+    got = store.get_messages(TOPIC, 0, 0)
+    assert [m.body for m in got.messages] == [b"first", b"second", b"third"]  # no duplicate
+    store.close()
+    assert check(root) == []
+
+
+def test_check_reads_no_hole_of_the_store_files(tmpfs_disk):
+    """check reads consume queues and slot tables only where they hold data: a read fault on a
+    hole allocates it on tmpfs (a whole 6 MB queue file here), and on a full one is a SIGBUS."""
+    root = tmpfs_disk / "store"
+    config = StoreConfig(commitlog_file_size=256 << 10, queue_count=1, index_slot_count=100_000,
+                         index_entry_count=1000, index_shards=1)
+    with MessageStore.open(root, config) as store:
+        assert store.put(TOPIC, b"hello", keys=["order-1"]).status is PutStatus.PUT_OK
+    files = [path for path in root.rglob("*") if path.is_file()]
+    blocks_before = {path: path.stat().st_blocks for path in files}
+    assert check(root) == []
+    assert {path: path.stat().st_blocks for path in files} == blocks_before

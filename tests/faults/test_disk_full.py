@@ -14,9 +14,15 @@ import signal
 
 import pytest
 
+from engine.check import check
+from engine.config import StoreConfig
+from engine.formats.index_file import index_key, slot_pos
+from engine.formats.java_hash import index_key_hash
 from engine.status import PutStatus
+from engine.store import MessageStore
 from ipc.control_block import pid_alive
 from ipc.producer import Producer
+from tests.workers.store_harness import cli
 from tools.store_process import StoreProcess, is_stopped, wait_until, write_store_config
 from tools.torture.filesystems import (
     FilesystemUnavailable,
@@ -203,3 +209,36 @@ def _big_message(i: int):
     from engine.message import Message
 
     return Message("Big", bytes([i % 251]) * 3000, keys=(f"big-{i}",))
+
+
+@pytest.fixture
+def full_tmpfs_store(tmp_path):
+    """A stopped store with one key on a small tmpfs, then filled: a read fault on a hole of its
+    files would allocate a page, which the full tmpfs turns into a SIGBUS."""
+    mount_point = tmp_path / "tmpfs"
+    try:
+        small_tmpfs(mount_point, 8 * MiB)
+    except FilesystemUnavailable as exc:
+        pytest.skip(f"no tmpfs (a read fault allocates only there): {exc}")
+    root = mount_point / "store"
+    config = StoreConfig(commitlog_file_size=256 << 10, queue_count=1, index_slot_count=100_000,
+                         index_entry_count=1000, index_shards=1)
+    with MessageStore.open(root, config) as store:
+        assert store.put("Orders", b"hello", keys=["order-1"]).status is PutStatus.PUT_OK
+    fill(mount_point, leave_bytes=0)
+    yield root, config
+    unmount(mount_point)
+
+
+def test_query_of_absent_keys_on_a_full_tmpfs_reads_slot_holes_without_dying(full_tmpfs_store):
+    root, config = full_tmpfs_store
+    absent = [f"absent-{i}" for i in range(8)]
+    page_of = {key: slot_pos(index_key_hash(index_key("Orders", key)) % config.index_slot_count) // 4096
+               for key in ["order-1", *absent]}
+    assert any(page_of[key] != page_of["order-1"] for key in absent)  # some land on a never-written page
+    for key in absent:
+        missing = cli("query", "--store", str(root), "--topic", "Orders", "--key", key)
+        assert missing.returncode == 1 and missing.stdout == b"", (key, missing.returncode, missing.stderr)
+    found = cli("query", "--store", str(root), "--topic", "Orders", "--key", "order-1", "--json")
+    assert found.returncode == 0 and b"order-1" in found.stdout, found.stderr
+    assert check(root) == []
