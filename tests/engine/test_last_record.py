@@ -63,6 +63,7 @@ def seal_first_segment(store: MessageStore) -> None:
 # ------------------------------------------------------------------ every record size is found
 
 
+@pytest.mark.slow
 def test_every_record_size_is_found_across_the_search_rounds():
     """Each round of the backward search covers the starts the last one did not: sizes just past
     4 KiB, 16 KiB and 64 KiB (a round's span plus less than a fixed header) used to be missed."""
