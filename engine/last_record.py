@@ -60,13 +60,16 @@ def record_ending_at(log: CommitLog, end_pos: int) -> Record | None:
 
 def last_record_of_segment(log: CommitLog, base_pos: int) -> Record | None:
     """A sealed segment's last record: the one ending at its filler, or at the segment's end
-    when records fill it; None when the segment ends in neither (torn, zeroed) or no record
-    ends there, and CorruptRecordError when none of what ends there reads."""
+    when records fill it; None when the segment ends in neither (torn, zeroed), no record ends
+    there or its file is gone, and CorruptRecordError when none of what ends there reads."""
     window = log.window_at(base_pos)
     segment = log.segments.find(base_pos)
     if window is None or segment is None or window.base_pos != base_pos:
         return None
-    data_end = segment.nonzero_end()
+    try:
+        data_end = segment.nonzero_end()
+    except FileNotFoundError:  # retention removed it after a read-only view last refreshed
+        return None
     if data_end is None:
         return None
     written_end = base_pos + data_end

@@ -19,6 +19,7 @@ import pytest
 
 from engine import retention
 from engine.check import check
+from engine.commitlog import CommitLog
 from engine.config import StoreConfig
 from engine.durable_times import store_ts_before
 from engine.formats.record import (
@@ -33,6 +34,7 @@ from engine.formats.record import (
 )
 from engine.last_record import MAX_CANDIDATES, record_starts_ending_at
 from engine.log_walker import LogWindow
+from engine.mapped_file import Access
 from engine.naming import commitlog_dir
 from engine.segment_age import read_segment_age
 from engine.store import MessageStore
@@ -143,7 +145,7 @@ def test_a_fake_header_in_a_body_is_passed_over_for_the_real_last_record(tmp_pat
     assert check(tmp_path) == []
 
 
-def test_more_fake_headers_than_the_limit_leave_the_segment_ageless_at_a_bounded_cost(tmp_path, clock):
+def test_fake_headers_filling_the_limit_leave_the_segment_ageless_at_a_bounded_cost(tmp_path, clock):
     """At most MAX_CANDIDATES are read with every check (each costs a CRC over up to a record):
     past that the segment has no age and says why, and the checkpoint time is 0."""
     fakes = [100 + 100 * i for i in range(MAX_CANDIDATES)]
@@ -194,3 +196,19 @@ def test_a_segment_age_read_allocates_no_block_past_the_data(tmpfs_dir, clock):
         assert store_ts_before(store.commitlog, seg_bytes) == stamp
         assert os.stat(segment_file).st_blocks == blocks_before
     assert check(tmpfs_dir) == []
+
+
+def test_a_segment_removed_after_a_read_only_view_refreshed_has_no_last_record(tmp_path, clock):
+    """The checkpoint's view reads a segment retention may remove meanwhile: the data ranges
+    need its file, so a removed one has no last record (0, warned), never an error."""
+    with MessageStore.open(tmp_path, CONFIG) as store:
+        stamp = put_with_fakes(store, clock, 1000, [], body_length_fits=True)
+        seal_first_segment(store)
+        view = CommitLog.open(tmp_path, SEG, Access.READ_ONLY)
+        assert store_ts_before(view, SEG) == stamp
+        removed = store.clean_expired(now_ms=NOW_MS, kind=retention.PassKind.MANUAL).segments_removed
+        assert removed == [f"{0:020d}"]
+        assert store_ts_before(view, SEG) == 0
+        assert store_ts_before(view, store.commitlog.written_pos) == clock.now_ms
+        view.close()
+    assert check(tmp_path) == []
