@@ -20,10 +20,9 @@ import re
 from pathlib import Path
 
 from engine.commitlog import CommitLog
-from engine.errors import BadInputError, CorruptIndexError, CorruptRecordError
+from engine.errors import CorruptIndexError, CorruptRecordError
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.index_file import INDEX_HEADER_SIZE, decode_index_header
-from engine.formats.record import Verify
 from engine.last_record import record_ending_at
 from engine.naming import index_shard_dir
 
@@ -34,20 +33,20 @@ _INDEX_NAME_RE = re.compile(r"^\d{17}$")
 
 def store_ts_before(commitlog: CommitLog, end_pos: int) -> int:
     """The store time of the record that ends at `end_pos` (a durable position: a record end,
-    or a segment base after a filler), found backwards (engine.last_record); 0 when no record
-    is below it, or none ends there (warned: 0 makes RocketMQ scan from its first segment)."""
+    or a segment base after a filler), found backwards and read with every check
+    (engine.last_record); 0 when no record is below it, or none that reads ends there (warned:
+    0 makes RocketMQ scan from its first segment)."""
     if end_pos <= commitlog.min_pos:
         return 0
-    start = record_ending_at(commitlog, end_pos)
     try:
-        if start is not None:
-            return commitlog.read_at(start, Verify.STRUCTURE).store_ts_ms
-    except (CorruptRecordError, BadInputError) as exc:
-        log.warning("the record at %d, which ends at the durable position %d, does not read: %s",
-                    start, end_pos, exc)
+        record = record_ending_at(commitlog, end_pos)
+    except CorruptRecordError as exc:
+        log.warning("no record ending at the durable position %d reads: %s", end_pos, exc)
         return 0
-    log.warning("no record ends at the durable position %d", end_pos)
-    return 0
+    if record is None:
+        log.warning("no record ends at the durable position %d", end_pos)
+        return 0
+    return record.store_ts_ms
 
 
 class CheckpointTimes:

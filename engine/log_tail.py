@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
-
 from engine.commitlog import CommitLog
 from engine.filesystem import ensure_dir, write_new_file
 from engine.formats.record import Verify
@@ -67,12 +65,9 @@ def tail_end(commitlog: CommitLog, cut_pos: int) -> int:
         base = seg.base_of(segment)
         if base + segment.size_bytes <= cut_pos:
             break
-        for lo, hi in reversed(segment.data_ranges(max(cut_pos - base, 0))):
-            for stop in range(hi, lo, -QUARANTINE_CHUNK_BYTES):
-                start = max(stop - QUARANTINE_CHUNK_BYTES, lo)
-                chunk = np.frombuffer(segment.read(start, stop - start), dtype=np.uint8)
-                if chunk.any():
-                    return base + stop - int(np.argmax(chunk[::-1] != 0))
+        data_end = segment.nonzero_end(max(cut_pos - base, 0))
+        if data_end is not None:
+            return base + data_end
     return cut_pos
 
 

@@ -365,6 +365,17 @@ class MappedFile:
                     return False
         return True
 
+    def nonzero_end(self, start_pos: int = 0) -> int | None:
+        """The offset just past the file's last non-zero byte at or after `start_pos`; None when
+        there is none. Read back a chunk at a time over the data ranges only: a read fault on a
+        hole allocates the page on tmpfs (SIGBUS when it is full)."""
+        for lo, hi in reversed(self.data_ranges(start_pos)):
+            for stop in range(hi, lo, -ZERO_CHUNK_BYTES):
+                chunk = np.frombuffer(self.buf[max(stop - ZERO_CHUNK_BYTES, lo):stop], dtype=np.uint8)
+                if chunk.any():
+                    return stop - int(np.argmax(chunk[::-1] != 0))
+        return None
+
     def zero_nonzero(self, start_pos: int, end_pos: int | None = None) -> None:
         """Zero [start_pos, end_pos), writing only chunks that hold something (keeps holes holes)."""
         for lo, hi in self.data_ranges(start_pos, end_pos):

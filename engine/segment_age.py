@@ -2,12 +2,10 @@
 
 Retention expires a segment by the records it holds, never by its file's mtime, which a restore,
 a copy tool or a clock set after boot moves (Kafka expires by a segment's largest timestamp
-since 0.10.1; RocketMQ by mtime). The last record is the one that ends where the segment's
-end-of-file filler starts, found backwards (engine.last_record), and it is read with every
-check (Verify.MQSTORE). A segment that does not end in a filler (or in a record at its very
-end), or whose last record fails its checks, has no age (`last_store_ts_ms` None): retention
-never expires it by age, so it, and every segment after it, stays until disk pressure removes
-segments regardless of age.
+since 0.10.1; RocketMQ by mtime). The last record is the newest one ending where the segment's
+end-of-file filler starts that reads with every check (engine.last_record). A segment that does
+not end in a filler (or in a record at its very end), or where no record ending there reads,
+has no age (`last_store_ts_ms` None); what retention does with it is engine.retention's rule.
 """
 
 from __future__ import annotations
@@ -16,8 +14,7 @@ import logging
 from typing import NamedTuple
 
 from engine.commitlog import CommitLog
-from engine.errors import BadInputError, CorruptRecordError
-from engine.formats.record import Verify
+from engine.errors import CorruptRecordError
 from engine.last_record import last_record_of_segment
 
 log = logging.getLogger(__name__)
@@ -33,13 +30,12 @@ class SegmentAge(NamedTuple):
 
 def read_segment_age(commitlog: CommitLog, base_pos: int) -> SegmentAge:
     """The age of the sealed segment at `base_pos` (its tail is read, not its records)."""
-    start = last_record_of_segment(commitlog, base_pos)
-    if start is None:
-        return SegmentAge(base_pos, None, "it does not end in an end-of-file filler after a record")
     try:
-        record = commitlog.read_at(start, Verify.MQSTORE)
-    except (CorruptRecordError, BadInputError) as exc:
-        return SegmentAge(base_pos, None, f"its last record at {start} does not read: {exc}")
+        record = last_record_of_segment(commitlog, base_pos)
+    except CorruptRecordError as exc:
+        return SegmentAge(base_pos, None, f"its last record does not read: {exc}")
+    if record is None:
+        return SegmentAge(base_pos, None, "it does not end in an end-of-file filler after a record")
     return SegmentAge(base_pos, record.store_ts_ms)
 
 

@@ -5,9 +5,9 @@ ipc/retention_block.py), one pass: measure the disk, plan with engine.retention 
 hour, disk pressure, never the active segment), remove the planned commitlog segments and
 publish the new minimum commit position as the retention line. Each child then drops its own
 consume-queue or index files below the line (workers/child_retention.py). A pass that left
-segments behind that may go (its batch of 10 was full) is followed by another of the same kind
-at the next loop turn, not an interval later: the horizon holds at any write rate, and each
-pass's I/O stays one batch.
+segments behind that may go (its batch, engine.retention.DEFAULT_MAX_FILES, was full) is
+followed by another of the same kind at the next loop turn, not an interval later: the horizon
+holds at any write rate, and each pass's I/O stays one batch.
 
 The line never passes what every process has made durable (the flushed position, the consume
 queues' and each index shard's durable position): no child still has to read a segment that

@@ -367,3 +367,17 @@ def test_create_in_a_missing_directory_raises_store_error(tmp_path):
     with pytest.raises(StoreError, match="cannot create the file") as info:
         MappedFile.create(path, 1 * MiB)
     assert info.value.path == str(path) and not path.parent.exists()
+
+
+def test_nonzero_end_is_past_the_last_nonzero_byte_and_reads_no_hole(tmp_path):
+    """The offset just past the last non-zero byte at or after a start, read over the data ranges
+    (None when there is none)."""
+    mapped = MappedFile.create(tmp_path / "f", 16 * MiB)
+    assert mapped.nonzero_end() is None  # all hole
+    mapped.write(5 * MiB - 3, b"\x01\x00\x02\x00\x00")  # data, then zeros in the same page
+    mapped.write(1000, b"\x07")
+    assert mapped.nonzero_end() == 5 * MiB
+    assert mapped.nonzero_end(5 * MiB) is None
+    assert mapped.nonzero_end(2000) == 5 * MiB
+    assert mapped.nonzero_end(1001) == 5 * MiB
+    mapped.close()
