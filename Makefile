@@ -26,6 +26,7 @@ test: $(VENV)/.installed os-packages
 	$(PY) -m pytest -q
 
 soak: $(VENV)/.installed
+	$(PY) -m pytest -q -m soak
 	$(PY) -m tools.torture soak --rounds 200 --json soak.json
 	$(PY) -m tools.retention_soak run --duration-s 600 --json soak-retention.json
 

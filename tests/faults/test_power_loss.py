@@ -41,10 +41,10 @@ SYNC = StoreConfig(**SMALL_CONFIG)
 # ------------------------------------------------------------------------------ torture runs
 @pytest.mark.slow
 def test_power_loss_rounds_sync_flush_lose_nothing(tmp_path):
-    figures = run_torture(tmp_path, target="supervisor", fault="power-loss", rounds=scaled(2),
+    figures = run_torture(tmp_path, target="supervisor", fault="power-loss", rounds=scaled(1),
                           kills_per_round=2, acks_before_kill=(10, 150))
     assert_passed(figures)
-    assert figures.lost_unflushed == 0 and figures.kills["supervisor"] == scaled(2) * 2
+    assert figures.lost_unflushed == 0 and figures.kills["supervisor"] == scaled(1) * 2
     assert figures.rebuilds >= 1  # damage below the durable line: refused, then rebuilt
 
 

@@ -6,6 +6,11 @@ Crash loops are made two ways: by SIGKILLing the child each time it comes back, 
 by making the index builder's own work fail -- its shard directory is made immutable
 (`chattr +i`, which binds root too), so the builder crashes each time it rolls to a new index
 file, however often it is restarted.
+
+`make test` runs the crash loop for real (the budget, then the ledger after the next start);
+the SIGKILL loop and the child that cannot boot run in `make soak`, as their rules without the
+load are tests/workers/test_supervisor.py's (test_restart_budget_exceeded_stops_the_store,
+test_child_that_cannot_boot_is_not_restarted_and_its_cause_is_in_the_log).
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ def storm(tmp_path):
     storm.cleanup()
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("role, shard", [(Role.DISPATCHER, 0)], ids=["dispatcher"])
 def test_killed_in_a_loop_hits_the_restart_budget_and_stops_cleanly(storm, role, shard):
     storm.start()
@@ -134,6 +140,7 @@ def test_child_that_crashes_by_itself_in_a_loop_stops_the_store(tmp_path):
     storm.cleanup()
 
 
+@pytest.mark.soak
 def test_child_that_cannot_boot_is_not_restarted(storm):
     storm.start()
     storm.wait_acks(30)

@@ -1,6 +1,8 @@
 """Run the Spark jobs in a local Spark Connect session (a child process: one JVM per process).
 
-    python -m tests.spark.connect_jobs STORE REBUILD_COPY EXPORT_DIR   -> one JSON line on stdout
+    python -m tests.spark.connect_jobs STORE REBUILD_COPY EXPORT_DIR [JOB ...]  -> one JSON line on stdout
+
+JOB is one of check, rebuild, export, count (default: all four); the JSON has a key per job run.
 """
 
 from __future__ import annotations
@@ -13,23 +15,37 @@ from pyspark.sql import SparkSession
 from tools.spark import jobs
 from tools.spark.source import register
 
+JOBS = ("check", "rebuild", "export", "count")
 
-def main(store: str, copy: str, out: str) -> None:
+
+def run_job(spark, name: str, store: str, copy: str, out: str) -> dict:
+    """One job over the Connect session: what the test compares with the store."""
+    if name == "check":
+        check = jobs.check(spark, store)
+        return {"check_ok": check.ok, "records": check.records}
+    if name == "rebuild":
+        return {"rebuilt_entries": jobs.rebuild(spark, copy).cq_entries}
+    if name == "export":
+        return {"exported": jobs.export(spark, store, out, mode=jobs.ExportMode.INCREMENTAL).rows}
+    if name == "count":
+        return {"orders": jobs.read_store(spark, store).where("topic = 'orders'").count()}
+    raise SystemExit(f"unknown job {name!r}: one of {', '.join(JOBS)}")
+
+
+def main(store: str, copy: str, out: str, *names: str) -> None:
     spark = (SparkSession.builder.remote("local[2]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.python.filterPushdown.enabled", "true").getOrCreate())
     try:
         register(spark)
         register(spark)
-        check = jobs.check(spark, store)
-        rebuild = jobs.rebuild(spark, copy)
-        export = jobs.export(spark, store, out, mode=jobs.ExportMode.INCREMENTAL)
-        orders = jobs.read_store(spark, store).where("topic = 'orders'").count()
-        print(json.dumps({"session": type(spark).__module__, "check_ok": check.ok, "records": check.records,
-                          "rebuilt_entries": rebuild.cq_entries, "exported": export.rows, "orders": orders}))
+        result = {"session": type(spark).__module__}
+        for name in names or JOBS:
+            result.update(run_job(spark, name, store, copy, out))
+        print(json.dumps(result))
     finally:
         spark.stop()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:])

@@ -418,7 +418,7 @@ def test_a_delegated_command_refuses_a_bad_log_level(argv):
 def test_put_latency_histogram_counts_every_answered_request_scraped_over_http(tmp_path, flush):
     from tests.workers.store_harness import PRODUCER_SCRIPT, read_acks, spawn_python
 
-    per_producer = 200  # one message per send: one request, one answer each
+    per_producer = 100  # one message per send: one request, one answer each
     with checked_store(tmp_path / "store", store={"flush": flush}) as running:
         root = str(running.root)
         producers = [spawn_python(PRODUCER_SCRIPT, root, tag, str(per_producer), "1", "Latency")

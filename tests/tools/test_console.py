@@ -58,7 +58,7 @@ with Producer(store, reattach_timeout_s=0) as producer:
         if i == 0:
             print("sending", flush=True)  # once: nobody drains this pipe later
         i += 20
-        time.sleep(0.02)  # pacing: a steady trickle, not a benchmark on a shared machine
+        time.sleep(0.1)  # a trickle (~200 msg/s): the overview must see growth, teardown checks it all
 """
 
 SEED_SCRIPT = """
