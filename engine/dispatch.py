@@ -25,6 +25,7 @@ from engine.record_rules import (
     unindexed_rollback_mask,
 )
 from engine.shard_index import ShardIndex
+from engine.tuning import QUEUE_GROUP_MAX_STRETCHES
 
 
 def index_keys(header: RecordHeader) -> list[str]:
@@ -98,9 +99,6 @@ def dispatch_columns_to_consume_queues(table: ConsumeQueueTable, cols: DispatchC
     return written
 
 
-_MAX_STRETCHES = 64  # above this many stretches of one queue, group by sorting instead
-
-
 def queue_groups(cols: DispatchColumns, rows: np.ndarray) -> list[tuple[tuple[str, int], np.ndarray]]:
     """((topic, queue_id), rows of that queue in record order) for the given rows, queues in
     order of first appearance. Records come in stretches of one queue (a batch goes to one
@@ -109,7 +107,7 @@ def queue_groups(cols: DispatchColumns, rows: np.ndarray) -> list[tuple[tuple[st
         return []
     group_key = (cols.topic_index[rows] << 32) | cols.queue_id[rows]
     edges = np.flatnonzero(group_key[1:] != group_key[:-1]) + 1
-    if len(edges) > _MAX_STRETCHES:
+    if len(edges) > QUEUE_GROUP_MAX_STRETCHES:
         order = np.argsort(group_key, kind="stable")
         edges = np.flatnonzero(np.diff(group_key[order])) + 1
         rows, group_key = rows[order], group_key[order]

@@ -57,6 +57,7 @@ from engine.mapped_file import Access
 from engine.open_files import queue_file_budget
 from engine.queue_cuts import recovered_cuts, redispatch_floor
 from engine.retention import expire_queues
+from engine.tuning import FEW_RECORDS_BYTES
 from ipc.control_block import DISPATCHER_GROUP, DISPATCHER_GROUP_OFFSET, Role, process_slot_index
 from ipc.key_ring import KeyRing, RingWriter
 from ipc.wakeup import WaiterTable, Wakeup
@@ -72,11 +73,6 @@ COALESCE_BELOW_BYTES = 32 << 10  # a backlog at least this big is not held for C
 # (pace_wait_s). A consumer that keeps up gets every flush at once instead.
 # See docs/DECISIONS.md#dispatcher-pacing.
 PACE_INTERVAL_S = 0.01
-# A backlog this small is dispatched in plain Python (engine.dispatch_few): ~3-4 us a record
-# against the batch codec's ~0.25-0.35 ms fixed cost a step (tools.bench.probes.dispatch_step);
-# 32 KiB holds at most ~250 of the smallest records, where the two cost about the same (see
-# docs/DECISIONS.md#small-batches-scalar).
-FEW_RECORDS_BYTES = 32 << 10
 # A consumer that long-polled this recently keeps up, though it may be busy with the last pull
 # when a step lands: pacing it would add up to PACE_INTERVAL_S to its end-to-end latency. One
 # that has not waited for this long is behind, and bigger steps serve it better.

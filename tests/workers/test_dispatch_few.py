@@ -13,10 +13,11 @@ import pytest
 from engine.commitlog import CommitLog
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.mapped_file import Access
+from engine.tuning import FEW_RECORDS_BYTES
 from ipc.key_ring import KeyRing
 from ipc.shm import issue_shm_token
 from tools.bench.probes.check_stamp import QUEUES, append_requests, make_requests
-from workers.dispatcher import FEW_RECORDS_BYTES, Dispatcher
+from workers.dispatcher import Dispatcher
 from workers.request_check import RecordChecker
 
 SEGMENT_BYTES = 64 << 10  # small, so the log rolls over a filler
