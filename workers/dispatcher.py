@@ -6,7 +6,7 @@ or the written position under async flush. For each run of records (CommitLog.sc
 records per step, checked and decoded with whole-array operations; a backlog of at most
 FEW_RECORDS_BYTES in plain Python, engine.dispatch_few, which costs less there) it
 writes the consume-queue entries (engine.dispatch.dispatch_columns_to_consume_queues: one
-put_batch per queue, the rules of dispatch_to_consume_queue), publishes `dispatched_pos` after
+put_entries per queue, the rules of dispatch_to_consume_queue), publishes `dispatched_pos` after
 each batch and wakes long-polling consumers. A small backlog right after a step waits up to
 COALESCE_S for more to join it (coalesce_wait_s); while no consumer keeps up, a backlog short of
 a step window waits until PACE_INTERVAL_S after the last step began (pace_wait_s), and the
@@ -339,7 +339,7 @@ class Dispatcher(ChildProcess):
         return count
 
     def _dispatch_run(self, cols: DispatchColumns | None, start_pos: int, end_pos: int) -> int:
-        """Consume-queue entries for the records of [start_pos, end_pos) (one put_batch per
+        """Consume-queue entries for the records of [start_pos, end_pos) (one put_entries per
         queue) and one key-ring block per shard covering the range (cols None: fillers only);
         returns the records dispatched."""
         if cols is None:
