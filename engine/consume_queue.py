@@ -8,7 +8,7 @@ Consume queues are derived data: whatever is wrong with one is rebuilt from the 
 
 An entry is *valid* when commit_pos >= 0 and size > 0 (fillers included, RocketMQ §3.3);
 the first invalid entry (zeros: never written) ends the queue. Rules mqstore adds:
-- `put` is idempotent by queue offset (a re-dispatched entry, compared whole, returns False) and
+- `put_entries` is idempotent by queue offset (a re-dispatched entry, compared whole, returns False) and
   refuses a gap or a conflicting entry with CorruptConsumeQueueError (RocketMQ #7355 appended
   anyway);
 - `recover(durable_pos)` trusts the entries below the durable position only: those past it may
@@ -54,6 +54,7 @@ from engine.mapped_file import Access, MappedFile, ReadAhead, reserve_end
 from engine.naming import consume_queue_dir, offset_to_name, validate_topic
 from engine.open_files import OpenFileBudget
 from engine.segment_queue import SegmentQueue
+from engine.tuning import FEW_QUEUE_ENTRIES
 
 _FILLER_BYTES = encode_cq_entry(*FILLER_ENTRY)
 _entry_unpack = CQ_ENTRY.unpack_from
@@ -136,36 +137,68 @@ class ConsumeQueue:
 
     # ------------------------------------------------------------------ write
 
-    def put(self, queue_offset: int, commit_pos: int, size: int, tags_code: int) -> bool:
-        """Write one entry into the mapping; False if it is already there (re-dispatch)."""
+    def put_entries(self, queue_offsets, commit_positions, sizes, tags_codes) -> int:
+        """Write entries (columns as lists or numpy arrays) by the rules above; returns the entries
+        written, repaired ones included (0: all were there). All or nothing on a full disk.
+        One entry, or an appended run of up to FEW_QUEUE_ENTRIES, is packed with struct: numpy's
+        fixed cost a call is more than their work; anything else takes the numpy way."""
+        count = len(queue_offsets)
+        if not count == len(commit_positions) == len(sizes) == len(tags_codes):
+            raise BadInputError("put_entries", "columns of different lengths")
+        if count == 1:
+            return self._put_one(int(queue_offsets[0]), int(commit_positions[0]), int(sizes[0]),
+                                 int(tags_codes[0]))
+        if 0 < count <= FEW_QUEUE_ENTRIES:
+            columns = [c if isinstance(c, list) else np.asarray(c).tolist()
+                       for c in (queue_offsets, commit_positions, sizes, tags_codes)]
+            if self._append_run(*columns):
+                return count
+        return self._put_arrays(np.asarray(queue_offsets, dtype=np.int64),
+                                np.asarray(commit_positions, dtype=np.int64),
+                                np.asarray(sizes, dtype=np.int64), np.asarray(tags_codes, dtype=np.int64))
+
+    def _put_one(self, queue_offset: int, commit_pos: int, size: int, tags_code: int) -> int:
+        """One entry into the mapping; 0 if it is already there (re-dispatch)."""
         _check_entry(queue_offset, commit_pos, size)
         if queue_offset < self._max_offset:
-            return self._reconcile(queue_offset, np.array([commit_pos]), np.array([size]),
-                                   np.array([tags_code])) > 0
+            return int(self._reconcile(queue_offset, np.array([commit_pos]), np.array([size]),
+                                       np.array([tags_code])) > 0)
         if queue_offset > self._max_offset:
             self._start_at_or_refuse(queue_offset)
         self._write(queue_offset, encode_cq_entry(commit_pos, size, tags_code))
         self._max_offset = queue_offset + 1
         self._max_commit_end = commit_pos + size
+        return 1
+
+    def _append_run(self, queue_offsets: list[int], commit_positions: list[int], sizes: list[int],
+                    tags_codes: list[int]) -> bool:
+        """Pack and write entries that are one valid run starting at max_offset; False (nothing
+        written) for anything else, which _put_arrays refuses or repairs by the whole rules."""
+        first = queue_offsets[0]
+        if (first != self._max_offset or queue_offsets != list(range(first, first + len(queue_offsets)))
+                or min(commit_positions) < 0 or min(sizes) <= 0):
+            return False
+        try:
+            data = b"".join(map(_entry_pack, commit_positions, sizes, tags_codes))
+        except struct.error as exc:
+            raise BadInputError("put_entries", str(exc)) from None
+        self._write(first, data)
+        self._max_offset = first + len(queue_offsets)
+        self._max_commit_end = commit_positions[-1] + sizes[-1]
         return True
 
-    def put_batch(self, queue_offsets, commit_positions, sizes, tags_codes) -> int:
-        """Many puts (lists or numpy arrays) with put's rules; returns the entries written
-        (repaired ones included). All or nothing on a full disk: DiskFullError, nothing new written."""
-        offsets = np.asarray(queue_offsets, dtype=np.int64)
-        commits = np.asarray(commit_positions, dtype=np.int64)
-        sizes = np.asarray(sizes, dtype=np.int64)
-        tags = np.asarray(tags_codes, dtype=np.int64)
+    def _put_arrays(self, offsets: np.ndarray, commits: np.ndarray, sizes: np.ndarray,
+                    tags: np.ndarray) -> int:
+        """put_entries of int64 columns of equal length: one run is reconciled where it overlaps
+        the queue and written past it in one write; entries in any other order go one by one."""
         count = len(offsets)
-        if not count == len(commits) == len(sizes) == len(tags):
-            raise BadInputError("put_batch", "arrays of different lengths")
         if count == 0:
             return 0
         if count > 1 and not np.all(np.diff(offsets) == 1):  # not one run: entry by entry
-            return sum(self.put(int(o), int(c), int(s), int(t))
+            return sum(self._put_one(int(o), int(c), int(s), int(t))
                        for o, c, s, t in zip(offsets, commits, sizes, tags, strict=True))
         if offsets[0] < 0 or commits.min() < 0 or sizes.min() <= 0:
-            raise BadInputError("put_batch", "negative offset or commit_pos, or size <= 0")
+            raise BadInputError("put_entries", "negative offset or commit_pos, or size <= 0")
         first = int(offsets[0])
         if first > self._max_offset:
             self._start_at_or_refuse(first)
@@ -183,26 +216,6 @@ class ConsumeQueue:
         self._max_offset += count - present
         self._max_commit_end = int(commits[-1] + sizes[-1])
         return count - present + repaired
-
-    def put_few(self, queue_offsets: list[int], commit_positions: list[int], sizes: list[int],
-                tags_codes: list[int]) -> int:
-        """put_batch for a few entries given as lists: an append of one run at max_offset is
-        packed with struct (no numpy fixed cost per queue); anything else goes to put_batch."""
-        count = len(queue_offsets)
-        first = queue_offsets[0] if count else -1
-        # put_batch refuses what is not one appended run of equal-length columns, or repairs it
-        if (first != self._max_offset or not count == len(commit_positions) == len(sizes) == len(tags_codes)
-                or queue_offsets != list(range(first, first + count))
-                or min(commit_positions) < 0 or min(sizes) <= 0):
-            return self.put_batch(queue_offsets, commit_positions, sizes, tags_codes)
-        try:
-            data = b"".join(map(_entry_pack, commit_positions, sizes, tags_codes))
-        except struct.error as exc:
-            raise BadInputError("put_few", str(exc)) from None
-        self._write(first, data)
-        self._max_offset = first + count
-        self._max_commit_end = commit_positions[-1] + sizes[-1]
-        return count
 
     def initialize_with_offset(self, queue_offset: int) -> None:
         """Drop every file and restart the queue empty at `queue_offset` (min = max)."""

@@ -25,6 +25,7 @@ from engine.record_rules import (
     unindexed_rollback_mask,
 )
 from engine.shard_index import ShardIndex
+from engine.tuning import QUEUE_GROUP_MAX_STRETCHES
 
 
 def index_keys(header: RecordHeader) -> list[str]:
@@ -50,7 +51,8 @@ def dispatch_to_consume_queue(table: ConsumeQueueTable, header: RecordHeader) ->
     if not enters_consume_queue(header.sys_flag, header.queue_offset):
         return False
     queue = table.get_or_create(header.topic, header.queue_id)
-    return queue.put(header.queue_offset, header.commit_pos, header.total_size, header.tags_code)
+    return queue.put_entries([header.queue_offset], [header.commit_pos], [header.total_size],
+                             [header.tags_code]) > 0
 
 
 def dispatch_to_shard(shard: ShardIndex, header: RecordHeader, keys: Iterable[str]) -> int:
@@ -87,18 +89,15 @@ def consumable_rows(cols: DispatchColumns) -> np.ndarray:
 
 def dispatch_columns_to_consume_queues(table: ConsumeQueueTable, cols: DispatchColumns,
                                        rows: np.ndarray | None = None) -> int:
-    """dispatch_to_consume_queue for every consumable record, one put_batch per queue; returns
+    """dispatch_to_consume_queue for every consumable record, one put_entries per queue; returns
     the entries written. `rows` restricts it to those records (recovery skips broken queues)."""
     rows = consumable_rows(cols) if rows is None else rows
     written = 0
     for (topic, queue_id), sel in queue_groups(cols, rows):
         queue = table.get_or_create(topic, queue_id)
-        written += queue.put_batch(cols.queue_offset[sel], cols.commit_pos[sel], cols.total_size[sel],
-                                   cols.tags_code[sel])
+        written += queue.put_entries(cols.queue_offset[sel], cols.commit_pos[sel], cols.total_size[sel],
+                                     cols.tags_code[sel])
     return written
-
-
-_MAX_STRETCHES = 64  # above this many stretches of one queue, group by sorting instead
 
 
 def queue_groups(cols: DispatchColumns, rows: np.ndarray) -> list[tuple[tuple[str, int], np.ndarray]]:
@@ -109,7 +108,7 @@ def queue_groups(cols: DispatchColumns, rows: np.ndarray) -> list[tuple[tuple[st
         return []
     group_key = (cols.topic_index[rows] << 32) | cols.queue_id[rows]
     edges = np.flatnonzero(group_key[1:] != group_key[:-1]) + 1
-    if len(edges) > _MAX_STRETCHES:
+    if len(edges) > QUEUE_GROUP_MAX_STRETCHES:
         order = np.argsort(group_key, kind="stable")
         edges = np.flatnonzero(np.diff(group_key[order])) + 1
         rows, group_key = rows[order], group_key[order]

@@ -3,7 +3,7 @@
 A step of a few dozen records spends ~0.5 ms in the fixed cost of the batch codec and of the
 per-queue numpy of engine.dispatch, however few records it has. Here the same rules run record by
 record with struct: the structure checks of engine.formats.record.structure, the properties rule
-of properties.decode_properties, the rules of engine.record_rules, one ConsumeQueue.put_few per
+of properties.decode_properties, the rules of engine.record_rules, one ConsumeQueue.put_entries per
 queue, and one matrix product for every key's hash (key_batch.padded_key_hashes). `decode_few`
 takes plain records only (magic v1 or v2, IPv4 hosts, ASCII topic and properties) and stops at
 the first other piece (a filler, an IPv6 host, non-ASCII text, damage): the caller hands the rest
@@ -133,7 +133,7 @@ def _topic_name(raw: bytes) -> str:
 
 
 def few_to_consume_queues(table: ConsumeQueueTable, few: FewRecords) -> int:
-    """dispatch_columns_to_consume_queues for FewRecords: one put_few per queue, queues in order
+    """dispatch_columns_to_consume_queues for FewRecords: one put_entries per queue, queues in order
     of first appearance; returns the entries written."""
     groups: dict[tuple[bytes, int], list[int]] = {}
     for row, (topic, queue_id, queue_offset, sys_flag) in enumerate(
@@ -143,8 +143,8 @@ def few_to_consume_queues(table: ConsumeQueueTable, few: FewRecords) -> int:
     written = 0
     for (topic, queue_id), rows in groups.items():
         queue = table.get_or_create(_topic_name(topic), queue_id)
-        written += queue.put_few([few.queue_offset[i] for i in rows], [few.commit_pos[i] for i in rows],
-                                 [few.total_size[i] for i in rows], [few.tags_code[i] for i in rows])
+        written += queue.put_entries([few.queue_offset[i] for i in rows], [few.commit_pos[i] for i in rows],
+                                     [few.total_size[i] for i in rows], [few.tags_code[i] for i in rows])
     return written
 
 

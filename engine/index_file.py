@@ -59,11 +59,11 @@ from engine.index_changes import ChangedRanges, TakenRanges
 from engine.index_slot_pages import SlotPages, stored_slot_heads
 from engine.index_trim import heads_after_trim, kept_count
 from engine.mapped_file import Access, MappedFile, ReadAhead
+from engine.tuning import FEW_INDEX_KEYS
 
 _header_unpack, _header_pack = INDEX_HEADER.unpack_from, INDEX_HEADER.pack_into
 _slot_unpack, _slot_pack = SLOT.unpack_from, SLOT.pack_into
 _entry_unpack, _entry_pack = INDEX_ENTRY.unpack_from, INDEX_ENTRY.pack_into
-FEW_KEYS = 64  # up to this many keys a put_hashes goes key by key (~1 us a key; numpy ~50 us)
 
 
 class IndexFileFullError(StoreError):
@@ -215,7 +215,7 @@ class IndexFile:
             return 0
         start = entry_pos(self.slot_count, count)
         end = start + m * INDEX_ENTRY_SIZE
-        if m <= FEW_KEYS:
+        if m <= FEW_INDEX_KEYS:
             few_hashes = key_hashes[:m].tolist()
             self._slot_pages.reserve_few(self._mapped, few_hashes)
             if end > self._reserved_end:

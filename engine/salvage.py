@@ -93,7 +93,8 @@ def keep_damaged_entries(queues: ConsumeQueueTable, log: CommitLog, span: Accept
         # no queue is made for a damaged record: the damage may lie in its topic or queue id
         if queue is None or queue.max_offset != record.queue_offset:
             continue
-        put += queue.put(record.queue_offset, record.commit_pos, record.total_size, record.tags_code)
+        put += queue.put_entries([record.queue_offset], [record.commit_pos], [record.total_size],
+                                 [record.tags_code])
     return put
 
 
@@ -155,8 +156,8 @@ def _put_placeholders(queue: ConsumeQueue, offsets: list[int], log: CommitLog, s
     pos = _unreadable_pos(log, span)
     count = len(offsets)
     size = min(span.end_pos - pos, _MAX_PLACEHOLDER_BYTES)
-    return queue.put_batch(np.array(offsets), np.full(count, pos), np.full(count, size),
-                           np.zeros(count, dtype=np.int64))
+    return queue.put_entries(np.array(offsets), np.full(count, pos), np.full(count, size),
+                             np.zeros(count, dtype=np.int64))
 
 
 def _structure_walk(log: CommitLog, span: AcceptedSpan) -> Iterator[Record]:

@@ -17,12 +17,12 @@ import numpy as np
 
 from engine.refusal import describe_refusal
 from engine.status import PUT_OK_CODE, PutResult, PutStatus
+from engine.tuning import BATCH_RESULT_FEW_ROWS
 from ipc.mailbox import REFUSAL_DTYPE, RESULT_DTYPE
 
 _STATUSES = tuple(PutStatus)
 assert [int(s) for s in _STATUSES] == list(range(len(_STATUSES)))
 _STORED = np.array([status.is_stored for status in _STATUSES])
-_FEW_ROWS = 16  # up to this many rows ok and status_counts count in Python: numpy's fixed cost is more
 _DEFAULT_REASONS = {PutStatus.SERVICE_NOT_AVAILABLE: "the store is stopping",
                     PutStatus.DISK_FULL: "the disk is full"}
 
@@ -68,14 +68,14 @@ class BatchResult(Sequence[PutResult]):
     def ok(self) -> bool:
         """True when every message got PUT_OK."""
         statuses = self.rows["status"]
-        if len(statuses) > _FEW_ROWS:
+        if len(statuses) > BATCH_RESULT_FEW_ROWS:
             return bool((statuses == PUT_OK_CODE).all())
         return statuses.tolist().count(PUT_OK_CODE) == len(statuses)
 
     def status_counts(self) -> dict[PutStatus, int]:
         """How many messages got each status (statuses that occur only), in status order."""
         statuses = self.rows["status"]
-        if len(statuses) > _FEW_ROWS:
+        if len(statuses) > BATCH_RESULT_FEW_ROWS:
             counts = np.bincount(statuses, minlength=len(_STATUSES)).tolist()
             return {_STATUSES[s]: count for s, count in enumerate(counts) if count}
         few: dict[int, int] = {}

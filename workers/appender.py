@@ -52,10 +52,10 @@ from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.errors import BadInputError, DiskFullError, StoreError
 from engine.filesystem import disk_usage_ratio
-from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS
 from engine.refusal import Refusal
 from engine.retention import is_disk_full
 from engine.status import PUT_OK_CODE, PutStatus
+from engine.tuning import STRUCT_PATH_MAX_RECORDS
 from ipc.mailbox import (
     REFUSAL_DTYPE,
     RESULT_DTYPE,

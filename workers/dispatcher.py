@@ -2,11 +2,10 @@
 
 It reads the commitlog through its own read-only mapping, up to the supervisor's published
 flushed position under sync flush (a consumer must never see a message a crash can take back)
-or the written position under async flush. For each run of records (CommitLog.scan_batches: many
-records per step, checked and decoded with whole-array operations; a backlog of at most
-FEW_RECORDS_BYTES in plain Python, engine.dispatch_few, which costs less there) it
+or the written position under async flush. Each step is one engine.dispatch_span (a small
+backlog in plain Python, a larger one with the batch codec, the choice made there): it
 writes the consume-queue entries (engine.dispatch.dispatch_columns_to_consume_queues: one
-put_batch per queue, the rules of dispatch_to_consume_queue), publishes `dispatched_pos` after
+put_entries per queue, the rules of dispatch_to_consume_queue), publishes `dispatched_pos` after
 each batch and wakes long-polling consumers. A small backlog right after a step waits up to
 COALESCE_S for more to join it (coalesce_wait_s); while no consumer keeps up, a backlog short of
 a step window waits until PACE_INTERVAL_S after the last step began (pace_wait_s), and the
@@ -45,14 +44,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.commitlog import CommitLog
-from engine.commitlog_scan import BatchScanner
 from engine.config import FlushPolicy
 from engine.consume_queue_table import ConsumeQueueTable
-from engine.dispatch import dispatch_columns_to_consume_queues, shard_key_columns
-from engine.dispatch_few import decode_few, few_key_columns, few_to_consume_queues
+from engine.dispatch_span import SpanDispatch, SpanStep, dispatch_span
 from engine.errors import StoreError
-from engine.formats.record import Verify
-from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.mapped_file import Access
 from engine.open_files import queue_file_budget
 from engine.queue_cuts import recovered_cuts, redispatch_floor
@@ -62,7 +57,7 @@ from ipc.key_ring import KeyRing, RingWriter
 from ipc.wakeup import WaiterTable, Wakeup
 from workers.child import ChildProcess, child_main, child_wakeup_name, read_own_group
 from workers.child_retention import LineFollower
-from workers.step_window import MAX_STEP_BYTES, scan_window
+from workers.step_window import MAX_STEP_BYTES
 
 log = logging.getLogger(__name__)
 COALESCE_S = 0.002  # a small backlog within this long of the last step waits for the rest of it
@@ -72,11 +67,6 @@ COALESCE_BELOW_BYTES = 32 << 10  # a backlog at least this big is not held for C
 # (pace_wait_s). A consumer that keeps up gets every flush at once instead.
 # See docs/DECISIONS.md#dispatcher-pacing.
 PACE_INTERVAL_S = 0.01
-# A backlog this small is dispatched in plain Python (engine.dispatch_few): ~3-4 us a record
-# against the batch codec's ~0.25-0.35 ms fixed cost a step (tools.bench.probes.dispatch_step);
-# 32 KiB holds at most ~250 of the smallest records, where the two cost about the same (see
-# docs/DECISIONS.md#small-batches-scalar).
-FEW_RECORDS_BYTES = 32 << 10
 # A consumer that long-polled this recently keeps up, though it may be busy with the last pull
 # when a step lands: pacing it would add up to PACE_INTERVAL_S to its end-to-end latency. One
 # that has not waited for this long is behind, and bigger steps serve it better.
@@ -218,10 +208,7 @@ class Dispatcher(ChildProcess):
         if self._held is not None:
             return False
         self._stepped_at = now
-        if limit - self.pos <= FEW_RECORDS_BYTES:
-            end_pos, count = self._dispatch_few(limit)
-        else:
-            end_pos, count = self._dispatch_window(self.pos, limit)
+        end_pos, count = self._dispatch_span(self.pos, limit)
         if end_pos > self.pos:
             self.pos = end_pos
             if self._cut_tails_until is not None and self.pos >= self._cut_tails_until:
@@ -301,59 +288,12 @@ class Dispatcher(ChildProcess):
             wait_s = min(wait_s, max(self._held.until_s - now, 0.0))
         return wait_s
 
-    def _dispatch_window(self, start_pos: int, limit: int) -> tuple[int, int]:
-        """Dispatch up to MAX_STEP_BYTES from start_pos with the batch codec; returns the
-        position reached and the records dispatched."""
-        scanner = scan_window(self.commitlog, start_pos, limit)
-        count = self._dispatch(scanner)
-        if scanner.pos == start_pos:  # one record larger than the window
-            scanner = self.commitlog.scan_batches(start_pos, limit, Verify.STRUCTURE)
-            count += self._dispatch(scanner)
-        return scanner.pos, count
-
-    def _dispatch_few(self, limit: int) -> tuple[int, int]:
-        """Dispatch a backlog of at most FEW_RECORDS_BYTES in plain Python (engine.dispatch_few),
-        the batch codec taking over at the first piece decode_few does not take (a filler, an
-        IPv6 host, non-ASCII text, damage); returns the position reached and the records
-        dispatched."""
-        pos, count = self.pos, 0
-        window = self.commitlog.window_at(pos)
-        if window is not None:
-            few = decode_few(window.buf, pos - window.base_pos,
-                             min(limit, window.segment_end_pos) - window.base_pos, window.base_pos)
-            if few.count:
-                few_to_consume_queues(self.queues, few)
-                if self.ring_writers:
-                    self._hand_keys(pos, few.end_pos, few_key_columns(few, self.shard_count))
-                pos, count = few.end_pos, few.count
-        if pos < limit:
-            pos, more = self._dispatch_window(pos, limit)
-            count += more
-        return pos, count
-
-    def _dispatch(self, scanner: BatchScanner) -> int:
-        """Every run of the scan through _dispatch_run; returns the records scanned."""
-        count = 0
-        run_start = scanner.pos
-        for run in scanner:
-            count += self._dispatch_run(run.columns(), run_start, scanner.pos)
-            run_start = scanner.pos
-        if scanner.pos > run_start:  # fillers crossed after the last run
-            self._dispatch_run(None, run_start, scanner.pos)
-        return count
-
-    def _dispatch_run(self, cols: DispatchColumns | None, start_pos: int, end_pos: int) -> int:
-        """Consume-queue entries for the records of [start_pos, end_pos) (one put_batch per
-        queue) and one key-ring block per shard covering the range (cols None: fillers only);
-        returns the records dispatched."""
-        if cols is None:
-            if self.ring_writers:
-                self._hand_keys(start_pos, end_pos, None)
-            return 0
-        dispatch_columns_to_consume_queues(self.queues, cols)
-        if self.ring_writers:
-            self._hand_keys(start_pos, end_pos, shard_key_columns(cols, self.shard_count))
-        return cols.count
+    def _dispatch_span(self, start_pos: int, limit: int) -> SpanStep:
+        """One step of engine.dispatch_span from start_pos: at most MAX_STEP_BYTES, so the step
+        ends in time for the next heartbeat; keys go to the shards' ring writers."""
+        where = SpanDispatch(self.commitlog, self.queues, self.shard_count,
+                             self._hand_keys if self.ring_writers else None, MAX_STEP_BYTES)
+        return dispatch_span(where, start_pos, limit)
 
     def _hand_keys(self, start_pos: int, end_pos: int, per_shard) -> None:
         """Publish each shard's keys of the records in [start_pos, end_pos) (None: no records)."""

@@ -52,11 +52,12 @@ from engine.formats.record.layout import (
     V4_HEADER_SIZE,
 )
 from engine.formats.record.spans import walk_chain
-from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, StampableRecords
+from engine.formats.record.stamp_many import StampableRecords
 from engine.formats.record.structure import locate_parts
 from engine.naming import validate_topic
 from engine.record_rules import HALF_OR_ROLLBACK_BIT
 from engine.refusal import Refusal, refused
+from engine.tuning import STRUCT_PATH_MAX_RECORDS
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
 _I32 = struct.Struct(">i")  # BODYLENGTH

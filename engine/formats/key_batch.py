@@ -19,10 +19,10 @@ import crc32c
 import numpy as np
 
 from engine.formats.java_hash import INT32_MIN, index_hash_of_unsigned, index_key_hash, java_string_hash
+from engine.tuning import PADDED_KEY_MAX_BYTES, TABLE_KEY_MAX_BYTES
 
 _MASK32 = 0xFFFFFFFF
 _CRC32C_POLY = 0x82F63B78  # reflected Castagnoli polynomial
-_MAX_TABLE_KEY_BYTES = 512  # longer keys take one crc32c call each
 _powers_of_31 = np.ones(1, dtype=np.uint64)
 
 
@@ -119,7 +119,7 @@ def index_key_shards(prefixes: list[bytes], prefix_index: np.ndarray, blob: byte
         return np.zeros(count, dtype=np.int64)
     seeds = [crc32c.crc32c(p) for p in prefixes]
     lengths = ends - starts
-    if lengths.min() == 0 or lengths.max() > _MAX_TABLE_KEY_BYTES:
+    if lengths.min() == 0 or lengths.max() > TABLE_KEY_MAX_BYTES:
         crcs = [crc32c.crc32c(blob[s:e], seeds[p]) for p, s, e
                 in zip(prefix_index.tolist(), starts.tolist(), ends.tolist(), strict=True)]
         return np.array(crcs, dtype=np.int64) % shard_count
@@ -128,14 +128,11 @@ def index_key_shards(prefixes: list[bytes], prefix_index: np.ndarray, blob: byte
     contributions = table.ravel()[(keys.distance << 8) | keys.units]  # rows of 256 byte values
     linear = np.bitwise_xor.reduceat(contributions, keys.first).astype(np.uint64)
     # the affine part: the CRC of zeros of each (prefix, length) pair, one call per distinct pair
-    pairs, inverse = np.unique(prefix_index * (_MAX_TABLE_KEY_BYTES + 1) + lengths, return_inverse=True)
-    zeros_crc = np.array([crc32c.crc32c(bytes(int(pair) % (_MAX_TABLE_KEY_BYTES + 1)),
-                                        seeds[int(pair) // (_MAX_TABLE_KEY_BYTES + 1)])
+    pairs, inverse = np.unique(prefix_index * (TABLE_KEY_MAX_BYTES + 1) + lengths, return_inverse=True)
+    zeros_crc = np.array([crc32c.crc32c(bytes(int(pair) % (TABLE_KEY_MAX_BYTES + 1)),
+                                        seeds[int(pair) // (TABLE_KEY_MAX_BYTES + 1)])
                           for pair in pairs], dtype=np.uint64)
     return ((zeros_crc[inverse.ravel()] ^ linear) & _MASK32).astype(np.int64) % shard_count
-
-
-_MAX_PADDED_KEY_BYTES = 512  # a longer key makes the padded matrix wasteful: hashed one by one
 
 
 def padded_key_hashes(keys: list[bytes]) -> list[int]:
@@ -146,7 +143,7 @@ def padded_key_hashes(keys: list[bytes]) -> list[int]:
     width = max(map(len, keys), default=0)
     if width == 0:
         return [0] * len(keys)
-    if width > _MAX_PADDED_KEY_BYTES:
+    if width > PADDED_KEY_MAX_BYTES:
         return [index_key_hash(key.decode("ascii")) for key in keys]
     powers = _powers(width)[width - 1::-1]
     matrix = np.frombuffer(b"".join(key.rjust(width, b"\0") for key in keys), dtype=np.uint8)

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from engine.errors import BadInputError
+from engine.tuning import UNIQ_NUMPY_TEXTS_MIN
 
 UNIQ_KEY_CHARS = 32
 UNIQ_PREFIX_CHARS = 26
@@ -54,9 +55,9 @@ class UniqKeyBlock(NamedTuple):
     count: int
 
     def texts(self) -> list[str]:
-        """The UNIQ_KEYs as str, one per message. From _NUMPY_TEXTS_MIN keys the counters' hex
+        """The UNIQ_KEYs as str, one per message. From UNIQ_NUMPY_TEXTS_MIN keys the counters' hex
         digits are made by numpy (one str per key is all that is left to Python)."""
-        if self.count < _NUMPY_TEXTS_MIN:
+        if self.count < UNIQ_NUMPY_TEXTS_MIN:
             return [f"{self.prefix}{(self.first_counter + i) & UNIQ_COUNTER_MASK:0{UNIQ_COUNTER_DIGITS}X}"
                     for i in range(self.count)]
         counters = (self.first_counter + np.arange(self.count, dtype=np.int64)) & UNIQ_COUNTER_MASK
@@ -66,7 +67,6 @@ class UniqKeyBlock(NamedTuple):
         return chars.view(f"U{UNIQ_KEY_CHARS}").ravel().tolist()
 
 
-_NUMPY_TEXTS_MIN = 32  # below it a comprehension is faster (docs/DECISIONS.md#small-batches-scalar)
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8).astype(np.uint32)
 _COUNTER_SHIFTS = np.arange(4 * (UNIQ_COUNTER_DIGITS - 1), -1, -4, dtype=np.int64)
 

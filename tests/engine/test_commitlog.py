@@ -21,9 +21,10 @@ from engine.formats.record import (
     decode_record,
     encode_record,
 )
-from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, check_stampable
+from engine.formats.record.stamp_many import check_stampable
 from engine.mapped_file import Access
 from engine.naming import offset_to_name
+from engine.tuning import STRUCT_PATH_MAX_RECORDS
 from tests.conftest import ROCKETMQ_SAMPLES
 
 SEG = 4096

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import sys
 
@@ -17,6 +18,7 @@ from engine.errors import BadInputError, CorruptConsumeQueueError
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, FILLER_ENTRY, CqEntry, encode_cq_entry
 from engine.mapped_file import Access, MappedFile
 from engine.naming import consume_queue_dir, offset_to_name
+from engine.tuning import FEW_QUEUE_ENTRIES
 from tests.engine.test_mapped_file import resident_pages
 
 EPF = 10  # entries per file: files of 200 bytes, so rolls happen
@@ -46,7 +48,7 @@ def disk(root, base: int) -> bytes:
 
 def put_range(queue: ConsumeQueue, start: int, stop: int) -> None:
     for i in range(start, stop):
-        assert queue.put(i, i * MSG, MSG, i % 7) is True
+        assert queue.put_entries([i], [i * MSG], [MSG], [i % 7]) == 1
 
 
 def expected(start: int, stop: int) -> list[tuple[int, int, int]]:
@@ -74,8 +76,8 @@ def test_consume_queue_reput_returns_false_and_writes_no_duplicate(tmp_path):  #
     queue = load(tmp_path)
     put_range(queue, 0, 12)
     before = disk(tmp_path, 0) + disk(tmp_path, 200)
-    assert queue.put(5, 500, MSG, 5) is False
-    assert queue.put(11, 1100, MSG, 4) is False
+    assert queue.put_entries([5], [500], [MSG], [5]) == 0
+    assert queue.put_entries([11], [1100], [MSG], [4]) == 0
     assert queue.max_offset == 12
     assert disk(tmp_path, 0) + disk(tmp_path, 200) == before
     queue.close()
@@ -86,7 +88,7 @@ def test_consume_queue_gap_raises_and_writes_nothing(tmp_path):
     queue = load(tmp_path)
     put_range(queue, 0, 3)
     with pytest.raises(CorruptConsumeQueueError) as info:
-        queue.put(4, 400, MSG, 0)
+        queue.put_entries([4], [400], [MSG], [0])
     assert info.value.queue_offset == 4
     assert queue.max_offset == 3 and queue.entry(3) is None
     assert disk(tmp_path, 0)[3 * 20:] == bytes(FILE_BYTES - 60)
@@ -96,18 +98,18 @@ def test_consume_queue_conflicting_reput_raises(tmp_path):
     queue = load(tmp_path)
     put_range(queue, 0, 3)
     with pytest.raises(CorruptConsumeQueueError, match="offset 1"):
-        queue.put(1, 999, MSG, 0)
+        queue.put_entries([1], [999], [MSG], [0])
     with pytest.raises(CorruptConsumeQueueError):
-        queue.put(1, 100, MSG + 1, 0)
+        queue.put_entries([1], [100], [MSG + 1], [0])
     with pytest.raises(CorruptConsumeQueueError, match=r"tags_code 1, re-put .* tags_code 0"):
-        queue.put(1, 100, MSG, 0)  # the whole entry is compared, tags_code too
+        queue.put_entries([1], [100], [MSG], [0])  # the whole entry is compared, tags_code too
 
 
 def test_consume_queue_bad_values_raise_bad_input(tmp_path):
     queue = load(tmp_path)
     for args in [(-1, 0, 1, 0), (0, -1, 1, 0), (0, 0, 0, 0)]:
         with pytest.raises(BadInputError):
-            queue.put(*args)
+            queue.put_entries(*([value] for value in args))
     with pytest.raises(BadInputError):
         load(tmp_path, topic="a/b")
     with pytest.raises(BadInputError):
@@ -116,7 +118,7 @@ def test_consume_queue_bad_values_raise_bad_input(tmp_path):
 
 def test_consume_queue_first_put_past_zero_fills_prefix_with_fillers(tmp_path):
     queue = load(tmp_path)
-    assert queue.put(13, 1300, MSG, 0) is True
+    assert queue.put_entries([13], [1300], [MSG], [0]) == 1
     assert file_names(tmp_path) == [offset_to_name(200)]
     assert (queue.min_offset, queue.max_offset) == (13, 14)
     assert disk(tmp_path, 200)[:60] == encode_cq_entry(*FILLER_ENTRY) * 3
@@ -130,26 +132,63 @@ def test_consume_queue_put_batch_writes_same_bytes_as_single_puts(tmp_path):
     single, batch = load(tmp_path / "a"), load(tmp_path / "b")
     put_range(single, 3, 27)
     offsets = np.arange(3, 27)
-    assert batch.put_batch(offsets[:5], offsets[:5] * MSG, [MSG] * 5, offsets[:5] % 7) == 5
-    assert batch.put_batch(offsets, offsets * MSG, np.full(24, MSG), offsets % 7) == 19  # 5 present
+    assert batch.put_entries(offsets[:5], offsets[:5] * MSG, [MSG] * 5, offsets[:5] % 7) == 5
+    assert batch.put_entries(offsets, offsets * MSG, np.full(24, MSG), offsets % 7) == 19  # 5 present
     assert batch.max_offset == single.max_offset == 27
     for base in (0, 200, 400):
         assert disk(tmp_path / "a", base) == disk(tmp_path / "b", base)
-    assert batch.put_batch([], [], [], []) == 0
+    assert batch.put_entries([], [], [], []) == 0
+
+
+@pytest.mark.parametrize("kind", [list, np.array])
+def test_put_entries_struct_and_numpy_ways_write_the_same_bytes(tmp_path, monkeypatch, kind):
+    """A run of up to FEW_QUEUE_ENTRIES is packed with struct, a longer one by numpy: same files."""
+    rng = np.random.default_rng(3)
+    count = 3 * FEW_QUEUE_ENTRIES + 5  # runs of both sizes, crossing files
+    tags = rng.integers(-2**40, 2**40, count)
+    offsets = np.arange(count)
+    cols = [offsets, offsets * MSG, MSG + offsets % 9, tags]
+    few, many = load(tmp_path / "few", epf=64), load(tmp_path / "many", epf=64)
+    cuts = [*range(0, count, FEW_QUEUE_ENTRIES), count]
+    for lo, hi in itertools.pairwise(cuts):
+        assert few.put_entries(*[kind(c[lo:hi].tolist()) for c in cols]) == hi - lo
+    monkeypatch.setattr("engine.consume_queue.FEW_QUEUE_ENTRIES", 0)  # every run the numpy way
+    for lo, hi in itertools.pairwise(cuts):
+        assert many.put_entries(*[kind(c[lo:hi].tolist()) for c in cols]) == hi - lo
+    assert few.max_offset == many.max_offset == count
+    assert few.max_commit_end == many.max_commit_end == int(cols[1][-1] + cols[2][-1])
+    assert np.array_equal(few.entries(0, count), many.entries(0, count))
+    few.segments.close()
+    many.segments.close()
+    for base in range(0, count * CQ_ENTRY_SIZE, 64 * CQ_ENTRY_SIZE):
+        few_bytes = (qdir(tmp_path / "few") / offset_to_name(base)).read_bytes()
+        assert few_bytes == (qdir(tmp_path / "many") / offset_to_name(base)).read_bytes()
+
+
+@pytest.mark.parametrize("bad", [[0, -1], [-5, 100]])  # a negative size / commit_pos, in a short run
+def test_put_entries_of_a_short_run_with_a_bad_value_is_refused_and_writes_nothing(tmp_path, bad):
+    queue = load(tmp_path)
+    put_range(queue, 0, 2)
+    sizes, commits = ([MSG, bad[1]], [200, 300]) if bad[0] == 0 else ([MSG, MSG], [200, bad[1] - 400])
+    with pytest.raises(BadInputError, match="negative offset or commit_pos, or size <= 0"):
+        queue.put_entries([2, 3], commits, sizes, [0, 0])
+    with pytest.raises(BadInputError, match="put_entries"):
+        queue.put_entries([2, 3], [200, 300], [MSG, MSG], [0, 2**63])  # tags_code past int64
+    assert queue.max_offset == 2 and len(queue.entries(0, 100)) == 2
 
 
 def test_consume_queue_put_batch_gap_or_conflict_raises(tmp_path):
     queue = load(tmp_path)
     put_range(queue, 0, 5)
     with pytest.raises(CorruptConsumeQueueError):
-        queue.put_batch([6, 7], [600, 700], [MSG, MSG], [0, 0])
+        queue.put_entries([6, 7], [600, 700], [MSG, MSG], [0, 0])
     with pytest.raises(CorruptConsumeQueueError):
-        queue.put_batch([4, 5], [999, 500], [MSG, MSG], [0, 0])
+        queue.put_entries([4, 5], [999, 500], [MSG, MSG], [0, 0])
     with pytest.raises(CorruptConsumeQueueError):
-        queue.put_batch([5, 7], [500, 700], [MSG, MSG], [0, 0])  # not a run: entry by entry
+        queue.put_entries([5, 7], [500, 700], [MSG, MSG], [0, 0])  # not a run: entry by entry
     assert queue.max_offset == 6  # the batch that was not a run wrote its entry before the gap
     with pytest.raises(BadInputError):
-        queue.put_batch([6, 7], [600], [MSG], [0])
+        queue.put_entries([6, 7], [600], [MSG], [0])
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -166,11 +205,11 @@ def test_consume_queue_random_puts_with_duplicates_stay_contiguous(tmp_path_fact
                 put_range(queue, next_offset, next_offset + op)
             else:
                 offs = np.arange(next_offset, next_offset + op)
-                assert queue.put_batch(offs, offs * MSG, [MSG] * op, offs % 7) == op
+                assert queue.put_entries(offs, offs * MSG, [MSG] * op, offs % 7) == op
             next_offset += op
         elif next_offset > start:  # re-dispatch of an entry already there
             dup = start + op[1] % (next_offset - start)
-            assert queue.put(dup, dup * MSG, MSG, dup % 7) is False
+            assert queue.put_entries([dup], [dup * MSG], [MSG], [dup % 7]) == 0
     count = next_offset - start
     assert (queue.min_offset, queue.max_offset) == ((start, next_offset) if count else (0, 0))
     assert as_tuples(queue.entries(start, 1000)) == expected(start, next_offset)
@@ -268,7 +307,7 @@ def test_consume_queue_offset_for_time_unknown_or_empty_queue_is_0(tmp_path):
 def test_consume_queue_correct_min_offset(tmp_path):  # testCorrectMinOffset
     queue = load(tmp_path, epf=1000)
     for i in range(10_000):
-        queue.put(i, i * MSG, MSG, 0)
+        queue.put_entries([i], [i * MSG], [MSG], [0])
     assert queue.max_offset == 10_000 and len(file_names(tmp_path)) == 10
     assert queue.correct_min_offset(0) == 0
     assert queue.correct_min_offset(500) == 5  # min now 5, as the Java test sets it
@@ -312,7 +351,7 @@ def test_consume_queue_initialize_with_offset_survives_reload(tmp_path):  # test
         assert queue.recover() == 100
         assert queue.correct_min_offset(1) == 100
         assert (queue.min_offset, queue.max_offset, queue.max_commit_end) == (100, 100, 0)
-        assert queue.put(100, 5000, MSG, 0) is True and queue.max_offset == 101
+        assert queue.put_entries([100], [5000], [MSG], [0]) == 1 and queue.max_offset == 101
 
 
 def test_consume_queue_delete_expired_files_never_the_last(tmp_path):
@@ -341,7 +380,7 @@ def test_consume_queue_empty_last_file_does_not_break_recover_or_correct(tmp_pat
     assert queue.recover() == 10
     assert file_names(tmp_path) == [offset_to_name(0)]
     assert queue.correct_min_offset(10 * MSG) == 10
-    assert queue.put(10, 1000, MSG, 0) is True
+    assert queue.put_entries([10], [1000], [MSG], [0]) == 1
 
 
 def test_consume_queue_only_file_empty_recovers_to_its_base(tmp_path):
@@ -352,7 +391,7 @@ def test_consume_queue_only_file_empty_recovers_to_its_base(tmp_path):
     assert queue.recover() == 20 and queue.correct_min_offset(5) == 20
     assert file_names(tmp_path) == [offset_to_name(400)]
     with pytest.raises(CorruptConsumeQueueError):
-        queue.put(21, 2100, MSG, 0)  # a gap after the recovered end
+        queue.put_entries([21], [2100], [MSG], [0])  # a gap after the recovered end
 
 
 def test_consume_queue_recover_after_a_clean_end_cuts_nothing(tmp_path):
@@ -451,7 +490,7 @@ def patch_entry(root, queue_offset: int, data: bytes, at: int = 0) -> None:
 
 def reput(queue: ConsumeQueue, start: int, stop: int) -> int:
     offsets = np.arange(start, stop)
-    return queue.put_batch(offsets, offsets * MSG, np.full(len(offsets), MSG), offsets % 7)
+    return queue.put_entries(offsets, offsets * MSG, np.full(len(offsets), MSG), offsets % 7)
 
 
 def test_recover_with_durable_pos_repairs_a_torn_entry_past_it(tmp_path):
@@ -633,7 +672,7 @@ def test_a_reput_equal_entry_is_written_again_so_the_next_flush_writes_it(tmp_pa
     queue.flush()
     mapping = queue.segments.segments[0]._mmap
     assert not _page_is_dirty(mapping, 3 * CQ_ENTRY_SIZE)  # written back
-    assert queue.put(3, 3 * MSG, MSG, 3 % 7) is False  # already there: nothing differs
+    assert queue.put_entries([3], [3 * MSG], [MSG], [3 % 7]) == 0  # already there: nothing differs
     assert _page_is_dirty(mapping, 3 * CQ_ENTRY_SIZE)
     queue.flush()
     assert not _page_is_dirty(mapping, 3 * CQ_ENTRY_SIZE)

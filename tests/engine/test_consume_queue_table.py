@@ -20,7 +20,7 @@ def qdir(root, topic=TOPIC, queue_id=0):
 
 def put_range(queue, start: int, stop: int) -> None:
     for i in range(start, stop):
-        assert queue.put(i, i * MSG, MSG, i % 7) is True
+        assert queue.put_entries([i], [i * MSG], [MSG], [i % 7]) == 1
 
 
 def test_consume_queue_table_loads_queues_and_reports_foreign(tmp_path):

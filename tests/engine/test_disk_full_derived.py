@@ -63,7 +63,7 @@ def queue_at(root) -> ConsumeQueue:
 
 def put_entries(queue: ConsumeQueue, start: int, stop: int) -> int:
     offsets = np.arange(start, stop)
-    return queue.put_batch(offsets, offsets * 100, np.full(len(offsets), 100), offsets % 5)
+    return queue.put_entries(offsets, offsets * 100, np.full(len(offsets), 100), offsets % 5)
 
 
 def queue_bytes(root) -> dict[str, bytes]:
@@ -110,15 +110,15 @@ def test_new_consume_queue_on_a_full_disk_gets_its_first_page_once_space_returns
     fill(small_disk, leave_bytes=0)
     queue = queue_at(root)
     with pytest.raises(DiskFullError):
-        queue.put(0, 0, 100, 7)
+        queue.put_entries([0], [0], [100], [7])
     with pytest.raises(DiskFullError):
-        queue.put(EPF + 3, 100, 100, 7)  # a queue starting past 0 writes fillers first
+        queue.put_entries([EPF + 3], [100], [100], [7])  # a queue starting past 0 writes fillers first
     assert (queue.min_offset, queue.max_offset) == (0, 0)
     assert all(not any(data) for data in queue_bytes(root).values())  # no entry, no filler
     unfill(small_disk)
-    assert queue.put(EPF + 3, 100, 100, 7) is True
+    assert queue.put_entries([EPF + 3], [100], [100], [7]) == 1
     ref = queue_at(ref_root)
-    ref.put(EPF + 3, 100, 100, 7)
+    ref.put_entries([EPF + 3], [100], [100], [7])
     assert queue_bytes(root) == queue_bytes(ref_root)
     assert queue_bytes(root)[min(queue_bytes(root))][:CQ_ENTRY_SIZE] == encode_cq_entry(*FILLER_ENTRY)
 

@@ -140,16 +140,16 @@ def test_put_few_writes_put_batch_bytes_and_keeps_put_rules(tmp_path):
     entries = [(i, 1000 * i, 100 + i, rnd.randrange(-2**40, 2**40)) for i in range(40)]
     for lo, hi in ((0, 3), (3, 20), (20, 40)):  # the middle run crosses a file
         cols = [list(c) for c in zip(*entries[lo:hi], strict=True)]
-        assert few_queue.put_few(*cols) == batch_queue.put_batch(*map(np.array, cols)) == hi - lo
+        assert few_queue.put_entries(*cols) == batch_queue.put_entries(*map(np.array, cols)) == hi - lo
     assert np.array_equal(few_queue.entries(0, 100), batch_queue.entries(0, 100))
     assert few_queue.max_offset == 40 and few_queue.max_commit_end == 39_000 + 139
     again = [list(c) for c in zip(*entries[30:40], strict=True)]
-    assert few_queue.put_few(*again) == 0  # a re-put of what is there: nothing written
+    assert few_queue.put_entries(*again) == 0  # a re-put of what is there: nothing written
     with pytest.raises(CorruptConsumeQueueError, match="gap"):
-        few_queue.put_few([45], [45_000], [10], [0])
+        few_queue.put_entries([45], [45_000], [10], [0])
     changed = [again[0], again[1], [s + 1 for s in again[2]], again[3]]
     with pytest.raises(CorruptConsumeQueueError):
-        few_queue.put_few(*changed)
+        few_queue.put_entries(*changed)
     assert np.array_equal(few_queue.entries(0, 100), batch_queue.entries(0, 100))
     few_queue.segments.close()
     batch_queue.segments.close()
@@ -161,7 +161,7 @@ def test_put_few_of_columns_of_different_lengths_is_refused_and_writes_nothing(t
     cols = [[0, 1, 2], [0, 100, 200], [100, 100, 100], [0, 0, 0]]
     cols[short] = cols[short][:2]
     with pytest.raises(BadInputError, match="different lengths"):
-        queue.put_few(*cols)
+        queue.put_entries(*cols)
     assert queue.max_offset == 0 and len(queue.entries(0, 100)) == 0
     queue.segments.close()
 

@@ -20,8 +20,9 @@ from engine.formats.index_file import (
     slot_pos,
 )
 from engine.formats.java_hash import index_key_hash
-from engine.index_file import FEW_KEYS, IndexFile, IndexFileFullError
+from engine.index_file import IndexFile, IndexFileFullError
 from engine.mapped_file import Access
+from engine.tuning import FEW_INDEX_KEYS
 from tests.engine.test_mapped_file import resident_pages
 
 TS0 = 1_700_000_000_000
@@ -232,9 +233,9 @@ def test_an_index_file_reads_no_pages_around_the_ones_it_touches(tmp_path, reope
         f.close()
 
 
-@pytest.mark.parametrize("batches", [(1, 5, FEW_KEYS), (FEW_KEYS + 1, 100), (3, 150, 1, 40)])
+@pytest.mark.parametrize("batches", [(1, 5, FEW_INDEX_KEYS), (FEW_INDEX_KEYS + 1, 100), (3, 150, 1, 40)])
 def test_index_file_put_hashes_key_by_key_and_vectorized_write_put_key_bytes(tmp_path, batches):
-    """Up to FEW_KEYS keys go key by key, more through numpy: both write what put_key writes,
+    """Up to FEW_INDEX_KEYS keys go key by key, more through numpy: both write what put_key writes,
     colliding slots and the first key's begin included."""
     keys = [f"T#k{i % 37}" for i in range(sum(batches))]  # repeats: chains inside and across batches
     positions = [1000 + 50 * i for i in range(len(keys))]

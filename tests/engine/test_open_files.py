@@ -41,7 +41,7 @@ def fill(table: ConsumeQueueTable, topic_count: int) -> None:
     for t in range(topic_count):
         queue = table.get_or_create(f"T{t}", 0)
         for i in range(12):
-            assert queue.put(i, (t * 12 + i) * MSG, MSG, t)
+            assert queue.put_entries([i], [(t * 12 + i) * MSG], [MSG], [t])
 
 
 def test_table_keeps_at_most_its_budget_of_files_open(tmp_path):

@@ -18,17 +18,12 @@ from engine.formats.record import (
     stamp_record,
 )
 from engine.formats.record.dispatch_columns import columns_from_headers, decode_dispatch
-from engine.formats.record.encode_many import _JOIN_MIN_BODY_BYTES, encode_columns, encode_records
-from engine.formats.record.spans import (
-    _WALK_FIRST_RECORDS,
-    _WALK_MIN_AVG_BYTES,
-    find_starts,
-    verify_spans,
-    walk_starts,
-)
-from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, stamp_records
+from engine.formats.record.encode_many import encode_columns, encode_records
+from engine.formats.record.spans import find_starts, verify_spans, walk_starts
+from engine.formats.record.stamp_many import stamp_records
 from engine.formats.uniq_key import UniqKeyBlock
 from engine.message import Message, encode_message_properties, key_column
+from engine.tuning import JOIN_MIN_BODY_BYTES, STRUCT_PATH_MAX_RECORDS, WALK_FIRST_RECORDS, WALK_MIN_AVG_BYTES
 
 BORN, STORE = ("127.0.0.1", 4242), ("10.1.2.3", 10911)
 BASE_POS = 1 << 30
@@ -61,7 +56,7 @@ def test_encode_columns_joins_large_bodies_byte_identical_to_the_message_path(se
     rnd = random.Random(seed)
     n = rnd.randrange(1, 40)
     bodies = [rnd.randbytes(size) for size in body_sizes(rnd, n)]
-    assert sum(map(len, bodies)) >= _JOIN_MIN_BODY_BYTES * n  # the join path
+    assert sum(map(len, bodies)) >= JOIN_MIN_BODY_BYTES * n  # the join path
     keys = [f"key{i}%é" * rnd.randrange(1, 3) for i in range(n)] if with_keys else None
     block = UniqKeyBlock(PREFIX, 0xFFFFFF - 5, n)
     got = encode_columns(b"Topic%A", bodies, 3, keys_raw=key_column(keys, n) if keys else None,
@@ -79,8 +74,8 @@ def test_encode_columns_joins_large_bodies_byte_identical_to_the_message_path(se
 @pytest.mark.parametrize("seed", range(4))
 def test_find_starts_walks_large_records_like_walk_starts_and_decodes_like_the_reference(seed):
     rnd = random.Random(seed)
-    buf, starts = stamped_log(rnd, rnd.randrange(_WALK_FIRST_RECORDS, 3 * _WALK_FIRST_RECORDS))
-    assert len(buf) >= _WALK_MIN_AVG_BYTES * len(starts)  # the walking path
+    buf, starts = stamped_log(rnd, rnd.randrange(WALK_FIRST_RECORDS, 3 * WALK_FIRST_RECORDS))
+    assert len(buf) >= WALK_MIN_AVG_BYTES * len(starts)  # the walking path
     tail = rnd.choice(["filler", "torn", "none"])
     if tail == "filler":
         buf += encode_filler(FILLER_SIZE + 100) + bytes(100)

@@ -29,7 +29,8 @@ from engine.formats.record import (
 from engine.formats.record.dispatch_columns import columns_from_headers, decode_dispatch
 from engine.formats.record.encode_many import encode_records
 from engine.formats.record.spans import find_starts, verify_spans, walk_starts
-from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, check_stampable, stamp_records
+from engine.formats.record.stamp_many import check_stampable, stamp_records
+from engine.tuning import STRUCT_PATH_MAX_RECORDS
 
 BORN, STORE = ("127.0.0.1", 4242), ("10.1.2.3", 10911)
 BASE_POS = 1 << 30

@@ -123,7 +123,7 @@ def test_hot_path_status_codes_are_plain_ints_of_their_statuses():
 
 @pytest.mark.parametrize("count", [1, 3, 16, 17, 200])
 def test_status_counts_of_few_and_many_rows_agree_with_the_statuses(count):
-    """Up to _FEW_ROWS rows are counted in Python, more by bincount: same counts, same order."""
+    """Up to BATCH_RESULT_FEW_ROWS rows are counted in Python, more by bincount: same counts, same order."""
     rng = np.random.default_rng(count)
     rows = np.zeros(count, dtype=RESULT_DTYPE)
     rows["status"] = rng.choice([int(PutStatus.FLUSH_DISK_TIMEOUT), PUT_OK_CODE, SERVICE_NOT_AVAILABLE_CODE],

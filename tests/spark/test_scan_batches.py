@@ -179,7 +179,7 @@ def test_parse_pieces_agrees_with_decode_properties(raws):
 
 def test_records_of_half_a_kib_are_walked_not_searched(tmp_path, monkeypatch):
     """Records of ~700 bytes are found by walking their TOTALSIZE chain, which costs less
-    than the search over every byte from ~350-byte records up (spans._WALK_MIN_AVG_BYTES)."""
+    than the search over every byte from ~350-byte records up (engine.tuning.WALK_MIN_AVG_BYTES)."""
     root = tmp_path / "store"
     make_store(root, 2, 1, body_bytes=500)
 

@@ -1,6 +1,6 @@
-"""A small backlog is dispatched record by record (Dispatcher._dispatch_few): the consume-queue
-entries and the key-ring blocks must be exactly those of the batch codec's path
-(_dispatch_window), across a segment roll (a filler) included."""
+"""A small backlog is dispatched record by record (engine.dispatch_span's plain-Python way): the
+consume-queue entries and the key-ring blocks must be exactly those of the batch codec's way, across
+a segment roll (a filler) included."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import pytest
 
 from engine.commitlog import CommitLog
 from engine.consume_queue_table import ConsumeQueueTable
+from engine.dispatch_few import decode_few
 from engine.mapped_file import Access
+from engine.tuning import FEW_RECORDS_BYTES
 from ipc.key_ring import KeyRing
 from ipc.shm import issue_shm_token
 from tools.bench.probes.check_stamp import QUEUES, append_requests, make_requests
-from workers.dispatcher import FEW_RECORDS_BYTES, Dispatcher
+from workers.dispatcher import Dispatcher
 from workers.request_check import RecordChecker
 
 SEGMENT_BYTES = 64 << 10  # small, so the log rolls over a filler
@@ -78,20 +80,21 @@ def two_logs(tmp_path):
         close_dispatcher(dispatcher)
 
 
-def test_few_records_at_a_time_dispatch_what_the_batch_path_does(two_logs):
+def test_few_records_at_a_time_dispatch_what_the_batch_path_does(two_logs, monkeypatch):
     ends, few, window = two_logs
     assert ends[-1] > SEGMENT_BYTES  # the log rolled: a filler lies in between
     dispatched = 0
     for end in ends:  # one flush per request, as one message at a time gives
         if few.pos < SEGMENT_BYTES < end:  # a step over the filler alone: no records, one block
-            few.pos, count = few._dispatch_few(SEGMENT_BYTES)
+            few.pos, count = few._dispatch_span(few.pos, SEGMENT_BYTES)
             assert (few.pos, count) == (SEGMENT_BYTES, 0)
         assert end - few.pos <= FEW_RECORDS_BYTES
-        few.pos, count = few._dispatch_few(end)
+        few.pos, count = few._dispatch_span(few.pos, end)
         dispatched += count
-    window.pos, window_count = window._dispatch_window(window.pos, ends[-1])
+    monkeypatch.setattr("engine.dispatch_span.FEW_RECORDS_BYTES", -1)  # every step the batch codec's
+    window.pos, window_count = window._dispatch_span(window.pos, ends[-1])
     while window.pos < ends[-1]:  # a window may stop short of the limit (MAX_STEP_BYTES)
-        window.pos, more = window._dispatch_window(window.pos, ends[-1])
+        window.pos, more = window._dispatch_span(window.pos, ends[-1])
         window_count += more
     assert few.pos == window.pos == ends[-1]
     assert dispatched == window_count == 180
@@ -107,3 +110,21 @@ def test_few_records_at_a_time_dispatch_what_the_batch_path_does(two_logs):
         assert np.array_equal(few_hashes, window_hashes)
         assert np.array_equal(few_positions, window_positions)
     assert few.blocks_dropped == window.blocks_dropped == 0
+
+
+def test_dispatch_span_takes_the_plain_way_only_for_a_span_of_few_records_bytes(tmp_path, monkeypatch):
+    """The choice is dispatch_span's: a span up to FEW_RECORDS_BYTES is decoded by decode_few,
+    a larger one by the batch codec alone."""
+    ends = write_log(tmp_path, 60)
+    small = max(end for end in ends if end <= FEW_RECORDS_BYTES)
+    calls = []
+    monkeypatch.setattr("engine.dispatch_span.decode_few",
+                        lambda *args: calls.append(args[1:]) or decode_few(*args))
+    dispatcher = dispatcher_over(tmp_path, "span")
+    assert dispatcher._dispatch_span(0, small) == (small, 3 * (ends.index(small) + 1))
+    assert calls == [(0, small, 0)]
+    assert ends[-1] - small > FEW_RECORDS_BYTES
+    step = dispatcher._dispatch_span(small, ends[-1])
+    assert step.end_pos > small and step.count > 0
+    assert len(calls) == 1  # more than FEW_RECORDS_BYTES: the batch codec alone
+    close_dispatcher(dispatcher)

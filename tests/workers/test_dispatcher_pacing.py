@@ -190,13 +190,13 @@ def stepping(tmp_path, monkeypatch):
     dispatcher.wakeup = Wakeup.create(f"/mqstore-test-{os.getpid()}-stepping")
     clock = FakeClock(100.0)
     monkeypatch.setattr("workers.dispatcher.time", clock)
-    dispatch_window = dispatcher._dispatch_window
+    dispatch_span = dispatcher._dispatch_span
 
-    def timed_dispatch_window(start_pos: int, limit: int):
+    def timed_dispatch_span(start_pos: int, limit: int):
         clock.now += STEP_S
-        return dispatch_window(start_pos, limit)
+        return dispatch_span(start_pos, limit)
 
-    monkeypatch.setattr(dispatcher, "_dispatch_window", timed_dispatch_window)
+    monkeypatch.setattr(dispatcher, "_dispatch_span", timed_dispatch_span)
     yield dispatcher, clock, [end for end in ends if end >= LARGE_BACKLOG_BYTES]
     dispatcher.wakeup.close()
     dispatcher.wakeup.unlink()
@@ -253,16 +253,16 @@ def test_a_consumer_that_starts_waiting_during_a_step_keeps_up(stepping, tmp_pat
     owed to it at once, not paced."""
     dispatcher, _, ends = stepping
     mid = len(ends) // 2
-    timed = dispatcher._dispatch_window
+    timed = dispatcher._dispatch_span
     with ConsumerWaiter.register(dispatcher.waiters, tmp_path / "run") as waiter:
         def waits_meanwhile(start_pos: int, limit: int):
             dispatcher.waiters.waiting[waiter.index] = 1  # its long-poll begins during the step
             return timed(start_pos, limit)
 
-        monkeypatch.setattr(dispatcher, "_dispatch_window", waits_meanwhile)
+        monkeypatch.setattr(dispatcher, "_dispatch_span", waits_meanwhile)
         flushed_to(dispatcher, ends[0])
         assert dispatcher.step() and waiter.wakeup.pending_posts == 1  # the step posted it
-        monkeypatch.setattr(dispatcher, "_dispatch_window", timed)
+        monkeypatch.setattr(dispatcher, "_dispatch_span", timed)
         flushed_to(dispatcher, ends[mid])
         assert dispatcher.step() and dispatcher.pos == ends[mid]  # not paced
 

@@ -18,8 +18,9 @@ from engine.formats.record import (
     SysFlag,
     encode_record,
 )
-from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS, check_stampable
+from engine.formats.record.stamp_many import check_stampable
 from engine.status import PutStatus
+from engine.tuning import STRUCT_PATH_MAX_RECORDS
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.run_info import run_dir
 from tests.workers.store_harness import assert_check_clean, start_store

@@ -7,7 +7,7 @@ Two Spark stages of plain tasks (no DataFrame shuffle, no Python object per reco
    .rebuild/spill/q/<topic>/<queue>/<range>.npy and .rebuild/spill/k/<shard>/<range>.npy;
 2. write: one task per consume queue and per shard concatenates its spills in range order
    (= commit order) and writes them with the engine's batch writers, as the single-process
-   dispatcher does: ConsumeQueue.put_batch (entries sorted by queue offset) and
+   dispatcher does: ConsumeQueue.put_entries (entries sorted by queue offset) and
    ShardIndex.put_hashes (keys in commit order; within a record UNIQ_KEY, then each KEYS
    token). So the files are byte for byte what dispatch writes; only index file names differ
    (they are creation times). Parallelism: ranges in stage 1, queues + shards in stage 2 (one
@@ -212,8 +212,8 @@ def write_task(staging: str, layout: StoreLayout, task: tuple) -> tuple[str, obj
         queue = ConsumeQueue.load(Path(staging), topic, queue_id, layout.consume_queue_entries,
                                   Access.READ_WRITE)
         try:
-            written = queue.put_batch(data["queue_offset"], data["commit_pos"], data["size"],
-                                      data["tags_code"])
+            written = queue.put_entries(data["queue_offset"], data["commit_pos"], data["size"],
+                                        data["tags_code"])
             queue.flush()
         finally:
             queue.close()

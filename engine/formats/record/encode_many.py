@@ -21,7 +21,7 @@ and the whole batch is one `bytes % args` of a per-record template repeated: hea
 go in as %b, the key as %b, the counter as %06X, PROPERTIESLENGTH as %b only when the keys
 differ in length (else it is part of the template). Per record that leaves one struct pack
 and one zlib.crc32, both C calls driven by `map`; no Python runs per record. From
-_JOIN_MIN_BODY_BYTES per body on average, the template without its header and body is applied
+JOIN_MIN_BODY_BYTES per body on average, the template without its header and body is applied
 per record and the pieces are joined once instead (one `%` over megabytes of bodies copies
 them several times as its output grows).
 
@@ -60,8 +60,8 @@ from engine.formats.record.layout import (
     V4_HEADER_SIZE,
     check_properties_bytes,
 )
-from engine.formats.record.stamp_many import STRUCT_PATH_MAX_RECORDS
 from engine.formats.uniq_key import UNIQ_COUNTER_DIGITS, UNIQ_COUNTER_MASK, UNIQ_KEY_CHARS, UNIQ_PREFIX_CHARS
+from engine.tuning import JOIN_MIN_BODY_BYTES, STRUCT_PATH_MAX_RECORDS
 
 
 class EncodedRecords(NamedTuple):
@@ -147,9 +147,6 @@ _FULL_HEADER = struct.Struct(V4_HEADER_FMT)  # every field, for encode_one
 assert _HEADER.size == V4_HEADER_SIZE and struct.calcsize(">" + "".join(_CODES[:4])) == FLAG_OFFSET
 assert FLAG_OFFSET + _SAME_SIZE == BODY_LENGTH_OFFSET
 _PROPS_LENGTH = struct.Struct(">h")
-# From this many body bytes per record on average, records are joined piece by piece instead
-# of by one `%` of the whole batch (see _join_records; the two cost the same near here).
-_JOIN_MIN_BODY_BYTES = 2048
 
 
 def encode_columns(topic_raw: bytes, bodies: Sequence[bytes], queue_ids: Sequence[int] | int, *,
@@ -200,7 +197,7 @@ def _encode_vector(topic_raw: bytes, bodies: Sequence[bytes], queue_ids: Sequenc
     columns.append(counters if counters.stop <= UNIQ_COUNTER_MASK + 1
                    else [c & UNIQ_COUNTER_MASK for c in counters])
     after = _after_template(topic_raw, tags_raw, keys_raw is not None, uniq_prefix, props_len)
-    if sum(body_lens) >= _JOIN_MIN_BODY_BYTES * n:
+    if sum(body_lens) >= JOIN_MIN_BODY_BYTES * n:
         buf = _join_records(columns, after, n)
     else:
         args: list = [None] * (len(columns) * n)

@@ -48,17 +48,13 @@ from engine.formats.record.layout import (
 )
 from engine.formats.record.scalar import Verify
 from engine.formats.record.structure import frame_many
+from engine.tuning import WALK_FIRST_RECORDS, WALK_MIN_AVG_BYTES
 
 _PREFIX_U8 = np.frombuffer(CRC32C_PREFIX, dtype=np.uint8)
 _SEP_PROP = SEP_PROP[0]
 _ASCII_LIMIT = 0x80
 _MAGIC_U8 = np.frombuffer(struct.pack(">I", MAGIC_V1), dtype=np.uint8)
 _MAGIC_TAIL_BYTES = len(_MAGIC_U8) - 1
-# find_starts walks this many records first, and walks on where they average this many bytes:
-# a step of the walk (~0.15 us) then costs less than the search's passes over every byte
-# (~0.4 ns a byte: even at ~350-byte records; docs/benchmarks-history/2026-11-27-spark.md).
-_WALK_FIRST_RECORDS = 8
-_WALK_MIN_AVG_BYTES = 512
 
 
 class RecordSpans(NamedTuple):
@@ -107,16 +103,16 @@ def walk_chain(buf, pos: int, end: int, max_count: int) -> tuple[list[int], list
 
 def find_starts(buf, pos: int, end: int, base_pos: int) -> np.ndarray:
     """walk_starts, found without walking where it pays: the first records are walked, and
-    if they are large (_WALK_MIN_AVG_BYTES on average) the walk goes on, one step per record.
+    if they are large (WALK_MIN_AVG_BYTES on average) the walk goes on, one step per record.
     Otherwise the v1 records whose MAGICCODE and PHYSICALOFFSET (== base_pos + position) match
     are located with whole-array searches over every byte, and kept as far as they chain (each
     starts where the previous one ends); the walk goes on from there (a filler, a v2 record, a
     tear). Same result as walk_starts."""
-    head = walk_starts(buf, pos, end, _WALK_FIRST_RECORDS)
-    if len(head) < _WALK_FIRST_RECORDS:  # the walk stopped by itself
+    head = walk_starts(buf, pos, end, WALK_FIRST_RECORDS)
+    if len(head) < WALK_FIRST_RECORDS:  # the walk stopped by itself
         return head
     next_pos = int(head[-1]) + TOTAL_SIZE_FIELD.unpack_from(buf, int(head[-1]))[0]
-    if next_pos - pos >= _WALK_MIN_AVG_BYTES * len(head):
+    if next_pos - pos >= WALK_MIN_AVG_BYTES * len(head):
         return np.concatenate([head, walk_starts(buf, next_pos, end)])
     return np.concatenate([head, _search_starts(buf, next_pos, end, base_pos)])
 

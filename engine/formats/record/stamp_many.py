@@ -28,6 +28,7 @@ from engine.formats.record.layout import (
     SYS_FLAG_LOW_BYTE_OFFSET,
     TOTAL_SIZE_FIELD,
 )
+from engine.tuning import STRUCT_PATH_MAX_RECORDS
 
 _CRC_DIGITS_OFFSET = len(CRC32C_PREFIX)  # from the start of the __CRC32C tail
 _CRC_DIGITS_FORMAT = f"%0{CRC32C_DIGITS}d"  # a CRC32C (< 2**32) has at most ten digits
@@ -37,10 +38,6 @@ assert 10**CRC32C_DIGITS > 2**32
 _STAMP = struct.Struct(">qq")  # QUEUEOFFSET PHYSICALOFFSET, adjacent
 _I64 = struct.Struct(">q")
 assert QUEUE_OFFSET_OFFSET + _I64.size == PHYSICAL_OFFSET_OFFSET
-# Up to this many records, stamping (and the supervisor's request check) goes record by record
-# with struct: numpy's fixed cost per call exceeds the per-record work of a few records
-# (docs/DECISIONS.md#small-batches-scalar).
-STRUCT_PATH_MAX_RECORDS = 24
 
 
 class StampableRecords(NamedTuple):

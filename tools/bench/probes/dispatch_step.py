@@ -10,7 +10,7 @@ given number of records a step.
 Records are built as a producer builds them (tools.bench.probes.check_stamp: a key and a UNIQ_KEY per
 message, queue ids round robin) and appended to a commitlog in a temp directory. Each figure is
 CPU microseconds per step (`time.process_time`), median of `--runs`. The batch codec and the
-plain path cross at a number of records; workers.dispatcher.FEW_RECORDS_BYTES keeps a backlog of
+plain path cross at a number of records; engine.tuning.FEW_RECORDS_BYTES keeps a backlog of
 the smallest records below it.
 """
 
