@@ -67,16 +67,17 @@ def test_two_second_run_against_a_started_store(tmp_path):
 def test_fixed_rate_run_with_spread_producers_holds_the_rate(tmp_path):
     result = bench("--start", "--workdir", str(tmp_path), "--producers", "2", "--consumers", "1",
                    "--seconds", "2", "--warmup", "0.5", "--interval", "1", "--batch", "8",
-                   "--rate", "2000", "--schedule", "spread", "--json", str(tmp_path / "r.json"))
+                   "--rate", "800", "--schedule", "spread", "--json", str(tmp_path / "r.json"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "mqstore: 2 producer(s), 1 consumer(s), 2000 msg/s offered (spread schedule)" in result.stdout
+    assert "mqstore: 2 producer(s), 1 consumer(s), 800 msg/s offered (spread schedule)" in result.stdout
     doc = json.loads((tmp_path / "r.json").read_text())
     assert report.check_document(doc) == []
-    assert doc["config"]["schedule"] == "spread" and doc["config"]["rate_msgs_per_s"] == 2000
+    assert doc["config"]["schedule"] == "spread" and doc["config"]["rate_msgs_per_s"] == 800
     run = _assert_complete(doc, "mqstore", [1.0, 2.0])  # nothing NOT_SENT, everything received
-    # 2 producers x 1000 msg/s for 2.5 s, batch j of producer 1 due half a gap after producer 0's
-    assert run["summary"]["sent_total"] == 2 * 1000 * 2.5
-    assert 1800 <= run["summary"]["pub_msgs_per_s"] <= 2200
+    # 2 producers x 400 msg/s for 2.5 s, batch j of producer 1 due half a gap after producer 0's;
+    # a rate a loaded 2-core machine holds with sync flush (the test is of the schedule, not speed)
+    assert run["summary"]["sent_total"] == 2 * 400 * 2.5
+    assert 720 <= run["summary"]["pub_msgs_per_s"] <= 880
 
 
 @pytest.mark.slow
