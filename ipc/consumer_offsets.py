@@ -119,8 +119,16 @@ def _int_table(data: dict, name: str) -> dict[str, dict[int, int]]:
     for key, queues in raw.items():
         if not isinstance(queues, dict):
             raise ValueError(f"{name} entry {key!r} is not an object")
-        table[key] = {int(qid): int(value) for qid, value in queues.items()}
+        table[key] = {int(qid): _int_value(name, key, value) for qid, value in queues.items()}
     return table
+
+
+def _int_value(name: str, key: str, value: object) -> int:
+    """A stored offset or time: a JSON integer only. null, true or 7.9 would crash or move the
+    offset in silence; ValueError lets the reader fall back to the backup instead."""
+    if type(value) is not int:
+        raise ValueError(f"{name} entry {key!r} holds {json.dumps(value)}, not an integer")
+    return value
 
 
 def encode_offset_table(table: Mapping[str, Mapping[int, int]],
