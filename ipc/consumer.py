@@ -149,15 +149,20 @@ class Consumer:
         self.root = Path(store_dir)
         self._reattach_timeout_s = validate_reattach_timeout(reattach_timeout_s)
         self._ctl, self.info = attach_running_store(self.root)
+        opened: list = [self._ctl]  # closed again, newest first, if a later step fails
         try:
             self._watch = SupervisorWatch(self._ctl.supervisor_pid)
-            meta = read_meta(self.root)
-            self.commitlog = CommitLog.open(self.root, meta.commitlog_file_size, Access.READ_ONLY)
-            self.queues = ConsumeQueueTable(self.root, meta.consume_queue_entries, Access.READ_ONLY)
+            opened.append(self._watch)
             # the group's live consumers are the holders of this lock (`mqstore groups --reset`)
             self._membership = GroupMembership(self.root, self.group)
+            opened.append(self._membership)
+            meta = read_meta(self.root)
+            self.commitlog = CommitLog.open(self.root, meta.commitlog_file_size, Access.READ_ONLY)
+            opened.append(self.commitlog)
+            self.queues = ConsumeQueueTable(self.root, meta.consume_queue_entries, Access.READ_ONLY)
         except BaseException:
-            self._ctl.close()
+            for resource in reversed(opened):
+                resource.close()
             raise
         self.offsets = ConsumerOffsets(self.root)
         self._table: WaiterTable | None = None
@@ -360,8 +365,9 @@ class Consumer:
         self._supervisor_seen_s = time.monotonic()
 
     def _adopt_if_forked(self) -> None:
-        """In a forked child: the waiter entry and the unwritten offsets are the parent's; the
-        child registers its own waiter when it first waits, and starts from what is on disk."""
+        """In a forked child: the waiter entry, the unwritten offsets and the group lock are the
+        parent's; the child joins the group on its own, registers its own waiter when it first
+        waits, and starts from what is on disk."""
         if self._pid == os.getpid():
             return
         if self._waiter is not None:
@@ -369,6 +375,8 @@ class Consumer:
             self._table.close()
             self._waiter = self._table = None
         self._uncommitted.clear()
+        if not self._closed:
+            self._membership.rejoin()  # the inherited lock was closed at fork
         self._pid = os.getpid()
 
     def _detach(self) -> None:
