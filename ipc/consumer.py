@@ -94,6 +94,9 @@ _MOVES = (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE, GetStatus.OFFSET_TOO_SM
 MAX_PULL_COUNT = 4096
 SUPERVISOR_CHECK_INTERVAL_S = 0.05
 DEFAULT_COMMIT_INTERVAL_MS = 1000
+# a committed offset past its queue's end is judged once the dispatcher caught up, waiting this long
+DISPATCH_CATCH_UP_TIMEOUT_MS = 2000
+UNJUDGED_QUEUE_END = 2**63 - 1  # the dispatcher did not catch up: no end to judge against
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,31 +465,43 @@ class Consumer:
         if pending is not None:
             return pending
         offset = self.offsets.get(topic, self.group, queue_id)
-        if offset is not None and not 0 <= offset <= self._queue_end(topic, queue_id):
+        if offset is None:
+            return None
+        queue_end = self._queue_end(topic, queue_id) if offset >= 0 else 0
+        if offset > queue_end:
+            queue_end = self._queue_end_once_dispatched(topic, queue_id)
+        if not 0 <= offset <= queue_end:
             raise CommittedOffsetError(group=self.group, topic=topic, queue_id=queue_id, offset=offset,
-                                       max_offset=self._queue_end(topic, queue_id),
-                                       path=str(self.offsets.path))
+                                       max_offset=queue_end, path=str(self.offsets.path))
         return offset
 
     def commit(self, topic: str, queue_id: int, offset: int) -> None:
-        """Persist the group's next offset of a queue (atomic replace, previous kept as .bak);
-        an offset past the queue's end is refused (BadInputError), as reading it would be."""
+        """Persist the group's next offset of a queue (atomic replace, previous kept as .bak).
+        Only an offset below zero is refused here: the consume queue may lag the acknowledged
+        message whose next offset this is; a past-the-end offset is caught when read."""
+        validate_topic(topic)
         validate_queue_id(queue_id, self.info.queue_count)
-        if isinstance(offset, int) and not isinstance(offset, bool) and offset > self._queue_end(
-                topic, queue_id):
-            raise BadInputError("offset", f"{offset} is past the end of {topic}/{queue_id} "
-                                f"({self._queue_end(topic, queue_id)})", path=str(self.offsets.path))
         self.offsets.commit(topic, self.group, queue_id, offset)
         self._uncommitted.pop((topic, queue_id), None)  # an explicit commit wins over iterate's
 
     def _queue_end(self, topic: str, queue_id: int) -> int:
-        """The queue's max offset on disk (0 for a queue not created yet). Recovery re-dispatches
-        the whole log before a supervisor serves, so every offset a group read lies below it."""
+        """The queue's max offset on disk (0 for a queue not created yet); it lags the commitlog
+        by what the dispatcher has not reached."""
         queue = self.queues.get(validate_topic(topic), queue_id)
         if queue is None:
             return 0
         queue.refresh()
         return queue.max_offset
+
+    def _queue_end_once_dispatched(self, topic: str, queue_id: int) -> int:
+        """The queue's end once the dispatcher reached what is readable now (waiting up to
+        DISPATCH_CATCH_UP_TIMEOUT_MS): every acknowledged message is in the queue then. A
+        dispatcher still behind at the deadline leaves the offset unjudged (the end is 2**63-1)."""
+        readable_pos = self._ctl.readable_pos
+        if self._ctl.dispatched_pos < readable_pos and not self.wait_for_more(
+                readable_pos - 1, DISPATCH_CATCH_UP_TIMEOUT_MS):
+            return UNJUDGED_QUEUE_END
+        return self._queue_end(topic, queue_id)
 
     def flush_offsets(self) -> None:
         """Write the offsets `iterate` consumed since its last write, in one atomic replace."""
