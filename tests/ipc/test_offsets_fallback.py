@@ -157,3 +157,13 @@ def test_a_non_integer_offset_falls_back_to_the_backup(tmp_path, stored):
     assert read_fallbacks(tmp_path).count == 0
     assert offsets.load() == {"T1@g": {0: 5, 1: 3}}
     assert read_fallbacks(tmp_path).count == 1
+
+
+def test_a_garbled_fallback_record_keeps_the_count_it_still_holds(tmp_path):
+    """The count only grows: a record whose other fields are bad still gives its count."""
+    fallbacks_path(tmp_path).parent.mkdir(parents=True)
+    fallbacks_path(tmp_path).write_text('{"count": 4, "last_reason": null, "junk": 1}')
+    offsets = _two_commits(tmp_path)
+    offsets.path.write_text("garbage")
+    offsets.load()
+    assert read_fallbacks(tmp_path).count == 5
