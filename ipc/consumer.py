@@ -467,7 +467,7 @@ class Consumer:
         offset = self.offsets.get(topic, self.group, queue_id)
         if offset is None:
             return None
-        queue_end = self._queue_end(topic, queue_id) if offset >= 0 else 0
+        queue_end = self._queue_end(topic, queue_id)
         if offset > queue_end:
             queue_end = self._queue_end_once_dispatched(topic, queue_id)
         if not 0 <= offset <= queue_end:
@@ -497,6 +497,7 @@ class Consumer:
         """The queue's end once the dispatcher reached what is readable now (waiting up to
         DISPATCH_CATCH_UP_TIMEOUT_MS): every acknowledged message is in the queue then. A
         dispatcher still behind at the deadline leaves the offset unjudged (the end is 2**63-1)."""
+        self._require_supervisor()
         readable_pos = self._ctl.readable_pos
         if self._ctl.dispatched_pos < readable_pos and not self.wait_for_more(
                 readable_pos - 1, DISPATCH_CATCH_UP_TIMEOUT_MS):
