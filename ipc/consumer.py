@@ -49,6 +49,7 @@ names the bound when no supervisor came back.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -85,9 +86,19 @@ from ipc.reattach import (
     validate_reattach_timeout,
     wait_for_supervisor,
 )
+from ipc.refused_offsets import (
+    RefusedOffset,
+    clear_refused,
+    find_refused,
+    read_refused,
+    record_refused,
+    refusal_message,
+)
 from ipc.run_info import run_dir
+from ipc.store_log import append_to_store_log
 from ipc.wakeup import ConsumerWaiter, WaiterTable
 
+log = logging.getLogger(__name__)
 DEFAULT_MAX_COUNT = 32
 _MOVES = (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE, GetStatus.OFFSET_TOO_SMALL,
           GetStatus.OFFSET_OVERFLOW_BADLY)
@@ -467,13 +478,31 @@ class Consumer:
         offset = self.offsets.get(topic, self.group, queue_id)
         if offset is None:
             return None
+        refused = find_refused(read_refused(self.root), self.group, topic, queue_id, offset)
+        if refused is not None:  # found outside once: refused until reset, however the queue grew
+            raise CommittedOffsetError(group=self.group, topic=topic, queue_id=queue_id, offset=offset,
+                                       max_offset=refused.queue_end_seen, path=str(self.offsets.path))
         queue_end = self._queue_end(topic, queue_id)
         if offset > queue_end:
             queue_end = self._queue_end_once_dispatched(topic, queue_id)
         if not 0 <= offset <= queue_end:
+            self._record_refused(topic, queue_id, offset, queue_end)
             raise CommittedOffsetError(group=self.group, topic=topic, queue_id=queue_id, offset=offset,
                                        max_offset=queue_end, path=str(self.offsets.path))
         return offset
+
+    def _record_refused(self, topic: str, queue_id: int, offset: int, queue_end: int) -> None:
+        """Write the refusal down so it holds once the queue grows past the offset; a store
+        this process cannot write keeps only this refusal (said at WARNING)."""
+        entry = RefusedOffset(self.group, topic, queue_id, offset, queue_end, time.time_ns() // 1_000_000,
+                              f"consumer pid {os.getpid()}")
+        message = refusal_message(entry)
+        try:
+            record_refused(self.root, [entry])
+        except OSError as exc:
+            message += f"; not recorded ({exc})"
+        log.warning("%s", message)
+        append_to_store_log(self.root, "consumer", __name__, logging.WARNING, message)
 
     def commit(self, topic: str, queue_id: int, offset: int) -> None:
         """Persist the group's next offset of a queue (atomic replace, previous kept as .bak).
@@ -483,6 +512,9 @@ class Consumer:
         validate_queue_id(queue_id, self.info.queue_count)
         self.offsets.commit(topic, self.group, queue_id, offset)
         self._uncommitted.pop((topic, queue_id), None)  # an explicit commit wins over iterate's
+        if any(e.same_queue(self.group, topic, queue_id) and e.offset != offset
+               for e in read_refused(self.root)):  # the offset moved on by a deliberate act
+            clear_refused(self.root, self.group, topic, [queue_id])
 
     def _queue_end(self, topic: str, queue_id: int) -> int:
         """The queue's max offset on disk (0 for a queue not created yet); it lags the commitlog
