@@ -49,6 +49,7 @@ names the bound when no supervisor came back.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -85,15 +86,28 @@ from ipc.reattach import (
     validate_reattach_timeout,
     wait_for_supervisor,
 )
+from ipc.refused_offsets import (
+    RefusedOffset,
+    clear_refused,
+    find_refused,
+    read_refused,
+    record_refused,
+    refusal_message,
+)
 from ipc.run_info import run_dir
+from ipc.store_log import append_to_store_log
 from ipc.wakeup import ConsumerWaiter, WaiterTable
 
+log = logging.getLogger(__name__)
 DEFAULT_MAX_COUNT = 32
 _MOVES = (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE, GetStatus.OFFSET_TOO_SMALL,
           GetStatus.OFFSET_OVERFLOW_BADLY)
 MAX_PULL_COUNT = 4096
 SUPERVISOR_CHECK_INTERVAL_S = 0.05
 DEFAULT_COMMIT_INTERVAL_MS = 1000
+# a committed offset past its queue's end is judged once the dispatcher caught up, waiting this long
+DISPATCH_CATCH_UP_TIMEOUT_MS = 2000
+UNJUDGED_QUEUE_END = 2**63 - 1  # the dispatcher did not catch up: no end to judge against
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,15 +163,20 @@ class Consumer:
         self.root = Path(store_dir)
         self._reattach_timeout_s = validate_reattach_timeout(reattach_timeout_s)
         self._ctl, self.info = attach_running_store(self.root)
+        opened: list = [self._ctl]  # closed again, newest first, if a later step fails
         try:
             self._watch = SupervisorWatch(self._ctl.supervisor_pid)
-            meta = read_meta(self.root)
-            self.commitlog = CommitLog.open(self.root, meta.commitlog_file_size, Access.READ_ONLY)
-            self.queues = ConsumeQueueTable(self.root, meta.consume_queue_entries, Access.READ_ONLY)
+            opened.append(self._watch)
             # the group's live consumers are the holders of this lock (`mqstore groups --reset`)
             self._membership = GroupMembership(self.root, self.group)
+            opened.append(self._membership)
+            meta = read_meta(self.root)
+            self.commitlog = CommitLog.open(self.root, meta.commitlog_file_size, Access.READ_ONLY)
+            opened.append(self.commitlog)
+            self.queues = ConsumeQueueTable(self.root, meta.consume_queue_entries, Access.READ_ONLY)
         except BaseException:
-            self._ctl.close()
+            for resource in reversed(opened):
+                resource.close()
             raise
         self.offsets = ConsumerOffsets(self.root)
         self._table: WaiterTable | None = None
@@ -360,8 +379,9 @@ class Consumer:
         self._supervisor_seen_s = time.monotonic()
 
     def _adopt_if_forked(self) -> None:
-        """In a forked child: the waiter entry and the unwritten offsets are the parent's; the
-        child registers its own waiter when it first waits, and starts from what is on disk."""
+        """In a forked child: the waiter entry, the unwritten offsets and the group lock are the
+        parent's; the child joins the group on its own, registers its own waiter when it first
+        waits, and starts from what is on disk."""
         if self._pid == os.getpid():
             return
         if self._waiter is not None:
@@ -369,6 +389,8 @@ class Consumer:
             self._table.close()
             self._waiter = self._table = None
         self._uncommitted.clear()
+        if not self._closed:
+            self._membership.rejoin()  # the inherited lock was closed at fork
         self._pid = os.getpid()
 
     def _detach(self) -> None:
@@ -454,31 +476,65 @@ class Consumer:
         if pending is not None:
             return pending
         offset = self.offsets.get(topic, self.group, queue_id)
-        if offset is not None and not 0 <= offset <= self._queue_end(topic, queue_id):
+        if offset is None:
+            return None
+        refused = find_refused(read_refused(self.root), self.group, topic, queue_id, offset)
+        if refused is not None:  # found outside once: refused until reset, however the queue grew
             raise CommittedOffsetError(group=self.group, topic=topic, queue_id=queue_id, offset=offset,
-                                       max_offset=self._queue_end(topic, queue_id),
-                                       path=str(self.offsets.path))
+                                       max_offset=refused.queue_end_seen, path=str(self.offsets.path))
+        queue_end = self._queue_end(topic, queue_id)
+        if offset > queue_end:
+            queue_end = self._queue_end_once_dispatched(topic, queue_id)
+        if not 0 <= offset <= queue_end:
+            self._record_refused(topic, queue_id, offset, queue_end)
+            raise CommittedOffsetError(group=self.group, topic=topic, queue_id=queue_id, offset=offset,
+                                       max_offset=queue_end, path=str(self.offsets.path))
         return offset
 
+    def _record_refused(self, topic: str, queue_id: int, offset: int, queue_end: int) -> None:
+        """Write the refusal down so it holds once the queue grows past the offset; a store
+        this process cannot write keeps only this refusal (said at WARNING)."""
+        entry = RefusedOffset(self.group, topic, queue_id, offset, queue_end, time.time_ns() // 1_000_000,
+                              f"consumer pid {os.getpid()}")
+        message = refusal_message(entry)
+        try:
+            record_refused(self.root, [entry])
+        except OSError as exc:
+            message += f"; not recorded ({exc})"
+        log.warning("%s", message)
+        append_to_store_log(self.root, "consumer", __name__, logging.WARNING, message)
+
     def commit(self, topic: str, queue_id: int, offset: int) -> None:
-        """Persist the group's next offset of a queue (atomic replace, previous kept as .bak);
-        an offset past the queue's end is refused (BadInputError), as reading it would be."""
+        """Persist the group's next offset of a queue (atomic replace, previous kept as .bak).
+        Only an offset below zero is refused here: the consume queue may lag the acknowledged
+        message whose next offset this is; a past-the-end offset is caught when read."""
+        validate_topic(topic)
         validate_queue_id(queue_id, self.info.queue_count)
-        if isinstance(offset, int) and not isinstance(offset, bool) and offset > self._queue_end(
-                topic, queue_id):
-            raise BadInputError("offset", f"{offset} is past the end of {topic}/{queue_id} "
-                                f"({self._queue_end(topic, queue_id)})", path=str(self.offsets.path))
         self.offsets.commit(topic, self.group, queue_id, offset)
         self._uncommitted.pop((topic, queue_id), None)  # an explicit commit wins over iterate's
+        if any(e.same_queue(self.group, topic, queue_id) and e.offset != offset
+               for e in read_refused(self.root)):  # the offset moved on by a deliberate act
+            clear_refused(self.root, self.group, topic, [queue_id])
 
     def _queue_end(self, topic: str, queue_id: int) -> int:
-        """The queue's max offset on disk (0 for a queue not created yet). Recovery re-dispatches
-        the whole log before a supervisor serves, so every offset a group read lies below it."""
+        """The queue's max offset on disk (0 for a queue not created yet); it lags the commitlog
+        by what the dispatcher has not reached."""
         queue = self.queues.get(validate_topic(topic), queue_id)
         if queue is None:
             return 0
         queue.refresh()
         return queue.max_offset
+
+    def _queue_end_once_dispatched(self, topic: str, queue_id: int) -> int:
+        """The queue's end once the dispatcher reached what is readable now (waiting up to
+        DISPATCH_CATCH_UP_TIMEOUT_MS): every acknowledged message is in the queue then. A
+        dispatcher still behind at the deadline leaves the offset unjudged (the end is 2**63-1)."""
+        self._require_supervisor()
+        readable_pos = self._ctl.readable_pos
+        if self._ctl.dispatched_pos < readable_pos and not self.wait_for_more(
+                readable_pos - 1, DISPATCH_CATCH_UP_TIMEOUT_MS):
+            return UNJUDGED_QUEUE_END
+        return self._queue_end(topic, queue_id)
 
     def flush_offsets(self) -> None:
         """Write the offsets `iterate` consumed since its last write, in one atomic replace."""

@@ -29,13 +29,13 @@ from pathlib import Path
 from engine.errors import BadInputError, StoreError
 from engine.filesystem import ensure_dir, write_file_atomically
 from engine.naming import BACKUP_SUFFIX, CONFIG_DIR, CONSUMER_OFFSET_FILE, validate_topic
+from ipc.offset_table_codec import CommitTimes, OffsetTable, parse_offset_document, parse_offset_table
 from ipc.offsets_fallbacks import count_fallback
 from ipc.store_log import append_to_store_log
 
 log = logging.getLogger(__name__)
 
-OffsetTable = dict[str, dict[int, int]]
-CommitTimes = dict[str, dict[int, int]]  # same keys as OffsetTable; values are ms since epoch
+__all__ = ["CommitTimes", "OffsetTable", "parse_offset_document", "parse_offset_table"]  # re-exported
 GROUP_MAX_BYTES = 255
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_%|-]+$")
 LOCK_SUFFIX = ".lock"
@@ -62,65 +62,6 @@ def validate_group(group: object) -> str:
 
 def table_key(topic: str, group: str) -> str:
     return f"{validate_topic(topic)}@{validate_group(group)}"
-
-
-def _quote_bare_integer_keys(text: str) -> str:
-    """Turn fastjson's `{0:250,1:250}` into `{"0":250,"1":250}`, leaving string literals alone."""
-    out: list[str] = []
-    i, n = 0, len(text)
-    last_structural = ""
-    while i < n:
-        ch = text[i]
-        if ch == '"':
-            j = i + 1
-            while j < n and text[j] != '"':
-                j += 2 if text[j] == "\\" else 1
-            out.append(text[i:j + 1])
-            i = j + 1
-            last_structural = '"'
-            continue
-        if (ch.isdigit() or ch == "-") and last_structural in ("{", ","):
-            j = i + 1
-            while j < n and text[j].isdigit():
-                j += 1
-            k = j
-            while k < n and text[k].isspace():
-                k += 1
-            if k < n and text[k] == ":":
-                out.append(f'"{text[i:j]}"')
-                i = j
-                last_structural = '"'
-                continue
-        if not ch.isspace():
-            last_structural = ch
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
-def parse_offset_table(text: str) -> OffsetTable:
-    """Decode the file's text leniently (bare integer keys allowed); raise ValueError if garbled."""
-    return parse_offset_document(text)[0]
-
-
-def parse_offset_document(text: str) -> tuple[OffsetTable, CommitTimes]:
-    """The offsets and the commit times of the file's text; raise ValueError if garbled."""
-    data = json.loads(_quote_bare_integer_keys(text))
-    if not isinstance(data, dict):
-        raise ValueError("top level is not an object")
-    return _int_table(data, "offsetTable"), _int_table(data, "commitTimeTable")
-
-
-def _int_table(data: dict, name: str) -> dict[str, dict[int, int]]:
-    raw = data.get(name, {})
-    if not isinstance(raw, dict):
-        raise ValueError(f"{name} is not an object")
-    table: dict[str, dict[int, int]] = {}
-    for key, queues in raw.items():
-        if not isinstance(queues, dict):
-            raise ValueError(f"{name} entry {key!r} is not an object")
-        table[key] = {int(qid): int(value) for qid, value in queues.items()}
-    return table
 
 
 def encode_offset_table(table: Mapping[str, Mapping[int, int]],

@@ -2,7 +2,8 @@
 
 The kernel drops a flock when the last descriptor of its open file closes, at exit or SIGKILL
 alike, so "the group has live consumers" is an OS fact, not a heartbeat that may be stale. A
-forked child shares its parent's descriptor and so its membership. `mqstore groups --reset`
+Consumer dropped without close leaves when it is collected; a forked child closes its inherited
+copy at fork and joins on its own only when it uses the Consumer. `mqstore groups --reset`
 takes the lock exclusively without waiting: refused while any consumer holds it (its next
 commit would overwrite the reset), and held while it writes, so no consumer starts meanwhile.
 The refusal names the holders' pids, read from /proc/locks.
@@ -10,9 +11,11 @@ The refusal names the holders' pids, read from /proc/locks.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,22 +38,71 @@ def group_lock_path(store_dir: str | os.PathLike, group: str) -> Path:
 
 
 class GroupMembership:
-    """A consumer's membership of its group: the shared lock, held until `close`."""
+    """A consumer's membership of its group: the shared lock, held until `close`, until the
+    membership is garbage-collected (a Consumer dropped without close), or in a forked child
+    until it takes its own (`rejoin`): the child's inherited copy is closed at fork."""
 
     def __init__(self, store_dir: str | os.PathLike, group: str):
-        path = group_lock_path(store_dir, group)
-        ensure_dir(path.parent)
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._path = group_lock_path(store_dir, group)
+        self._finalizer = weakref.finalize(self, _close_fd, None)
+        self._finalizer.detach()
+        self.rejoin()
+
+    def rejoin(self) -> None:
+        """Take the shared lock on a descriptor of this process's own (again, in a fork child)."""
+        self.close()
+        fd = _open_lock_file(self._path)
+        if fd is None:
+            return
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_SH)  # waits only while a reset writes (milliseconds)
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a reset writes (milliseconds)
         except BaseException:
-            self.close()
+            os.close(fd)
             raise
+        self._finalizer = weakref.finalize(self, _close_fd, fd)
+        _MEMBERSHIPS.add(self)
+
+    @property
+    def held(self) -> bool:
+        return self._finalizer.alive
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._finalizer()  # closes the descriptor once; later calls do nothing
+        _MEMBERSHIPS.discard(self)
+
+
+def _close_fd(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _open_lock_file(path: Path) -> int | None:
+    """The lock file opened read-only (flock needs no write access), created when missing; None
+    when it is missing and cannot be created (a store whose config/ this user may not write):
+    such a consumer is invisible to `groups --reset`, which cannot write that store either."""
+    try:
+        return os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        pass
+    try:
+        ensure_dir(path.parent)
+        return os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        return None
+
+
+def _drop_inherited_memberships() -> None:
+    """In a forked child, close the inherited lock descriptors: a child that never uses its
+    parent's Consumer must not keep the group live after the parent is gone. The parent keeps
+    its lock: a flock belongs to the open file description, which the parent's descriptor holds."""
+    for membership in list(_MEMBERSHIPS):
+        membership.close()
+
+
+_MEMBERSHIPS: weakref.WeakSet[GroupMembership] = weakref.WeakSet()
+os.register_at_fork(after_in_child=_drop_inherited_memberships)
 
 
 @contextmanager

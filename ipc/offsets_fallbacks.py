@@ -7,7 +7,8 @@ A torn or garbled consumerOffset.json is replaced by its `.bak`, one commit olde
 consumer that reads it (ipc.consumer_offsets); every group then reads again what it consumed
 since that commit. Each such fallback is counted here, in a file beside the offsets, so that
 `mqstore status` and the exporter show it for a live or a stopped store alike and the count
-survives restarts (it only grows). It is written under the offsets file's lock, atomically.
+survives restarts (it only grows, unless the record itself is garbled past reading its
+count: then it starts over). It is written under the offsets file's lock, atomically.
 """
 
 from __future__ import annotations
@@ -60,11 +61,21 @@ def read_fallbacks(store_dir: str | os.PathLike) -> OffsetFallbacks:
 
 def count_fallback(store_dir: str | os.PathLike, at_ms: int, reason: str, kept_as: str | None) -> int:
     """Add one fallback to the record (the caller holds the offsets lock); the new count. A
-    garbled record starts over at 1 rather than block the fallback it would count."""
+    garbled record keeps the count it still holds, else starts over at 1, rather than block
+    the fallback it would count."""
     try:
         before = read_fallbacks(store_dir).count
     except StoreError:
-        before = 0
+        before = _readable_count(store_dir)
     record = OffsetFallbacks(before + 1, at_ms, reason, kept_as)
     write_file_atomically(fallbacks_path(store_dir), (json.dumps(record.as_dict()) + "\n").encode())
     return record.count
+
+
+def _readable_count(store_dir: str | os.PathLike) -> int:
+    """The count a garbled record still holds (its other fields bad), else 0."""
+    try:
+        count = json.loads(fallbacks_path(store_dir).read_text(encoding="utf-8")).get("count")
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return count if type(count) is int and count > 0 else 0

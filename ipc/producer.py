@@ -184,7 +184,11 @@ def _as_columns(messages: Sequence[Message]) -> tuple | None:
 
 def _message(topic: str, body: bytes, tags: str | None, keys: Iterable[str] | str, queue_id: int | None,
              properties: Mapping[str, str] | None, wait: bool) -> Message:
-    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    if isinstance(keys, str):
+        keys = (keys,)
+    elif isinstance(keys, Iterable):
+        keys = tuple(keys)
+    # anything else (None, a number) goes as it is: the validator gives it MESSAGE_ILLEGAL
     return Message(topic, body, tags=tags, keys=keys, queue_id=queue_id, properties=dict(properties or {}),
                    wait=wait)
 

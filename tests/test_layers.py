@@ -31,6 +31,7 @@ UNLIMITED_LAYERS = {"tools"}  # the command line, the load test and the Spark pi
 IPC_PRIMITIVES = {
     "ipc.shm", "ipc.seqlock", "ipc.slot_claim", "ipc.control_block", "ipc.retention_block",
     "ipc.mailbox", "ipc.wakeup", "ipc.key_ring", "ipc.run_info", "ipc.put_latency",
+    "ipc.offset_table_codec", "ipc.refused_offsets",  # file records the supervisor reads at start
     "ipc.offsets_fallbacks",  # a file record, not shared memory: the status reads it as the clients write it
 }
 IPC_CLIENT = {

@@ -15,6 +15,7 @@ refuses it until `mqstore groups --reset` moves it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ from engine.store_dir import StoreKind, holder_pid, inspect_store_dir, read_meta
 from ipc.consumer import visible_max
 from ipc.consumer_offsets import ConsumerOffsets, validate_group
 from ipc.control_block import ControlBlock
+from ipc.refused_offsets import RefusedOffset, find_refused, read_refused
 
 _SIZE_CHUNK_ENTRIES = 65536  # entries summed per read: ~1.3 MB of consume queue at a time
 
@@ -78,6 +80,7 @@ class CommittedOffset:
     queue_id: int
     committed_offset: int
     commit_time_ms: int | None
+    refused: bool = False  # recorded as refused until reset (ipc.refused_offsets)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -113,6 +116,7 @@ class LagRow:
     lag_ms: int
     last_commit_time_ms: int | None
     offset_problem: str | None = None  # the committed offset lies outside the queue: why
+    refused: bool = False  # a consumer or the starting supervisor recorded it as refused
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -130,12 +134,14 @@ def group_table(store_dir: str | Path) -> list[GroupRow]:
     root = Path(store_dir)
     require_store(root)
     offsets, times = ConsumerOffsets(root).peek_with_times()
+    refused = read_refused(root)
     rows: dict[str, list[CommittedOffset]] = {}
     for key, queues in offsets.items():
         topic, group = _split_key(key)
         for queue_id, offset in queues.items():
             commit_ms = times.get(key, {}).get(queue_id)
-            rows.setdefault(group, []).append(CommittedOffset(topic, queue_id, offset, commit_ms))
+            is_refused = find_refused(refused, group, topic, queue_id, offset) is not None
+            rows.setdefault(group, []).append(CommittedOffset(topic, queue_id, offset, commit_ms, is_refused))
     return [_group_row(group, committed) for group, committed in sorted(rows.items())]
 
 
@@ -245,7 +251,9 @@ class _StoreView:
             rows.append(self.lag_row(group.group, queue, commit))
         for commit in committed.values():  # a queue whose files are gone (dropped, not created)
             rows.append(LagRow(group.group, commit.topic, commit.queue_id, commit.committed_offset,
-                               0, 0, 0, 0, commit.commit_time_ms))
+                               0, 0, 0, 0, commit.commit_time_ms, offset_problem(commit.committed_offset, 0)))
+        refused = read_refused(self.root)
+        rows = [_marked_refused(row, refused) for row in rows]
         return sorted(rows, key=lambda r: (r.topic, r.queue_id))
 
     def lag_row(self, group: str, queue: ConsumeQueue, commit: CommittedOffset | None) -> LagRow:
@@ -281,6 +289,19 @@ class _StoreView:
             return store_ts_at(self.commitlog.read_bytes(entry.commit_pos, V4_HEADER_SIZE), 0)
         except (StoreError, OSError):
             return None
+
+
+def _marked_refused(row: LagRow, refused: list[RefusedOffset]) -> LagRow:
+    """The row, marked when its committed offset has a refusal on record (it holds however
+    the queue grew since)."""
+    if row.committed_offset is None:
+        return row
+    entry = find_refused(refused, row.group, row.topic, row.queue_id, row.committed_offset)
+    if entry is None:
+        return row
+    return dataclasses.replace(row, refused=True, offset_problem=(
+        f"refused (found {'below zero' if entry.offset < 0 else f'past the end {entry.queue_end_seen}'} "
+        f"by {entry.where}): reset it"))
 
 
 def offset_problem(committed_offset: int | None, max_offset: int) -> str | None:

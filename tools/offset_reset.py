@@ -6,11 +6,13 @@
 `earliest` is each queue's min offset (what retention kept), `latest` its max offset (skip all
 that is there), TIME the first message stored at or after it (ISO 8601, local time unless it has
 a zone, or `@<ms since the epoch>`), OFFSET one queue offset for every queue of the topic,
-refused unless it lies in each queue's [min, max]. The group must have committed before and the
-topic must have queues; the reset is refused while the group has live consumers
+refused unless it lies in each queue's [min, max]. Every queue the group committed for the topic
+is reset, one whose files are gone too (its span is [0, 0]); the group must have committed before
+and the topic must have queues or committed ones; the reset is refused while the group has live consumers
 (ipc.group_members: their next commit would overwrite it) and holds the group alone while it
 writes. It writes the offsets file as a commit does (one atomic replace, previous kept as
-`.bak`) and logs each move in mqstore.log: no offset moves without a logged reason. Bad input
+`.bak`), clears the refusals of the queues it reset (ipc.refused_offsets) and logs each move in
+mqstore.log: no offset moves without a logged reason. Bad input
 changes nothing.
 """
 
@@ -26,6 +28,7 @@ from engine.errors import BadInputError
 from engine.naming import validate_topic
 from ipc.consumer_offsets import ConsumerOffsets, table_key, validate_group
 from ipc.group_members import group_held_alone
+from ipc.refused_offsets import clear_refused
 from ipc.store_log import append_to_store_log
 from tools.inventory import QueueSpan, require_store, topic_spans
 
@@ -75,6 +78,7 @@ def reset_offsets(store_dir: str | Path, group: str, topic: str, to_text: str) -
     with group_held_alone(root, group):
         moves = _moves(root, offsets.load(), group, topic, target)
         offsets.commit_many(group, {(topic, move.queue_id): move.after for move in moves})
+        clear_refused(root, group, topic, [move.queue_id for move in moves])
     said = ", ".join(f"{m.queue_id}: {'-' if m.before is None else m.before} -> {m.after}" for m in moves)
     message = (f"offsets of group {group} on {topic} reset to {to_text} by `mqstore groups "
                f"--reset` (pid {os.getpid()}): {said}")
@@ -90,9 +94,11 @@ def _moves(root: Path, table: dict, group: str, topic: str,
         raise BadInputError("group", f"{group!r} has committed no offset in this store", path=str(root))
     ts_ms = int(target.timestamp() * 1000) if isinstance(target, datetime) else None
     spans = topic_spans(root, topic, ts_ms)
+    before = table.get(table_key(topic, group), {})
+    for queue_id in before.keys() - spans.keys():  # committed, its files gone (a rebuild dropped it)
+        spans[queue_id] = QueueSpan(0, 0, 0)
     if not spans:
         raise BadInputError("topic", f"{topic!r} has no queue in this store", path=str(root))
-    before = table.get(table_key(topic, group), {})
     return [OffsetMove(queue_id, before.get(queue_id), _new_offset(topic, queue_id, span, target))
             for queue_id, span in sorted(spans.items())]
 

@@ -79,8 +79,9 @@ def cmd_groups(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
         return CliExit.OK
-    print(render_table(("group", "topic", "queue", "committed offset", "committed at"),
-                       [(g.group, c.topic, c.queue_id, c.committed_offset, clock(c.commit_time_ms))
+    print(render_table(("group", "topic", "queue", "committed offset", "committed at", "note"),
+                       [(g.group, c.topic, c.queue_id, c.committed_offset, clock(c.commit_time_ms),
+                         "refused until reset" if c.refused else "")
                         for g in rows for c in g.committed],
                        empty="no consumer group has committed an offset"))
     return CliExit.OK

@@ -29,6 +29,7 @@ from engine.store_dir import StoreKind, holder_pid, inspect_store_dir, read_meta
 from ipc.control_block import ControlBlock, Positions, ProcessSlot
 from ipc.offsets_fallbacks import read_fallbacks
 from ipc.put_latency import LatencyHistogram
+from ipc.refused_offsets import read_refused
 from ipc.run_info import read_run_info
 from workers.retention_status import describe_retention, render_retention
 
@@ -117,6 +118,7 @@ def collect_status(store_dir: str | Path, *, sample_s: float = DEFAULT_SAMPLE_S)
         "restart_history": info.restart_history,
         "retention": retention,
         "offset_fallbacks": describe_offset_fallbacks(root),
+        "refused_offsets": count_refused_offsets(root),
     }
 
 
@@ -127,6 +129,24 @@ def describe_offset_fallbacks(root: Path) -> dict:
         return read_fallbacks(root).as_dict()
     except StoreError as exc:
         return {"count": None, "unreadable": str(exc)}
+
+
+def count_refused_offsets(root: Path) -> int | None:
+    """How many committed offsets are refused until reset (ipc.refused_offsets); None when
+    the record is garbled (a consumer reading it says why)."""
+    try:
+        return len(read_refused(root))
+    except StoreError:
+        return None
+
+
+def render_refused_offsets(count: int | None) -> str | None:
+    """The status line of the refused offsets, None when there are none."""
+    if count == 0:
+        return None
+    if count is None:
+        return "consumer offsets: the refused-offsets record is unreadable"
+    return f"consumer offsets: {count} refused until reset (`mqstore lag` marks them)"
 
 
 def render_offset_fallbacks(fallbacks: dict) -> str:
@@ -155,7 +175,8 @@ def not_running_status(root: Path, state: str, detail: str, **extra) -> dict:
     """The status of a store no supervisor runs (state STOPPED or STALE)."""
     return {"store": str(root.resolve()), "state": state, "running": False, "detail": detail,
             "clean_stop": not (root / ABORT_FILE).exists(),
-            "offset_fallbacks": describe_offset_fallbacks(root), **extra}
+            "offset_fallbacks": describe_offset_fallbacks(root),
+            "refused_offsets": count_refused_offsets(root), **extra}
 
 
 def _stopped(root: Path) -> dict:
@@ -171,6 +192,9 @@ def render_not_running(status: dict) -> str:
     fallbacks = status.get("offset_fallbacks")
     if fallbacks and fallbacks["count"] != 0:
         line += "\n" + render_offset_fallbacks(fallbacks)
+    refused = render_refused_offsets(status.get("refused_offsets", 0))
+    if refused:
+        line += "\n" + refused
     return line
 
 
@@ -315,6 +339,9 @@ def render_status(status: dict) -> str:
                      f"p99 {latency['p99_ms']:.2f} ms")
     lines += render_retention(status["retention"])
     lines.append(render_offset_fallbacks(status["offset_fallbacks"]))
+    refused = render_refused_offsets(status["refused_offsets"])
+    if refused:
+        lines.append(refused)
     history = status["restart_history"]
     lines.append("")
     lines.append(f"restart history: {len(history)} event(s)" if history else "restart history: none")

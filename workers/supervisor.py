@@ -49,6 +49,7 @@ from engine.store_dir import StoreLock, mark_clean_stop
 from engine.store_open import Dispatch, open_store
 from ipc.control_block import ProcState, Role, StoreState
 from ipc.key_ring import REGION_KIND as KEY_RING_KIND
+from ipc.refused_offsets import refusal_message, refuse_offsets_past_their_queues
 from ipc.run_info import RunInfo, remove_run_info, write_run_info
 from ipc.shm import region_name, unlink_stale
 from workers.appender import Appender
@@ -159,6 +160,8 @@ class Supervisor:
         self._lock, self.config, self.report = opened.lock, opened.config, opened.report
         self.open_lines = opened.summary_lines()
         self._commitlog, self._next_offsets = opened.commitlog, opened.next_offsets
+        for refused in refuse_offsets_past_their_queues(self.root, self._next_offsets):
+            log.warning("%s", refusal_message(refused))  # before any consumer reads from it
         meta, generation = opened.meta, self._generation
         cut = self._commitlog.written_pos
         self._shared = SharedState.create(self.root, shard_count=self.config.index_shards,

@@ -146,3 +146,24 @@ def test_a_consumer_process_falls_back_loudly_and_status_and_exporter_count_it(t
         text = cli("status", "--store", str(store.root)).stdout.decode()
         assert "consumer offsets: replaced by their backup 1 time(s)" in text
         assert counter() == 1
+
+
+@pytest.mark.parametrize("stored", ["null", "7.9", "true", '"7"'])
+def test_a_non_integer_offset_falls_back_to_the_backup(tmp_path, stored):
+    """null crashed the reader (TypeError), true read as 1 and 7.9 as 7: each is garbage."""
+    offsets = _two_commits(tmp_path)
+    offsets.path.write_text('{"offsetTable": {"T1@g": {"0": ' + stored + ', "1": 4}}}')
+    assert offsets.peek_with_times()[0] == {"T1@g": {0: 5, 1: 3}}  # read past, not replaced
+    assert read_fallbacks(tmp_path).count == 0
+    assert offsets.load() == {"T1@g": {0: 5, 1: 3}}
+    assert read_fallbacks(tmp_path).count == 1
+
+
+def test_a_garbled_fallback_record_keeps_the_count_it_still_holds(tmp_path):
+    """The count only grows: a record whose other fields are bad still gives its count."""
+    fallbacks_path(tmp_path).parent.mkdir(parents=True)
+    fallbacks_path(tmp_path).write_text('{"count": 4, "last_reason": null, "junk": 1}')
+    offsets = _two_commits(tmp_path)
+    offsets.path.write_text("garbage")
+    offsets.load()
+    assert read_fallbacks(tmp_path).count == 5

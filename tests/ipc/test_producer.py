@@ -153,6 +153,7 @@ def test_round_robin_and_explicit_queue(store):
     ({"keys": ("bad\udcffkey",)}, PutStatus.MESSAGE_ILLEGAL, "not valid UTF-8"),
     ({"tags": "bad\udcfftag"}, PutStatus.MESSAGE_ILLEGAL, "not valid UTF-8"),
     ({"keys": ("two words",)}, PutStatus.MESSAGE_ILLEGAL, "no spaces"),
+    ({"keys": None}, PutStatus.MESSAGE_ILLEGAL, "must be a str or an iterable of str"),
     ({"properties": {"UNIQ_KEY": "x"}}, PutStatus.MESSAGE_ILLEGAL, "set by the store"),
     ({"properties": {"big": "v" * 40000}}, PutStatus.PROPERTIES_SIZE_EXCEEDED, "exceed 32767"),
 ])

@@ -3,7 +3,10 @@ refused while the group has live consumers (issue 32, defect 3). One real store 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import os
 import signal
 import time
 from datetime import datetime
@@ -13,6 +16,7 @@ import pytest
 from engine.errors import BadInputError, CommittedOffsetError, GroupInUseError
 from ipc.consumer import Consumer
 from ipc.consumer_offsets import ConsumerOffsets, encode_offset_table
+from ipc.control_block import Role
 from ipc.group_members import group_held_alone, group_lock_path
 from ipc.producer import Producer
 from tests.helpers import snapshot
@@ -60,19 +64,89 @@ def test_an_offset_outside_its_queue_is_refused_when_read(store, offset, words):
             assert "mqstore groups --reset --group outside --topic Resets" in error.hint
         assert consumer.pull(TOPIC, 1).messages[0].body == b"m1-1"  # the sound queue still reads
     [row] = [r for r in lag_table(store.root, "outside") if r.queue_id == 0]
-    assert row.offset_problem.startswith("below zero" if offset < 0 else "past the end 6")
+    assert row.refused and ("below zero" if offset < 0 else "past the end 6") in row.offset_problem
 
 
 @pytest.mark.slow
-def test_a_commit_past_the_end_is_refused_and_changes_nothing(store):
+def test_a_commit_below_zero_is_refused_and_changes_nothing(store):
     write_offsets(store.root, {f"{TOPIC}@late": {0: 2}})
     before = ConsumerOffsets(store.root).path.read_bytes()
-    with Consumer(store.root, "late") as consumer:
-        with pytest.raises(BadInputError, match="past the end of Resets/0"):
-            consumer.commit(TOPIC, 0, 7)
-        consumer.commit(TOPIC, 0, 6)  # the end itself is a sound offset: everything read
-    assert ConsumerOffsets(store.root).get(TOPIC, "late", 0) == 6
-    assert before != ConsumerOffsets(store.root).path.read_bytes()
+    with (Consumer(store.root, "late") as consumer,
+          pytest.raises(BadInputError, match="-1 is not a non-negative int")):
+        consumer.commit(TOPIC, 0, -1)
+    assert ConsumerOffsets(store.root).path.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_commit_of_an_acknowledged_offset_is_taken_while_the_dispatcher_lags(tmp_path):
+    """The consume queue lags the commitlog: the next offset of an acknowledged message may lie
+    past the queue's end on disk, and is neither refused at commit nor when read back."""
+    for running in module_store(tmp_path / "store"):
+        dispatcher = running.child_pid(Role.DISPATCHER)
+        os.kill(dispatcher, signal.SIGSTOP)
+        try:
+            with Producer(running.root) as producer:
+                sent = producer.send("Lag", b"acked", queue_id=0)
+            assert sent.ok
+            with Consumer(running.root, "g") as consumer:
+                consumer.commit("Lag", 0, sent.queue_offset + 1)
+        finally:
+            os.kill(dispatcher, signal.SIGCONT)
+        with Consumer(running.root, "g") as consumer:  # read back at once: it waits for dispatch
+            assert consumer.committed("Lag", 0) == sent.queue_offset + 1
+
+
+@pytest.mark.slow
+def test_a_consumer_dropped_without_close_leaves_its_group(store):
+    def handle_one() -> None:  # a handler that forgets close(), as an exception path would
+        Consumer(store.root, "dropped").commit(TOPIC, 0, 1)
+
+    handle_one()
+    gc.collect()
+    assert [m.after for m in reset_offsets(store.root, "dropped", TOPIC, "earliest")] == [0, 0]
+
+
+@pytest.mark.slow
+def test_a_forked_child_keeps_the_group_only_once_it_uses_the_consumer(store):
+    child = spawn_python("""
+        import os, sys
+        from ipc.consumer import Consumer
+        consumer = Consumer(sys.argv[1], "forked")
+        consumer.commit(sys.argv[2], 0, 1)
+        kids = []
+        for adopts in (False, True):
+            ready_read, ready_write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                if adopts:
+                    consumer.committed(sys.argv[2], 0)
+                os.write(ready_write, b"r")
+                sys.stdin.read()  # until the test closes stdin
+                os._exit(0)
+            os.read(ready_read, 1)
+            kids.append(pid)
+        consumer.close()
+        print(*kids, flush=True)
+        """, str(store.root), TOPIC, stdin=-1)
+    line = child.stdout.readline()
+    assert line, child.stderr.read().decode()
+    idle, adopter = map(int, line.split())
+    try:
+        assert child.wait() == 0
+        with pytest.raises(GroupInUseError) as refused:
+            reset_offsets(store.root, "forked", TOPIC, "earliest")
+        assert refused.value.pids == [adopter]  # not the parent, gone; not the idle child
+        os.kill(adopter, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{adopter}") and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the orphan's exit (reaped by init), not waiting a guess
+        assert os.path.exists(f"/proc/{idle}")
+        assert [m.after for m in reset_offsets(store.root, "forked", TOPIC, "earliest")] == [0, 0]
+    finally:
+        child.stdin.close()
+        for pid in (idle, adopter):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------------------------- the reset
