@@ -62,6 +62,17 @@ def send_wave(root: Path, start: int, count: int = PER_WAVE) -> list:
     return acks
 
 
+def stopped_after_three_waves(tmp_path: Path, settings: dict) -> StoreProcess:
+    """A store started with `settings`, sent three waves (~6 segments) and stopped cleanly."""
+    running = start_store(tmp_path / "store", store=settings)
+    try:
+        for wave in range(3):
+            send_wave(running.root, wave * PER_WAVE)
+    finally:
+        assert running.stop() == 0
+    return running
+
+
 def line_of(running: StoreProcess):
     with running.ctl() as ctl:
         return RetentionBlock(ctl).line()
@@ -243,12 +254,7 @@ def test_the_line_is_published_at_start(tmp_path):
 def test_mqstore_clean_without_a_supervisor_runs_the_pass_offline(tmp_path):
     settings = {**EXPIRE_AT_ONCE, "delete_when_hour": _hour_far_from_now(),
                 "disk_warn_ratio": 0.999, "disk_clean_force_ratio": 0.999, "disk_full_ratio": 1.0}
-    running = start_store(tmp_path / "store", store=settings)
-    try:
-        for wave in range(3):
-            send_wave(running.root, wave * PER_WAVE)
-    finally:
-        assert running.stop() == 0
+    running = stopped_after_three_waves(tmp_path, settings)
     before = segment_bases(running.root)
     config = tmp_path / "store.toml"  # the harness's config file, with the retention settings
     wait_for(lambda: time.time() - max(p.stat().st_mtime for p in commitlog_dir(running.root).iterdir()
@@ -291,12 +297,7 @@ def test_a_stopped_store_with_1970_mtimes_keeps_its_fresh_messages(tmp_path):
     checkpoint, written by the supervisor, carries the store times of what it holds."""
     settings = {"file_reserved_hours": 1, "disk_warn_ratio": 0.999, "disk_clean_force_ratio": 0.999,
                 "disk_full_ratio": 1.0}
-    running = start_store(tmp_path / "store", store=settings)
-    try:
-        for wave in range(3):
-            send_wave(running.root, wave * PER_WAVE)
-    finally:
-        assert running.stop() == 0
+    running = stopped_after_three_waves(tmp_path, settings)
     cp = decode_checkpoint((running.root / "checkpoint").read_bytes())
     times = _store_times_in(running.root, cp.commitlog_flushed_pos)
     assert cp.physic_msg_ts_ms == cp.logics_msg_ts_ms == times[-1]  # a clean stop: all durable
