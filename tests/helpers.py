@@ -20,11 +20,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from engine.check import check
+from engine.commitlog import CommitLog
 from engine.config import StoreConfig
 from engine.errors import StoreCorruptError
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.cq_entry import CQ_ENTRY_SIZE
 from engine.formats.index_file import INDEX_ENTRY, decode_index_header, entry_pos
+from engine.formats.record import encode_record
 from engine.naming import (
     LOCK_FILE,
     commitlog_dir,
@@ -221,3 +223,12 @@ def scan_start_after_index_trim(root: Path, cp: Checkpoint, config: StoreConfig 
         if any(pos >= durable_pos for pos in positions):
             starts.append(max((pos for pos in positions if pos < durable_pos), default=0))
     return min(starts)
+
+
+def append_records(log: CommitLog, count: int, topic: str, body_bytes: int) -> None:
+    """Append `count` records of `body_bytes` to `log` at queue offsets 0.., stored at ms 1."""
+    for i in range(count):
+        raw = encode_record(topic, b"r" * body_bytes, queue_id=0, properties={}, born_ts_ms=1,
+                            born_host=("127.0.0.1", 1), store_host=("127.0.0.1", 2),
+                            max_body_bytes=max(body_bytes, 1024))
+        log.append(raw, queue_offset=i, store_ts_ms=1)

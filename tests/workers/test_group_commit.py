@@ -10,11 +10,11 @@ import pytest
 
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
-from engine.formats.record import encode_record
 from engine.mapped_file import Access
 from ipc.control_block import ControlBlock, FlushCode
 from ipc.shm import issue_shm_token, unlink_stale_regions
 from ipc.wakeup import unlink_all
+from tests.helpers import append_records
 from tests.workers.store_harness import wait_for
 from workers.group_commit import GroupCommit
 
@@ -22,10 +22,7 @@ SEG = 1 << 20
 
 
 def fill(log: CommitLog, count: int) -> None:
-    for i in range(count):
-        raw = encode_record("GC", b"x" * 100, queue_id=0, properties={}, born_ts_ms=1,
-                            born_host=("127.0.0.1", 1), store_host=("127.0.0.1", 2), max_body_bytes=1024)
-        log.append(raw, queue_offset=i, store_ts_ms=1)
+    append_records(log, count, "GC", 100)
 
 
 @pytest.fixture

@@ -17,12 +17,12 @@ import pytest
 import engine.segment_age as segment_age
 from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
-from engine.formats.record import encode_record
 from engine.mapped_file import Access
 from engine.retention import RetentionReason
 from ipc.control_block import ControlBlock, FlushCode
 from ipc.shm import issue_shm_token, unlink_stale_regions
 from ipc.wakeup import unlink_all
+from tests.helpers import append_records
 from workers.group_commit import GroupCommit
 from workers.retention_runner import RetentionRunner
 
@@ -33,10 +33,7 @@ CONFIG = StoreConfig(commitlog_file_size=SEG, flush=FlushPolicy.SYNC, file_reser
 
 
 def fill(log: CommitLog, count: int) -> None:
-    for i in range(count):
-        raw = encode_record("RT", b"r" * 2500, queue_id=0, properties={}, born_ts_ms=1,
-                            born_host=("127.0.0.1", 1), store_host=("127.0.0.1", 2), max_body_bytes=4096)
-        log.append(raw, queue_offset=i, store_ts_ms=1)
+    append_records(log, count, "RT", 2500)
 
 
 @pytest.fixture
