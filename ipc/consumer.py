@@ -512,9 +512,8 @@ class Consumer:
         validate_queue_id(queue_id, self.info.queue_count)
         self.offsets.commit(topic, self.group, queue_id, offset)
         self._uncommitted.pop((topic, queue_id), None)  # an explicit commit wins over iterate's
-        if any(e.same_queue(self.group, topic, queue_id) and e.offset != offset
-               for e in read_refused(self.root)):  # the offset moved on by a deliberate act
-            clear_refused(self.root, self.group, topic, [queue_id])
+        # the offset moved on by a deliberate act: its refusal goes (the same value stays refused)
+        clear_refused(self.root, self.group, topic, [queue_id], except_offset=offset)
 
     def _queue_end(self, topic: str, queue_id: int) -> int:
         """The queue's max offset on disk (0 for a queue not created yet); it lags the commitlog

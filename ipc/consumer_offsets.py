@@ -16,21 +16,20 @@ exporter).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 
 from engine.errors import BadInputError, StoreError
-from engine.filesystem import ensure_dir, write_file_atomically
+from engine.filesystem import write_file_atomically
 from engine.naming import BACKUP_SUFFIX, CONFIG_DIR, CONSUMER_OFFSET_FILE, validate_topic
 from ipc.offset_table_codec import CommitTimes, OffsetTable, parse_offset_document, parse_offset_table
 from ipc.offsets_fallbacks import count_fallback
+from ipc.refused_offsets import offsets_lock
 from ipc.store_log import append_to_store_log
 
 log = logging.getLogger(__name__)
@@ -38,7 +37,6 @@ log = logging.getLogger(__name__)
 __all__ = ["CommitTimes", "OffsetTable", "parse_offset_document", "parse_offset_table"]  # re-exported
 GROUP_MAX_BYTES = 255
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_%|-]+$")
-LOCK_SUFFIX = ".lock"
 TORN_SUFFIX = ".torn-"  # consumerOffset.json.torn-<ms>: a bad primary the backup replaced
 
 
@@ -191,15 +189,8 @@ class ConsumerOffsets:
             if backup.exists():  # the backup copy is made with the process umask: owner-only
                 os.chmod(backup, 0o600)
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        ensure_dir(self.path.parent)
-        fd = os.open(self.path.with_name(self.path.name + LOCK_SUFFIX), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+    def _locked(self):
+        return offsets_lock(self.root)
 
 
 def _clock(ms: int | None) -> str:

@@ -117,21 +117,23 @@ def record_refused(store_dir: str | os.PathLike, found: Iterable[RefusedOffset])
     found = list(found)
     if not found:
         return
-    with _locked(store_dir):
+    with offsets_lock(store_dir):
         kept = [e for e in read_refused(store_dir)
                 if not any(e.same_queue(n.group, n.topic, n.queue_id) for n in found)]
         write_file_atomically(refused_path(store_dir), encode_refused(kept + found))
 
 
-def clear_refused(store_dir: str | os.PathLike, group: str, topic: str,
-                  queue_ids: Iterable[int]) -> list[RefusedOffset]:
-    """Drop the entries of these queues of `group` on `topic`; the entries dropped."""
+def clear_refused(store_dir: str | os.PathLike, group: str, topic: str, queue_ids: Iterable[int], *,
+                  except_offset: int | None = None) -> list[RefusedOffset]:
+    """Drop the entries of these queues of `group` on `topic` (but one refusing `except_offset`,
+    the value being committed again); the entries dropped."""
     queue_ids = set(queue_ids)
     if not refused_path(store_dir).exists():
         return []
-    with _locked(store_dir):
+    with offsets_lock(store_dir):
         entries = read_refused(store_dir)
-        dropped = [e for e in entries if e.group == group and e.topic == topic and e.queue_id in queue_ids]
+        dropped = [e for e in entries if e.group == group and e.topic == topic and e.queue_id in queue_ids
+                   and e.offset != except_offset]
         if dropped:
             write_file_atomically(refused_path(store_dir),
                                   encode_refused(e for e in entries if e not in dropped))
@@ -170,7 +172,8 @@ def refuse_offsets_past_their_queues(store_dir: str | os.PathLike,
 
 
 @contextmanager
-def _locked(store_dir: str | os.PathLike) -> Iterator[None]:
+def offsets_lock(store_dir: str | os.PathLike) -> Iterator[None]:
+    """The offsets file's lock (exclusive): one writer at a time of the offsets and refused files."""
     directory = ensure_dir(Path(store_dir) / CONFIG_DIR)
     fd = os.open(directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
     try:

@@ -156,8 +156,9 @@ def lag_table(store_dir: str | Path, group: str | None = None) -> list[LagRow]:
         if not groups:
             raise BadInputError("group", f"{group!r} has committed no offset in this store",
                                 path=str(root))
+    refused = read_refused(root)
     with _StoreView.open(root) as view:
-        return [row for g in groups for row in view.lag_rows(g)]
+        return [row for g in groups for row in view.lag_rows(g, refused)]
 
 
 def topic_spans(store_dir: str | Path, topic: str, ts_ms: int | None = None) -> dict[int, QueueSpan]:
@@ -241,7 +242,7 @@ class _StoreView:
                         _entry_bytes(queue, low, high), self.store_time_ms(queue, low, high),
                         self.store_time_ms(queue, high - 1, high), disk.allocated_bytes, disk.used_bytes)
 
-    def lag_rows(self, group: GroupRow) -> list[LagRow]:
+    def lag_rows(self, group: GroupRow, refused: list[RefusedOffset]) -> list[LagRow]:
         committed = {(c.topic, c.queue_id): c for c in group.committed}
         rows = []
         for queue in self.queues():
@@ -252,7 +253,6 @@ class _StoreView:
         for commit in committed.values():  # a queue whose files are gone (dropped, not created)
             rows.append(LagRow(group.group, commit.topic, commit.queue_id, commit.committed_offset,
                                0, 0, 0, 0, commit.commit_time_ms, offset_problem(commit.committed_offset, 0)))
-        refused = read_refused(self.root)
         rows = [_marked_refused(row, refused) for row in rows]
         return sorted(rows, key=lambda r: (r.topic, r.queue_id))
 
