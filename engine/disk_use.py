@@ -107,13 +107,14 @@ def _segments_disk_use(directory: Path, unit_bytes: int) -> DiskUse:
         except FileNotFoundError:  # retention removed it meanwhile
             continue
         try:
-            allocated += os.fstat(fd).st_blocks * 512
+            stat = os.fstat(fd)
+            allocated += stat.st_blocks * 512
             if data_end is None:
-                written = _written_units(fd, os.fstat(fd).st_size // unit_bytes, unit_bytes)
+                written = _written_units(fd, stat.st_size // unit_bytes, unit_bytes)
                 data_end = file.base_pos + written * unit_bytes if written else None
         finally:
             os.close(fd)
-    used = 0 if data_end is None or not files else data_end - files[0].base_pos
+    used = 0 if data_end is None else data_end - files[0].base_pos
     return DiskUse(allocated, used)
 
 

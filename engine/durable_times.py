@@ -61,8 +61,10 @@ class CheckpointTimes:
     def checkpoint(self, commitlog_flushed_pos: int, cq_durable_pos: int,
                    index_durable_pos: tuple[int, ...]) -> Checkpoint:
         """The checkpoint of these durable positions (confirmPhyOffset: the flushed position)."""
-        return Checkpoint(physic_msg_ts_ms=store_ts_before(self._commitlog, commitlog_flushed_pos),
-                          logics_msg_ts_ms=store_ts_before(self._commitlog, cq_durable_pos),
+        physic_ts_ms = store_ts_before(self._commitlog, commitlog_flushed_pos)
+        logics_ts_ms = (physic_ts_ms if cq_durable_pos == commitlog_flushed_pos  # dispatch caught up
+                        else store_ts_before(self._commitlog, cq_durable_pos))
+        return Checkpoint(physic_msg_ts_ms=physic_ts_ms, logics_msg_ts_ms=logics_ts_ms,
                           index_msg_ts_ms=sealed_index_ts_ms(self._root, self._shard_count),
                           confirm_commit_pos=commitlog_flushed_pos,
                           commitlog_flushed_pos=commitlog_flushed_pos, cq_durable_pos=cq_durable_pos,

@@ -518,6 +518,6 @@ def is_blank(path: Path, slot_count: int, entry_count: int) -> bool:
     except SegmentLayoutError:
         return False
     try:
-        return not any(mapped.buf[:INDEX_HEADER_SIZE]) and mapped.is_zero(0, slot_pos(slot_count))
+        return mapped.is_zero(0, slot_pos(slot_count))  # the header included, holes not read
     finally:
         mapped.close()
