@@ -44,7 +44,6 @@ from engine.config import FlushPolicy, StoreConfig
 from engine.errors import DiskFullError, StoreError
 from engine.formats.checkpoint import Checkpoint
 from engine.open_files import raise_open_file_limit
-from engine.recovery import RecoveryReport
 from engine.store_dir import StoreLock, mark_clean_stop
 from engine.store_open import Dispatch, open_store
 from ipc.control_block import ProcState, Role, StoreState
@@ -116,7 +115,6 @@ class Supervisor:
         self.settings = settings or SupervisorSettings()
         self.on_locked = on_locked  # first thing once the store's lock is held (its log opens)
         self.on_ready = on_ready
-        self.report: RecoveryReport | None = None
         self.open_lines: list[str] = []  # what opening the store did (OpenedStore.summary_lines)
         self.children: list[ChildHandle] = []
         self.run_info: RunInfo | None = None
@@ -157,7 +155,7 @@ class Supervisor:
         opened = open_store(self.root, self.config, writer="a supervisor",
                             dispatch=Dispatch.CHILD_PROCESSES, progress=_log_progress(),
                             after_lock=self._clear_stale)
-        self._lock, self.config, self.report = opened.lock, opened.config, opened.report
+        self._lock, self.config = opened.lock, opened.config
         self.open_lines = opened.summary_lines()
         self._commitlog, self._next_offsets = opened.commitlog, opened.next_offsets
         for refused in refuse_offsets_past_their_queues(self.root, self._next_offsets):
