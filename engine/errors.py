@@ -151,6 +151,11 @@ class CorruptConsumeQueueError(StoreError):
                          hint="run `mqstore recover` to rebuild it from the commitlog")
 
 
+def offset_outside_words(offset: int, queue_end: int) -> str:
+    """Where a committed offset lies outside its queue, in the words its refusals use."""
+    return "below zero" if offset < 0 else f"past the queue's end {queue_end}"
+
+
 class CommittedOffsetError(StoreError):
     """A group's committed offset lies outside its queue (past the end, or below zero): taking it
     would skip the queue for good or read nothing; the operator resets it."""
@@ -162,7 +167,7 @@ class CommittedOffsetError(StoreError):
         self.queue_id = queue_id
         self.offset = offset
         self.max_offset = max_offset
-        where = "below zero" if offset < 0 else f"past the queue's end {max_offset}"
+        where = offset_outside_words(offset, max_offset)
         super().__init__(
             f"group {group!r} committed offset {offset} on {topic}/{queue_id}, {where}; refused "
             "(reading from it would skip or repeat the queue)", path=path,

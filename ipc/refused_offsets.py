@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from engine.errors import StoreError
+from engine.errors import StoreError, offset_outside_words
 from engine.filesystem import ensure_dir, write_file_atomically
 from engine.naming import CONFIG_DIR, CONSUMER_OFFSET_FILE
 from ipc.offset_table_codec import parse_offset_document
@@ -106,7 +106,7 @@ def find_refused(entries: Iterable[RefusedOffset], group: str, topic: str, queue
 
 def refusal_message(entry: RefusedOffset) -> str:
     """The WARNING that says an offset was found outside its queue, and how to go on."""
-    where = "below zero" if entry.offset < 0 else f"past the queue's end {entry.queue_end_seen}"
+    where = offset_outside_words(entry.offset, entry.queue_end_seen)
     return (f"group {entry.group} committed offset {entry.offset} on {entry.topic}/{entry.queue_id}, "
             f"{where} (found by {entry.where}); refused until `mqstore groups --reset --group "
             f"{entry.group} --topic {entry.topic}`")
