@@ -33,13 +33,9 @@ def claim_slot(run_dir: str | os.PathLike, slot_count: int, *,
     start = os.getpid() % slot_count
     for step in range(slot_count):
         index = (start + step) % slot_count
-        fd = _open_lock_file(slot_lock_path(run_dir, index, prefix=prefix))
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        return index, fd
+        fd = hold_if_free(run_dir, index, prefix=prefix)
+        if fd is not None:
+            return index, fd
     raise SlotsExhaustedError(f"all {slot_count} {prefix} slots are in use by live processes",
                               slot_count=slot_count, path=str(run_dir),
                               hint="close idle clients or configure more slots")

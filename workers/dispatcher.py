@@ -4,8 +4,8 @@ It reads the commitlog through its own read-only mapping, up to the supervisor's
 flushed position under sync flush (a consumer must never see a message a crash can take back)
 or the written position under async flush. Each step is one engine.dispatch_span (a small
 backlog in plain Python, a larger one with the batch codec, the choice made there): it
-writes the consume-queue entries (engine.dispatch.dispatch_columns_to_consume_queues: one
-put_entries per queue, the rules of dispatch_to_consume_queue), publishes `dispatched_pos` after
+writes the consume-queue entries (one ConsumeQueue.put_entries per queue, the rules of
+engine.record_rules), publishes `dispatched_pos` after
 each batch and wakes long-polling consumers. A small backlog right after a step waits up to
 COALESCE_S for more to join it (coalesce_wait_s); while no consumer keeps up, a backlog short of
 a step window waits until PACE_INTERVAL_S after the last step began (pace_wait_s), and the

@@ -13,7 +13,7 @@ never reaches the log, its answer row carrying the refusal's code (engine.refusa
 producer's error says why.
 
 `check` is the rule, record by record (struct, structure's scalar form); `check_request` runs
-it on each record of a small request (up to stamp_many.STRUCT_PATH_MAX_RECORDS, where numpy's
+it on each record of a small request (up to tuning.STRUCT_PATH_MAX_RECORDS, where numpy's
 fixed cost per call would dominate: docs/DECISIONS.md#small-batches-scalar). A larger request
 is checked as a whole against its first record, which must pass `check`: the producer's header
 rules by one masked unsigned comparison, then TOPICLENGTH + topic equal to the first record's
