@@ -63,7 +63,9 @@ def test_checkpoint_times_are_those_of_the_last_durable_records(tmp_path, clock)
         assert cp.physic_msg_ts_ms == stamps[29]
         assert cp.logics_msg_ts_ms == stamps[35]
         assert cp.index_msg_ts_ms == newest_full_index_end_ts(store)
-        assert cp.index_msg_ts_ms in stamps[:30]  # 2 keys a message, 10 keys a file: full files exist
+        # 2 keys a message, 10 keys a file: full files exist; which record ends the newest one
+        # depends on how the random UNIQ_KEYs fall over the 2 shards (the dispatched 6 included)
+        assert cp.index_msg_ts_ms in stamps
     assert check(tmp_path) == []
 
 
