@@ -29,10 +29,9 @@ from engine.formats.index_file import (
 from engine.formats.record import Record
 from engine.index_slot_pages import stored_slot_heads
 from engine.mapped_file import Access, MappedFile
-from engine.naming import INDEX_DIR
+from engine.naming import INDEX_DIR, is_index_file_name
 from engine.shard_index import ShardIndex
 
-_INDEX_NAME_DIGITS = 17
 _FILE_KINDS = (FindingKind.INDEX_FILE_CORRUPT, FindingKind.INDEX_ENTRY_UNRESOLVED,
                FindingKind.INDEX_ENTRY_TIME)
 
@@ -123,7 +122,7 @@ def _index_files(directory: Path, slot_count: int, out: FindingList) -> list[Pat
         return []
     paths = []
     for name in sorted(os.listdir(directory)):
-        if len(name) == _INDEX_NAME_DIGITS and name.isdigit():
+        if is_index_file_name(name):
             paths.append(directory / name)
         else:
             out.add(FindingKind.LAYOUT, directory / name, "not an index file name")

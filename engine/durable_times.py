@@ -16,7 +16,6 @@ anything is durable. mqstore's recovery reads only the positions.
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 from engine.commitlog import CommitLog
@@ -24,11 +23,10 @@ from engine.errors import CorruptIndexError, CorruptRecordError
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.index_file import INDEX_HEADER_SIZE, decode_index_header
 from engine.last_record import record_ending_at
-from engine.naming import index_shard_dir
+from engine.naming import index_shard_dir, is_index_file_name
 
 log = logging.getLogger(__name__)
 
-_INDEX_NAME_RE = re.compile(r"^\d{17}$")
 
 
 def store_ts_before(commitlog: CommitLog, end_pos: int) -> int:
@@ -78,7 +76,7 @@ def sealed_index_ts_ms(root: Path, shard_count: int) -> int:
     for shard in range(shard_count):
         directory = index_shard_dir(root, shard)
         try:
-            names = sorted(n for n in (p.name for p in directory.iterdir()) if _INDEX_NAME_RE.match(n))
+            names = sorted(n for n in (p.name for p in directory.iterdir()) if is_index_file_name(n))
             if len(names) < 2:
                 return 0
             with open(directory / names[-2], "rb") as fh:

@@ -144,6 +144,14 @@ def config_path(root: Path, name: str) -> Path:
     return Path(root) / CONFIG_DIR / name
 
 
+INDEX_NAME_DIGITS = 17  # yyyyMMddHHmmssSSS
+
+
+def is_index_file_name(name: str) -> bool:
+    """Whether a name in a shard's directory is an index file's (17 digits, index_file_name)."""
+    return len(name) == INDEX_NAME_DIGITS and name.isdigit()
+
+
 def index_file_name(now_ms: int | None = None) -> str:
     """Index files are named by local wall-clock creation time, yyyyMMddHHmmssSSS."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms

@@ -16,7 +16,6 @@ caller that needs exact bounds compares the record's store time.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -30,13 +29,12 @@ from engine.formats.java_hash import index_key_hash
 from engine.index_file import IndexFile, IndexFileFullError, is_blank, raise_if_disk_full
 from engine.index_sync import PacedSync
 from engine.mapped_file import Access, settled_names
-from engine.naming import index_file_name, index_shard_dir
+from engine.naming import index_file_name, index_shard_dir, is_index_file_name
 
 INT64_MAX = 2**63 - 1
 TIME_SLACK_MS = 1000  # time_diff is whole seconds: a stored time is up to 999 ms below the true one
 DEFAULT_MAX_COUNT = 64  # RocketMQ maxMsgsNumBatch
 
-_FILE_NAME_RE = re.compile(r"^\d{17}$")
 
 
 def _name_after(name: str) -> str:
@@ -80,7 +78,7 @@ class ShardIndex:
             return index
         names = settled_names(index.directory, access)
         for name in names:
-            if not _FILE_NAME_RE.match(name):
+            if not is_index_file_name(name):
                 raise SegmentLayoutError(f"foreign file {name!r} among index files",
                                          path=str(index.directory / name))
         if names and is_blank(index.directory / names[-1], slot_count, entry_count):
