@@ -23,7 +23,7 @@ the dispatcher) tracks the end of the segments it has mapped; `refresh()` adopts
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -434,3 +434,13 @@ class CommitLog:
 
     def close(self) -> None:
         self.segments.close()
+
+def window_scans(commitlog: CommitLog, start_pos: int, limit_pos: int,
+                 window_bytes: int) -> Iterator[BatchScanner]:
+    """A step's batch scans (structure checked): over at most `window_bytes` from start_pos, then,
+    only when that took nothing (one record or filler bigger than the window), to limit_pos. Each
+    scanner is to be read through before the next is asked for."""
+    scanner = commitlog.scan_batches(start_pos, min(limit_pos, start_pos + window_bytes), Verify.STRUCTURE)
+    yield scanner
+    if scanner.pos == start_pos:
+        yield commitlog.scan_batches(start_pos, limit_pos, Verify.STRUCTURE)

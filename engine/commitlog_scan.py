@@ -135,3 +135,4 @@ class BatchScanner:
             return ScannedRun(None, 0, None, next(records))
         finally:
             self.pos = records.pos
+

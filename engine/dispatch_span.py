@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from engine.commitlog import CommitLog
+from engine.commitlog import CommitLog, window_scans
 from engine.commitlog_scan import BatchScanner
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.dispatch import dispatch_columns_to_consume_queues, shard_key_columns
 from engine.dispatch_few import decode_few, few_key_columns, few_to_consume_queues
-from engine.formats.record import Verify
 from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.tuning import FEW_RECORDS_BYTES
 
@@ -75,13 +74,11 @@ def _dispatch_few(where: SpanDispatch, start_pos: int, limit_pos: int) -> SpanSt
 def _dispatch_window(where: SpanDispatch, start_pos: int, limit_pos: int) -> SpanStep:
     """Up to window_bytes from start_pos with the batch codec (to limit_pos when one record or
     filler is bigger than the window)."""
-    scanner = where.commitlog.scan_batches(start_pos, min(limit_pos, start_pos + where.window_bytes),
-                                           Verify.STRUCTURE)
-    count = _dispatch_scan(where, scanner)
-    if scanner.pos == start_pos:  # one record larger than the window
-        scanner = where.commitlog.scan_batches(start_pos, limit_pos, Verify.STRUCTURE)
+    count, end_pos = 0, start_pos
+    for scanner in window_scans(where.commitlog, start_pos, limit_pos, where.window_bytes):
         count += _dispatch_scan(where, scanner)
-    return SpanStep(scanner.pos, count)
+        end_pos = scanner.pos
+    return SpanStep(end_pos, count)
 
 
 def _dispatch_scan(where: SpanDispatch, scanner: BatchScanner) -> int:

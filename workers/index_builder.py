@@ -38,11 +38,10 @@ import time
 
 import numpy as np
 
-from engine.commitlog import CommitLog
+from engine.commitlog import CommitLog, window_scans
 from engine.config import FlushPolicy, StoreConfig
 from engine.dispatch import KeyColumns, dispatch_columns_to_shard, key_hashes_and_shards, put_key_columns
 from engine.errors import DiskFullError, StoreError
-from engine.formats.record import Verify
 from engine.mapped_file import Access
 from engine.retention import expire_shards
 from engine.shard_index import ShardIndex
@@ -50,7 +49,7 @@ from ipc.control_block import GROUP_SIZE, SHARD_GROUP, SHARD_GROUPS_OFFSET, Role
 from ipc.key_ring import KeyBlock, KeyRing, RingReader
 from workers.child import ChildProcess, child_main, read_own_group
 from workers.child_retention import LineFollower
-from workers.step_window import MAX_STEP_BYTES, scan_window
+from workers.step_window import MAX_STEP_BYTES
 
 RING_PATIENCE_S = 0.5  # no dispatcher progress for this long while there is work: scan
 RING_ATTACH_RETRY_S = 0.5
@@ -215,13 +214,12 @@ class IndexBuilder(ChildProcess):
     # -- the commitlog -------------------------------------------------------------------------
     def _scan(self, start: int, end: int) -> None:
         """Index [start, end) from the commitlog (at most MAX_STEP_BYTES, or one record)."""
-        scanner = scan_window(self.commitlog, start, end)
-        self._index(scanner)
-        if scanner.pos == start:
-            scanner = self.commitlog.scan_batches(start, end, Verify.STRUCTURE)
+        end_pos = start
+        for scanner in window_scans(self.commitlog, start, end, MAX_STEP_BYTES):
             self._index(scanner)
-        if scanner.pos > self.index.processed_pos:
-            self.index.mark_processed(scanner.pos)
+            end_pos = scanner.pos
+        if end_pos > self.index.processed_pos:
+            self.index.mark_processed(end_pos)
         self.scanned_bytes += self.index.processed_pos - start
 
     def _index(self, scanner) -> None:
