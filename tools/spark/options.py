@@ -7,7 +7,6 @@ otherwise read everything without a word). docs/SPARK.md lists every option with
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ from tools.spark.layout import StoreFormat, StoreLayout
 from tools.spark.partitions import DEFAULT_PARTITION_BYTES, ScanFilter, SplitMode
 from tools.spark.scan import RowFilter, ScanSpec, VerifyMode, View
 from tools.spark.stores import StorePaths, parse_store_paths
+from tools.typo_hints import closest
 
 
 class DataLoss(Enum):
@@ -94,8 +94,8 @@ def refuse_options(options: Mapping[str, str], known: Mapping[str, str | None], 
     by_lower = {name.lower(): name for name in known}
     for key in options:
         if key.lower() not in by_lower:
-            close = difflib.get_close_matches(key.lower(), list(by_lower), n=1)
-            hint = f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+            close = closest(key.lower(), by_lower)
+            hint = f"; did you mean {by_lower[close]!r}?" if close else ""
             raise BadInputError(key, f"unknown {what}{hint} (known: {', '.join(known)})")
 
 
