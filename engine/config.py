@@ -49,7 +49,7 @@ class StoreConfig:
     disk_clean_force_ratio: float = 0.85
     disk_full_ratio: float = 0.90
     # consume-queue files a process keeps mapped (2 fds each when written); the least recently
-    # used beyond are synced and closed, and reopened when used (engine.open_files)
+    # used beyond are synced and closed, and reopened when used (engine.files.open_files)
     max_open_queue_files: int = 4096
     clean_resource_interval_ms: int = 10_000  # retention pass of a running store (cleanResourceInterval)
 

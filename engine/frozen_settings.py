@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.checkpoint import load_checkpoint
 from engine.errors import FrozenSettingError, StoreMetaMismatchError
+from engine.files.naming import CONSUMEQUEUE_DIR, INDEX_DIR, is_topic_name
 from engine.formats.store_meta import StoreMeta
-from engine.naming import CONSUMEQUEUE_DIR, INDEX_DIR, is_topic_name
+from engine.recovery.checkpoint import load_checkpoint
 
 FROZEN_SETTINGS = ("commitlog_file_size", "consume_queue_entries", "index_slot_count",
                    "index_entry_count", "index_shards", "queue_count")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.errors import BadInputError
+from engine.files.naming import validate_topic
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.properties import (
     PROP_CRC32C,
@@ -27,7 +28,6 @@ from engine.formats.properties import (
 )
 from engine.formats.record.layout import MAX_PROPERTIES_BYTES, RECORD_FIXED_SIZE, check_properties_bytes
 from engine.formats.uniq_key import new_uniq_key
-from engine.naming import validate_topic
 
 RESERVED_PROPERTIES = frozenset({PROP_CRC32C, PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})
 

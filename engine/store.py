@@ -14,18 +14,19 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from engine import retention
-from engine.checkpoint import write_checkpoint
 from engine.config import FlushPolicy, StoreConfig
-from engine.consume_queue import Boundary
-from engine.dispatch import dispatch_columns
-from engine.durable_times import CheckpointTimes
+from engine.dispatch.record import dispatch_columns
 from engine.errors import (
     BadInputError,
     DiskFullError,
     StoreClosedError,
 )
-from engine.filesystem import disk_usage_ratio
+from engine.files.filesystem import disk_usage_ratio
+from engine.files.naming import validate_topic
+from engine.files.store_dir import (
+    StoreLock,
+    mark_clean_stop,
+)
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.index_file import shard_of
 from engine.formats.msg_id import make_msg_id
@@ -37,25 +38,24 @@ from engine.formats.record import (
 )
 from engine.formats.record.encode_many import EncodedRecords, encode_records
 from engine.formats.uniq_key import new_uniq_keys
+from engine.log.record_reads import read_key_records, read_queue_records
 from engine.message import (
     Message,
     PutLimits,
     message_parts,
     normalize_keys,
 )
-from engine.naming import validate_topic
-from engine.record_reads import read_key_records, read_queue_records
-from engine.recovery import (
+from engine.queues.consume_queue import Boundary
+from engine.recovery.checkpoint import write_checkpoint
+from engine.recovery.durable_times import CheckpointTimes
+from engine.recovery.recover import (
     RecoveryMode,
     RecoveryReport,
     StoreParts,
 )
-from engine.segment_age import SegmentAges
+from engine.retention import expiry as retention
+from engine.retention.segment_age import SegmentAges
 from engine.status import GetResult, GetStatus, PutResult, PutStatus
-from engine.store_dir import (
-    StoreLock,
-    mark_clean_stop,
-)
 from engine.store_open import Dispatch, close_parts, open_store
 
 DISK_CHECK_INTERVAL_MS = 1000
@@ -297,7 +297,7 @@ class MessageStore:
     def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int | None = None,
                      max_count: int = 64) -> list[Record]:
         """Messages of `topic` with this key (or UNIQ_KEY), oldest first; collisions filtered out,
-        a corrupt record skipped and logged at WARNING (engine.record_reads)."""
+        a corrupt record skipped and logged at WARNING (engine.log.record_reads)."""
         self._require_open()
         validate_topic(topic)
         normalize_keys(key)  # a str, UTF-8, no separators: BadInputError rather than a codec error

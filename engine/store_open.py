@@ -24,27 +24,13 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from engine.commitlog import CommitLog
 from engine.config import StoreConfig
-from engine.consume_queue_table import ConsumeQueueTable, OnUnreadable
-from engine.durable_line import pad_short_segments, refuse_short_segments
 from engine.errors import CorruptIndexError
-from engine.filesystem import move_aside
-from engine.formats.store_meta import StoreMeta
-from engine.frozen_settings import refuse_inconsistent_meta
-from engine.mapped_file import Access
-from engine.naming import QUARANTINE_DIR, index_shard_dir
-from engine.open_files import queue_file_budget
-from engine.recovery import (
-    RecoveryMode,
-    RecoveryReport,
-    StoreParts,
-    detect_shutdown,
-    recover,
-    refuse_damage_before_opening,
-)
-from engine.shard_index import ShardIndex
-from engine.store_dir import (
+from engine.files.filesystem import move_aside
+from engine.files.mapped_file import Access
+from engine.files.naming import QUARANTINE_DIR, index_shard_dir
+from engine.files.open_files import queue_file_budget
+from engine.files.store_dir import (
     StoreKind,
     StoreLock,
     config_for_store,
@@ -54,6 +40,20 @@ from engine.store_dir import (
     mark_running,
     read_meta,
     refuse_foreign_store,
+)
+from engine.formats.store_meta import StoreMeta
+from engine.frozen_settings import refuse_inconsistent_meta
+from engine.index.shard import ShardIndex
+from engine.log.commitlog import CommitLog
+from engine.queues.table import ConsumeQueueTable, OnUnreadable
+from engine.recovery.durable_line import pad_short_segments, refuse_short_segments
+from engine.recovery.recover import (
+    RecoveryMode,
+    RecoveryReport,
+    StoreParts,
+    detect_shutdown,
+    recover,
+    refuse_damage_before_opening,
 )
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ def open_parts(root: Path, config: StoreConfig, access: Access,
 
 def _set_aside_unsound_shards(parts: StoreParts, config: StoreConfig, unsound: dict[int, str]) -> None:
     """Routine recovery trims each index shard and trusts what it keeps: a shard whose files
-    cannot vouch for that (`unsound`, engine.index_health) is moved aside and rebuilt as an
+    cannot vouch for that (`unsound`, engine.index.health) is moved aside and rebuilt as an
     unreadable one is."""
     for n, problem in unsound.items():
         if n in parts.damaged_shards:

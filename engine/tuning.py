@@ -29,7 +29,7 @@ FEW_INDEX_KEYS = 64
 # (best of 300 puts of n entries on tmpfs, 2-core host under load: n=16 8 us vs 24 us from lists).
 FEW_QUEUE_ENTRIES = 64
 
-# A dispatcher backlog this small is dispatched in plain Python (engine.dispatch_few): ~3-4 us a
+# A dispatcher backlog this small is dispatched in plain Python (engine.dispatch.few): ~3-4 us a
 # record against the batch codec's ~0.25-0.35 ms fixed cost a step (tools.bench.probes.dispatch_step);
 # 32 KiB holds at most ~250 of the smallest records, where the two cost about the same.
 FEW_RECORDS_BYTES = 32 << 10

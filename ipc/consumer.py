@@ -15,7 +15,7 @@ files as they appear. It only ever reads records below the dispatcher's publishe
 sees a message that a crash could take back. Each record read is checked against the entry
 that led to it (topic, queue id, queue offset), so a torn entry can never hand out a wrong
 message. A record whose own bytes are bad (a checksum fails, a torn header) is passed over and
-reported (engine.record_reads: a WARNING and the result's `skipped`), so the good records
+reported (engine.log.record_reads: a WARNING and the result's `skipped`), so the good records
 around it are delivered and the next offset moves past it.
 
 A queue's min offset is the first entry whose record still exists: each read looks whether
@@ -59,9 +59,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engine.commitlog import CommitLog
-from engine.consume_queue import ConsumeQueue
-from engine.consume_queue_table import ConsumeQueueTable
 from engine.errors import (
     BadInputError,
     CommittedOffsetError,
@@ -69,14 +66,17 @@ from engine.errors import (
     CorruptRecordError,
     ServiceNotAvailableError,
 )
+from engine.files.mapped_file import Access
+from engine.files.naming import validate_topic
+from engine.files.store_dir import read_meta
 from engine.formats.record import Record, Verify, decode_record
 from engine.formats.record.view import RecordView, entry_mismatches, gather_records
-from engine.mapped_file import Access
+from engine.log.commitlog import CommitLog
+from engine.log.record_reads import read_queue_records, skip
 from engine.message import validate_queue_id
-from engine.naming import validate_topic
-from engine.record_reads import read_queue_records, skip
+from engine.queues.consume_queue import ConsumeQueue
+from engine.queues.table import ConsumeQueueTable
 from engine.status import GetResult, GetStatus, SkippedRecord
-from engine.store_dir import read_meta
 from ipc.consumer_offsets import ConsumerOffsets, validate_group
 from ipc.group_members import GroupMembership
 from ipc.producer import attach_running_store

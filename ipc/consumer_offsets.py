@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from engine.errors import BadInputError, StoreError
-from engine.filesystem import write_file_atomically
-from engine.naming import BACKUP_SUFFIX, CONFIG_DIR, CONSUMER_OFFSET_FILE, validate_topic
+from engine.files.filesystem import write_file_atomically
+from engine.files.naming import BACKUP_SUFFIX, CONFIG_DIR, CONSUMER_OFFSET_FILE, validate_topic
 from ipc.offset_table_codec import CommitTimes, OffsetTable, parse_offset_document, parse_offset_table
 from ipc.offsets_fallbacks import count_fallback
 from ipc.refused_offsets import offsets_lock

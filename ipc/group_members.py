@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engine.errors import GroupInUseError
-from engine.filesystem import ensure_dir
-from engine.naming import CONFIG_DIR
+from engine.files.filesystem import ensure_dir
+from engine.files.naming import CONFIG_DIR
 
 GROUPS_DIR = "groups"
 LOCK_SUFFIX = ".lock"

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.errors import StoreError
-from engine.filesystem import write_file_atomically
-from engine.naming import CONFIG_DIR, CONSUMER_OFFSET_FILE
+from engine.files.filesystem import write_file_atomically
+from engine.files.naming import CONFIG_DIR, CONSUMER_OFFSET_FILE
 
 FALLBACKS_SUFFIX = ".fallbacks"
 

@@ -71,6 +71,7 @@ from engine.errors import (
     StoreClosedError,
     StorePermissionError,
 )
+from engine.files.store_dir import StoreKind, inspect_store_dir, read_meta, refuse_foreign_store
 from engine.formats.msg_id import make_msg_id
 from engine.formats.record.encode_many import EncodedRecords, encode_columns, encode_records
 from engine.formats.uniq_key import new_uniq_key_block
@@ -85,7 +86,6 @@ from engine.message import (
     topic_bytes,
 )
 from engine.status import PutResult
-from engine.store_dir import StoreKind, inspect_store_dir, read_meta, refuse_foreign_store
 from ipc.batch_result import BatchResult, BatchResultBuilder
 from ipc.control_block import ControlBlock
 from ipc.mailbox import Mailbox

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from engine.errors import StoreError, offset_outside_words
-from engine.filesystem import ensure_dir, write_file_atomically
-from engine.naming import CONFIG_DIR, CONSUMER_OFFSET_FILE
+from engine.files.filesystem import ensure_dir, write_file_atomically
+from engine.files.naming import CONFIG_DIR, CONSUMER_OFFSET_FILE
 from ipc.offset_table_codec import parse_offset_document
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from engine.retention import RetentionReason
+from engine.retention.expiry import RetentionReason
 from ipc import seqlock
 from ipc.control_block import GROUP_SIZE, RETENTION_AREA_OFFSET, ControlBlock, Role
 

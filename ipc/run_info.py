@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import DiskFullError, ServiceNotAvailableError
-from engine.filesystem import DISK_FULL_ERRNOS, ensure_dir, remove_file, write_file_atomically
+from engine.files.filesystem import DISK_FULL_ERRNOS, ensure_dir, remove_file, write_file_atomically
 
 RUN_DIR = "run"
 RUN_INFO_FILE = "supervisor.json"

@@ -28,8 +28,8 @@ from pathlib import Path
 import posix_ipc
 
 from engine.errors import BadInputError, ServiceNotAvailableError, StoreError, StorePermissionError
-from engine.filesystem import ensure_dir, remove_file, write_file_atomically
-from engine.owners import describe_uid
+from engine.files.filesystem import ensure_dir, remove_file, write_file_atomically
+from engine.files.owners import describe_uid
 
 SHM_DIR = Path("/dev/shm")
 REGION_MODE = 0o600

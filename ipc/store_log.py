@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from engine.naming import LOG_FILE
+from engine.files.naming import LOG_FILE
 
 # the layout of tools.logging_setup.LOG_FORMAT, which ipc cannot import (a lower layer)
 _FORMATTER = logging.Formatter("%(asctime)s %(levelname)-7s %(role)s[%(process)d] %(name)s: %(message)s")

@@ -19,15 +19,10 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from engine.check import check
-from engine.commitlog import CommitLog
+from engine.check.fsck import check
 from engine.config import StoreConfig
 from engine.errors import StoreCorruptError
-from engine.formats.checkpoint import Checkpoint
-from engine.formats.cq_entry import CQ_ENTRY_SIZE
-from engine.formats.index_file import INDEX_ENTRY, decode_index_header, entry_pos
-from engine.formats.record import encode_record
-from engine.naming import (
+from engine.files.naming import (
     LOCK_FILE,
     commitlog_dir,
     consume_queue_dir,
@@ -35,7 +30,12 @@ from engine.naming import (
     is_segment_name,
     offset_to_name,
 )
-from engine.recovery import RecoveryMode
+from engine.formats.checkpoint import Checkpoint
+from engine.formats.cq_entry import CQ_ENTRY_SIZE
+from engine.formats.index_file import INDEX_ENTRY, decode_index_header, entry_pos
+from engine.formats.record import encode_record
+from engine.log.commitlog import CommitLog
+from engine.recovery.recover import RecoveryMode
 from engine.status import GetStatus
 from engine.store import MessageStore
 from engine.store_open import close_parts

@@ -275,7 +275,7 @@ def test_the_walk_sees_every_package_and_its_imports():
     assert {layer_of(name) for name in TREE.modules} == set(LAYERS)
     seen = {(imp.importer, imp.imported) for imp in TREE.imports}
     assert ("workers.index_builder", "workers.step_window") in seen  # a module-level import
-    assert ("engine.mapped_file", "engine.open_files") in seen  # under TYPE_CHECKING
+    assert ("engine.files.mapped_file", "engine.files.open_files") in seen  # under TYPE_CHECKING
     assert ("tools.bench.loadgen", "tools.bench.mqstore_client") in seen  # inside a function
 
 

@@ -32,7 +32,7 @@ from engine.errors import (
     StoreLockedError,
     StorePermissionError,
 )
-from engine.owners import refuse_unsafe_parents
+from engine.files.owners import refuse_unsafe_parents
 from tools import client_commands, ops_commands, retention_commands
 from tools.logging_setup import hold_records, open_store_log, setup_logging
 from tools.typo_hints import HintingParser
@@ -72,8 +72,8 @@ def exit_code_for(exc: BaseException) -> CliExit:
 def refuse_changes_to(root: Path, args: argparse.Namespace):
     """store.json of an existing store we may write, once no asked setting and no file
     contradicts it."""
+    from engine.files.store_dir import read_meta, require_writable
     from engine.frozen_settings import refuse_changed_settings, refuse_inconsistent_meta
-    from engine.store_dir import read_meta, require_writable
     from tools.start_settings import asked_store_settings
 
     require_writable(root)
@@ -85,7 +85,7 @@ def refuse_changes_to(root: Path, args: argparse.Namespace):
 
 # ---------------------------------------------------------------------------------- start/stop
 def cmd_start(args: argparse.Namespace) -> int:
-    from engine.store_dir import StoreKind, create_store_dir, inspect_store_dir, refuse_foreign_store
+    from engine.files.store_dir import StoreKind, create_store_dir, inspect_store_dir, refuse_foreign_store
     from tools.start_settings import asked_store_settings, fit_body_limit, load_settings
     from workers.supervisor import Supervisor
 
@@ -172,8 +172,8 @@ def _start_detached(args: argparse.Namespace, root: Path) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from engine.naming import ABORT_FILE
-    from engine.store_dir import holder_pid, inspect_store_dir
+    from engine.files.naming import ABORT_FILE
+    from engine.files.store_dir import holder_pid, inspect_store_dir
 
     root = Path(args.store)
     inspect_store_dir(root)  # a file or a directory of other things is not a store to stop
@@ -206,8 +206,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------- offline
 def cmd_check(args: argparse.Namespace) -> int:
-    from engine.check import check_summary
-    from engine.check_findings import findings_to_json
+    from engine.check.findings import findings_to_json
+    from engine.check.fsck import check_summary
 
     progress = None if args.json else progress_printer("checked")
     summary = check_summary(Path(args.store), progress=progress)
@@ -232,14 +232,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from engine.recovery import RecoveryMode
-    from engine.store_dir import (
+    from engine.files.store_dir import (
         StoreKind,
         config_for_store,
         inspect_store_dir,
         mark_clean_stop,
         refuse_foreign_store,
     )
+    from engine.recovery.recover import RecoveryMode
     from engine.store_open import Dispatch, open_store
     from tools.start_settings import load_settings
     from workers.shared_state import cleanup_stale
@@ -337,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     retention_commands.add_parsers(command)
     ops_commands.add_parsers(command)
 
-    p = command("check", "verify a store offline (engine.check); exit 1 on findings", cmd_check)
+    p = command("check", "verify a store offline (engine.check.fsck); exit 1 on findings", cmd_check)
     p.add_argument("--json", action="store_true")
 
     p = command("recover", "run recovery offline and print the report (refused while running)",
@@ -394,7 +394,7 @@ def run_delegated(name: str, argv: list[str]) -> int:
 
 def permission_words(exc: PermissionError) -> str:
     """A refused file named with why: another user's store, or read-only for its owner."""
-    from engine.owners import permission_hint
+    from engine.files.owners import permission_hint
 
     if exc.filename is None:
         return f"{exc} ({permission_hint(Path.cwd())})"

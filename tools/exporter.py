@@ -25,11 +25,11 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 
-from engine.commitlog import CommitLog
-from engine.disk_use import store_disk_use
 from engine.errors import BadInputError, StoreError
-from engine.mapped_file import Access
-from engine.store_dir import read_meta
+from engine.files.disk_use import store_disk_use
+from engine.files.mapped_file import Access
+from engine.files.store_dir import read_meta
+from engine.log.commitlog import CommitLog
 from ipc.offsets_fallbacks import read_fallbacks
 from tools.inventory import lag_table, require_store, topic_table
 from workers.exit_codes import CliExit

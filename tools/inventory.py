@@ -22,19 +22,19 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engine.commitlog import CommitLog
-from engine.consume_queue import Boundary, ConsumeQueue
-from engine.consume_queue_table import ConsumeQueueTable
-from engine.disk_use import queue_disk_use
 from engine.errors import (
     BadInputError,
     NotAStoreError,
     ServiceNotAvailableError,
     StoreError,
 )
+from engine.files.disk_use import queue_disk_use
+from engine.files.mapped_file import Access
+from engine.files.store_dir import StoreKind, holder_pid, inspect_store_dir, read_meta, refuse_foreign_store
 from engine.formats.record import V4_HEADER_SIZE, store_ts_at
-from engine.mapped_file import Access
-from engine.store_dir import StoreKind, holder_pid, inspect_store_dir, read_meta, refuse_foreign_store
+from engine.log.commitlog import CommitLog
+from engine.queues.consume_queue import Boundary, ConsumeQueue
+from engine.queues.table import ConsumeQueueTable
 from ipc.consumer import visible_max
 from ipc.consumer_offsets import ConsumerOffsets, validate_group
 from ipc.control_block import ControlBlock
@@ -46,7 +46,7 @@ _SIZE_CHUNK_ENTRIES = 65536  # entries summed per read: ~1.3 MB of consume queue
 @dataclass(frozen=True)
 class QueueRow:
     """One consume queue: its readable offsets, the bytes of their records and their age, and
-    the disk its own files allocate beside the bytes of them its entries fill (engine.disk_use)."""
+    the disk its own files allocate beside the bytes of them its entries fill (engine.files.disk_use)."""
 
     topic: str
     queue_id: int

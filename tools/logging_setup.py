@@ -16,7 +16,7 @@ import logging.handlers
 import sys
 from pathlib import Path
 
-from engine.naming import LOG_FILE
+from engine.files.naming import LOG_FILE
 from workers.log_level import env_log_level
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(role)s[%(process)d] %(name)s: %(message)s"

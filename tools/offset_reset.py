@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from engine.errors import BadInputError
-from engine.naming import validate_topic
+from engine.files.naming import validate_topic
 from ipc.consumer_offsets import ConsumerOffsets, table_key, validate_group
 from ipc.group_members import group_held_alone
 from ipc.refused_offsets import clear_refused

@@ -50,7 +50,7 @@ def add_parsers(command) -> None:
 
 # ---------------------------------------------------------------------------------- tables
 def cmd_topics(args: argparse.Namespace) -> int:
-    from engine.disk_use import human_bytes
+    from engine.files.disk_use import human_bytes
     from tools.inventory import topic_table
 
     rows = topic_table(args.store)

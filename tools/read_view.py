@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.commitlog import CommitLog
 from engine.errors import BadInputError, CorruptRecordError, NotAStoreError, StoreError
+from engine.files.mapped_file import Access
+from engine.files.naming import validate_topic
+from engine.files.store_dir import StoreKind, inspect_store_dir, read_meta
 from engine.formats.index_file import shard_of
 from engine.formats.record import Record, Verify
-from engine.mapped_file import Access
-from engine.naming import validate_topic
-from engine.record_reads import read_key_records
-from engine.shard_index import ShardIndex
-from engine.store_dir import StoreKind, inspect_store_dir, read_meta
+from engine.index.shard import ShardIndex
+from engine.log.commitlog import CommitLog
+from engine.log.record_reads import read_key_records
 from ipc.control_block import ControlBlock
 
 
@@ -43,7 +43,7 @@ class ReadView:
             raise BadInputError("commit_pos", f"no record at {commit_pos} ({exc.reason})") from None
 
     def by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int):
-        """(records, corrupt records skipped) of `topic` with `key` (engine.record_reads)."""
+        """(records, corrupt records skipped) of `topic` with `key` (engine.log.record_reads)."""
         validate_topic(topic)
         if max_count < 1:
             raise BadInputError("max", f"{max_count} must be >= 1")

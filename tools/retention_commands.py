@@ -19,8 +19,8 @@ from pathlib import Path
 
 from engine.config import StoreConfig, load_config_file
 from engine.errors import BadInputError, NotAStoreError, ServiceNotAvailableError, StoreError
-from engine.naming import ABORT_FILE
-from engine.store_dir import StoreKind, holder_pid, inspect_store_dir, refuse_foreign_store
+from engine.files.naming import ABORT_FILE
+from engine.files.store_dir import StoreKind, holder_pid, inspect_store_dir, refuse_foreign_store
 from workers.exit_codes import CliExit
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -90,7 +90,7 @@ def _wait(done, deadline: float, ctl, what: str) -> None:
 
 def clean_offline(root: Path, config: StoreConfig) -> dict:
     """The pass in this process, under the store lock (refused for a store left unclean)."""
-    from engine.retention import PassKind
+    from engine.retention.expiry import PassKind
     from engine.store import MessageStore
 
     kind = inspect_store_dir(root)

@@ -48,12 +48,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.errors import BadInputError, DiskFullError, StoreError
-from engine.filesystem import disk_usage_ratio
+from engine.files.filesystem import disk_usage_ratio
+from engine.log.commitlog import CommitLog
 from engine.refusal import Refusal
-from engine.retention import is_disk_full
+from engine.retention.expiry import is_disk_full
 from engine.status import PUT_OK_CODE, PutStatus
 from engine.tuning import STRUCT_PATH_MAX_RECORDS
 from ipc.mailbox import (

@@ -41,8 +41,8 @@ from pathlib import Path
 
 from engine.config import StoreConfig
 from engine.errors import CorruptConsumeQueueError, CorruptIndexError, CorruptRecordError, DiskFullError
-from engine.naming import LOG_FILE
-from engine.open_files import raise_open_file_limit
+from engine.files.naming import LOG_FILE
+from engine.files.open_files import raise_open_file_limit
 from ipc import seqlock
 from ipc.control_block import ControlBlock, ProcState, Role, process_slot_index
 from ipc.shm import region_name

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from engine.commitlog import CommitLog
+from engine.log.commitlog import CommitLog
 from ipc.control_block import ControlBlock, Role
 from ipc.retention_block import ChildClean, RetentionBlock
 from workers.child_handle import child_name

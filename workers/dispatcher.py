@@ -2,7 +2,7 @@
 
 It reads the commitlog through its own read-only mapping, up to the supervisor's published
 flushed position under sync flush (a consumer must never see a message a crash can take back)
-or the written position under async flush. Each step is one engine.dispatch_span (a small
+or the written position under async flush. Each step is one engine.dispatch.span (a small
 backlog in plain Python, a larger one with the batch codec, the choice made there): it
 writes the consume-queue entries (one ConsumeQueue.put_entries per queue, the rules of
 engine.record_rules), publishes `dispatched_pos` after
@@ -14,7 +14,7 @@ Every `cq_flush_interval_ms` it msyncs the queues and publishes `cq_durable_pos`
 supervisor's checkpoint is written.
 
 Index keys are handed on (DESIGN §4): for each run the dispatcher computes every key's index hash
-and shard once (engine.dispatch.shard_key_columns) and publishes each shard's columns as one
+and shard once (engine.dispatch.record.shard_key_columns) and publishes each shard's columns as one
 block of the key ring (ipc/key_ring.py) tagged with the commitlog range of the run, then posts
 the index builders (the supervisor posts only the dispatcher after a flush): at most every
 BUILDER_POST_INTERVAL_S, busy or idle (`PostPacer`: an idle dispatcher sleeps only until an
@@ -27,7 +27,7 @@ made) the builders scan everything, as before.
 Restart: ConsumeQueueTable.load + recover_all keeps every valid entry (a killed dispatcher's
 page-cache writes survive it), then dispatch resumes from the published cq_durable_pos, or from
 below it where recover_all cut a queue at an invalid entry with bytes behind it
-(engine.queue_cuts; the bytes are cleared once dispatch is past the old durable position);
+(engine.queues.cuts; the bytes are cleared once dispatch is past the old durable position);
 re-putting an entry that is already there writes the same bytes again (and the next flush syncs
 them: ConsumeQueue._reconcile), so the restart leaves no gap and no duplicate. The published
 dispatched_pos is left where the previous dispatcher put it (its entries are still there), so
@@ -43,15 +43,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.commitlog import CommitLog
 from engine.config import FlushPolicy
-from engine.consume_queue_table import ConsumeQueueTable
-from engine.dispatch_span import SpanDispatch, SpanStep, dispatch_span
+from engine.dispatch.span import SpanDispatch, SpanStep, dispatch_span
 from engine.errors import StoreError
-from engine.mapped_file import Access
-from engine.open_files import queue_file_budget
-from engine.queue_cuts import recovered_cuts, redispatch_floor
-from engine.retention import expire_queues
+from engine.files.mapped_file import Access
+from engine.files.open_files import queue_file_budget
+from engine.log.commitlog import CommitLog
+from engine.queues.cuts import recovered_cuts, redispatch_floor
+from engine.queues.table import ConsumeQueueTable
+from engine.retention.expiry import expire_queues
 from ipc.control_block import DISPATCHER_GROUP, DISPATCHER_GROUP_OFFSET, Role, process_slot_index
 from ipc.key_ring import KeyRing, RingWriter
 from ipc.wakeup import WaiterTable, Wakeup
@@ -289,7 +289,7 @@ class Dispatcher(ChildProcess):
         return wait_s
 
     def _dispatch_span(self, start_pos: int, limit: int) -> SpanStep:
-        """One step of engine.dispatch_span from start_pos: at most MAX_STEP_BYTES, so the step
+        """One step of engine.dispatch.span from start_pos: at most MAX_STEP_BYTES, so the step
         ends in time for the next heartbeat; keys go to the shards' ring writers."""
         where = SpanDispatch(self.commitlog, self.queues, self.shard_count,
                              self._hand_keys if self.ring_writers else None, MAX_STEP_BYTES)

@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from engine.naming import LOG_FILE
+from engine.files.naming import LOG_FILE
 
 TAIL_BYTES = 256 * 1024  # how much of the log's end last_error reads
 FATAL_PREFIX = "Fatal Python error: "  # how faulthandler starts its report

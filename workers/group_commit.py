@@ -37,10 +37,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.errors import StoreError
-from engine.filesystem import PAGE_BYTES
+from engine.files.filesystem import PAGE_BYTES
+from engine.log.commitlog import CommitLog
 from ipc.control_block import ControlBlock
 
 FAULT_FSYNC_DELAY_ENV = "MQSTORE_FAULT_FSYNC_DELAY_MS"

@@ -38,13 +38,18 @@ import time
 
 import numpy as np
 
-from engine.commitlog import CommitLog, window_scans
 from engine.config import FlushPolicy, StoreConfig
-from engine.dispatch import KeyColumns, dispatch_columns_to_shard, key_hashes_and_shards, put_key_columns
+from engine.dispatch.record import (
+    KeyColumns,
+    dispatch_columns_to_shard,
+    key_hashes_and_shards,
+    put_key_columns,
+)
 from engine.errors import DiskFullError, StoreError
-from engine.mapped_file import Access
-from engine.retention import expire_shards
-from engine.shard_index import ShardIndex
+from engine.files.mapped_file import Access
+from engine.index.shard import ShardIndex
+from engine.log.commitlog import CommitLog, window_scans
+from engine.retention.expiry import expire_shards
 from ipc.control_block import GROUP_SIZE, SHARD_GROUP, SHARD_GROUPS_OFFSET, Role
 from ipc.key_ring import KeyBlock, KeyRing, RingReader
 from workers.child import ChildProcess, child_main, read_own_group

@@ -10,7 +10,7 @@ the store like a failed commitlog flush. The shutdown's last checkpoint is writt
 caller with `write_checkpoint` after `stop`.
 
 RocketMQ's three timestamps in the checkpoint are the store times of what its positions hold
-(engine.durable_times), read through this thread's own read-only view of the commitlog, so the
+(engine.recovery.durable_times), read through this thread's own read-only view of the commitlog, so the
 appender's segment list is never walked from here.
 """
 
@@ -22,12 +22,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.checkpoint import write_checkpoint
-from engine.commitlog import CommitLog
-from engine.durable_times import CheckpointTimes
 from engine.errors import DiskFullError, StoreError
+from engine.files.mapped_file import Access
 from engine.formats.checkpoint import Checkpoint
-from engine.mapped_file import Access
+from engine.log.commitlog import CommitLog
+from engine.recovery.checkpoint import write_checkpoint
+from engine.recovery.durable_times import CheckpointTimes
 from ipc.control_block import ControlBlock
 from ipc.run_info import RunInfo, write_run_info
 from workers.group_commit import GroupCommit, wait_while_stalled

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from engine.errors import BadInputError, CorruptRecordError, RecordRefusedError
+from engine.files.naming import validate_topic
 from engine.formats.crc32c_property import CRC32C_PREFIX, CRC32C_PROP_SIZE, CRC32C_RESERVED
 from engine.formats.properties import SEP_PROP
 from engine.formats.record.arrays import crc32_each, int_view
@@ -54,7 +55,6 @@ from engine.formats.record.layout import (
 from engine.formats.record.spans import walk_chain
 from engine.formats.record.stamp_many import StampableRecords
 from engine.formats.record.structure import locate_parts
-from engine.naming import validate_topic
 from engine.record_rules import HALF_OR_ROLLBACK_BIT
 from engine.refusal import Refusal, refused
 from engine.tuning import STRUCT_PATH_MAX_RECORDS

@@ -1,11 +1,11 @@
 """The supervisor's retention pass (DESIGN §4 "Retention"; RocketMQ's CleanCommitLogService).
 
 Every `clean_resource_interval_ms`, and at once when `mqstore clean` asks (the request word of
-ipc/retention_block.py), one pass: measure the disk, plan with engine.retention (the delete
+ipc/retention_block.py), one pass: measure the disk, plan with engine.retention.expiry (the delete
 hour, disk pressure, never the active segment), remove the planned commitlog segments and
 publish the new minimum commit position as the retention line. Each child then drops its own
 consume-queue or index files below the line (workers/child_retention.py). A pass that left
-segments behind that may go (its batch, engine.retention.DEFAULT_MAX_FILES, was full) is
+segments behind that may go (its batch, engine.retention.expiry.DEFAULT_MAX_FILES, was full) is
 followed by another of the same kind at the next loop turn, not an interval later: the horizon
 holds at any write rate, and each pass's I/O stays one batch.
 
@@ -21,17 +21,17 @@ import logging
 import time
 from pathlib import Path
 
-from engine.commitlog import CommitLog
 from engine.config import StoreConfig
-from engine.filesystem import disk_usage_ratio
-from engine.retention import (
+from engine.files.filesystem import disk_usage_ratio
+from engine.log.commitlog import CommitLog
+from engine.retention.expiry import (
     PassKind,
     RetentionReport,
     is_disk_full,
     plan_log,
     remove_segments,
 )
-from engine.segment_age import SegmentAges
+from engine.retention.segment_age import SegmentAges
 from ipc.control_block import ControlBlock
 from ipc.retention_block import RetentionBlock, RetentionLine
 from workers.group_commit import GroupCommit

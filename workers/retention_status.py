@@ -1,5 +1,5 @@
 """The retention part of `mqstore status`: the line, what the passes removed, the oldest
-message still retained and the disk each part of the store allocates and uses (engine.disk_use:
+message still retained and the disk each part of the store allocates and uses (engine.files.disk_use:
 blocks, and the bytes of them holding data); the oldest retained time is the STORETIMESTAMP of
 the first record at the line.
 """
@@ -10,12 +10,12 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from engine.commitlog import CommitLog
-from engine.disk_use import human_bytes, store_disk_use
 from engine.errors import StoreError
+from engine.files.disk_use import human_bytes, store_disk_use
+from engine.files.mapped_file import Access
+from engine.files.store_dir import read_meta
 from engine.formats.record import V4_HEADER_SIZE, store_ts_at
-from engine.mapped_file import Access
-from engine.store_dir import read_meta
+from engine.log.commitlog import CommitLog
 from ipc.control_block import ControlBlock
 from ipc.retention_block import RetentionBlock
 

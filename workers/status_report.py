@@ -19,13 +19,13 @@ from pathlib import Path
 
 import psutil
 
-from engine.commitlog import CommitLog
 from engine.errors import ServiceNotAvailableError, StoreError
+from engine.files.mapped_file import Access
+from engine.files.naming import ABORT_FILE
+from engine.files.store_dir import StoreKind, holder_pid, inspect_store_dir, read_meta
 from engine.formats.record import V4_HEADER_SIZE, store_ts_at
-from engine.log_walker import is_filler_head
-from engine.mapped_file import Access
-from engine.naming import ABORT_FILE
-from engine.store_dir import StoreKind, holder_pid, inspect_store_dir, read_meta
+from engine.log.commitlog import CommitLog
+from engine.log.walker import is_filler_head
 from ipc.control_block import ControlBlock, Positions, ProcessSlot
 from ipc.offsets_fallbacks import read_fallbacks
 from ipc.put_latency import LatencyHistogram

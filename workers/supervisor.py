@@ -42,9 +42,9 @@ from pathlib import Path
 
 from engine.config import FlushPolicy, StoreConfig
 from engine.errors import DiskFullError, StoreError
+from engine.files.open_files import raise_open_file_limit
+from engine.files.store_dir import StoreLock, mark_clean_stop
 from engine.formats.checkpoint import Checkpoint
-from engine.open_files import raise_open_file_limit
-from engine.store_dir import StoreLock, mark_clean_stop
 from engine.store_open import Dispatch, open_store
 from ipc.control_block import ProcState, Role, StoreState
 from ipc.key_ring import REGION_KIND as KEY_RING_KIND

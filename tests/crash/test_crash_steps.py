@@ -19,8 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from engine.check import check
+from engine.check.fsck import check
 from engine.config import StoreConfig
+from engine.files.naming import (
+    CHECKPOINT_FILE,
+    TEMP_SUFFIX,
+    commitlog_dir,
+    index_file_name,
+    index_shard_dir,
+    offset_to_name,
+)
 from engine.formats.checkpoint import Checkpoint, encode_checkpoint
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, encode_cq_entry
 from engine.formats.index_file import (
@@ -41,15 +49,7 @@ from engine.formats.properties import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
 from engine.formats.record import FILLER_SIZE, encode_filler, encode_record, stamp_record
 from engine.formats.uniq_key import new_uniq_key
 from engine.message import Message
-from engine.naming import (
-    CHECKPOINT_FILE,
-    TEMP_SUFFIX,
-    commitlog_dir,
-    index_file_name,
-    index_shard_dir,
-    offset_to_name,
-)
-from engine.retention_line import raise_retention_line, read_retention_line
+from engine.retention.line import raise_retention_line, read_retention_line
 from engine.status import GetStatus
 from engine.store import MessageStore
 from tests.helpers import (
@@ -367,7 +367,7 @@ def retention_pass(tmp_path_factory) -> Scenario:
     die(store)
     first_kept = next(i for i, r in enumerate(results) if r.commit_pos >= SEGMENT_BYTES)
 
-    def raise_line(root: Path) -> None:  # engine.retention.remove_segments: the line first
+    def raise_line(root: Path) -> None:  # engine.retention.expiry.remove_segments: the line first
         raise_retention_line(root, SEGMENT_BYTES)
 
     def remove_segment(root: Path) -> None:

@@ -21,9 +21,9 @@ from engine.errors import (
     ReadOnlyStoreError,
     StoreLockedError,
 )
+from engine.files.naming import STORE_META_FILE
 from engine.formats.record import MAX_PROPERTIES_BYTES, MAX_TOPIC_BYTES
 from engine.message import Message
-from engine.naming import STORE_META_FILE
 from engine.status import PutStatus
 from engine.store import MessageStore
 from tests.conftest import ROCKETMQ_SAMPLES

@@ -15,17 +15,17 @@ import shutil
 import numpy as np
 import pytest
 
-from engine.check import check
+from engine.check.fsck import check
 from engine.config import FlushPolicy, StoreConfig
-from engine.consume_queue import ConsumeQueue
 from engine.errors import DiskFullError
+from engine.files.mapped_file import RESERVE_STEP_BYTES, Access
+from engine.files.naming import consume_queue_dir, index_shard_dir
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, FILLER_ENTRY, encode_cq_entry
 from engine.formats.index_file import entry_pos, index_file_size
 from engine.formats.java_hash import index_key_hash
-from engine.index_file import IndexFile
-from engine.mapped_file import RESERVE_STEP_BYTES, Access
-from engine.naming import consume_queue_dir, index_shard_dir
-from engine.shard_index import ShardIndex
+from engine.index.file import IndexFile
+from engine.index.shard import ShardIndex
+from engine.queues.consume_queue import ConsumeQueue
 from engine.status import PutStatus
 from engine.store import MessageStore
 from tools.torture.filesystems import (

@@ -10,22 +10,11 @@ import os
 
 import pytest
 
-from engine import retention
 from engine import store as store_module
-from engine.check import check
-from engine.checkpoint import CheckpointSource, load_checkpoint, write_checkpoint
+from engine.check.fsck import check
 from engine.config import FlushPolicy
-from engine.consume_queue import Boundary
 from engine.errors import BadInputError, CorruptRecordError, StoreCorruptError, StoreLockedError
-from engine.formats.checkpoint import MIN_TIMESTAMP_MARGIN_MS, Checkpoint
-from engine.formats.crc32c_property import CRC32C_PROP_SIZE
-from engine.formats.index_file import index_key_hash_of
-from engine.formats.msg_id import parse_msg_id
-from engine.formats.properties import PROP_UNIQ_KEY, encode_properties
-from engine.formats.record import MAX_PROPERTIES_BYTES, PROPERTIES_LENGTH_SIZE, Verify, decode_record
-from engine.formats.uniq_key import new_uniq_key
-from engine.message import Message
-from engine.naming import (
+from engine.files.naming import (
     ABORT_FILE,
     CHECKPOINT_FILE,
     COMMITLOG_DIR,
@@ -34,7 +23,18 @@ from engine.naming import (
     LOCK_FILE,
     STORE_META_FILE,
 )
-from engine.recovery import RecoveryMode
+from engine.formats.checkpoint import MIN_TIMESTAMP_MARGIN_MS, Checkpoint
+from engine.formats.crc32c_property import CRC32C_PROP_SIZE
+from engine.formats.index_file import index_key_hash_of
+from engine.formats.msg_id import parse_msg_id
+from engine.formats.properties import PROP_UNIQ_KEY, encode_properties
+from engine.formats.record import MAX_PROPERTIES_BYTES, PROPERTIES_LENGTH_SIZE, Verify, decode_record
+from engine.formats.uniq_key import new_uniq_key
+from engine.message import Message
+from engine.queues.consume_queue import Boundary
+from engine.recovery.checkpoint import CheckpointSource, load_checkpoint, write_checkpoint
+from engine.recovery.recover import RecoveryMode
+from engine.retention import expiry as retention
 from engine.status import GetStatus, PutStatus
 from engine.store import MessageStore
 from tests.helpers import TOPIC, die, local_time_ms, log_bytes, patch, queue_bodies, segment_of, snapshot

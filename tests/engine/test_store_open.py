@@ -7,9 +7,9 @@ import json
 import pytest
 
 from engine.errors import StoreLockedError, StoreMetaMismatchError
-from engine.naming import ABORT_FILE, STORE_META_FILE
+from engine.files.naming import ABORT_FILE, STORE_META_FILE
+from engine.files.store_dir import StoreLock
 from engine.store import MessageStore
-from engine.store_dir import StoreLock
 from engine.store_open import Dispatch, close_parts, open_store
 from tests.helpers import SMALL_CONFIG, TOPIC, snapshot
 

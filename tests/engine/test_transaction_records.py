@@ -1,5 +1,5 @@
 """Transaction PREPARED and ROLLBACK records already in a log: the dispatch rule of
-engine.dispatch, end to end through recovery, reads, queries and check.
+engine.dispatch.record, end to end through recovery, reads, queries and check.
 
 mqstore refuses these records from producers (tests/ipc/test_producer.py), but an older
 mqstore stored them with the queue's next offset and acknowledged them, and RocketMQ stores
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.check import check
+from engine.check.fsck import check
 from engine.formats.record import TxType, encode_record
 from engine.message import Message
 from engine.store import MessageStore

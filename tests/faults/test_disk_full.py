@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from engine.check import check
+from engine.check.fsck import check
 from engine.config import StoreConfig
 from engine.formats.index_file import index_key, slot_pos
 from engine.formats.java_hash import index_key_hash

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
+from engine.files.mapped_file import Access
 from engine.formats.record import encode_record
-from engine.mapped_file import Access
+from engine.log.commitlog import CommitLog
 from engine.status import PutStatus
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.run_info import run_dir

@@ -21,16 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from engine.check import check
-from engine.check_findings import FindingKind
-from engine.checkpoint import CheckpointSource, checkpoint_path, load_checkpoint
+from engine.check.findings import FindingKind
+from engine.check.fsck import check
 from engine.config import StoreConfig
+from engine.files.naming import BACKUP_SUFFIX, commitlog_dir
 from engine.formats.checkpoint import CRC_SIZE, SHARD_POS_SIZE, SHARDS_POS
 from engine.formats.cq_entry import CQ_ENTRY_SIZE
 from engine.formats.index_file import INDEX_ENTRY
 from engine.formats.record import Verify, decode_record
-from engine.naming import BACKUP_SUFFIX, commitlog_dir
-from engine.recovery import RecoveryMode
+from engine.recovery.checkpoint import CheckpointSource, checkpoint_path, load_checkpoint
+from engine.recovery.recover import RecoveryMode
 from engine.store import MessageStore
 from tests.faults.fault_harness import SCALE, SMALL_CONFIG, fill_store, verify_ledger
 from tests.helpers import open_refused

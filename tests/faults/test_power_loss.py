@@ -17,11 +17,11 @@ import random
 import numpy as np
 import pytest
 
-from engine.check import check
+from engine.check.fsck import check
 from engine.config import FlushPolicy, StoreConfig
+from engine.files.naming import INDEX_DIR
 from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE
 from engine.formats.index_file import INDEX_ENTRY, decode_index_header, entry_pos
-from engine.naming import INDEX_DIR
 from engine.store import MessageStore, close_parts
 from tests.faults.fault_harness import SMALL_CONFIG, assert_passed, fill_store, run_torture, scaled
 from tools.torture.faults import (

@@ -22,7 +22,7 @@ import subprocess
 
 import pytest
 
-from engine.naming import INDEX_DIR
+from engine.files.naming import INDEX_DIR
 from ipc.control_block import Role
 from tools.store_process import StoreProcess, wait_until, write_store_config
 from tools.torture.ledger import LedgerReader

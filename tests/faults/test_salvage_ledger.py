@@ -9,7 +9,7 @@ import random
 
 from engine.config import StoreConfig
 from engine.formats.record import BODY_OFFSET
-from engine.recovery import RecoveryMode
+from engine.recovery.recover import RecoveryMode
 from engine.store import MessageStore
 from tests.faults.fault_harness import SMALL_CONFIG, fill_store
 from tests.helpers import segment_of

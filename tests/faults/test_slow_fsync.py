@@ -67,8 +67,8 @@ def test_slow_flush_gives_flush_disk_timeout_at_the_deadline(tmp_path):
 
 
 def _assert_bodies_at(root, answered) -> None:
-    from engine.commitlog import CommitLog
-    from engine.mapped_file import Access
+    from engine.files.mapped_file import Access
+    from engine.log.commitlog import CommitLog
     from tools.torture.verify import store_config
 
     log = CommitLog.open(root, store_config(root).commitlog_file_size, Access.READ_ONLY)

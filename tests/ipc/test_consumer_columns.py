@@ -10,8 +10,8 @@ import time
 import pytest
 
 from engine.errors import BadInputError, CorruptConsumeQueueError, ServiceNotAvailableError
+from engine.files.naming import consume_queue_dir
 from engine.formats.cq_entry import CQ_ENTRY, CQ_ENTRY_SIZE
-from engine.naming import consume_queue_dir
 from engine.status import GetStatus, PutStatus
 from ipc.consumer import Consumer
 from ipc.producer import Producer

@@ -2,7 +2,7 @@
 at the first entry whose record still exists, at once, also while they were open as segments went.
 
 The supervisor runs no retention yet (another issue); `retire_segments` runs retention's own
-steps 1 and 2 (engine.retention: delete the oldest commitlog segments, then the consume-queue
+steps 1 and 2 (engine.retention.expiry: delete the oldest commitlog segments, then the consume-queue
 files wholly below them) from the test process on the live store's files, as a cleaner would.
 """
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from engine import retention
-from engine.commitlog import CommitLog
-from engine.consume_queue_table import ConsumeQueueTable
-from engine.mapped_file import Access
+from engine.files.mapped_file import Access
+from engine.log.commitlog import CommitLog
 from engine.message import Message
-from engine.recovery import StoreParts
+from engine.queues.table import ConsumeQueueTable
+from engine.recovery.recover import StoreParts
+from engine.retention import expiry as retention
 from engine.status import GetStatus
 from ipc.consumer import Consumer
 from ipc.producer import Producer

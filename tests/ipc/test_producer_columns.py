@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from engine.errors import BadInputError, StoreClosedError
+from engine.files.naming import commitlog_dir, offset_to_name
 from engine.formats.record.encode_many import encode_records
 from engine.formats.record.stamp_many import stamp_records
 from engine.message import Message, encode_message_properties
-from engine.naming import commitlog_dir, offset_to_name
 from engine.status import PutStatus
 from ipc.batch_result import BatchResult
 from ipc.consumer import Consumer

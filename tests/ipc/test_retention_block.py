@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from engine.retention import RetentionReason
+from engine.retention.expiry import RetentionReason
 from ipc.control_block import (
     LAYOUT_VERSION,
     PUT_LATENCY_GROUP_OFFSET,

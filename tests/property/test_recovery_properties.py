@@ -22,7 +22,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.check import check
+from engine.check.fsck import check
 from engine.formats.record import FILLER_SIZE
 from engine.message import Message
 from engine.store import MessageStore

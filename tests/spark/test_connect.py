@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from engine.check import check as engine_check
+from engine.check.fsck import check as engine_check
 from tests.spark.stores import REPO_ROOT
 from workers.child_env import child_env
 

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.check import check as engine_check
-from engine.check_findings import FindingKind
-from engine.dispatch import index_keys
+from engine.check.findings import FindingKind
+from engine.check.fsck import check as engine_check
+from engine.dispatch.record import index_keys
 from engine.errors import BadInputError
 from engine.formats.cq_entry import CQ_ENTRY_SIZE
 from engine.formats.record import BODY_OFFSET

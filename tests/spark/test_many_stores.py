@@ -10,7 +10,7 @@ import re
 import pytest
 from pyspark.sql.datasource import EqualTo, In
 
-from engine.check import check as engine_check
+from engine.check.fsck import check as engine_check
 from engine.errors import BadInputError, DataLossError
 from tests.spark.stores import T0_MS, FakeClock, message_batches, run_available_now, write_store
 from tools.spark.options import parse_options

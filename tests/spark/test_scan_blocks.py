@@ -1,4 +1,4 @@
-"""The Spark reader's walk over pread blocks (engine.log_walker over BlockReader windows):
+"""The Spark reader's walk over pread blocks (engine.log.walker over BlockReader windows):
 records that run past a block are read again from their start, and what ends a segment's
 data (a filler, zeros, a filler of the wrong size, zeros followed by data) is reported as the
 engine's walk decides it. No Spark needed: partitions are read in-process."""

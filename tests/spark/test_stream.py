@@ -11,10 +11,10 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.datasource import ReadMaxBytes
 from pyspark.sql.types import BinaryType, StructField, StructType
 
-from engine.check import check as engine_check
-from engine.checkpoint import load_checkpoint
+from engine.check.fsck import check as engine_check
 from engine.errors import BadInputError, DataLossError
-from engine.retention_line import raise_retention_line
+from engine.recovery.checkpoint import load_checkpoint
+from engine.retention.line import raise_retention_line
 from engine.store import MessageStore
 from tests.conftest import ROCKETMQ_SAMPLES
 from tests.spark.stores import (
@@ -126,7 +126,7 @@ def _retention(root, keep_from_pos: int) -> int:
     segments = _segments(root)
     going = [path for path in segments[:-1]
              if int(path.name) + SMALL_CONFIG.commitlog_file_size <= keep_from_pos]
-    if going:  # the line first, as engine.retention.remove_segments
+    if going:  # the line first, as engine.retention.expiry.remove_segments
         raise_retention_line(root, int(going[-1].name) + SMALL_CONFIG.commitlog_file_size)
     for path in going:
         path.unlink()

@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from engine.check import check as engine_check
+from engine.check.fsck import check as engine_check
 from engine.formats.record import TxType
 from engine.record_rules import ENTERS_CONSUME_QUEUE_SQL, enters_consume_queue
 from tests.engine.test_transaction_records import crashed_store_with

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from engine.checkpoint import load_checkpoint
+from engine.recovery.checkpoint import load_checkpoint
 from ipc.producer import Producer
 from tests.workers.store_harness import assert_check_clean, cli, start_store, wait_for
 from tools.store_process import is_stopped

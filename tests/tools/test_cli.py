@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from engine.config import StoreConfig
-from engine.store_dir import create_store_dir, holder_pid
+from engine.files.store_dir import create_store_dir, holder_pid
 from tests.conftest import ROCKETMQ_SAMPLES
 from tests.helpers import snapshot
 from tests.workers.store_harness import (

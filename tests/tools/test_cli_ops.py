@@ -445,7 +445,7 @@ def test_put_latency_histogram_counts_every_answered_request_scraped_over_http(t
 
 @pytest.mark.slow
 def test_check_progress_totals_the_written_bytes_not_the_segment_size(tmp_path):
-    from engine.check import check_summary
+    from engine.check.fsck import check_summary
 
     segment_bytes = 64 << 20  # a tiny store in a big, sparse segment
     with checked_store(tmp_path / "store", store={"commitlog_file_size": segment_bytes}) as running:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.store_dir import holder_pid
+from engine.files.store_dir import holder_pid
 from tests.helpers import snapshot
 from tests.workers.store_harness import (
     SMALL_STORE,
@@ -205,7 +205,7 @@ def test_the_producer_past_the_last_mailbox_slot_is_told_about_mailbox_slots(tmp
 AS_NOBODY = """
 import os, sys
 from tools import cli
-import tools.start_settings, workers.supervisor, engine.frozen_settings, engine.owners  # noqa: F401
+import tools.start_settings, workers.supervisor, engine.frozen_settings, engine.files.owners  # noqa: F401
 os.setgid(65534); os.setgroups([]); os.setuid(65534)
 sys.exit(cli.main(sys.argv[1:]))
 """

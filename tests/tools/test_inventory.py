@@ -180,6 +180,6 @@ def retention_line(running: StoreProcess) -> int:
 
 
 def first_segment_pos(root: Path) -> int:
-    from engine.naming import commitlog_dir, name_to_offset
+    from engine.files.naming import commitlog_dir, name_to_offset
 
     return min(name_to_offset(p.name) for p in commitlog_dir(root).iterdir())

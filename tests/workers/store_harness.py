@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.check import check
+from engine.check.fsck import check
 from ipc.shm import NAME_PREFIX, SHM_DIR, token_path
 from tools.store_process import StoreProcess, wait_until, write_store_config
 from workers.child_env import REPO_ROOT, child_env

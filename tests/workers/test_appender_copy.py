@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import random
 
-from engine.commitlog import CommitLog
+from engine.files.mapped_file import Access
 from engine.formats.record import encode_record
-from engine.mapped_file import Access
+from engine.log.commitlog import CommitLog
 from engine.status import PutStatus
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.run_info import run_dir

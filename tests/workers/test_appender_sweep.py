@@ -13,9 +13,9 @@ import struct
 import numpy as np
 import pytest
 
-from engine.commitlog import CommitLog
+from engine.files.mapped_file import Access
 from engine.formats.record import BODY_CRC_OFFSET, encode_record
-from engine.mapped_file import Access
+from engine.log.commitlog import CommitLog
 from engine.status import PutStatus
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.run_info import run_dir

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.dispatch import KeyColumns, put_key_columns
-from engine.mapped_file import Access
-from engine.shard_index import ShardIndex
+from engine.dispatch.record import KeyColumns, put_key_columns
+from engine.files.mapped_file import Access
+from engine.index.shard import ShardIndex
 from ipc.key_ring import KeyRing
 from ipc.shm import issue_shm_token, unlink_stale_regions
 from workers.index_builder import IndexBuilder

@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
+from engine.files.naming import index_shard_dir
 from engine.formats.index_file import decode_index_header, entry_pos
-from engine.naming import index_shard_dir
 from engine.store import MessageStore
 from ipc.control_block import Role
 from ipc.producer import Producer

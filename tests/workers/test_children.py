@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
+from engine.files.naming import consume_queue_dir, offset_to_name
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, encode_cq_entry
-from engine.naming import consume_queue_dir, offset_to_name
 from engine.store import MessageStore
 from ipc.consumer import Consumer
 from ipc.control_block import Role

@@ -1,4 +1,4 @@
-"""A small backlog is dispatched record by record (engine.dispatch_span's plain-Python way): the
+"""A small backlog is dispatched record by record (engine.dispatch.span's plain-Python way): the
 consume-queue entries and the key-ring blocks must be exactly those of the batch codec's way, across
 a segment roll (a filler) included."""
 
@@ -10,10 +10,10 @@ import shutil
 import numpy as np
 import pytest
 
-from engine.commitlog import CommitLog
-from engine.consume_queue_table import ConsumeQueueTable
-from engine.dispatch_few import decode_few
-from engine.mapped_file import Access
+from engine.dispatch.few import decode_few
+from engine.files.mapped_file import Access
+from engine.log.commitlog import CommitLog
+from engine.queues.table import ConsumeQueueTable
 from engine.tuning import FEW_RECORDS_BYTES
 from ipc.key_ring import KeyRing
 from ipc.shm import issue_shm_token
@@ -91,7 +91,7 @@ def test_few_records_at_a_time_dispatch_what_the_batch_path_does(two_logs, monke
         assert end - few.pos <= FEW_RECORDS_BYTES
         few.pos, count = few._dispatch_span(few.pos, end)
         dispatched += count
-    monkeypatch.setattr("engine.dispatch_span.FEW_RECORDS_BYTES", -1)  # every step the batch codec's
+    monkeypatch.setattr("engine.dispatch.span.FEW_RECORDS_BYTES", -1)  # every step the batch codec's
     window.pos, window_count = window._dispatch_span(window.pos, ends[-1])
     while window.pos < ends[-1]:  # a window may stop short of the limit (MAX_STEP_BYTES)
         window.pos, more = window._dispatch_span(window.pos, ends[-1])
@@ -118,7 +118,7 @@ def test_dispatch_span_takes_the_plain_way_only_for_a_span_of_few_records_bytes(
     ends = write_log(tmp_path, 60)
     small = max(end for end in ends if end <= FEW_RECORDS_BYTES)
     calls = []
-    monkeypatch.setattr("engine.dispatch_span.decode_few",
+    monkeypatch.setattr("engine.dispatch.span.decode_few",
                         lambda *args: calls.append(args[1:]) or decode_few(*args))
     dispatcher = dispatcher_over(tmp_path, "span")
     assert dispatcher._dispatch_span(0, small) == (small, 3 * (ends.index(small) + 1))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.checkpoint import load_checkpoint
+from engine.files.naming import ABORT_FILE, CHECKPOINT_FILE, commitlog_dir, is_segment_name
 from engine.formats.record import BODY_OFFSET
-from engine.naming import ABORT_FILE, CHECKPOINT_FILE, commitlog_dir, is_segment_name
+from engine.recovery.checkpoint import load_checkpoint
 from ipc.control_block import Role, pid_alive
 from tests.helpers import snapshot
 from tests.workers.store_harness import assert_check_clean, cli, start_store, wait_for, write_config

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.naming import LOG_FILE
+from engine.files.naming import LOG_FILE
 from workers.fatal_log import last_error
 
 LOG = """\

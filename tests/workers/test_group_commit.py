@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
-from engine.mapped_file import Access
+from engine.files.mapped_file import Access
+from engine.log.commitlog import CommitLog
 from ipc.control_block import ControlBlock, FlushCode
 from ipc.shm import issue_shm_token, unlink_stale_regions
 from ipc.wakeup import unlink_all

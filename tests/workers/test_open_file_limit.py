@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.naming import CONSUMEQUEUE_DIR
+from engine.files.naming import CONSUMEQUEUE_DIR
 from ipc.consumer import Consumer
 from ipc.control_block import Role
 from ipc.producer import Producer
@@ -61,7 +61,7 @@ def test_many_queues_under_a_low_open_file_limit_keep_the_store_running(tmp_path
         fill_queues(store.root, TOPICS)
         store.wait_caught_up(timeout_s=60)
         assert store.child_pid(Role.DISPATCHER) == dispatcher  # never crashed, never restarted
-        bound = NOFILE // 4  # engine.open_files.queue_file_budget under this limit
+        bound = NOFILE // 4  # engine.files.open_files.queue_file_budget under this limit
         assert queue_fds(dispatcher, store.root) <= 2 * bound
         with Consumer(store.root, "g") as consumer:
             for t in range(0, TOPICS, 7):
@@ -101,7 +101,7 @@ def test_start_detach_names_the_cause_of_a_supervisor_that_fails_to_start(tmp_pa
 
 
 def _unlocked(root: Path) -> bool:
-    from engine.store_dir import holder_pid
+    from engine.files.store_dir import holder_pid
 
     return holder_pid(root) is None
 

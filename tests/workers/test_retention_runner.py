@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-import engine.segment_age as segment_age
-from engine.commitlog import CommitLog
+import engine.retention.segment_age as segment_age
 from engine.config import FlushPolicy, StoreConfig
-from engine.mapped_file import Access
-from engine.retention import RetentionReason
+from engine.files.mapped_file import Access
+from engine.log.commitlog import CommitLog
+from engine.retention.expiry import RetentionReason
 from ipc.control_block import ControlBlock, FlushCode
 from ipc.shm import issue_shm_token, unlink_stale_regions
 from ipc.wakeup import unlink_all

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.check import check_summary
-from engine.checkpoint import load_checkpoint
+from engine.check.fsck import check_summary
 from engine.formats.record import BODY_OFFSET
-from tests.engine.test_durable_line import lag_derived_positions
+from engine.recovery.checkpoint import load_checkpoint
+from tests.engine.recovery.test_durable_line import lag_derived_positions
 from tests.workers.store_harness import assert_check_clean, cli, start_store, wait_for
 from tests.workers.test_durable_line_start import crash, data_files, log_bytes, send, start_detached
 from tools.torture.faults import flip_byte, record_spans

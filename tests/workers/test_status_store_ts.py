@@ -3,9 +3,9 @@ segment's first record (the walker's filler rule, log_walker.is_filler_head)."""
 
 from __future__ import annotations
 
-from engine.commitlog import CommitLog
+from engine.files.mapped_file import Access
 from engine.formats.record import encode_record
-from engine.mapped_file import Access
+from engine.log.commitlog import CommitLog
 from workers.status_report import _store_ts
 
 SEG = 4096

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.commitlog import CommitLog
-from engine.consume_queue_table import ConsumeQueueTable
+from engine.files.mapped_file import Access
+from engine.files.naming import commitlog_dir, index_shard_dir, name_to_offset
 from engine.formats.checkpoint import decode_checkpoint
 from engine.formats.cq_entry import CQ_ENTRY_SIZE, decode_cq_entry
-from engine.index_file import IndexFile
-from engine.mapped_file import Access
+from engine.index.file import IndexFile
+from engine.log.commitlog import CommitLog
 from engine.message import Message
-from engine.naming import commitlog_dir, index_shard_dir, name_to_offset
+from engine.queues.table import ConsumeQueueTable
 from engine.status import GetStatus
 from ipc.consumer import Consumer
 from ipc.control_block import Role, pid_alive

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from engine.errors import ServiceNotAvailableError
-from engine.naming import ABORT_FILE
-from engine.recovery import ShutdownState
+from engine.files.naming import ABORT_FILE
+from engine.recovery.recover import ShutdownState
 from engine.status import PutStatus
 from ipc.control_block import ControlBlock, Role, pid_alive
 from ipc.producer import Producer

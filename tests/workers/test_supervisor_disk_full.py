@@ -9,10 +9,10 @@ import signal
 
 import pytest
 
-from engine.check import check
-from engine.checkpoint import load_checkpoint
-from engine.commitlog import CommitLog
-from engine.mapped_file import Access
+from engine.check.fsck import check
+from engine.files.mapped_file import Access
+from engine.log.commitlog import CommitLog
+from engine.recovery.checkpoint import load_checkpoint
 from engine.status import PutStatus
 from ipc.control_block import Role, process_slot_index
 from ipc.producer import Producer

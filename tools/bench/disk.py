@@ -1,7 +1,7 @@
 """`mqstore bench --disk`: the raw ceiling of sync writes on the store's file system.
 
 Two probes, each on a temp file beside the store (same file system), allocated ahead in
-4 MiB steps with posix_fallocate as engine.mapped_file does, deleted afterwards:
+4 MiB steps with posix_fallocate as engine.files.mapped_file does, deleted afterwards:
 
 - *batch*: one writer, sequential pwrite of `write_bytes` then fdatasync, repeated. At the
   store's average flush size (flushed bytes / flush count of the run) this is what one

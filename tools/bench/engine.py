@@ -36,19 +36,24 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.checkpoint import write_checkpoint
-from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, GiB, MiB, StoreConfig
-from engine.consume_queue_table import ConsumeQueueTable
-from engine.dispatch import dispatch_columns, dispatch_to_consume_queue, dispatch_to_shard, keys_by_shard
-from engine.durable_times import CheckpointTimes
+from engine.dispatch.record import (
+    dispatch_columns,
+    dispatch_to_consume_queue,
+    dispatch_to_shard,
+    keys_by_shard,
+)
 from engine.errors import CorruptRecordError
+from engine.files.mapped_file import Access
 from engine.formats.record import Verify, encode_record
 from engine.formats.record.encode_many import encode_records
 from engine.formats.uniq_key import new_uniq_keys
-from engine.mapped_file import Access
+from engine.index.shard import ShardIndex
+from engine.log.commitlog import CommitLog
 from engine.message import Message
-from engine.shard_index import ShardIndex
+from engine.queues.table import ConsumeQueueTable
+from engine.recovery.checkpoint import write_checkpoint
+from engine.recovery.durable_times import CheckpointTimes
 from engine.store import MessageStore
 from engine.store_open import close_parts, open_parts
 

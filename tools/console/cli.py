@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from engine.errors import BadInputError, NotAStoreError
-from engine.store_dir import StoreKind, inspect_store_dir
+from engine.files.store_dir import StoreKind, inspect_store_dir
 from tools.console.access import DEFAULT_LISTEN, RemoteAccess, new_token, parse_listen
 from tools.console.api import Api
 from tools.console.sampler import StatusSampler

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from engine.naming import LOG_FILE
+from engine.files.naming import LOG_FILE
 
 TAIL_BYTES = 1 << 20  # the last MiB of the log: hundreds of events, read in a few ms
 MAX_EVENTS = 200

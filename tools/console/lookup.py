@@ -57,8 +57,8 @@ def by_msg_id(store_dir: Path, msg_id: str) -> dict:
 
 def by_queue_offset(store_dir: Path, topic: str, queue_id: int, queue_offset: int) -> dict:
     """The message at entry `queue_offset` of queue `topic`/`queue_id`."""
-    from engine.consume_queue import ConsumeQueue
-    from engine.mapped_file import Access
+    from engine.files.mapped_file import Access
+    from engine.queues.consume_queue import ConsumeQueue
 
     if queue_offset < 0:
         raise BadInputError("queue_offset", f"{queue_offset} must be >= 0")

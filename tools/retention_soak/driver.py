@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.check import check
-from engine.disk_use import allocated_bytes
-from engine.naming import commitlog_dir, segment_files
+from engine.check.fsck import check
+from engine.files.disk_use import allocated_bytes
+from engine.files.naming import commitlog_dir, segment_files
 from engine.status import GetStatus
 from ipc.consumer import Consumer
 from ipc.control_block import ControlBlock

@@ -38,14 +38,14 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from engine.config import StoreConfig
-from engine.dispatch import dispatch_columns
+from engine.dispatch.record import dispatch_columns
 from engine.errors import CorruptRecordError
+from engine.files.mapped_file import Access
+from engine.files.store_dir import config_for_store, read_meta
 from engine.formats.record import Verify
-from engine.mapped_file import Access
 from engine.message import Message
-from engine.recovery import RecoveryMode
+from engine.recovery.recover import RecoveryMode
 from engine.store import MessageStore
-from engine.store_dir import config_for_store, read_meta
 from engine.store_open import close_parts, open_parts
 from tools.spark import jobs
 from tools.spark.bench_bodies import BodyKind, BodyMaker

@@ -23,7 +23,7 @@ from enum import Enum
 from pathlib import Path
 
 from engine.errors import BadInputError
-from engine.filesystem import write_file_atomically
+from engine.files.filesystem import write_file_atomically
 from tools.spark.layout import read_layout
 from tools.spark.session import read_store
 from tools.spark.stream import readable_end_pos

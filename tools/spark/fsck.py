@@ -1,4 +1,4 @@
-"""The distributed fsck (`mqstore spark check`): engine.check's checks as Spark jobs.
+"""The distributed fsck (`mqstore spark check`): engine.check.fsck's checks as Spark jobs.
 
 1. Records: every record is decoded with every CRC (the source's `verify=report`); bad ones
    are CORRUPT_RECORD, or TORN_TAIL when nothing valid follows them.
@@ -11,7 +11,7 @@
    every key of every record must be among them (shard, key hash, commit_pos), and every
    entry must belong to a record key. Records past a shard's durable position are skipped.
 4. Checkpoint: every durable position must be a record boundary at or before the data end.
-Findings are engine.check.Finding values (the same kinds `mqstore check` reports).
+Findings are engine.check.fsck.Finding values (the same kinds `mqstore check` reports).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.check_findings import Finding, FindingKind
+from engine.check.findings import Finding, FindingKind
 from engine.errors import CheckpointError
+from engine.files.naming import CHECKPOINT_FILE, CONSUMEQUEUE_DIR, INDEX_DIR
 from engine.formats.checkpoint import decode_checkpoint
 from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE, FILLER_SIZE_MARK
 from engine.formats.index_file import (
@@ -37,7 +38,6 @@ from engine.formats.index_file import (
     index_key_hash_of,
     shard_of,
 )
-from engine.naming import CHECKPOINT_FILE, CONSUMEQUEUE_DIR, INDEX_DIR
 from engine.record_rules import ENTERS_CONSUME_QUEUE_SQL
 from tools.spark.layout import StoreFormat, StoreLayout, read_layout
 from tools.spark.session import read_store
@@ -88,7 +88,7 @@ def check(spark, store: str | Path, *, say: Say = lambda _: None) -> CheckReport
         _check_records(records, layout, report)
         if layout.format is StoreFormat.MQSTORE:
             # A record whose CRC fails but whose structure holds still has its entry and keys:
-            # matching them keeps one bad record one finding, as engine.check reports it.
+            # matching them keeps one bad record one finding, as engine.check.fsck reports it.
             valid = records.where("topic IS NOT NULL")
             say("check: consume queues against the commitlog")
             _check_queues(spark, valid, root, layout, report)

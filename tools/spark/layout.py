@@ -10,11 +10,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from engine.checkpoint import load_checkpoint
 from engine.errors import NotAStoreError
-from engine.formats.record import Verify
-from engine.formats.store_meta import decode_store_meta
-from engine.naming import (
+from engine.files.naming import (
     STORE_META_FILE,
     check_segment_bases,
     check_segment_sizes,
@@ -22,6 +19,9 @@ from engine.naming import (
     infer_segment_bytes,
     segment_files,
 )
+from engine.formats.record import Verify
+from engine.formats.store_meta import decode_store_meta
+from engine.recovery.checkpoint import load_checkpoint
 
 
 class StoreFormat(Enum):

@@ -5,7 +5,7 @@ A scan is a list of `ScanRange`s. A range owns the records of one segment whose 
 (each record starts with its TOTALSIZE) from `walk_from`, a position known to be a record
 start. Two neighbouring ranges share one bound, so the first record at or after that bound
 is the last record's successor for one range and the first record of the next: no record is
-read twice or missed, whatever the bounds are. The walk (engine.log_walker.hop_heads) reads
+read twice or missed, whatever the bounds are. The walk (engine.log.walker.hop_heads) reads
 only each record's 8-byte head (TOTALSIZE, MAGIC) through 1 MiB blocks and stops at a filler,
 zeros or garbage.
 
@@ -40,10 +40,10 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import CorruptRecordError
+from engine.files.naming import CONSUMEQUEUE_DIR
 from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE, FILLER_SIZE_MARK
 from engine.formats.record import FILLER_SIZE, V4_HEADER_SIZE, store_ts_at
-from engine.log_walker import HopEnd, LogWindow, hop_heads, is_filler_head
-from engine.naming import CONSUMEQUEUE_DIR
+from engine.log.walker import HopEnd, LogWindow, hop_heads, is_filler_head
 from tools.spark.layout import Segment, StoreFormat, StoreLayout, read_durable_pos
 
 BLOCK_BYTES = 1 << 20

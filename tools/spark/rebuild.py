@@ -3,7 +3,7 @@
 Two Spark stages of plain tasks (no DataFrame shuffle, no Python object per record):
 1. spill: one task per scan range reads it (dispatch view, the batch path of scan.py) and
    writes, per consume queue and per index shard, its entries and keys (with index_key_hash
-   and shard from engine.dispatch.key_hashes_and_shards) in commit order to
+   and shard from engine.dispatch.record.key_hashes_and_shards) in commit order to
    .rebuild/spill/q/<topic>/<queue>/<range>.npy and .rebuild/spill/k/<shard>/<range>.npy;
 2. write: one task per consume queue and per shard concatenates its spills in range order
    (= commit order) and writes them with the engine's batch writers, as the single-process
@@ -34,18 +34,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.checkpoint import write_checkpoint
-from engine.commitlog import CommitLog
-from engine.consume_queue import ConsumeQueue
-from engine.dispatch import consumable_rows, key_hashes_and_shards, queue_groups
-from engine.durable_times import CheckpointTimes
+from engine.dispatch.record import consumable_rows, key_hashes_and_shards, queue_groups
 from engine.errors import BadInputError, ReadOnlyStoreError, StoreLockedError
-from engine.filesystem import ensure_dir, fsync_dir, remove_tree
+from engine.files.filesystem import ensure_dir, fsync_dir, remove_tree
+from engine.files.mapped_file import Access
+from engine.files.naming import ABORT_FILE, CONSUMEQUEUE_DIR, INDEX_DIR
+from engine.files.store_dir import holder_pid
 from engine.formats.record.dispatch_columns import DispatchColumns
-from engine.mapped_file import Access
-from engine.naming import ABORT_FILE, CONSUMEQUEUE_DIR, INDEX_DIR
-from engine.shard_index import ShardIndex
-from engine.store_dir import holder_pid
+from engine.index.shard import ShardIndex
+from engine.log.commitlog import CommitLog
+from engine.queues.consume_queue import ConsumeQueue
+from engine.recovery.checkpoint import write_checkpoint
+from engine.recovery.durable_times import CheckpointTimes
 from tools.spark.layout import StoreFormat, StoreLayout, read_layout
 from tools.spark.options import parse_options
 from tools.spark.partitions import ScanRange

@@ -2,7 +2,7 @@
 
 Runs on executors. Files are read with pread (never mapped), so a live store is safe to read
 below its durable position. The chain rules (see partitions.py) decide which records a range
-owns; the walk over the pread blocks is engine.log_walker's (step, run_starts, verify_run);
+owns; the walk over the pread blocks is engine.log.walker's (step, run_starts, verify_run);
 this module decodes the records, applies the row filters and verification.
 
 Two paths, same rows (tests/spark/test_scan_batches.py): `read_batches` reads RUN_BYTES at a
@@ -32,12 +32,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.dispatch import index_keys
+from engine.dispatch.record import index_keys
 from engine.errors import CorruptRecordError
 from engine.formats.record import FILLER_SIZE, Filler, Record, Verify, decode_record
 from engine.formats.record.arrays import gather_field
 from engine.formats.record.spans import RecordSpans
-from engine.log_walker import LogWindow, NeedBytes, record_decoder, run_starts, step, verify_run
+from engine.log.walker import LogWindow, NeedBytes, record_decoder, run_starts, step, verify_run
 from tools.spark.arrow_columns import dispatch_batch, message_batch
 from tools.spark.partitions import BlockReader, ScanRange, first_record_at, pread_reader
 
@@ -150,7 +150,7 @@ def _step(fd: int, blocks: BlockReader, rng: ScanRange, pos: int,
 
 def _decode_at(blocks: BlockReader, rng: ScanRange, pos: int,
                spec: ScanSpec) -> Record | BadRecord | SegmentEnd:
-    """The record at file_pos `pos`, or how the segment's data ends there (engine.log_walker.step
+    """The record at file_pos `pos`, or how the segment's data ends there (engine.log.walker.step
     over the cached block, read again from `pos` where the record runs past it)."""
     commit_pos = rng.base_pos + pos
     decode = record_decoder(spec.verify)

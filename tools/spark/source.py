@@ -37,7 +37,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, Filter, InputPa
 from pyspark.sql.types import StructType
 
 from engine.errors import BadInputError
-from engine.store_dir import holder_pid
+from engine.files.store_dir import holder_pid
 from tools.spark.kafka_view import HEADER_TYPE, KAFKA_FIELDS
 from tools.spark.layout import StoreLayout, read_durable_pos, read_layout
 from tools.spark.options import OutputView, SourceOptions, parse_options

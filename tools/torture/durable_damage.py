@@ -27,10 +27,10 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from engine.accepted_damage import load_accepted
-from engine.checkpoint import load_checkpoint
 from engine.config import StoreConfig
-from engine.naming import ABORT_FILE, CHECKPOINT_FILE, commitlog_dir, segment_files
+from engine.files.naming import ABORT_FILE, CHECKPOINT_FILE, commitlog_dir, segment_files
+from engine.recovery.accepted_damage import load_accepted
+from engine.recovery.checkpoint import load_checkpoint
 from tools.store_process import TIMEOUT_S, StoreProcess, wait_until
 from tools.torture.faults import flip_byte, record_spans
 from tools.torture.processes import TortureError

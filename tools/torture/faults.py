@@ -44,17 +44,9 @@ import numpy as np
 
 from engine.config import StoreConfig
 from engine.errors import CorruptIndexError, CorruptRecordError
-from engine.filesystem import PAGE_BYTES
-from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE
-from engine.formats.index_file import (
-    INDEX_HEADER,
-    INDEX_HEADER_SIZE,
-    decode_index_header,
-    entry_pos,
-)
-from engine.index_file import IndexFile
-from engine.mapped_file import Access
-from engine.naming import (
+from engine.files.filesystem import PAGE_BYTES
+from engine.files.mapped_file import Access
+from engine.files.naming import (
     BACKUP_SUFFIX,
     CHECKPOINT_FILE,
     CONSUMEQUEUE_DIR,
@@ -64,6 +56,14 @@ from engine.naming import (
     is_segment_name,
     segment_files,
 )
+from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE
+from engine.formats.index_file import (
+    INDEX_HEADER,
+    INDEX_HEADER_SIZE,
+    decode_index_header,
+    entry_pos,
+)
+from engine.index.file import IndexFile
 from ipc.control_block import Positions
 
 SECTOR_BYTES = 512
@@ -275,8 +275,8 @@ def flip_byte(path: Path, file_pos: int, mask: int = 0xFF) -> int:
 def record_spans(root: Path, config: StoreConfig) -> list[tuple[Path, int, int, int]]:
     """(segment path, file_pos, size, commit_pos) of every record in the commitlog, in order
     (past damage an operator's salvage accepted, as recovery goes)."""
-    from engine.accepted_damage import ScanPastAccepted, ScanUnit, load_accepted
-    from engine.commitlog import CommitLog
+    from engine.log.commitlog import CommitLog
+    from engine.recovery.accepted_damage import ScanPastAccepted, ScanUnit, load_accepted
 
     log = CommitLog.open(root, config.commitlog_file_size, Access.READ_ONLY)
     spans = []

@@ -28,9 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from engine.commitlog import CommitLog
-from engine.consume_queue_table import ConsumeQueueTable
 from engine.errors import StoreError
+from engine.files.mapped_file import Access
 from engine.formats.record import (
     BODY_LENGTH_OFFSET,
     BODY_OFFSET,
@@ -40,7 +39,8 @@ from engine.formats.record import (
     Verify,
     encode_record,
 )
-from engine.mapped_file import Access
+from engine.log.commitlog import CommitLog
+from engine.queues.table import ConsumeQueueTable
 from engine.status import PutStatus
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.producer import attach_running_store

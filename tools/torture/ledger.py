@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.filesystem import fsync_dir
+from engine.files.filesystem import fsync_dir
 
 LEDGER_SUFFIX = ".ledger"
 IDENTITY_PROPERTY = "TORTURE_ID"

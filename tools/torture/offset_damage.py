@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.naming import COMMITLOG_DIR, CONSUMEQUEUE_DIR, LOG_FILE
+from engine.files.naming import COMMITLOG_DIR, CONSUMEQUEUE_DIR, LOG_FILE
 from ipc.consumer_offsets import ConsumerOffsets, OffsetTable, parse_offset_table
 from ipc.control_block import ControlBlock
 from ipc.offsets_fallbacks import read_fallbacks

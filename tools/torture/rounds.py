@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import StoreError
-from engine.naming import ABORT_FILE
+from engine.files.naming import ABORT_FILE
 from ipc import seqlock
 from ipc.control_block import (
     DISPATCHER_GROUP,

@@ -1,7 +1,7 @@
 """Verify a stopped store against the ledger: nothing acknowledged lost, nothing duplicated.
 
 Run after the supervisor stopped (the lock is free) and before anything writes again. The
-store is only read: `engine.check.check` first (commitlog, consume queues, index and checkpoint
+store is only read: `engine.check.fsck.check` first (commitlog, consume queues, index and checkpoint
 agree; queue offsets contiguous; no duplicate entries), then the files are mapped read-only
 and every ledger entry is looked up:
 
@@ -32,16 +32,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engine.accepted_damage import AcceptedSpan, ScanPastAccepted, ScanUnit, load_accepted
-from engine.check import check
-from engine.commitlog import CommitLog
+from engine.check.fsck import check
 from engine.config import StoreConfig
-from engine.consume_queue_table import ConsumeQueueTable
 from engine.errors import CorruptRecordError
+from engine.files.mapped_file import Access
+from engine.files.store_dir import config_for_store, read_meta
 from engine.formats.index_file import shard_of
-from engine.mapped_file import Access
-from engine.shard_index import ShardIndex
-from engine.store_dir import config_for_store, read_meta
+from engine.index.shard import ShardIndex
+from engine.log.commitlog import CommitLog
+from engine.queues.table import ConsumeQueueTable
+from engine.recovery.accepted_damage import AcceptedSpan, ScanPastAccepted, ScanUnit, load_accepted
 from tools.torture.ledger import IDENTITY_PROPERTY, LedgerEntry, body_digest
 
 MAX_EXAMPLES = 10

@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.commitlog import CommitLog
 from engine.config import GiB
+from engine.files.mapped_file import Access
 from engine.formats.record.encode_many import encode_records
 from engine.formats.uniq_key import new_uniq_keys
-from engine.mapped_file import Access
+from engine.log.commitlog import CommitLog
 from workers.request_check import CheckedRequest, RecordChecker, merge_checked
 
 TOPIC = b"bench-0"

@@ -1,7 +1,7 @@
 """The dispatcher's CPU per step, isolated: decoding a run of records into dispatch columns and
 each shard's keys, with the batch codec (CommitLog.scan_batches + ScannedRun.columns), record
 by record with the reference decoder (CommitLog.scan_headers + columns_from_headers) or in plain
-Python (engine.dispatch_few: decode_few + few_key_columns, the dispatcher's small steps), at a
+Python (engine.dispatch.few: decode_few + few_key_columns, the dispatcher's small steps), at a
 given number of records a step.
 
     .venv/bin/python -m tools.bench.probes.dispatch_step [--records 1,2,4,8,16,32,64] [--body-bytes 256]
@@ -23,13 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.commitlog import CommitLog
 from engine.config import GiB
-from engine.dispatch import shard_key_columns
-from engine.dispatch_few import decode_few, few_key_columns
+from engine.dispatch.few import decode_few, few_key_columns
+from engine.dispatch.record import shard_key_columns
+from engine.files.mapped_file import Access
 from engine.formats.record import Verify
 from engine.formats.record.dispatch_columns import columns_from_headers
-from engine.mapped_file import Access
+from engine.log.commitlog import CommitLog
 from tools.bench.probes.check_stamp import QUEUES, append_requests, make_requests
 from workers.request_check import RecordChecker
 

@@ -1,0 +1,1 @@
+"""The offline check (`mqstore check`): each structure verified against the log, findings reported."""

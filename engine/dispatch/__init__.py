@@ -1,0 +1,1 @@
+"""Dispatch: what the records of the log contribute to the consume queues and the index."""

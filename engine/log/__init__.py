@@ -1,0 +1,1 @@
+"""The commitlog: its segments' records, walked, scanned, read and ended."""

@@ -1,0 +1,1 @@
+"""Consume queues: each (topic, queue id)'s entries, the table of them, and recovery's cuts."""

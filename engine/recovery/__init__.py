@@ -1,0 +1,1 @@
+"""Recovery: the checkpoint, the durable line, crash recovery, salvage and accepted damage."""

@@ -1,0 +1,1 @@
+"""Retention: segments expired by their records' age and by disk use, and the retention line."""
