@@ -5,7 +5,11 @@ a copy tool or a clock set after boot moves (Kafka expires by a segment's larges
 since 0.10.1; RocketMQ by mtime). The last record is the newest one ending where the segment's
 end-of-file filler starts that reads with every check (engine.log.last_record). A segment that does
 not end in a filler (or in a record at its very end), or where no record ending there reads,
-has no age (`last_store_ts_ms` None); what retention does with it is engine.retention.expiry's rule.
+is aged by the next segment's first record instead: it was stored after every record of this one,
+so its store time bounds theirs from above (a clock set back is the one exception, as it is for
+any record time) and expiring by it can only keep data longer. Only when that record does not
+read either has the segment no age (`last_store_ts_ms` None); what retention does with it is
+engine.retention.expiry's rule.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import NamedTuple
 
-from engine.errors import CorruptRecordError
+from engine.errors import BadInputError, CorruptRecordError
 from engine.log.commitlog import CommitLog
 from engine.log.last_record import last_record_of_segment
 
@@ -33,10 +37,23 @@ def read_segment_age(commitlog: CommitLog, base_pos: int) -> SegmentAge:
     try:
         record = last_record_of_segment(commitlog, base_pos)
     except CorruptRecordError as exc:
-        return SegmentAge(base_pos, None, f"its last record does not read: {exc}")
+        return _aged_by_next_segment(commitlog, base_pos, f"its last record does not read: {exc}")
     if record is None:
-        return SegmentAge(base_pos, None, "it does not end in an end-of-file filler after a record")
+        return _aged_by_next_segment(commitlog, base_pos,
+                                     "it does not end in an end-of-file filler after a record")
     return SegmentAge(base_pos, record.store_ts_ms)
+
+
+def _aged_by_next_segment(commitlog: CommitLog, base_pos: int, problem: str) -> SegmentAge:
+    """The age of a segment whose last record cannot be told, bounded from above by the next
+    segment's first record (a record start by construction, so no body can fake it)."""
+    try:
+        first = commitlog.read_at(base_pos + commitlog.segment_bytes)
+    except (CorruptRecordError, BadInputError) as exc:
+        return SegmentAge(base_pos, None, f"{problem}, nor does the next segment's first record "
+                                          f"({exc})")
+    return SegmentAge(base_pos, first.store_ts_ms,
+                      f"{problem}; aged by the next segment's first record instead")
 
 
 class SegmentAges:
@@ -52,10 +69,12 @@ class SegmentAges:
         age = self._known.get(base_pos)
         if age is None:
             age = self._known[base_pos] = read_segment_age(commitlog, base_pos)
-            if age.problem is not None:
+            if age.problem is not None and age.last_store_ts_ms is None:
                 log.warning("commitlog segment at %d: %s; retention keeps it (and the segments "
                             "after it) until disk pressure removes segments regardless of age",
                             base_pos, age.problem)
+            elif age.problem is not None:
+                log.warning("commitlog segment at %d: %s", base_pos, age.problem)
         return age
 
     def forget_below(self, min_pos: int) -> None:

@@ -145,17 +145,24 @@ def test_a_fake_header_in_a_body_is_passed_over_for_the_real_last_record(tmp_pat
     assert check(tmp_path) == []
 
 
-def test_fake_headers_filling_the_limit_leave_the_segment_ageless_at_a_bounded_cost(tmp_path, clock):
+def test_fake_headers_filling_the_limit_age_the_segment_by_the_next_ones_first_record(tmp_path, clock):
     """At most MAX_CANDIDATES are read with every check (each costs a CRC over up to a record):
-    past that the segment has no age and says why, and the checkpoint time is 0."""
+    past that the checkpoint time is 0, and the segment is aged by the next segment's first
+    record, stored after all of it, so a producer's body cannot keep a segment forever."""
     fakes = [100 + 100 * i for i in range(MAX_CANDIDATES)]
     with MessageStore.open(tmp_path, CONFIG) as store:
         put_with_fakes(store, clock, 100 * MAX_CANDIDATES + 500, fakes, body_length_fits=True)
         end = store.commitlog.written_pos
         assert store_ts_before(store.commitlog, end) == 0
         seal_first_segment(store)
+        next_first_ts_ms = store.commitlog.read_at(SEG).store_ts_ms
         age = read_segment_age(store.commitlog, 0)
-        assert age.last_store_ts_ms is None and f"{MAX_CANDIDATES}" in age.problem
+        assert f"{MAX_CANDIDATES}" in age.problem and "next segment" in age.problem
+        assert age.last_store_ts_ms == next_first_ts_ms
+        kept_ms = next_first_ts_ms + CONFIG.file_reserved_hours * 3_600_000
+        for now_ms, expected in ((kept_ms - 1, []), (kept_ms, [f"{0:020d}"])):  # never early
+            removed = store.clean_expired(now_ms=now_ms, kind=retention.PassKind.MANUAL).segments_removed
+            assert removed == expected
     assert check(tmp_path) == []
 
 

@@ -492,11 +492,29 @@ def _zero_head(root: Path, base_pos: int) -> None:
 
 
 @pytest.mark.parametrize("damage", [_flip_body_byte, _zero_head], ids=["flipped", "torn"])
+def test_retention_ages_a_segment_whose_last_record_does_not_read_by_the_next_ones_first(
+        tmp_path, caplog, damage):
+    """The next segment's first record was stored after all of the damaged one: expired by it,
+    and the log says so."""
+    store = make_store(tmp_path, 4)
+    damage(tmp_path, SEGMENT_BYTES)  # segment 1's only record, through the store's shared mapping
+    parts, later_ms = parts_of(store), NOW_MS + 100 * HOUR_MS
+    report = run_retention(parts, CONFIG, now_ms=later_ms, usage_ratio=LOW, kind=retention.PassKind.MANUAL)
+    assert report.segments_removed == [f"{0:020d}", f"{SEGMENT_BYTES:020d}", f"{2 * SEGMENT_BYTES:020d}"]
+    warned = [r.getMessage() for r in caplog.records if "next segment's first record" in r.getMessage()]
+    assert len(warned) == 1 and f"segment at {SEGMENT_BYTES}" in warned[0]
+    store.close()
+    assert check(tmp_path) == []
+
+
+@pytest.mark.parametrize("damage", [_flip_body_byte, _zero_head], ids=["flipped", "torn"])
 def test_retention_keeps_a_segment_whose_last_record_does_not_read(tmp_path, caplog, damage):
-    """Never expired by a bad read: the segment, and every one after it, stays (warned once)
-    until disk pressure removes segments regardless of age."""
+    """Never expired by a bad read: when neither its last record nor the next segment's first
+    reads, the segment, and every one after it, stays (warned once) until disk pressure
+    removes segments regardless of age."""
     store = make_store(tmp_path, 6)
     damage(tmp_path, SEGMENT_BYTES)  # segment 1's only record, through the store's shared mapping
+    damage(tmp_path, 2 * SEGMENT_BYTES)  # and segment 2's, the record that would age segment 1
     parts, later_ms = parts_of(store), NOW_MS + 100 * HOUR_MS
     ages, manual = SegmentAges(), retention.PassKind.MANUAL
     first = run_retention(parts, CONFIG, now_ms=later_ms, usage_ratio=LOW, ages=ages, kind=manual)
