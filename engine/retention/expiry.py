@@ -13,7 +13,8 @@ When segments may go, judged on the used fraction of the store's filesystem:
 A segment is expired when now >= the store time of its last record + file_reserved_hours
 (engine.retention.segment_age; Kafka's rule). Its file's mtime is never read: a restore, a copy tool or
 a clock set after boot moves it. A segment whose last record cannot be read is aged by the next
-segment's first record (engine.retention.segment_age); one with no age at all is never expired by age; a store time in the future keeps its segment until that time has aged.
+segment's first record (engine.retention.segment_age); one with no age at all is never expired
+by age; a store time in the future keeps its segment until that time has aged.
 The walk goes oldest to newest, never touches the last (active) segment, stops at the first
 segment it may not delete (so segments never go from the middle) and deletes at most
 `max_files` per pass. A pass that leaves segments behind that may go says so (`more_due`): its
