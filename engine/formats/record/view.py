@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.formats.properties import PROP_CRC32C, decode_properties
-from engine.formats.record.arrays import clip, gather, gather_int
+from engine.formats.record.arrays import clip, gather, gather_int, slices, take_spans
+from engine.formats.record.props_many import last_values, split_pairs
 from engine.formats.record.scalar import Record, Verify, decode_record
 from engine.formats.record.structure import frame_many
 
@@ -81,6 +82,19 @@ class RecordView:
         props = decode_properties(self.buf[start:end])
         props.pop(PROP_CRC32C, None)
         return props
+
+    def property_values(self, name: bytes) -> list[bytes | None]:
+        """Property `name` of every record (None where absent), parsed for all at once as
+        properties.decode_properties parses one (a later duplicate wins)."""
+        u8 = np.frombuffer(self.buf, dtype=np.uint8)
+        offsets, blob = take_spans(u8, self.props_pos, self.end_pos)
+        pairs = split_pairs(blob, offsets[1:].astype(np.int64))
+        rows, starts, ends = last_values(blob, pairs, name)
+        values: list[bytes | None] = [None] * self.count
+        raw = blob.tobytes()
+        for row, value in zip(rows.tolist(), slices(raw, starts, ends), strict=True):
+            values[row] = value
+        return values
 
     def body_prefix(self, width_bytes: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows, heads): the first `width_bytes` of every body at least that long, as an
