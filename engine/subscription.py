@@ -24,7 +24,7 @@ from engine.errors import BadInputError
 from engine.formats.cq_entry import CQ_ENTRY_SIZE
 from engine.formats.properties import PROP_TAGS
 from engine.formats.record import Record
-from engine.formats.record.view import RecordView
+from engine.formats.record.view import RecordView, gather_records
 from engine.sql_filter import SqlFilter, compile_sql_filter
 from engine.tag_expression import MATCH_ALL_TAGS, TagExpression, parse_tag_expression
 
@@ -75,6 +75,26 @@ class Subscription:
             for i in np.flatnonzero(keep).tolist():
                 keep[i] = where.matches(view.properties(i))
         return keep
+
+    def subscribed_views(self, views: list[RecordView], max_count: int,
+                         end_offset: int) -> tuple[list[RecordView], int]:
+        """The first `max_count` subscribed records of `views` (candidates in queue order, read
+        up to queue offset `end_offset`) and the next offset: one past the max_count-th, else
+        `end_offset`."""
+        kept: list[RecordView] = []
+        taken = 0
+        for view in views:
+            keep = np.flatnonzero(self.confirm(view))
+            full = taken + len(keep) >= max_count
+            keep = keep[:max_count - taken]
+            if len(keep) < view.count:
+                view = gather_records(view.buf, view.commit_pos[keep] - view.base_pos, view.base_pos)
+            if view.count:
+                kept.append(view)
+                taken += view.count
+            if full:
+                return kept, int(view.queue_offset[-1]) + 1
+        return kept, end_offset
 
     def __str__(self) -> str:
         """The canonical text: the tag expression, then ` WHERE ` and the filter when there is one."""
