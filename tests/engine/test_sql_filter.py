@@ -37,7 +37,7 @@ def test_null_logic_is_three_valued():
     assert not compile_sql_filter("NOT a = 1").matches(missing)  # NOT NULL is NULL: no match
     assert compile_sql_filter("a = 1 OR TRUE").matches(missing)  # NULL OR TRUE is TRUE
     assert not compile_sql_filter("a = 1 AND TRUE").matches(missing)
-    assert not compile_sql_filter("NOT (a = 1 AND FALSE)").matches(missing) is False
+    assert compile_sql_filter("NOT (a = 1 AND FALSE)").matches(missing) is not False
     assert compile_sql_filter("a IS NULL").matches(missing)
     assert not compile_sql_filter("a NOT IN ('x')").matches(missing)
 
@@ -64,8 +64,9 @@ def test_canonical_text_and_equality():
     ("a = 1 /* x", 6, "unterminated comment"), ("a = NULL", 4, "IS NULL"), ("a", 0, "expected a condition"),
     ("a > 'x'", 4, "orders numbers"), ("a BETWEEN 5 AND 1", 10, "empty"), ("a IN (1)", 6, "string literals"),
     ("5 IN ('a')", 0, "property on its left"), ("a # 1", 2, "unexpected character"),
-    ("a = 1 b = 2", 6, "expected AND, OR"), ("(a = 1", 6, "expected ')'"), ("a = 99999999999999999999", 4, "long"),
-    ("a = -b", 4, "numbers only"), ("a = 1 AND 'x'", 10, "expected a condition"), ("a = (b = 1)", 5, "compared"),
+    ("a = 1 b = 2", 6, "expected AND, OR"), ("(a = 1", 6, "expected ')'"),
+    ("a = 99999999999999999999", 4, "long"), ("a = -b", 4, "numbers only"),
+    ("a = 1 AND 'x'", 10, "expected a condition"), ("a = (b = 1)", 5, "compared"),
 ])
 def test_syntax_errors_name_the_position(expression, position, words):
     with pytest.raises(FilterSyntaxError) as info:

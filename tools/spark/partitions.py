@@ -44,6 +44,7 @@ from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE, FILLER_SIZE_MARK
 from engine.formats.record import FILLER_SIZE, V4_HEADER_SIZE, store_ts_at
 from engine.log_walker import HopEnd, LogWindow, hop_heads, is_filler_head
 from engine.naming import CONSUMEQUEUE_DIR
+from engine.tag_expression import MATCH_ALL_TAGS, TagExpression
 from tools.spark.layout import Segment, StoreFormat, StoreLayout, read_durable_pos
 
 BLOCK_BYTES = 1 << 20
@@ -78,6 +79,7 @@ class ScanFilter:
     end_ms: int | None = None
     topics: frozenset[str] | None = None
     time_slack_ms: int = 60_000
+    tags: TagExpression = MATCH_ALL_TAGS  # rows only: ranges are not pruned by tag
 
 
 # ----------------------------------------------------------------------- chain walking
