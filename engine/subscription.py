@@ -67,9 +67,7 @@ class Subscription:
         property filter record by record."""
         keep = np.ones(view.count, dtype=bool)
         if not self.tags.matches_all:
-            wanted = {tag.encode() for tag in self.tags.tags}
-            keep = np.fromiter((value in wanted for value in view.property_values(PROP_TAGS.encode())),
-                               dtype=bool, count=view.count)
+            keep = view.property_in(PROP_TAGS.encode(), frozenset(tag.encode() for tag in self.tags.tags))
         if self.where is not None:
             where = self.where
             for i in np.flatnonzero(keep).tolist():
