@@ -13,10 +13,8 @@ Grammar (SelectorParser.jj's, by precedence from low to high; keywords case-inse
     unary      := ("+" | "-") number | primary
     primary    := property | string | number | "TRUE" | "FALSE" | "NULL" | "(" or ")"
 
-A property is `[A-Za-z_$][A-Za-z0-9_$]*` and reads the record's property of that name (user
-and system ones: TAGS, KEYS, ...): a str, or NULL when absent. Strings are '...' ('' is a
-quote); numbers are integers (an optional L) or decimals (5.5, .5, 5E10); `--` and `/* */`
-are comments. Evaluation follows RocketMQ: a string compared with a number is read as that
+A property reads the record's property of that name (user and system ones: TAGS, KEYS, ...):
+a str, or NULL when absent. Evaluation follows RocketMQ: a string compared with a number is read as that
 number's type ("10" > 5; "10.5" > 5 is unknown, "10.5" > 5.0 true), two properties ordered by
 `<` are read as decimals, `=` and `<>` compare strings exactly, and logic is three-valued (a
 missing property makes a comparison NULL; NULL or a failed number read never matches).
@@ -24,9 +22,9 @@ missing property makes a comparison NULL; NULL or a failed number read never mat
 Where mqstore differs: NOT binds looser than a comparison, as in SQL (`NOT a = 1` is
 `NOT (a = 1)`; RocketMQ's NOT takes the next term only), a property or literal standing alone
 as a condition is refused when compiled (RocketMQ compiles it and never matches), unary minus
-applies to numbers only, and a
-string that does not read as a number makes only its comparison NULL, not the whole
-expression false. CONTAINS, STARTSWITH and ENDSWITH (RocketMQ 5.1.3+) are not implemented.
+applies to numbers only, and a string that does not read as a number makes only its
+comparison NULL, not the whole expression false. CONTAINS, STARTSWITH and ENDSWITH
+(RocketMQ 5.1.3+) are not implemented. Tokens: engine.sql_tokens.
 """
 
 from __future__ import annotations
@@ -38,28 +36,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from engine.errors import FilterSyntaxError
+from engine.sql_tokens import Token, tokenize
 
 Predicate = Callable[[Mapping[str, str]], object]
 LONG_MAX = 2**63 - 1
-KEYWORDS = frozenset({"AND", "OR", "NOT", "BETWEEN", "IN", "IS", "NULL", "TRUE", "FALSE"})
-_TOKEN_RE = re.compile(r"""
-    (?P<space>\s+|--[^\n]*|/\*.*?\*/)
-   |(?P<number>(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+[lL]?)
-   |(?P<string>'(?:[^']|'')*')
-   |(?P<name>[A-Za-z_$][A-Za-z0-9_$]*)
-   |(?P<op><>|<=|>=|[=<>(),+-])
-""", re.VERBOSE | re.DOTALL)
 _INT_RE = re.compile(r"[+-]?\d+")
 _DECIMAL_RE = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*")
 _ORDER_OPS = {"<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge}
 _EQUALITY_OPS = {"=": operator.eq, "<>": operator.ne}
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    kind: str  # number, string, name, keyword, op, end
-    text: str
-    pos: int
 
 
 class Kind(Enum):
@@ -113,27 +97,6 @@ def compile_sql_filter(expression: str, field_name: str = "where") -> SqlFilter:
     return SqlFilter(term.text, term.fn)
 
 
-def tokenize(expression: str, field_name: str = "where") -> list[Token]:
-    """The tokens of `expression`, ending with an `end` token; FilterSyntaxError on a character
-    no token starts with, an unterminated string or comment, or a number out of a long's range."""
-    tokens, pos = [], 0
-    while pos < len(expression):
-        match = _TOKEN_RE.match(expression, pos)
-        if match is None:
-            reason = {"'": "unterminated string", "/": "unterminated comment"}.get(
-                expression[pos] if not expression.startswith("/*", pos) else "/",
-                f"unexpected character {expression[pos]!r}")
-            raise FilterSyntaxError(field_name, expression, pos, reason)
-        kind, text = match.lastgroup, match.group()
-        if kind == "name" and text.upper() in KEYWORDS:
-            kind, text = "keyword", text.upper()
-        if kind != "space":
-            tokens.append(Token(kind, text, pos))
-        pos = match.end()
-    tokens.append(Token("end", "the end", len(expression)))
-    return tokens
-
-
 class _Parser:
     """Recursive descent over the tokens, one method per grammar rule, each returning a _Term."""
 
@@ -175,7 +138,7 @@ class _Parser:
     def or_(self) -> _Term:
         term = self.and_()
         while self.accept("OR"):
-            term = _or(term, self._condition(self.and_()))
+            term = _or(self._condition(term), self._condition(self.and_()))
         return term
 
     def and_(self) -> _Term:

@@ -64,6 +64,7 @@ def test_canonical_text_and_equality():
     ("a = 1 /* x", 6, "unterminated comment"), ("a = NULL", 4, "IS NULL"), ("a", 0, "expected a condition"),
     ("a > 'x'", 4, "orders numbers"), ("a BETWEEN 5 AND 1", 10, "empty"), ("a IN (1)", 6, "string literals"),
     ("5 IN ('a')", 0, "property on its left"), ("a # 1", 2, "unexpected character"),
+    ("a / 2 = 1", 2, "unexpected character '/'"), ("a OR b = 1", 0, "expected a condition"),
     ("a = 1 b = 2", 6, "expected AND, OR"), ("(a = 1", 6, "expected ')'"),
     ("a = 99999999999999999999", 4, "long"), ("a = -b", 4, "numbers only"),
     ("a = 1 AND 'x'", 10, "expected a condition"), ("a = (b = 1)", 5, "compared"),
