@@ -4,7 +4,7 @@ Every read path applies it by one rule (RocketMQ's getMessage, reference §9.1 a
 rocketmq-consumption §1.3): the consume queue's tagsCode selects candidates without reading
 a record, the record's own TAGS then the property filter confirm; entries passed over do not
 count toward max_count, the next offset moves past them, and one read examines at most
-`filter_scan_entries(max_count)` entries (RocketMQ's maxFilterMessageSize, 16000 bytes of
+`Subscription.scan_entries(max_count)` entries (RocketMQ's maxFilterMessageSize, 16000 bytes of
 consume queue), so a long run of non-matching entries costs a bounded pull that returns with
 no message and an advanced offset instead of a scan of the whole queue.
 
