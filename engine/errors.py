@@ -44,6 +44,17 @@ class BadInputError(StoreError, ValueError):
         super().__init__(f"invalid {field}: {reason}", path=path)
 
 
+class FilterSyntaxError(BadInputError):
+    """A subscription's expression does not parse or cannot hold: `position` is the 0-based
+    character where it goes wrong in `expression` (the message shows both, with a caret)."""
+
+    def __init__(self, field: str, expression: str, position: int, reason: str):
+        self.expression = expression
+        self.position = position
+        pointer = " " * position + "^"
+        super().__init__(field, f"{reason} at position {position}\n  {expression}\n  {pointer}")
+
+
 class RecordRefusedError(BadInputError):
     """The supervisor's check refused a producer's record. `refusal` (an engine.refusal.Refusal),
     `limit` and `found` travel back in the record's answer row (engine.refusal)."""

@@ -27,6 +27,7 @@ from engine.files.store_dir import (
     StoreLock,
     mark_clean_stop,
 )
+from engine.filters.subscription import subscription_of
 from engine.formats.checkpoint import Checkpoint
 from engine.formats.index_file import shard_of
 from engine.formats.msg_id import make_msg_id
@@ -38,7 +39,7 @@ from engine.formats.record import (
 )
 from engine.formats.record.encode_many import EncodedRecords, encode_records
 from engine.formats.uniq_key import new_uniq_keys
-from engine.log.record_reads import read_key_records, read_queue_records
+from engine.log.record_reads import read_key_records, read_subscribed_records
 from engine.message import (
     Message,
     PutLimits,
@@ -273,10 +274,14 @@ class MessageStore:
                                 f"{self._dispatch_limit()}")
         return self.commitlog.read_at(commit_pos, verify=Verify.MQSTORE)
 
-    def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32) -> GetResult:
-        """Up to max_count messages of one queue from a queue offset, with RocketMQ's statuses."""
+    def get_messages(self, topic: str, queue_id: int, offset: int, max_count: int = 32, *,
+                     tags: str | None = None, where: str | None = None) -> GetResult:
+        """Up to max_count messages of one queue from a queue offset, with RocketMQ's statuses;
+        with `tags` ('A || B') or `where` (a property filter) only those subscribed
+        (engine.filters.subscription: next_offset passes what was filtered out, the scan is bounded)."""
         self._require_open()
         validate_topic(topic)
+        subscription = subscription_of(tags, where)
         for name, value in (("queue_id", queue_id), ("offset", offset), ("max_count", max_count)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise BadInputError(name, f"must be a non-negative int, not {value!r}")
@@ -289,10 +294,10 @@ class MessageStore:
             next_offset = {GetStatus.OFFSET_TOO_SMALL: low, GetStatus.OFFSET_OVERFLOW_ONE: offset,
                            GetStatus.OFFSET_OVERFLOW_BADLY: high}[status]
             return GetResult(status, next_offset=next_offset, min_offset=low, max_offset=high)
-        entries = queue.entries(offset, max_count)
-        read = read_queue_records(self.commitlog, queue, offset, entries["commit_pos"].tolist())
+        entries = queue.entries(offset, subscription.scan_entries(max_count))
+        read = read_subscribed_records(self.commitlog, queue, offset, entries, subscription, max_count)
         status = GetStatus.FOUND if read.records else GetStatus.NO_MATCHED_MESSAGE
-        return GetResult(status, read.records, offset + len(entries), low, high, read.skipped)
+        return GetResult(status, read.records, offset + read.examined, low, high, read.skipped)
 
     def query_by_key(self, topic: str, key: str, begin_ms: int = 0, end_ms: int | None = None,
                      max_count: int = 64) -> list[Record]:

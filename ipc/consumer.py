@@ -69,10 +69,11 @@ from engine.errors import (
 from engine.files.mapped_file import Access
 from engine.files.naming import validate_topic
 from engine.files.store_dir import read_meta
+from engine.filters.subscription import Subscription, subscription_of
 from engine.formats.record import Record, Verify, decode_record
 from engine.formats.record.view import RecordView, entry_mismatches, gather_records
 from engine.log.commitlog import CommitLog
-from engine.log.record_reads import read_queue_records, skip
+from engine.log.record_reads import read_subscribed_records, skip
 from engine.message import validate_queue_id
 from engine.queues.consume_queue import ConsumeQueue
 from engine.queues.table import ConsumeQueueTable
@@ -188,23 +189,32 @@ class Consumer:
 
     # ------------------------------------------------------------------------------ pull
     def pull(self, topic: str, queue_id: int, offset: int | None = None,
-             max_count: int = DEFAULT_MAX_COUNT, timeout_ms: int = 0) -> GetResult:
+             max_count: int = DEFAULT_MAX_COUNT, timeout_ms: int = 0, *, tags: str | None = None,
+             where: str | None = None) -> GetResult:
         """Up to `max_count` messages of one queue from `offset` (default: the committed offset,
-        else the queue's min offset). With `timeout_ms`, waits that long for a first message."""
-        return self._poll(self._read, topic, queue_id, offset, max_count, timeout_ms)
+        else the queue's min offset). With `timeout_ms`, waits that long for a first message.
+
+        `tags` ('A || B') and `where` (a property filter) subscribe to part of the queue
+        (engine.filters.subscription): what they filter out is passed over (next_offset moves past it)
+        and a read examines a bounded span, so it may return NO_MATCHED_MESSAGE at once."""
+        subscription = subscription_of(tags, where)
+        return self._poll(self._read, topic, queue_id, offset, max_count, timeout_ms, subscription)
 
     def pull_columns(self, topic: str, queue_id: int, offset: int | None = None,
-                     max_count: int = DEFAULT_MAX_COUNT, timeout_ms: int = 0) -> ColumnsResult:
+                     max_count: int = DEFAULT_MAX_COUNT, timeout_ms: int = 0, *, tags: str | None = None,
+                     where: str | None = None) -> ColumnsResult:
         """`pull`, read as columns: the records of each commitlog segment as one RecordView
         (numpy columns, bodies as views of the mapping, properties decoded when asked).
 
-        Same statuses, offsets and long poll as `pull`. Each record is checked against its
-        consume-queue entry (sound frame, size, topic, queue id and offset) for the whole batch
-        at once; no CRC is checked (`pull` checks BODYCRC and CRC32C of every record)."""
-        return self._poll(self._read_columns, topic, queue_id, offset, max_count, timeout_ms)
+        Same statuses, offsets, subscription and long poll as `pull`. Each record is checked
+        against its consume-queue entry (sound frame, size, topic, queue id and offset) for the
+        whole batch at once, and the tags filter runs on whole arrays; no CRC is checked (`pull`
+        checks BODYCRC and CRC32C of every record)."""
+        subscription = subscription_of(tags, where)
+        return self._poll(self._read_columns, topic, queue_id, offset, max_count, timeout_ms, subscription)
 
     def _poll(self, read, topic: str, queue_id: int, offset: int | None, max_count: int,
-              timeout_ms: int):
+              timeout_ms: int, subscription: Subscription):
         """Validate a pull, then `read` until something is found or `timeout_ms` has passed."""
         validate_topic(topic)
         validate_queue_id(queue_id, self.info.queue_count)
@@ -218,16 +228,17 @@ class Consumer:
         while True:
             self._require_supervisor()
             bound = self._ctl.dispatched_pos
-            result = read(topic, queue_id, offset, max_count, bound)
+            result = read(topic, queue_id, offset, max_count, bound, subscription)
             remaining = deadline - time.monotonic()
             if result.status is GetStatus.FOUND or remaining <= 0 or result.status not in (
                     GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.OFFSET_OVERFLOW_ONE):
                 return result
             self._wait_past(bound, remaining)
 
-    def _span(self, topic: str, queue_id: int, offset: int | None, max_count: int,
+    def _span(self, topic: str, queue_id: int, offset: int | None, entry_count: int,
               bound: int) -> GetResult | _Span:
-        """The entries a read from `offset` covers, or the GetResult saying why there are none."""
+        """Up to `entry_count` entries a read from `offset` covers, or the GetResult saying why
+        there are none."""
         queue = self.queues.get(topic, queue_id)
         if queue is None:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, next_offset=offset or 0)
@@ -247,27 +258,32 @@ class Consumer:
         if offset > high:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, next_offset=high, min_offset=low,
                              max_offset=high)
-        return _Span(queue, offset, queue.entries(offset, min(max_count, high - offset)), low, high)
+        return _Span(queue, offset, queue.entries(offset, min(entry_count, high - offset)), low, high)
 
     def _read(self, topic: str, queue_id: int, offset: int | None, max_count: int,
-              bound: int) -> GetResult:
-        span = self._span(topic, queue_id, offset, max_count, bound)
+              bound: int, subscription: Subscription) -> GetResult:
+        span = self._span(topic, queue_id, offset, subscription.scan_entries(max_count), bound)
         if isinstance(span, GetResult):
             return span
-        read = read_queue_records(self.commitlog, span.queue, span.offset,
-                                  span.entries["commit_pos"].tolist())
+        read = read_subscribed_records(self.commitlog, span.queue, span.offset, span.entries,
+                                       subscription, max_count)
         status = GetStatus.FOUND if read.records else GetStatus.NO_MATCHED_MESSAGE
-        return GetResult(status, read.records, span.offset + len(span.entries), span.low, span.high,
+        return GetResult(status, read.records, span.offset + read.examined, span.low, span.high,
                          read.skipped)
 
     def _read_columns(self, topic: str, queue_id: int, offset: int | None, max_count: int,
-                      bound: int) -> ColumnsResult:
-        span = self._span(topic, queue_id, offset, max_count, bound)
+                      bound: int, subscription: Subscription) -> ColumnsResult:
+        span = self._span(topic, queue_id, offset, subscription.scan_entries(max_count), bound)
         if isinstance(span, GetResult):
             return ColumnsResult(span.status, [], span.next_offset, span.min_offset, span.max_offset)
-        commit_pos = span.entries["commit_pos"].astype(np.int64)
-        sizes = span.entries["size"].astype(np.int64)
-        queue_offsets = np.arange(span.offset, span.offset + len(commit_pos), dtype=np.int64)
+        end_offset = span.offset + len(span.entries)
+        queue_offsets = np.arange(span.offset, end_offset, dtype=np.int64)
+        entries = span.entries
+        if not subscription.matches_all:  # only the candidates' records are read
+            candidates = subscription.candidates(entries["tags_code"])
+            entries, queue_offsets = entries[candidates], queue_offsets[candidates]
+        commit_pos = entries["commit_pos"].astype(np.int64)
+        sizes = entries["size"].astype(np.int64)
         live = commit_pos >= self.commitlog.min_pos  # below: expired by retention
         if not live.all():
             commit_pos, sizes, queue_offsets = commit_pos[live], sizes[live], queue_offsets[live]
@@ -276,7 +292,8 @@ class Consumer:
         cuts = (np.flatnonzero(segment_no[1:] != segment_no[:-1]) + 1).tolist()
         views: list[RecordView] = []
         skipped: list[SkippedRecord] = []
-        for lo, hi in zip([0, *cuts], [*cuts, len(commit_pos)], strict=True):
+        runs = zip([0, *cuts], [*cuts, len(commit_pos)], strict=True) if len(commit_pos) else ()
+        for lo, hi in runs:  # none when every entry was filtered out or expired
             base_pos = int(segment_no[lo]) * segment_bytes
             buf = self._segment_buf(span.queue, base_pos, int(queue_offsets[lo]))
             view = gather_records(buf, commit_pos[lo:hi] - base_pos, base_pos)
@@ -285,10 +302,12 @@ class Consumer:
                 view = self._drop_torn(span.queue, view, bad, queue_offsets[lo:hi], skipped)
             if view.count:
                 views.append(view)
+        next_offset = end_offset
+        if not subscription.matches_all:
+            views, next_offset = subscription.subscribed_views(views, max_count, end_offset)
         count = sum(view.count for view in views)
         status = GetStatus.FOUND if count else GetStatus.NO_MATCHED_MESSAGE
-        return ColumnsResult(status, views, span.offset + len(span.entries), span.low, span.high,
-                             skipped)
+        return ColumnsResult(status, views, next_offset, span.low, span.high, skipped)
 
     @staticmethod
     def _drop_torn(queue: ConsumeQueue, view: RecordView, bad: np.ndarray,
@@ -420,9 +439,11 @@ class Consumer:
     def iterate(self, topic: str, *, follow: bool = False, poll_timeout_ms: int = 1000,
                 max_count: int = DEFAULT_MAX_COUNT, auto_commit: bool = True,
                 on_skipped: Callable[[SkippedRecord], None] | None = None,
-                commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS) -> Iterator[Record]:
-        """Every message of `topic` across its queues, from the committed offsets; a corrupt
-        record is passed over (logged at WARNING, and handed to `on_skipped` when given).
+                commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS, tags: str | None = None,
+                where: str | None = None) -> Iterator[Record]:
+        """Every message of `topic` across its queues, from the committed offsets, or those of
+        the subscription `tags` / `where` (as `pull`); a corrupt record is passed over (logged
+        at WARNING, and handed to `on_skipped` when given).
 
         Without `follow` it stops when no queue moves on (every one drained); with it, it
         long-polls for more, across a restart of the store (see `reattach_timeout_s`). A
@@ -435,6 +456,7 @@ class Consumer:
         again what it read since the last write: delivery is at least once."""
         validate_topic(topic)
         _require_count("commit_interval_ms", commit_interval_ms, 0, 2**31)
+        subscription = subscription_of(tags, where)
         offsets = {qid: self.committed(topic, qid) for qid in range(self.info.queue_count)}
         interval_s = commit_interval_ms / 1000.0
         written_at = time.monotonic()
@@ -444,7 +466,7 @@ class Consumer:
                 bound = self._ctl.dispatched_pos
                 moved = False
                 for queue_id, offset in offsets.items():
-                    result = self._read(topic, queue_id, offset, max_count, bound)
+                    result = self._read(topic, queue_id, offset, max_count, bound, subscription)
                     if on_skipped is not None:
                         for skipped in result.skipped:
                             on_skipped(skipped)

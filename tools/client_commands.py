@@ -56,6 +56,9 @@ def add_parsers(command) -> None:
     p.add_argument("--queue-id", type=int, help="only this queue")
     p.add_argument("--offset", type=int, help="start offset (with --queue-id; default: committed)")
     p.add_argument("--max", type=int, dest="max_messages", help="stop after this many messages")
+    p.add_argument("--tags", help="only messages with these tags: 'A || B' (RocketMQ's syntax; '*' all)")
+    p.add_argument("--where", help="only messages whose properties match this SQL92 filter, "
+                   "e.g. \"region = 'eu' AND amount > 100\"")
     p.add_argument("--follow", "-f", action="store_true", help="keep waiting for new messages")
     p.add_argument("--timeout-ms", type=int, default=1000, help="long-poll wait (default 1000)")
     p.add_argument("--no-commit", action="store_true", help="do not commit the group's offsets")
@@ -233,9 +236,12 @@ def _print_record(record: Record, as_json: bool) -> None:
 
 # ---------------------------------------------------------------------------------- consume
 def cmd_consume(args: argparse.Namespace) -> int:
+    from engine.filters.subscription import subscription_of
     from engine.status import GetStatus
     from ipc.consumer import Consumer
 
+    subscription_of(args.tags, args.where)  # a bad expression is refused before attaching
+    subscribed = {"tags": args.tags, "where": args.where}
     if args.offset is not None and args.queue_id is None:
         raise BadInputError("offset", "needs --queue-id")
     if args.max_messages is not None and args.max_messages < 1:
@@ -263,7 +269,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 while args.max_messages is None or printed < args.max_messages:
                     want = 32 if args.max_messages is None else min(32, args.max_messages - printed)
                     result = consumer.pull(args.topic, args.queue_id, offset, want,
-                                           timeout_ms=args.timeout_ms)
+                                           timeout_ms=args.timeout_ms, **subscribed)
                     skipped.extend(result.skipped)
                     for record in result.messages:
                         _print_record(record, args.json)
@@ -278,7 +284,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
             else:
                 for record in consumer.iterate(args.topic, follow=args.follow,
                                                poll_timeout_ms=args.timeout_ms, auto_commit=False,
-                                               on_skipped=passed_over):
+                                               on_skipped=passed_over, **subscribed):
                     _print_record(record, args.json)
                     printed += 1
                     pending[record.queue_id] = max(pending.get(record.queue_id, 0),

@@ -18,11 +18,14 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
+
 from engine.errors import CorruptConsumeQueueError, CorruptRecordError
 from engine.formats.record import Record, Verify
 from engine.status import SkippedRecord
 
 if TYPE_CHECKING:
+    from engine.filters.subscription import Subscription
     from engine.log.commitlog import CommitLog
     from engine.queues.consume_queue import ConsumeQueue
 
@@ -45,6 +48,15 @@ def skip(skipped: list[SkippedRecord], record: SkippedRecord) -> None:
     skipped.append(record)
 
 
+class SubscribedRead(NamedTuple):
+    """What a subscribed read delivers and how many entries it examined (the next offset is
+    the first offset plus `examined`: entries passed over by the filter are behind it)."""
+
+    records: list[Record]
+    skipped: list[SkippedRecord]
+    examined: int
+
+
 def read_queue_records(commitlog: CommitLog, queue: ConsumeQueue, first_offset: int,
                        commit_positions: Sequence[int]) -> RecordsRead:
     """The records of `queue`'s entries from `first_offset` (their commit positions, in order).
@@ -54,24 +66,47 @@ def read_queue_records(commitlog: CommitLog, queue: ConsumeQueue, first_offset: 
     CorruptConsumeQueueError."""
     records: list[Record] = []
     skipped: list[SkippedRecord] = []
-    wanted = (queue.topic, queue.queue_id)
     for i, commit_pos in enumerate(commit_positions):
-        queue_offset = first_offset + i
-        if commit_pos < commitlog.min_pos:
-            continue  # expired by retention
-        try:
-            record = commitlog.read_at(commit_pos, verify=Verify.MQSTORE)
-        except CorruptRecordError as exc:
-            skip(skipped, SkippedRecord(commit_pos, exc.reason, queue.topic, queue.queue_id,
-                                        queue_offset))
-            continue
-        if (record.topic, record.queue_id, record.queue_offset) != (*wanted, queue_offset):
-            raise CorruptConsumeQueueError(
-                f"entry {queue_offset} of {queue.topic}/{queue.queue_id} points at a record of "
-                f"{record.topic}/{record.queue_id} offset {record.queue_offset}",
-                path=str(queue.segments.directory), queue_offset=queue_offset)
-        records.append(record)
+        record = _read_entry(commitlog, queue, first_offset + i, commit_pos, skipped)
+        if record is not None:
+            records.append(record)
     return RecordsRead(records, skipped)
+
+
+def read_subscribed_records(commitlog: CommitLog, queue: ConsumeQueue, first_offset: int,
+                            entries: np.ndarray, subscription: Subscription,
+                            max_count: int) -> SubscribedRead:
+    """Up to `max_count` records of `subscription` among `queue`'s `entries` (CQ_DTYPE rows
+    from `first_offset`): tagsCode picks the candidates, each record read confirms. The read
+    stops after the max_count-th record (RocketMQ stops at the next entry), else examines all."""
+    records: list[Record] = []
+    skipped: list[SkippedRecord] = []
+    positions = entries["commit_pos"].tolist()
+    for i in np.flatnonzero(subscription.candidates(entries["tags_code"])).tolist():
+        record = _read_entry(commitlog, queue, first_offset + i, positions[i], skipped)
+        if record is not None and subscription.matches(record):
+            records.append(record)
+            if len(records) == max_count:
+                return SubscribedRead(records, skipped, i + 1)
+    return SubscribedRead(records, skipped, len(entries))
+
+
+def _read_entry(commitlog: CommitLog, queue: ConsumeQueue, queue_offset: int, commit_pos: int,
+                skipped: list[SkippedRecord]) -> Record | None:
+    """The record of one entry; None when retention deleted it or its bytes are bad (skipped)."""
+    if commit_pos < commitlog.min_pos:
+        return None  # expired by retention
+    try:
+        record = commitlog.read_at(commit_pos, verify=Verify.MQSTORE)
+    except CorruptRecordError as exc:
+        skip(skipped, SkippedRecord(commit_pos, exc.reason, queue.topic, queue.queue_id, queue_offset))
+        return None
+    if (record.topic, record.queue_id, record.queue_offset) != (queue.topic, queue.queue_id, queue_offset):
+        raise CorruptConsumeQueueError(
+            f"entry {queue_offset} of {queue.topic}/{queue.queue_id} points at a record of "
+            f"{record.topic}/{record.queue_id} offset {record.queue_offset}",
+            path=str(queue.segments.directory), queue_offset=queue_offset)
+    return record
 
 
 def read_key_records(commitlog: CommitLog, positions: Iterable[int], topic: str, key: str,

@@ -307,13 +307,13 @@ def test_non_utf8_topic_is_corrupt():
 
 
 def hand_built(magic: int, sys_flag: int, born: tuple[str, int], store: tuple[str, int], *,
-               commit_pos: int = 0, topic: bytes = b"t6", body: bytes = b"six") -> bytes:
+               commit_pos: int = 0, topic: bytes = b"t6", body: bytes = b"six",
+               props: bytes = b"TAGS\x01v6\x02") -> bytes:
     """A record laid out field by field from reference §1.1 with the given hosts and magic."""
     def host(ip, port):
         family = socket.AF_INET6 if ":" in ip else socket.AF_INET
         return socket.inet_pton(family, ip) + struct.pack(">i", port)
 
-    props = b"TAGS\x01v6\x02"
     topic_len = struct.pack(">b" if magic == MAGIC_V1 else ">h", len(topic))
     tail = (struct.pack(">q", 111) + host(*born) + struct.pack(">q", 222) + host(*store)
             + struct.pack(">iqi", 1, 0, len(body)) + body + topic_len + topic

@@ -131,3 +131,22 @@ def test_small_batches(count):
 def test_a_buffer_too_short_for_a_header_frames_nothing():
     view = gather_records(b"\x00" * 20, np.array([0, 5]), BASE_POS)
     assert view.framed.tolist() == [False, False]
+
+
+@pytest.mark.parametrize("props", [
+    b"TAGS\x01A\x02", b"KEYS\x01k\x02TAGS\x01BB\x02", b"TAGS\x01A\x02TAGS\x01Aa",
+    b"TAGS\x01Aa\x02TAGS\x01A\x02", b"XTAGS\x01A\x02", b"KEYS\x01TAGS\x01A\x02",
+    b"TAGS\x01A\x02TAGS\x01\x02", b"TAGS\x01\x02", b"",
+    b"TAGS\x01AB\x02", b"UNIQ_KEY\x01u\x02TAGS\x01A",
+])
+def test_property_in_reads_tags_as_the_decoder_does(props):
+    hosts = (("1.2.3.4", 5), ("1.2.3.4", 6))
+    buf, starts = bytearray(), []
+    for p in (props, b"TAGS\x01A"):
+        starts.append(len(buf))
+        buf += hand_built(MAGIC_V1, 0, *hosts, props=p, commit_pos=len(buf))
+    view = gather_records(bytes(buf), np.array(starts, dtype=np.int64), 0)
+    wanted = frozenset({b"A", b"BB"})
+    decoded = [decode_record(bytes(buf), s, verify=Verify.STRUCTURE).tags for s in starts]
+    expected = [t is not None and t.encode() in wanted for t in decoded]
+    assert view.property_in(b"TAGS", wanted).tolist() == expected

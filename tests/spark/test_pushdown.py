@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan, StringStartsWith
 
+from engine.errors import BadInputError
 from tools.spark.options import parse_options
 from tools.spark.partitions import ScanRange
 from tools.spark.scan import RowFilter, ScanSpec, VerifyMode, iter_range
@@ -76,3 +77,32 @@ def test_where_clauses_are_pushed_and_answer_as_spark_would(spark, store_dir, re
     assert not re.search(r"queue_id#\d+ = 1|topic#\d+ IN|commit_pos#\d+ >|queue_offset#\d+ >=", plan), plan
     plain = spark.read.format("mqstore").load(str(store_dir)).where("topic = 'orders'")
     assert plain.count() == sum(r.topic == "orders" for r in records.values())
+
+
+def test_tags_option_and_pushed_tags_use_the_consumers_rule(store_dir, records):
+    reader = PushdownReader(parse_options({"path": str(store_dir), "tags": " t1 || t2 "}))
+    assert {r["commit_pos"] for r in rows_of(reader)} == {
+        p for p, r in records.items() if r.tags in ("t1", "t2")}
+    rest = reader.pushFilters([EqualTo(("tags",), "t2"), In(("tags",), ("t0", "t1 || t2"))])
+    assert rest == [In(("tags",), ("t0", "t1 || t2"))]  # not a tag: Spark evaluates it
+    assert {r["tags"] for r in rows_of(reader)} == {"t2"}
+    emptied = PushdownReader(parse_options({"path": str(store_dir), "tags": "t1"}))
+    no_tag_left = In(("tags",), ("t0", "t2"))
+    assert emptied.pushFilters([no_tag_left]) == [no_tag_left]  # an empty set would mean `*`
+    with pytest.raises(BadInputError, match="names no tag"):
+        parse_options({"path": str(store_dir), "tags": " || "})
+    with pytest.raises(BadInputError, match="dispatch view"):
+        parse_options({"path": str(store_dir), "tags": "t1", "view": "dispatch"})
+
+
+@pytest.mark.slow
+def test_spark_reads_a_tag_subscription_and_pushes_tags_in(spark, store_dir, records):
+    base = spark.read.format("mqstore").option("filterPushdown", "true").load(str(store_dir))
+    by_option = (spark.read.format("mqstore").option("tags", "t0 || t1").load(str(store_dir))
+                 .select("commit_pos").collect())
+    assert {r.commit_pos for r in by_option} == {p for p, r in records.items() if r.tags in ("t0", "t1")}
+    pushed = base.where("tags IN ('t1', 't2') AND topic = 'orders'")
+    plan = pushed._jdf.queryExecution().executedPlan().toString()
+    assert not re.search(r"tags#\d+ IN|topic#\d+ =", plan), plan  # both claimed by the source
+    assert {r.commit_pos for r in pushed.select("commit_pos").collect()} == {
+        p for p, r in records.items() if r.tags in ("t1", "t2") and r.topic == "orders"}

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from enum import Enum
 
 from engine.errors import BadInputError
+from engine.filters.tag_expression import MATCH_ALL_TAGS, TagExpression, parse_tag_expression
 from tools.spark.layout import StoreFormat, StoreLayout
 from tools.spark.partitions import DEFAULT_PARTITION_BYTES, ScanFilter, SplitMode
 from tools.spark.scan import RowFilter, ScanSpec, VerifyMode, View
@@ -49,7 +50,7 @@ OPTION_DEFAULTS = {
     "verify": "none", "format": "auto", "maxPartitionBytes": str(DEFAULT_PARTITION_BYTES),
     "splitMode": "sample", "topicPruning": "consumequeue", "timeSlackMs": "60000", "view": "messages",
     "startingOffsets": "earliest", "failOnDataLoss": "true", "maxRecordsPerTrigger": None,
-    "maxBytesPerTrigger": None, "filterPushdown": "false",
+    "maxBytesPerTrigger": None, "filterPushdown": "false", "tags": None,
 }
 
 
@@ -76,8 +77,8 @@ class SourceOptions:
     def scan_spec(self, layout: StoreLayout, columns: frozenset[str] | None) -> ScanSpec:
         """How a store of `layout` is scanned, decoding only `columns` (None: all of the view's)."""
         f = self.scan_filter
-        return ScanSpec(self.verify_mode, layout.full_verify, RowFilter(f.topics, f.start_ms, f.end_ms),
-                        self.output.scan_view, columns)
+        row_filter = RowFilter(f.topics, f.start_ms, f.end_ms, f.tags)
+        return ScanSpec(self.verify_mode, layout.full_verify, row_filter, self.output.scan_view, columns)
 
     def pruning_filter(self) -> ScanFilter:
         """The filter the planner prunes with (topics only when topic pruning is on)."""
@@ -158,12 +159,15 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         start_pos=_int_option(options, "startPos", 0) or 0, end_pos=_int_option(options, "endPos", None),
         start_ms=parse_time_ms("startTime", option_value(options, "startTime")),
         end_ms=parse_time_ms("endTime", option_value(options, "endTime")), topics=topics,
-        time_slack_ms=_int_option(options, "timeSlackMs", 60_000) or 0)
+        time_slack_ms=_int_option(options, "timeSlackMs", 60_000) or 0, tags=_tags_option(options))
     store_format = _choice(options, "format", "auto", ("auto", "mqstore", "rocketmq"))
     target_bytes = _int_option(options, "maxPartitionBytes", DEFAULT_PARTITION_BYTES)
     if target_bytes is None or target_bytes < MIN_PARTITION_BYTES:
         raise BadInputError("maxPartitionBytes", f"{target_bytes} is below the floor of "
                             f"{MIN_PARTITION_BYTES} bytes (smaller partitions cost more than they read)")
+    output = OutputView(_choice(options, "view", "messages", ("messages", "dispatch", "kafka")))
+    if output is OutputView.DISPATCH and not scan_filter.tags.matches_all:
+        raise BadInputError("tags", "the dispatch view has no TAGS to filter on (use view messages or kafka)")
     return SourceOptions(
         paths=paths, scan_filter=scan_filter,
         verify_mode=VerifyMode(_choice(options, "verify", "none", ("none", "fail", "report"))),
@@ -171,10 +175,16 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         target_bytes=target_bytes,
         split_mode=SplitMode(_choice(options, "splitMode", "sample", ("sample", "walk"))),
         prune_topics=_choice(options, "topicPruning", "consumequeue", ("consumequeue", "off")) != "off",
-        output=OutputView(_choice(options, "view", "messages", ("messages", "dispatch", "kafka"))),
+        output=output,
         starting_offsets=(option_value(options, "startingOffsets", "earliest") or "earliest").strip().lower(),
         on_data_loss=DataLoss.FAIL if _choice(options, "failOnDataLoss", "true", ("true", "false")) == "true"
         else DataLoss.SKIP,
         max_records_per_trigger=_positive(options, "maxRecordsPerTrigger"),
         max_bytes_per_trigger=_positive(options, "maxBytesPerTrigger"),
         filter_pushdown=_choice(options, "filterPushdown", "false", ("true", "false")) == "true")
+
+
+def _tags_option(options: Mapping[str, str]) -> TagExpression:
+    """`tags`: the consumers' tag expression ('A || B'; unset or '*': every message)."""
+    text = option_value(options, "tags")
+    return MATCH_ALL_TAGS if text is None else parse_tag_expression(text)

@@ -41,6 +41,7 @@ import numpy as np
 
 from engine.errors import CorruptRecordError
 from engine.files.naming import CONSUMEQUEUE_DIR
+from engine.filters.tag_expression import MATCH_ALL_TAGS, TagExpression
 from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE, FILLER_SIZE_MARK
 from engine.formats.record import FILLER_SIZE, V4_HEADER_SIZE, store_ts_at
 from engine.log.walker import HopEnd, LogWindow, hop_heads, is_filler_head
@@ -78,6 +79,7 @@ class ScanFilter:
     end_ms: int | None = None
     topics: frozenset[str] | None = None
     time_slack_ms: int = 60_000
+    tags: TagExpression = MATCH_ALL_TAGS  # rows only: ranges are not pruned by tag
 
 
 # ----------------------------------------------------------------------- chain walking

@@ -5,6 +5,8 @@ Claimed (applied exactly by the source, so Spark does not evaluate them again):
 - topic: =, IN            -> the scan's topics (consume queues prune ranges, rows are filtered)
 - commit_pos: =, <, <=, >, >= -> the scan's commit-position range (ranges are cut to it)
 - queue_id: =, IN; queue_offset: =, <, <=, >, >= -> an exact filter on the decoded rows
+- tags: =, IN -> the scan's tag set (the consumers' exact TAGS rule, engine.filters.tag_expression;
+  a value set that leaves no tag beside an earlier one goes back to Spark, which then drops all)
 Used for pruning but handed back to Spark: commit_pos IN (the range around its values) and
 store_ts ranges (segments and ranges whose store
 times cannot match are skipped; Spark re-checks the rows, which keeps microsecond edge cases
@@ -29,6 +31,7 @@ from pyspark.sql.datasource import (
     LessThanOrEqual,
 )
 
+from engine.filters.tag_expression import TagExpression
 from tools.spark.partitions import ScanFilter
 from tools.spark.read_plan import RowSelection
 
@@ -82,6 +85,8 @@ def push(filters: list[Filter], scan_filter: ScanFilter, selection: RowSelection
         claimed = True
         if name == "topic" and isinstance(f, EqualTo | In) and _all(f, str):
             f_scan = replace(f_scan, topics=_intersect(f_scan.topics, _values(f)))
+        elif name == "tags" and isinstance(f, EqualTo | In) and _all(f, str) and _narrows_tags(f_scan, f):
+            f_scan = replace(f_scan, tags=_narrowed_tags(f_scan.tags, _values(f)))
         elif name == "queue_id" and isinstance(f, EqualTo | In) and _all(f, int):
             sel = replace(sel, queue_ids=_intersect(sel.queue_ids, _values(f)))
         elif name == "commit_pos" and isinstance(f, EqualTo | In | _RANGE_OPS) and _all(f, int):
@@ -121,6 +126,20 @@ def _all(f: Filter, kind: type) -> bool:
     if kind is int:
         return bool(values) and all(_is_int(v) for v in values)
     return bool(values) and all(isinstance(v, kind) for v in values)
+
+
+def _narrowed_tags(current: TagExpression, values: tuple) -> TagExpression:
+    wanted = frozenset(values)
+    return TagExpression(wanted if current.matches_all else current.tags & wanted)
+
+
+def _narrows_tags(f_scan: ScanFilter, f: Filter) -> bool:
+    """Whether the tag values keep some tag (an empty set would read as `*`) and are tags the
+    consumers' rule can hold (no `||`, no surrounding spaces, not `*`)."""
+    values = _values(f)
+    if any(v != v.strip() or not v or "||" in v or v == "*" for v in values):
+        return False
+    return bool(_narrowed_tags(f_scan.tags, values).tags)
 
 
 def _narrow_positions(f_scan: ScanFilter, f: Filter) -> ScanFilter:

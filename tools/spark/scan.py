@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 
 from engine.dispatch.record import index_keys
 from engine.errors import CorruptRecordError
+from engine.filters.tag_expression import MATCH_ALL_TAGS, TagExpression
 from engine.formats.record import FILLER_SIZE, Filler, Record, Verify, decode_record
 from engine.formats.record.arrays import gather_field
 from engine.formats.record.spans import RecordSpans
@@ -72,9 +73,12 @@ class RowFilter:
     topics: frozenset[str] | None = None
     start_ms: int | None = None
     end_ms: int | None = None
+    tags: TagExpression = MATCH_ALL_TAGS  # the consumers' tag rule (engine.filters.tag_expression)
 
     def accepts(self, record: Record) -> bool:
         if self.topics is not None and record.topic not in self.topics:
+            return False
+        if not self.tags.matches(record.tags):
             return False
         if self.start_ms is not None and record.store_ts_ms < self.start_ms:
             return False
@@ -103,7 +107,10 @@ class ScanSpec:
         full = arrow_schema(self.view, self.verify_mode)
         if self.columns is None:
             return full
-        kept = self.columns | {ERROR_FIELD[0]} | ({"topic"} if self.row_filter.topics is not None else set())
+        read = {"topic"} if self.row_filter.topics is not None else set()
+        if not self.row_filter.tags.matches_all:
+            read.add("tags")
+        kept = self.columns | {ERROR_FIELD[0]} | read
         return pa.schema([f for f in full if f.name in kept])
 
 
@@ -378,12 +385,16 @@ def _run_batches(run: Run, spec: ScanSpec, builder: BatchBuilder) -> Iterator[pa
 
 def _filter_mask(run: Run, f: RowFilter, batch: pa.RecordBatch) -> np.ndarray | None:
     """The rows of a run's batch that pass the row filter (None: no filter)."""
-    if f.topics is None and f.start_ms is None and f.end_ms is None:
+    if f.topics is None and f.start_ms is None and f.end_ms is None and f.tags.matches_all:
         return None
     mask = np.ones(batch.num_rows, dtype=bool)
     if f.topics is not None:
         topics = pa.array(sorted(f.topics), type=pa.string())
         mask &= pc.is_in(batch.column("topic"), value_set=topics).to_numpy(zero_copy_only=False)
+    if not f.tags.matches_all:  # exact TAGS (an untagged row is null: never in the set)
+        tags = pa.array(sorted(f.tags.tags), type=pa.string())
+        mask &= pc.fill_null(pc.is_in(batch.column("tags"), value_set=tags), False).to_numpy(
+            zero_copy_only=False)
     store_ts_ms = gather_field(np.frombuffer(run.chunk, dtype=np.uint8), run.spans.starts, "store_ts_ms")
     if f.start_ms is not None:
         mask &= store_ts_ms >= f.start_ms

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.formats.properties import PROP_CRC32C, decode_properties
-from engine.formats.record.arrays import clip, gather, gather_int
+from engine.formats.properties import PROP_CRC32C, SEP_KV, SEP_PROP, decode_properties
+from engine.formats.record.arrays import clip, gather, gather_int, take_spans
 from engine.formats.record.scalar import Record, Verify, decode_record
 from engine.formats.record.structure import frame_many
 
@@ -81,6 +81,45 @@ class RecordView:
         props = decode_properties(self.buf[start:end])
         props.pop(PROP_CRC32C, None)
         return props
+
+    def property_in(self, name: bytes, wanted: frozenset[bytes]) -> np.ndarray:
+        """A mask of the records whose property `name` is one of `wanted`, as decode_properties
+        reads it (the last pair with that key), for all records at once.
+
+        A pair starts the properties or follows a 0x02, its key runs to its first 0x01 and its
+        value, non-empty, to the next 0x02; a record whose last `name 0x01` starts an empty
+        value (no pair) is decided by the decoder itself."""
+        u8 = np.frombuffer(self.buf, dtype=np.uint8)
+        offsets, blob = take_spans(u8, self.props_pos, self.end_pos)
+        offsets = offsets.astype(np.int64)
+        head = np.frombuffer(name + SEP_KV, dtype=np.uint8)
+        width = len(head)
+        if len(blob) < width:
+            return np.zeros(self.count, dtype=bool)
+        at = np.ones(len(blob) - width + 1, dtype=bool)
+        for k, byte in enumerate(head.tolist()):
+            at &= blob[k:len(blob) - width + 1 + k] == byte
+        starts = np.flatnonzero(at)
+        rows = np.searchsorted(offsets, starts, side="right") - 1
+        at_pair = (starts == offsets[rows]) | (blob[np.maximum(starts - 1, 0)] == SEP_PROP[0])
+        starts, rows = starts[at_pair], rows[at_pair]
+        last = np.ones(len(rows), dtype=bool)
+        last[:-1] = rows[1:] != rows[:-1]
+        starts, rows = starts[last] + width, rows[last]
+        seps = np.append(np.flatnonzero(blob == SEP_PROP[0]), len(blob))  # the end stops a value too
+        ends = np.minimum(seps[np.searchsorted(seps, starts)], offsets[rows + 1])
+        keep = np.zeros(self.count, dtype=bool)
+        lengths = ends - starts
+        for value in wanted:
+            same = np.flatnonzero(lengths == len(value))
+            if len(same) and value:
+                same = same[(gather(blob, starts[same], len(value))
+                             == np.frombuffer(value, dtype=np.uint8)).all(axis=1)]
+            keep[rows[same]] = True
+        for row in rows[lengths == 0].tolist():  # not a pair: an earlier one may be the value
+            found = self.properties(row).get(name.decode())
+            keep[row] = found is not None and found.encode() in wanted
+        return keep
 
     def body_prefix(self, width_bytes: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows, heads): the first `width_bytes` of every body at least that long, as an
