@@ -1,7 +1,9 @@
+
 """The supervisor's structural check of producer records: garbage never reaches the log."""
 
 import random
 import struct
+from functools import partial
 
 import numpy as np
 import pytest
@@ -20,13 +22,15 @@ from engine.formats.record import (
 )
 from engine.formats.record.stamp_many import check_stampable
 from engine.status import PutStatus
+from engine.topic_table import TopicDefaults, TopicTable
 from engine.tuning import STRUCT_PATH_MAX_RECORDS
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.run_info import run_dir
 from tests.workers.store_harness import assert_check_clean, start_store
 from workers.request_check import RecordChecker, merge_checked
 
-CHECKER = RecordChecker(max_body_bytes=1024, queue_count=4, segment_bytes=65536)
+CHECKER = RecordChecker(max_body_bytes=1024, segment_bytes=65536,
+                            route=partial(TopicTable().put_route, defaults=TopicDefaults(4)))
 
 
 def record(topic="T1", body=b"hello", queue_id=1, props=None):
@@ -317,7 +321,8 @@ def test_supervisor_appends_only_the_good_records_of_a_large_request(tmp_path):
 def test_check_request_of_large_bodies_agrees_with_check_on_a_view():
     """Bodies of tens of KiB, damaged in places, in a memoryview (what the appender passes): the
     batch path answers exactly what `check` answers per record."""
-    checker = RecordChecker(max_body_bytes=1 << 17, queue_count=4, segment_bytes=1 << 24)
+    checker = RecordChecker(max_body_bytes=1 << 17, segment_bytes=1 << 24,
+                            route=partial(TopicTable().put_route, defaults=TopicDefaults(4)))
     rnd = random.Random(21)
     records = [bytearray(record(body=rnd.randbytes(rnd.randrange(20000, 70000)), queue_id=i % 4))
                for i in range(BIG)]
