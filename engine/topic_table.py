@@ -331,6 +331,11 @@ class TopicTableFile:
         self._seen, self._table = _identity(stat), table
         return table
 
+    @property
+    def table(self) -> TopicTable:
+        """The table as last read (or written) here, without looking at the file."""
+        return self._table
+
     def current(self) -> TopicTable:
         """The table as last read, read again when the file was replaced since (one stat)."""
         try:

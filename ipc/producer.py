@@ -73,6 +73,7 @@ from engine.errors import (
 )
 from engine.formats.msg_id import make_msg_id
 from engine.formats.record.encode_many import EncodedRecords, encode_columns, encode_records
+from engine.formats.store_meta import MAX_QUEUE_COUNT
 from engine.formats.uniq_key import new_uniq_key_block
 from engine.message import (
     Message,
@@ -86,6 +87,7 @@ from engine.message import (
 )
 from engine.status import PutResult
 from engine.store_dir import StoreKind, inspect_store_dir, read_meta, refuse_foreign_store
+from engine.topic_table import TopicDefaults, TopicFileError, TopicTableFile
 from ipc.batch_result import BatchResult, BatchResultBuilder
 from ipc.control_block import ControlBlock
 from ipc.mailbox import Mailbox
@@ -101,6 +103,7 @@ from ipc.slot_sender import Pending, SlotSender, StoreLink
 
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
 BORN_IP = "127.0.0.1"
+TOPICS_REFRESH_S = 0.1  # how stale a producer's view of a topic's write queues may be
 
 
 def _after_fork_in_child() -> None:
@@ -230,6 +233,8 @@ class Producer:
         self._born_host = (BORN_IP, os.getpid() & 0x7FFFFFFF)
         self._round_robin: dict[str, int] = {}  # next queue id per topic
         self._round_robin_lock = threading.Lock()
+        self._topic_file = TopicTableFile(self.root)
+        self._topics_read_at = float("-inf")
 
     def _new_sender(self) -> SlotSender:
         """Attach to the supervisor serving the store now (ServiceNotAvailableError at once when
@@ -430,7 +435,7 @@ class Producer:
             return None
         info = self.info
         return one_record(topic, topic_raw, body, key, tags, queue_id, max_body_bytes=info.max_body_bytes,
-                          queue_count=info.queue_count, round_robin=self._take_round_robin,
+                          queue_count=MAX_QUEUE_COUNT, round_robin=self._take_round_robin,
                           born_host=self._born_host, store_host=self._store_host)
 
     # ------------------------------------------------------------------------------ columns
@@ -465,7 +470,7 @@ class Producer:
         keys_raw = key_column(keys, n) if keys is not None else None
         tags_raw = tags_text(tags)
         if queue_ids is not None:
-            queue_ids = queue_id_column(queue_ids, n, self.info.queue_count)
+            queue_ids = queue_id_column(queue_ids, n, MAX_QUEUE_COUNT)
         if n and max(map(len, bodies)) > self.info.max_body_bytes:
             big = next(i for i, body in enumerate(bodies) if len(body) > self.info.max_body_bytes)
             raise BadInputError("bodies", f"body {big}: {len(bodies[big])} bytes exceeds the maximum "
@@ -486,15 +491,33 @@ class Producer:
 
     def _round_robin_ids(self, topic: str, count: int) -> list[int]:
         """The next `count` queue ids of `topic`'s round robin."""
-        first = self._take_round_robin(topic, count)
-        return list(itertools.islice(itertools.cycle(range(self.info.queue_count)), first, first + count))
+        write_queues = self.write_queue_count(topic)
+        first = self._take_round_robin(topic, count) % write_queues
+        return list(itertools.islice(itertools.cycle(range(write_queues)), first, first + count))
 
     def _take_round_robin(self, topic: str, count: int) -> int:
-        """The first of the next `count` queue ids of `topic`'s round robin, which moves past them."""
+        """The first of the next `count` queue ids of `topic`'s round robin over its write
+        queues, which moves past them."""
+        write_queues = self.write_queue_count(topic)
         with self._round_robin_lock:
-            first = self._round_robin.get(topic, 0)
-            self._round_robin[topic] = (first + count) % self.info.queue_count
+            first = self._round_robin.get(topic, 0) % write_queues
+            self._round_robin[topic] = (first + count) % write_queues
         return first
+
+    def write_queue_count(self, topic: str) -> int:
+        """How many write queues `topic` has by config/topics.json (looked at again at most every
+        TOPICS_REFRESH_S), the store's default for a topic not created yet. The supervisor
+        refuses a queue past them, so a producer that read the file before a change only gets
+        its answer: the table here picks the queues, it is not the rule."""
+        now = time.monotonic()
+        if now - self._topics_read_at >= TOPICS_REFRESH_S:
+            self._topics_read_at = now
+            try:
+                self._topic_file.current()
+            except TopicFileError:  # someone edited it badly: keep the last table read; the
+                pass                # supervisor's rule decides, and its answer says why
+        table = self._topic_file.table
+        return max(table.write_queue_count(topic, TopicDefaults(self.info.queue_count)), 1)
 
     # ------------------------------------------------------------------------------ messages
     def _send_messages(self, messages: Sequence[Message], done: Callable[[BatchResult], None],
@@ -540,5 +563,5 @@ class Producer:
     def _put_limits(self) -> PutLimits:
         """engine.message's limits of the supervisor attached to: a record fits a mailbox slot."""
         info, slot_bytes = self.info, self._mailbox.data_bytes
-        return PutLimits(info.queue_count, info.max_body_bytes, slot_bytes,
+        return PutLimits(MAX_QUEUE_COUNT, info.max_body_bytes, slot_bytes,
                          f"a mailbox slot of {slot_bytes} bytes")
