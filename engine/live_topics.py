@@ -32,7 +32,6 @@ class LiveTopics:
         self.file = topic_file
         self.table = table
         self.defaults = defaults
-        self._round_robin: dict[str, int] = {}
 
     def route(self, topic: str, queue_id: int) -> TopicConfig:
         """TopicTable.put_route, creating (and writing) an unconfigured topic it accepts."""
@@ -41,13 +40,6 @@ class LiveTopics:
             self._write(self.table.with_topic(config))
             log.info("topic %s created by its first message (%d queues)", topic, config.write_queue_count)
         return config
-
-    def next_queue_id(self, topic: str) -> int:
-        """The next of `topic`'s write queues, round robin (a producer that names none)."""
-        count = max(self.table.write_queue_count(topic, self.defaults), 1)
-        queue_id = self._round_robin.get(topic, 0) % count
-        self._round_robin[topic] = queue_id + 1
-        return queue_id
 
     def apply(self, change: TopicChange, next_offsets: dict[tuple[str, int], int],
               end_pos: int) -> TopicTable:
@@ -60,7 +52,6 @@ class LiveTopics:
         if change.op is TopicOp.DELETE:
             for key in [key for key in next_offsets if key[0] == change.topic]:
                 del next_offsets[key]
-            self._round_robin.pop(change.topic, None)
         log.info("topic %s: %s (%s)", change.topic, change.op.value, describe(table, change.topic))
         return table
 

@@ -118,10 +118,9 @@ class MessageStore:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def put(self, topic: str, body: bytes, *, tags: str | None = None, keys=(), queue_id: int | None = None,
+    def put(self, topic: str, body: bytes, *, tags: str | None = None, keys=(), queue_id: int = 0,
             properties: dict[str, str] | None = None) -> PutResult:
-        """Append one message; the result's status says whether it is stored (and durable).
-        Without a queue id it goes to the topic's next write queue, round robin."""
+        """Append one message; the result's status says whether it is stored (and durable)."""
         message = Message(topic, body, tags=tags, keys=keys, queue_id=queue_id,
                           properties=properties or {})
         return self.put_batch([message])[0]
@@ -150,8 +149,7 @@ class MessageStore:
         for i, (message, uniq_key) in enumerate(zip(messages, new_uniq_keys(len(messages)), strict=True)):
             try:
                 topic_raw, body, props_raw, queue_id = message_parts(message, uniq_key, self._put_limits)
-                if queue_id is None:
-                    queue_id = self._topics.next_queue_id(message.topic)
+                queue_id = queue_id or 0  # a message naming no queue goes to queue 0 here
                 self._topics.route(message.topic, queue_id)
             except BadInputError as exc:
                 results[i] = PutResult(exc.put_status, reason=str(exc))
