@@ -144,7 +144,8 @@ def test_a_read_only_topic_refuses_puts_until_it_is_made_writable(tmp_path):
     with MessageStore.open(tmp_path, SMALL_CONFIG) as store:
         store.change_topic(create("Frozen", 2, PERM_READ))
         refused = store.put("Frozen", b"x")
-        assert refused.status is PutStatus.MESSAGE_ILLEGAL and "perm 4 does not allow writes" in refused.reason
+        assert refused.status is PutStatus.MESSAGE_ILLEGAL
+        assert "perm 4 does not allow writes" in refused.reason
         assert store.max_offset("Frozen", 0) == 0
         store.change_topic(TopicChange(TopicOp.UPDATE, "Frozen", 2, PERM_READ | PERM_WRITE))
         assert store.put("Frozen", b"x").status is PutStatus.PUT_OK
@@ -172,7 +173,8 @@ def test_the_rule_says_why_with_a_refusal_code_for_the_producer():
     table = TopicTable().with_topic(TopicDefaults(2).config_for("T"))
     with pytest.raises(BadInputError) as refused:
         table.put_route("T", 2, DEFAULTS)
-    assert refused.value.refusal == Refusal.WRITE_QUEUE and (refused.value.limit, refused.value.found) == (2, 2)
+    error = refused.value
+    assert (error.refusal, error.limit, error.found) == (Refusal.WRITE_QUEUE, 2, 2)
     with pytest.raises(BadInputError) as refused:
         table.put_route("U", 0, TopicDefaults(2, auto_create=False))
     assert refused.value.refusal == Refusal.TOPIC_UNKNOWN
