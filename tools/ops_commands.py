@@ -23,8 +23,9 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 def add_parsers(command) -> None:
     p = command("topics", "per topic and queue: min/max queue offset, messages, bytes, oldest "
-                "and newest store time, disk its consume-queue files allocate and use (read-only; "
-                "live or stopped store)", cmd_topics)
+                "and newest store time, disk its consume-queue files allocate and use, queue counts "
+                "and perm; then the topics configured with no message yet (read-only; live or "
+                "stopped store)", cmd_topics)
     p.add_argument("--json", action="store_true")
     p = command("groups", "consumer groups: committed offsets, queues and last commit time; "
                 "--reset moves a group's offsets on a topic", cmd_groups)
