@@ -103,7 +103,6 @@ from ipc.slot_sender import Pending, SlotSender, StoreLink
 
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
 BORN_IP = "127.0.0.1"
-TOPICS_REFRESH_S = 0.1  # how stale a producer's view of a topic's write queues may be
 
 
 def _after_fork_in_child() -> None:
@@ -234,7 +233,6 @@ class Producer:
         self._round_robin: dict[str, int] = {}  # next queue id per topic
         self._round_robin_lock = threading.Lock()
         self._topic_file = TopicTableFile(self.root)
-        self._topics_read_at = float("-inf")
 
     def _new_sender(self) -> SlotSender:
         """Attach to the supervisor serving the store now (ServiceNotAvailableError at once when
@@ -435,7 +433,7 @@ class Producer:
             return None
         info = self.info
         return one_record(topic, topic_raw, body, key, tags, queue_id, max_body_bytes=info.max_body_bytes,
-                          queue_count=MAX_QUEUE_COUNT, round_robin=self._take_round_robin,
+                          queue_count=self.write_queue_count(topic), round_robin=self._take_round_robin,
                           born_host=self._born_host, store_host=self._store_host)
 
     # ------------------------------------------------------------------------------ columns
@@ -470,7 +468,7 @@ class Producer:
         keys_raw = key_column(keys, n) if keys is not None else None
         tags_raw = tags_text(tags)
         if queue_ids is not None:
-            queue_ids = queue_id_column(queue_ids, n, MAX_QUEUE_COUNT)
+            queue_ids = queue_id_column(queue_ids, n, self.write_queue_count(topic))
         if n and max(map(len, bodies)) > self.info.max_body_bytes:
             big = next(i for i, body in enumerate(bodies) if len(body) > self.info.max_body_bytes)
             raise BadInputError("bodies", f"body {big}: {len(bodies[big])} bytes exceeds the maximum "
@@ -505,18 +503,14 @@ class Producer:
         return first
 
     def write_queue_count(self, topic: str) -> int:
-        """How many write queues `topic` has by config/topics.json (looked at again at most every
-        TOPICS_REFRESH_S), the store's default for a topic not created yet. The supervisor
-        refuses a queue past them, so a producer that read the file before a change only gets
-        its answer: the table here picks the queues, it is not the rule."""
-        now = time.monotonic()
-        if now - self._topics_read_at >= TOPICS_REFRESH_S:
-            self._topics_read_at = now
-            try:
-                self._topic_file.current()
-            except TopicFileError:  # someone edited it badly: keep the last table read; the
-                pass                # supervisor's rule decides, and its answer says why
-        table = self._topic_file.table
+        """How many write queues `topic` has by config/topics.json (one stat per call: the file
+        is read again only when the supervisor replaced it), the store's default for a topic not
+        created yet. The supervisor applies the same rule to what arrives, so a send this view
+        let through after a change since is refused there, with the topic's count."""
+        try:
+            table = self._topic_file.current()
+        except TopicFileError:  # someone edited it badly: the supervisor's rule still decides
+            table = self._topic_file.table
         return max(table.write_queue_count(topic, TopicDefaults(self.info.queue_count)), 1)
 
     # ------------------------------------------------------------------------------ messages
@@ -536,11 +530,15 @@ class Producer:
         """Validate each message (a bad one gets its status from `builder.fail`) and encode the
         rest, many at once, in runs of equal `wait` (which never share a request)."""
         runs: list[tuple[bool, list[int], list[tuple[bytes, bytes, bytes, int]]]] = []
-        limits = self._put_limits()
+        limits: dict[str | None, PutLimits] = {}  # per topic: its write queues bound the queue ids
         for i, (message, uniq_key) in enumerate(zip(messages, new_uniq_key_block(len(messages)).texts(),
                                                     strict=True)):
+            topic = getattr(message, "topic", None)
+            topic = topic if type(topic) is str else None  # not a topic: message_parts says why
+            if topic not in limits:
+                limits[topic] = self._put_limits(topic)
             try:
-                topic_raw, body, props_raw, queue_id = message_parts(message, uniq_key, limits)
+                topic_raw, body, props_raw, queue_id = message_parts(message, uniq_key, limits[topic])
             except BadInputError as exc:
                 builder.fail(i, exc.put_status, str(exc))
                 continue
@@ -560,8 +558,11 @@ class Producer:
                             indexes, wait))
         return encoded
 
-    def _put_limits(self) -> PutLimits:
-        """engine.message's limits of the supervisor attached to: a record fits a mailbox slot."""
+    def _put_limits(self, topic: str | None) -> PutLimits:
+        """engine.message's limits of the supervisor attached to for a message to `topic`: its
+        write queues (None, no topic: any queue count, as the topic is refused), and a record
+        that fits a mailbox slot."""
         info, slot_bytes = self.info, self._mailbox.data_bytes
-        return PutLimits(MAX_QUEUE_COUNT, info.max_body_bytes, slot_bytes,
+        queue_count = MAX_QUEUE_COUNT if topic is None else self.write_queue_count(topic)
+        return PutLimits(queue_count, info.max_body_bytes, slot_bytes,
                          f"a mailbox slot of {slot_bytes} bytes")
