@@ -115,7 +115,8 @@ def open_store(root: str | Path, config: StoreConfig, *, writer: str, dispatch: 
         if after_lock is not None:
             after_lock()
         topic_file = TopicTableFile(root)
-        table = topic_file.load()  # a bad topics.json refuses the open before anything changes
+        # a bad topics.json refuses the open before anything changes
+        table = topic_file.load().with_system_topics(system_topic_counts())
         parts, report = _recover(root, store_config, recovery, progress, new_store, table.tombstones)
         table = _adopt_queue_topics(topic_file, table, parts.queues, store_config.queue_count)
         mark_running(root)
@@ -126,8 +127,7 @@ def open_store(root: str | Path, config: StoreConfig, *, writer: str, dispatch: 
     if dispatch is Dispatch.CHILD_PROCESSES:
         _close_derived(parts)
     return OpenedStore(root, store_config, meta, lock, report, new_store, parts.commitlog,
-                       next_offsets, table.with_system_topics(system_topic_counts()),
-                       parts if dispatch is Dispatch.IN_PROCESS else None)
+                       next_offsets, table, parts if dispatch is Dispatch.IN_PROCESS else None)
 
 
 def _adopt_queue_topics(topic_file: TopicTableFile, table: TopicTable, queues: ConsumeQueueTable,

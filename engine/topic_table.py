@@ -167,12 +167,13 @@ class TopicOp(Enum):
 
 @dataclass(frozen=True, slots=True)
 class TopicChange:
-    """One `mqstore topic create|update|delete`: the queue count and perm unless a delete."""
+    """One `mqstore topic create|update|delete`: the queue count and perm unless a delete (an
+    update keeps what it leaves None; a create's perm defaults to rw)."""
 
     op: TopicOp
     topic: str
     queue_count: int | None = None
-    perm: int = PERM_READ_WRITE
+    perm: int | None = None
 
     def as_dict(self) -> dict:
         return {"op": self.op.value, "topic": self.topic, "queues": self.queue_count, "perm": self.perm}
@@ -181,7 +182,9 @@ class TopicChange:
     def from_dict(cls, data: Mapping) -> TopicChange:
         try:
             op = TopicOp(data["op"])
-            return cls(op, validate_topic(data["topic"]), data.get("queues"), int(data.get("perm", 6)))
+            perm = data.get("perm")
+            return cls(op, validate_topic(data["topic"]), data.get("queues"),
+                       None if perm is None else int(perm))
         except (KeyError, TypeError, ValueError) as exc:
             raise BadInputError("topic change", f"{dict(data)!r} is not one: {exc}") from None
 
@@ -205,11 +208,14 @@ def plan_topic_change(table: TopicTable, change: TopicChange, *, used_queue_coun
                             "use `mqstore topic update`")
     if change.op is TopicOp.UPDATE and current is None:
         raise BadInputError("topic", f"no topic {topic}; use `mqstore topic create`")
-    count = change.queue_count
+    count = change.queue_count if change.queue_count is not None or current is None \
+        else current.write_queue_count
     if type(count) is not int or not 1 <= count <= MAX_QUEUE_COUNT:
         raise BadInputError("queues", f"{count!r} is not a queue count in 1..{MAX_QUEUE_COUNT}")
-    if change.perm not in (PERM_READ, PERM_WRITE, PERM_READ_WRITE):
-        raise BadInputError("perm", f"{change.perm} is not r (4), w (2) or rw (6)")
+    perm = change.perm if change.perm is not None else current.perm if current else PERM_READ_WRITE
+    kept = current is not None and perm == current.perm  # e.g. RocketMQ's 7 (rw, inherit) as read
+    if perm not in (PERM_READ, PERM_WRITE, PERM_READ_WRITE) and not kept:
+        raise BadInputError("perm", f"{perm} is not r (4), w (2) or rw (6)")
     # RocketMQ lets the counts shrink and leaves the messages of the queues past them unread by
     # rebalancing consumers; mqstore refuses instead of hiding stored messages
     if count < used_queue_count:
@@ -218,8 +224,7 @@ def plan_topic_change(table: TopicTable, change: TopicChange, *, used_queue_coun
                             "and they go unread); delete the topic instead, or keep "
                             f"{used_queue_count} or more")
     base = current or TopicConfig(topic, count, count)
-    return table.with_topic(replace(base, read_queue_count=count, write_queue_count=count,
-                                    perm=change.perm))
+    return table.with_topic(replace(base, read_queue_count=count, write_queue_count=count, perm=perm))
 
 
 # ---------------------------------------------------------------- codec

@@ -28,9 +28,10 @@ def add_parsers(command) -> None:
                 "(through the running supervisor, or offline under the store lock)", cmd_topic)
     p.add_argument("action", choices=[op.value for op in TopicOp])
     p.add_argument("--topic", required=True)
-    p.add_argument("--queues", type=int, help="create, update: read and write queues, 1..1024")
-    p.add_argument("--perm", default="rw", help="create, update: rw (default), r (no sends) or w "
-                   "(no reads)")
+    p.add_argument("--queues", type=int, help="create (required), update: read and write queues, "
+                   "1..1024")
+    p.add_argument("--perm", help="create, update: rw (a create's default), r (no sends) or w (no "
+                   "reads); an update keeps what it is not given")
     p.add_argument("--config", help="TOML file with [store] settings (offline only)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help=f"seconds to wait for a running store (default {DEFAULT_TIMEOUT_S:g})")
@@ -61,9 +62,11 @@ def _change(args: argparse.Namespace) -> TopicChange:
         if args.queues is not None:
             raise BadInputError("queues", "a delete takes no --queues")
         return TopicChange(op, args.topic)
-    if args.queues is None:
-        raise BadInputError("queues", f"`topic {op.value}` needs --queues N")
-    return TopicChange(op, args.topic, args.queues, parse_perm(args.perm))
+    if op is TopicOp.CREATE and args.queues is None:
+        raise BadInputError("queues", "`topic create` needs --queues N")
+    if op is TopicOp.UPDATE and args.queues is None and args.perm is None:
+        raise BadInputError("topic update", "give --queues N, --perm, or both")
+    return TopicChange(op, args.topic, args.queues, None if args.perm is None else parse_perm(args.perm))
 
 
 def change_running(root: Path, change: TopicChange, timeout_s: float) -> str:

@@ -272,3 +272,22 @@ def test_a_crash_before_the_old_queues_went_leaves_the_topic_deleted(tmp_path):
     with reopen(tmp_path) as store:
         assert queue_bodies(store, 0, "Gone") == [b"new"]
     assert check(tmp_path) == []
+
+
+def test_an_update_keeps_what_it_is_not_given(tmp_path):
+    shutil.copy(SAMPLE_TOPICS, tmp_path / "topics.json")
+    with MessageStore.open(tmp_path / "store", SMALL_CONFIG) as store:
+        store.change_topic(create("T", 4))
+        store.change_topic(TopicChange(TopicOp.UPDATE, "T", perm=PERM_READ))
+        assert counts_and_perm(store, "T") == (4, PERM_READ)
+        store.change_topic(TopicChange(TopicOp.UPDATE, "T", 6))
+        assert counts_and_perm(store, "T") == (6, PERM_READ)
+    (tmp_path / "store" / CONFIG_DIR / TOPICS_FILE).write_bytes((tmp_path / "topics.json").read_bytes())
+    with reopen(tmp_path / "store") as store:  # RocketMQ's perm 7 (rw and inherit) stays as read
+        store.change_topic(TopicChange(TopicOp.UPDATE, "DefaultCluster", 20))
+        assert counts_and_perm(store, "DefaultCluster") == (20, 7)
+
+
+def counts_and_perm(store: MessageStore, topic: str) -> tuple[int, int]:
+    config = store.topics.topics[topic]
+    return config.write_queue_count, config.perm
