@@ -31,8 +31,8 @@ from engine.dispatch_few import decode_few, few_key_columns
 from engine.formats.record import Verify
 from engine.formats.record.dispatch_columns import columns_from_headers
 from engine.mapped_file import Access
-from engine.topic_table import TopicDefaults, TopicTable
-from tools.bench.probes.check_stamp import QUEUES, append_requests, make_requests
+from engine.topic_table import TopicDefaults
+from tools.bench.probes.check_stamp import BENCH_TOPICS, QUEUES, append_requests, make_requests
 from workers.request_check import RecordChecker
 
 SHARDS = 2
@@ -42,7 +42,7 @@ def build_log(root: Path, records: int, body_bytes: int) -> tuple[CommitLog, lis
     """A commitlog of `records` one-record requests; the position after each record."""
     log = CommitLog.open(root, 1 * GiB, Access.READ_WRITE)
     checker = RecordChecker(max_body_bytes=body_bytes, segment_bytes=1 * GiB,
-                            route=partial(TopicTable().put_route, defaults=TopicDefaults(QUEUES)))
+                            route=partial(BENCH_TOPICS.put_route, defaults=TopicDefaults(QUEUES)))
     return log, append_requests(log, checker, make_requests(records, 1, body_bytes))
 
 
