@@ -78,10 +78,6 @@ class TopicRow:
     perm: str | None
     queues: tuple[QueueRow, ...]
 
-    @property
-    def messages(self) -> int:
-        return sum(queue.messages for queue in self.queues)
-
 
 @dataclass(frozen=True)
 class QueueSpan:
@@ -159,9 +155,13 @@ def topic_overview(store_dir: str | Path) -> list[TopicRow]:
         by_topic.setdefault(row.topic, []).append(row)
     out = []
     for topic in sorted(set(by_topic) | set(table.topics)):
+        queues = tuple(by_topic.get(topic, ()))
         config = table.topics.get(topic)
-        out.append(TopicRow(topic, config and config.read_queue_count, config and config.write_queue_count,
-                            config and perm_text(config.perm), tuple(by_topic.get(topic, ()))))
+        if config is None:
+            out.append(TopicRow(topic, None, None, None, queues))
+        else:
+            out.append(TopicRow(topic, config.read_queue_count, config.write_queue_count,
+                                perm_text(config.perm), queues))
     return out
 
 
