@@ -29,6 +29,8 @@ from engine.topic_table import (
     TopicTableFile,
     decode_topic_table,
     encode_topic_table,
+    parse_perm,
+    perm_text,
 )
 from tests.conftest import ROCKETMQ_SAMPLES
 from tests.helpers import SMALL_CONFIG, die, queue_bodies, rebuild, reopen, snapshot
@@ -215,6 +217,13 @@ def test_changes_that_cannot_apply_are_refused_and_change_nothing(tmp_path):
         assert snapshot(tmp_path) == before
         store.change_topic(TopicChange(TopicOp.UPDATE, "T", 3))  # queue 2 stays covered
         assert store.topics.topics["T"].write_queue_count == 3
+
+
+def test_perm_words_are_rocketmqs_bits():
+    assert [parse_perm(word) for word in ("rw", "r", "w")] == [6, 4, 2]
+    assert [perm_text(perm) for perm in (7, 6, 4, 2, 0)] == ["rw", "rw", "r", "w", "-"]
+    with pytest.raises(BadInputError, match="not one of rw, r, w"):
+        parse_perm("x")
 
 
 def test_the_stores_own_topics_take_their_counts_from_the_store_not_the_file():
