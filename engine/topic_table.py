@@ -28,7 +28,7 @@ from enum import Enum
 from pathlib import Path
 
 from engine.errors import BadInputError, StoreError
-from engine.filesystem import write_file_atomically
+from engine.filesystem import ensure_dir, write_file_atomically
 from engine.formats.fastjson import quote_bare_integer_keys
 from engine.formats.store_meta import MAX_QUEUE_COUNT
 from engine.naming import BACKUP_SUFFIX, TOPICS_FILE, config_path, validate_topic
@@ -353,7 +353,7 @@ class TopicTableFile:
 
     def write(self, table: TopicTable) -> None:
         """Replace the file with `table` (tmp, fsync, rename; the old one kept as `.bak`)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.path.parent)
         write_file_atomically(self.path, encode_topic_table(table), backup_suffix=BACKUP_SUFFIX)
         self._seen, self._table = _identity(os.stat(self.path)), table
 
