@@ -52,6 +52,9 @@ class StoreConfig:
     # used beyond are synced and closed, and reopened when used (engine.files.open_files)
     max_open_queue_files: int = 4096
     clean_resource_interval_ms: int = 10_000  # retention pass of a running store (cleanResourceInterval)
+    # an unconfigured topic is created with queue_count queues by its first put (RocketMQ
+    # autoCreateTopicEnable); off, a put to it is refused until `mqstore topic create`
+    auto_create_topic: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.flush, str) and not isinstance(self.flush, FlushPolicy):

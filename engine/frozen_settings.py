@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.errors import FrozenSettingError, StoreMetaMismatchError
-from engine.files.naming import CONSUMEQUEUE_DIR, INDEX_DIR, is_topic_name
+from engine.files.naming import CONSUMEQUEUE_DIR, INDEX_DIR, TOPICS_FILE, is_topic_name
 from engine.formats.store_meta import StoreMeta
 from engine.recovery.checkpoint import load_checkpoint
+from engine.topics.table import TopicTableFile
 
 FROZEN_SETTINGS = ("commitlog_file_size", "consume_queue_entries", "index_slot_count",
                    "index_entry_count", "index_shards", "queue_count")
@@ -58,14 +59,24 @@ def refuse_inconsistent_meta(root: Path, meta: StoreMeta) -> None:
 
 
 def _refuse_hidden_queues(root: Path, queue_count: int) -> None:
+    """A queue past its topic's count would be hidden from consumers: the topic's configured
+    read queues (config/topics.json), or store.json's queue_count for a topic it lacks."""
     top = root / CONSUMEQUEUE_DIR
     topics = sorted(p for p in top.iterdir() if is_topic_name(p.name)) if top.is_dir() else []
+    configured = TopicTableFile(root).load().topics if topics else {}
     for topic_dir in topics:
-        beyond = [n for n in _numbered_dirs(topic_dir) if n >= queue_count]
-        if beyond:
+        config = configured.get(topic_dir.name)
+        limit = queue_count if config is None else config.read_queue_count
+        beyond = [n for n in _numbered_dirs(topic_dir) if n >= limit]
+        if beyond and config is None:
             raise StoreMetaMismatchError(
                 f"store.json says queue_count = {queue_count}, but topic {topic_dir.name} has "
                 f"queue {beyond[0]}", path=str(root / "store.json"), hint=_RESTORE_HINT)
+        if beyond:
+            raise StoreMetaMismatchError(
+                f"{TOPICS_FILE} gives topic {topic_dir.name} {limit} read queues, but it has queue "
+                f"{beyond[0]}", path=str(TopicTableFile(root).path),
+                hint=f"put {TOPICS_FILE} back as it was (or its .bak)")
 
 
 def _numbered_dirs(directory: Path) -> list[int]:

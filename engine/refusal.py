@@ -32,6 +32,9 @@ class Refusal(IntEnum):
     BODY_CRC = 12
     PROPERTIES_UTF8 = 13
     TOPIC = 14
+    TOPIC_UNKNOWN = 15
+    TOPIC_NOT_WRITABLE = 16
+    WRITE_QUEUE = 17
 
 
 # (field named in the error, the words with {limit} and {found})
@@ -53,6 +56,11 @@ _WORDS: dict[Refusal, tuple[str, str]] = {
     Refusal.BODY_CRC: ("body", "BODYCRC does not match the body"),
     Refusal.PROPERTIES_UTF8: ("properties", "are not valid UTF-8"),
     Refusal.TOPIC: ("topic", "is not a valid topic name"),
+    Refusal.TOPIC_UNKNOWN: ("topic", "no such topic, and auto_create_topic is off (`mqstore topic create`)"),
+    Refusal.TOPIC_NOT_WRITABLE: ("topic", "its perm {found} does not allow writes (`mqstore topic "
+                                 "update --perm rw`)"),
+    Refusal.WRITE_QUEUE: ("queue_id", "{found} is not one of the topic's {limit} write queues "
+                          "(0..{limit_less_one})"),
 }
 assert set(_WORDS) == set(Refusal)
 

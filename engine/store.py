@@ -38,6 +38,7 @@ from engine.formats.record import (
     store_ts_at,
 )
 from engine.formats.record.encode_many import EncodedRecords, encode_records
+from engine.formats.store_meta import MAX_QUEUE_COUNT
 from engine.formats.uniq_key import new_uniq_keys
 from engine.log.record_reads import read_key_records, read_subscribed_records
 from engine.message import (
@@ -58,6 +59,8 @@ from engine.retention import expiry as retention
 from engine.retention.segment_age import SegmentAges
 from engine.status import GetResult, GetStatus, PutResult, PutStatus
 from engine.store_open import Dispatch, close_parts, open_store
+from engine.topics.live import LiveTopics
+from engine.topics.table import TopicChange, TopicDefaults, TopicTable, TopicTableFile
 
 DISK_CHECK_INTERVAL_MS = 1000
 _log = logging.getLogger(__name__)
@@ -79,7 +82,7 @@ class MessageStore:
     """The in-process store; use `MessageStore.open(path)` and close it (or use `with`)."""
 
     def __init__(self, root: Path, config: StoreConfig, lock: StoreLock, parts: StoreParts,
-                 report: RecoveryReport):
+                 report: RecoveryReport, topics: TopicTable):
         self.root = root
         self.config = config
         self.recovery_report = report
@@ -92,8 +95,11 @@ class MessageStore:
         self._dispatched_pos = self.commitlog.written_pos
         self._store_host = config.store_ip_port
         segment_bytes = self.commitlog.segment_bytes  # a record and the filler before it fit a segment
-        self._put_limits = PutLimits(config.queue_count, config.max_body_bytes, segment_bytes - FILLER_SIZE,
+        # queue ids are bounded per topic by the topic table's rule (LiveTopics.route)
+        self._put_limits = PutLimits(MAX_QUEUE_COUNT, config.max_body_bytes, segment_bytes - FILLER_SIZE,
                                      f"a commitlog segment of {segment_bytes} bytes")
+        self._topics = LiveTopics(TopicTableFile(root), topics,
+                                  TopicDefaults(config.queue_count, config.auto_create_topic))
         self._last_checkpoint_ms = self._flushed_at_ms = _now_ms()
         self._disk_checked_ms = 0
         self._disk_full = False
@@ -109,7 +115,7 @@ class MessageStore:
         """Open (creating if new) a store for writing; runs recovery before returning."""
         opened = open_store(path, config or StoreConfig(), writer="MessageStore.open",
                             dispatch=Dispatch.IN_PROCESS, recovery=recovery, progress=progress)
-        return cls(opened.root, opened.config, opened.lock, opened.parts, opened.report)
+        return cls(opened.root, opened.config, opened.lock, opened.parts, opened.report, opened.topics)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -144,6 +150,8 @@ class MessageStore:
         for i, (message, uniq_key) in enumerate(zip(messages, new_uniq_keys(len(messages)), strict=True)):
             try:
                 topic_raw, body, props_raw, queue_id = message_parts(message, uniq_key, self._put_limits)
+                queue_id = queue_id or 0  # a message naming no queue goes to queue 0 here
+                self._topics.route(message.topic, queue_id)
             except BadInputError as exc:
                 results[i] = PutResult(exc.put_status, reason=str(exc))
                 continue
@@ -151,7 +159,7 @@ class MessageStore:
             topics.append(topic_raw)
             bodies.append(body)
             props.append(props_raw)
-            queue_ids.append(queue_id or 0)
+            queue_ids.append(queue_id)
         if not accepted:
             return None
         records = encode_records(topics, bodies, props, queue_ids, born_ts_ms=_now_ms(),
@@ -263,6 +271,22 @@ class MessageStore:
         self._disk_full = report.disk_full
         self._disk_checked_ms = _now_ms()
         return report
+
+    # -- topics ----------------------------------------------------------------------------
+
+    @property
+    def topics(self) -> TopicTable:
+        """The topic table (config/topics.json) as this store applies it."""
+        return self._topics.table
+
+    def change_topic(self, change: TopicChange) -> TopicTable:
+        """`mqstore topic create|update|delete` in this process (BadInputError, nothing changed,
+        when it cannot apply). A delete drops the topic's consume queues; its records stay in
+        the log until retention, below the tombstone no dispatch reads again."""
+        self._require_open()
+        table = self._topics.apply(change, self._next_offsets, self.commitlog.written_pos)
+        self.queues.bury(table.tombstones)
+        return table
 
     # -- reading ---------------------------------------------------------------------------
 

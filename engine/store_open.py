@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -55,6 +55,7 @@ from engine.recovery.recover import (
     recover,
     refuse_damage_before_opening,
 )
+from engine.topics.table import TopicConfig, TopicTable, TopicTableFile, system_topic_counts
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class OpenedStore:
     new_store: bool  # laid out by this open: nothing was recovered
     commitlog: CommitLog
     next_offsets: dict[tuple[str, int], int]  # (topic, queue_id) -> the next queue offset
+    topics: TopicTable  # config/topics.json with the store's own topics and its queues' topics
     parts: StoreParts | None  # every part, open; None under Dispatch.CHILD_PROCESSES
 
     def summary_lines(self) -> list[str]:
@@ -112,7 +114,11 @@ def open_store(root: str | Path, config: StoreConfig, *, writer: str, dispatch: 
     try:
         if after_lock is not None:
             after_lock()
-        parts, report = _recover(root, store_config, recovery, progress, new_store)
+        topic_file = TopicTableFile(root)
+        # a bad topics.json refuses the open before anything changes
+        table = topic_file.load().with_system_topics(system_topic_counts())
+        parts, report = _recover(root, store_config, recovery, progress, new_store, table.tombstones)
+        table = _adopt_queue_topics(topic_file, table, parts.queues, store_config.queue_count)
         mark_running(root)
     except BaseException:
         lock.release()
@@ -121,12 +127,30 @@ def open_store(root: str | Path, config: StoreConfig, *, writer: str, dispatch: 
     if dispatch is Dispatch.CHILD_PROCESSES:
         _close_derived(parts)
     return OpenedStore(root, store_config, meta, lock, report, new_store, parts.commitlog,
-                       next_offsets, parts if dispatch is Dispatch.IN_PROCESS else None)
+                       next_offsets, table, parts if dispatch is Dispatch.IN_PROCESS else None)
+
+
+def _adopt_queue_topics(topic_file: TopicTableFile, table: TopicTable, queues: ConsumeQueueTable,
+                        default_queue_count: int) -> TopicTable:
+    """The table with every topic that has queues but no config (a store from before
+    topics.json, or a first put whose topics.json write a crash cut off) configured with the
+    default queue count, or more to cover its highest queue; written when that added any."""
+    used: dict[str, int] = {}
+    for queue in queues:
+        if queue.topic not in table.topics:
+            used[queue.topic] = max(used.get(queue.topic, 0), queue.queue_id + 1)
+    for topic, count in sorted(used.items()):
+        table = table.with_topic(TopicConfig(topic, max(count, default_queue_count),
+                                             max(count, default_queue_count)))
+    if used:
+        topic_file.write(table)
+        log.info("configured %d topic(s) found in the consume queues: %s", len(used), ", ".join(sorted(used)))
+    return table
 
 
 def _recover(root: Path, config: StoreConfig, mode: RecoveryMode,
              progress: Callable[[int, int], None] | None,
-             new_store: bool) -> tuple[StoreParts, RecoveryReport]:
+             new_store: bool, tombstones: Mapping[str, int]) -> tuple[StoreParts, RecoveryReport]:
     """Open the parts and recover them, logging what was found; closes them if recovery fails."""
     shutdown = detect_shutdown(root)
     if new_store:
@@ -135,6 +159,10 @@ def _recover(root: Path, config: StoreConfig, mode: RecoveryMode,
         log.info("recovering store %s after a %s shutdown", root, shutdown.value)
     parts = open_for_recovery(root, config, mode)
     try:
+        # a deleted topic's queues go before re-dispatch, which skips its records below the
+        # tombstone: a topic created again gets its entries in fresh queues, never the old ones
+        for topic, queue_id in parts.queues.bury(tombstones):
+            log.info("removed consume queue %s/%d of a deleted topic", topic, queue_id)
         report = recover(parts, shutdown, mode=mode, progress=progress)
     except BaseException:
         close_parts(parts)

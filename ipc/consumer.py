@@ -78,6 +78,7 @@ from engine.message import validate_queue_id
 from engine.queues.consume_queue import ConsumeQueue
 from engine.queues.table import ConsumeQueueTable
 from engine.status import GetResult, GetStatus, SkippedRecord
+from engine.topics.table import TopicDefaults, TopicTableFile
 from ipc.consumer_offsets import ConsumerOffsets, validate_group
 from ipc.group_members import GroupMembership
 from ipc.producer import attach_running_store
@@ -180,12 +181,22 @@ class Consumer:
                 resource.close()
             raise
         self.offsets = ConsumerOffsets(self.root)
+        self._topic_file = TopicTableFile(self.root)
         self._table: WaiterTable | None = None
         self._waiter: ConsumerWaiter | None = None
         self._closed = False
         self._uncommitted: dict[tuple[str, int], int] = {}  # (topic, queue id): iterate's, unwritten
         self._pid = os.getpid()  # a forked child adopts the consumer on its first call
         self._supervisor_seen_s = -SUPERVISOR_CHECK_INTERVAL_S  # when it was last seen alive
+
+    def read_queue_count(self, topic: str) -> int:
+        """How many queues of `topic` a consumer reads (config/topics.json, read again when the
+        file changed; the store's default for a topic not created yet)."""
+        return self._topic_file.current().read_queue_count(topic, TopicDefaults(self.info.queue_count))
+
+    def topic_exists(self, topic: str) -> bool:
+        """Whether `topic` is configured (created, by an operator or by its first message)."""
+        return topic in self._topic_file.current().topics
 
     # ------------------------------------------------------------------------------ pull
     def pull(self, topic: str, queue_id: int, offset: int | None = None,
@@ -217,7 +228,7 @@ class Consumer:
               timeout_ms: int, subscription: Subscription):
         """Validate a pull, then `read` until something is found or `timeout_ms` has passed."""
         validate_topic(topic)
-        validate_queue_id(queue_id, self.info.queue_count)
+        validate_queue_id(queue_id, self.read_queue_count(topic))
         _require_count("max_count", max_count, 1, MAX_PULL_COUNT)
         _require_count("timeout_ms", timeout_ms, 0, 2**31)
         if offset is None:
@@ -457,7 +468,7 @@ class Consumer:
         validate_topic(topic)
         _require_count("commit_interval_ms", commit_interval_ms, 0, 2**31)
         subscription = subscription_of(tags, where)
-        offsets = {qid: self.committed(topic, qid) for qid in range(self.info.queue_count)}
+        offsets = {qid: self.committed(topic, qid) for qid in range(self.read_queue_count(topic))}
         interval_s = commit_interval_ms / 1000.0
         written_at = time.monotonic()
         try:
@@ -531,7 +542,7 @@ class Consumer:
         Only an offset below zero is refused here: the consume queue may lag the acknowledged
         message whose next offset this is; a past-the-end offset is caught when read."""
         validate_topic(topic)
-        validate_queue_id(queue_id, self.info.queue_count)
+        validate_queue_id(queue_id, self.read_queue_count(topic))
         self.offsets.commit(topic, self.group, queue_id, offset)
         self._uncommitted.pop((topic, queue_id), None)  # an explicit commit wins over iterate's
         # the offset moved on by a deliberate act: its refusal goes (the same value stays refused)

@@ -183,11 +183,30 @@ class ConsumerOffsets:
             for (key, queue_id), offset in checked.items():
                 table.setdefault(key, {})[queue_id] = offset
                 times.setdefault(key, {})[queue_id] = now_ms
-            write_file_atomically(self.path, encode_offset_table(table, times),
-                                  backup_suffix=BACKUP_SUFFIX)
-            backup = self.path.with_name(self.path.name + BACKUP_SUFFIX)
-            if backup.exists():  # the backup copy is made with the process umask: owner-only
-                os.chmod(backup, 0o600)
+            self._replace(table, times)
+
+    def forget_topic(self, topic: str) -> list[str]:
+        """Remove every group's offsets of a deleted topic (one atomic replace); returns the
+        groups that had any. A topic created again starts its queues at 0, which an old offset
+        would point past."""
+        validate_topic(topic)
+        with self._locked():
+            table, times = self._read_or_restore()
+            keys = [key for key in table if key.partition("@")[0] == topic]
+            if not keys:
+                return []
+            for key in keys:
+                table.pop(key, None)
+                times.pop(key, None)
+            self._replace(table, times)
+        return sorted(key.partition("@")[2] for key in keys)
+
+    def _replace(self, table: OffsetTable, times: CommitTimes) -> None:
+        """Under the lock: the file replaced, the previous version kept as the backup."""
+        write_file_atomically(self.path, encode_offset_table(table, times), backup_suffix=BACKUP_SUFFIX)
+        backup = self.path.with_name(self.path.name + BACKUP_SUFFIX)
+        if backup.exists():  # the backup copy is made with the process umask: owner-only
+            os.chmod(backup, 0o600)
 
     def _locked(self):
         return offsets_lock(self.root)

@@ -6,42 +6,10 @@ from __future__ import annotations
 
 import json
 
+from engine.formats.fastjson import quote_bare_integer_keys
+
 OffsetTable = dict[str, dict[int, int]]
 CommitTimes = dict[str, dict[int, int]]  # same keys as OffsetTable; values are ms since epoch
-
-
-def _quote_bare_integer_keys(text: str) -> str:
-    """Turn fastjson's `{0:250,1:250}` into `{"0":250,"1":250}`, leaving string literals alone."""
-    out: list[str] = []
-    i, n = 0, len(text)
-    last_structural = ""
-    while i < n:
-        ch = text[i]
-        if ch == '"':
-            j = i + 1
-            while j < n and text[j] != '"':
-                j += 2 if text[j] == "\\" else 1
-            out.append(text[i:j + 1])
-            i = j + 1
-            last_structural = '"'
-            continue
-        if (ch.isdigit() or ch == "-") and last_structural in ("{", ","):
-            j = i + 1
-            while j < n and text[j].isdigit():
-                j += 1
-            k = j
-            while k < n and text[k].isspace():
-                k += 1
-            if k < n and text[k] == ":":
-                out.append(f'"{text[i:j]}"')
-                i = j
-                last_structural = '"'
-                continue
-        if not ch.isspace():
-            last_structural = ch
-        out.append(ch)
-        i += 1
-    return "".join(out)
 
 
 def parse_offset_table(text: str) -> OffsetTable:
@@ -51,7 +19,7 @@ def parse_offset_table(text: str) -> OffsetTable:
 
 def parse_offset_document(text: str) -> tuple[OffsetTable, CommitTimes]:
     """The offsets and the commit times of the file's text; raise ValueError if garbled."""
-    data = json.loads(_quote_bare_integer_keys(text))
+    data = json.loads(quote_bare_integer_keys(text))
     if not isinstance(data, dict):
         raise ValueError("top level is not an object")
     return _int_table(data, "offsetTable"), _int_table(data, "commitTimeTable")

@@ -74,6 +74,7 @@ from engine.errors import (
 from engine.files.store_dir import StoreKind, inspect_store_dir, read_meta, refuse_foreign_store
 from engine.formats.msg_id import make_msg_id
 from engine.formats.record.encode_many import EncodedRecords, encode_columns, encode_records
+from engine.formats.store_meta import MAX_QUEUE_COUNT
 from engine.formats.uniq_key import new_uniq_key_block
 from engine.message import (
     Message,
@@ -86,6 +87,7 @@ from engine.message import (
     topic_bytes,
 )
 from engine.status import PutResult
+from engine.topics.table import TopicDefaults, TopicFileError, TopicTableFile
 from ipc.batch_result import BatchResult, BatchResultBuilder
 from ipc.control_block import ControlBlock
 from ipc.mailbox import Mailbox
@@ -230,6 +232,7 @@ class Producer:
         self._born_host = (BORN_IP, os.getpid() & 0x7FFFFFFF)
         self._round_robin: dict[str, int] = {}  # next queue id per topic
         self._round_robin_lock = threading.Lock()
+        self._topic_file = TopicTableFile(self.root)
 
     def _new_sender(self) -> SlotSender:
         """Attach to the supervisor serving the store now (ServiceNotAvailableError at once when
@@ -430,7 +433,7 @@ class Producer:
             return None
         info = self.info
         return one_record(topic, topic_raw, body, key, tags, queue_id, max_body_bytes=info.max_body_bytes,
-                          queue_count=info.queue_count, round_robin=self._take_round_robin,
+                          queue_count=self.write_queue_count(topic), round_robin=self._take_round_robin,
                           born_host=self._born_host, store_host=self._store_host)
 
     # ------------------------------------------------------------------------------ columns
@@ -465,7 +468,7 @@ class Producer:
         keys_raw = key_column(keys, n) if keys is not None else None
         tags_raw = tags_text(tags)
         if queue_ids is not None:
-            queue_ids = queue_id_column(queue_ids, n, self.info.queue_count)
+            queue_ids = queue_id_column(queue_ids, n, self.write_queue_count(topic))
         if n and max(map(len, bodies)) > self.info.max_body_bytes:
             big = next(i for i, body in enumerate(bodies) if len(body) > self.info.max_body_bytes)
             raise BadInputError("bodies", f"body {big}: {len(bodies[big])} bytes exceeds the maximum "
@@ -486,15 +489,29 @@ class Producer:
 
     def _round_robin_ids(self, topic: str, count: int) -> list[int]:
         """The next `count` queue ids of `topic`'s round robin."""
-        first = self._take_round_robin(topic, count)
-        return list(itertools.islice(itertools.cycle(range(self.info.queue_count)), first, first + count))
+        write_queues = self.write_queue_count(topic)
+        first = self._take_round_robin(topic, count) % write_queues
+        return list(itertools.islice(itertools.cycle(range(write_queues)), first, first + count))
 
     def _take_round_robin(self, topic: str, count: int) -> int:
-        """The first of the next `count` queue ids of `topic`'s round robin, which moves past them."""
+        """The first of the next `count` queue ids of `topic`'s round robin over its write
+        queues, which moves past them."""
+        write_queues = self.write_queue_count(topic)
         with self._round_robin_lock:
-            first = self._round_robin.get(topic, 0)
-            self._round_robin[topic] = (first + count) % self.info.queue_count
+            first = self._round_robin.get(topic, 0) % write_queues
+            self._round_robin[topic] = (first + count) % write_queues
         return first
+
+    def write_queue_count(self, topic: str) -> int:
+        """How many write queues `topic` has by config/topics.json (one stat per call: the file
+        is read again only when the supervisor replaced it), the store's default for a topic not
+        created yet. The supervisor applies the same rule to what arrives, so a send this view
+        let through after a change since is refused there, with the topic's count."""
+        try:
+            table = self._topic_file.current()
+        except TopicFileError:  # someone edited it badly: the supervisor's rule still decides
+            table = self._topic_file.table
+        return max(table.write_queue_count(topic, TopicDefaults(self.info.queue_count)), 1)
 
     # ------------------------------------------------------------------------------ messages
     def _send_messages(self, messages: Sequence[Message], done: Callable[[BatchResult], None],
@@ -513,11 +530,15 @@ class Producer:
         """Validate each message (a bad one gets its status from `builder.fail`) and encode the
         rest, many at once, in runs of equal `wait` (which never share a request)."""
         runs: list[tuple[bool, list[int], list[tuple[bytes, bytes, bytes, int]]]] = []
-        limits = self._put_limits()
+        limits: dict[str | None, PutLimits] = {}  # per topic: its write queues bound the queue ids
         for i, (message, uniq_key) in enumerate(zip(messages, new_uniq_key_block(len(messages)).texts(),
                                                     strict=True)):
+            topic = getattr(message, "topic", None)
+            topic = topic if type(topic) is str else None  # not a topic: message_parts says why
+            if topic not in limits:
+                limits[topic] = self._put_limits(topic)
             try:
-                topic_raw, body, props_raw, queue_id = message_parts(message, uniq_key, limits)
+                topic_raw, body, props_raw, queue_id = message_parts(message, uniq_key, limits[topic])
             except BadInputError as exc:
                 builder.fail(i, exc.put_status, str(exc))
                 continue
@@ -537,8 +558,11 @@ class Producer:
                             indexes, wait))
         return encoded
 
-    def _put_limits(self) -> PutLimits:
-        """engine.message's limits of the supervisor attached to: a record fits a mailbox slot."""
+    def _put_limits(self, topic: str | None) -> PutLimits:
+        """engine.message's limits of the supervisor attached to for a message to `topic`: its
+        write queues (None, no topic: any queue count, as the topic is refused), and a record
+        that fits a mailbox slot."""
         info, slot_bytes = self.info, self._mailbox.data_bytes
-        return PutLimits(info.queue_count, info.max_body_bytes, slot_bytes,
+        queue_count = MAX_QUEUE_COUNT if topic is None else self.write_queue_count(topic)
+        return PutLimits(queue_count, info.max_body_bytes, slot_bytes,
                          f"a mailbox slot of {slot_bytes} bytes")

@@ -33,6 +33,7 @@ IPC_PRIMITIVES = {
     "ipc.mailbox", "ipc.wakeup", "ipc.key_ring", "ipc.run_info", "ipc.put_latency",
     "ipc.offset_table_codec", "ipc.refused_offsets",  # file records the supervisor reads at start
     "ipc.offsets_fallbacks",  # a file record, not shared memory: the status reads it as the clients write it
+    "ipc.topic_requests",  # request files the CLI writes and the supervisor answers
 }
 IPC_CLIENT = {
     "ipc.producer", "ipc.one_message", "ipc.slot_sender", "ipc.batch_result", "ipc.reattach", "ipc.consumer",

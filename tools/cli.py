@@ -33,7 +33,7 @@ from engine.errors import (
     StorePermissionError,
 )
 from engine.files.owners import refuse_unsafe_parents
-from tools import client_commands, ops_commands, retention_commands
+from tools import client_commands, ops_commands, retention_commands, topic_commands
 from tools.logging_setup import hold_records, open_store_log, setup_logging
 from tools.typo_hints import HintingParser
 from workers.child_env import child_env
@@ -336,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     client_commands.add_parsers(command)
     retention_commands.add_parsers(command)
     ops_commands.add_parsers(command)
+    topic_commands.add_parsers(command)
 
     p = command("check", "verify a store offline (engine.check.fsck); exit 1 on findings", cmd_check)
     p.add_argument("--json", action="store_true")

@@ -32,6 +32,7 @@ from workers.exit_codes import CliExit
 DEFAULT_GROUP = "mqstore-cli"
 COMMIT_EVERY_S = 1.0
 SEND_CHUNK = 1024  # messages per send_batch; Ctrl-C stops between two
+TOPIC_POLL_S = 0.1  # consume --follow of a topic not created yet looks again this often
 
 
 def add_parsers(command) -> None:
@@ -111,7 +112,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         raise BadInputError("count", f"{args.count} must be >= 1")
     tally = _SendTally(args)
     with Producer(args.store) as producer, _InterruptBetweenChunks() as interrupt:
-        queue_ids = _queue_ids(args.queue_id, args.count, producer.info.queue_count)
+        queue_ids = _queue_ids(args.queue_id, args.count, producer.write_queue_count(args.topic))
         for first in range(0, args.count, SEND_CHUNK):
             if interrupt.asked:
                 tally.interrupted()
@@ -255,6 +256,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
         pending[record.queue_id] = max(pending.get(record.queue_id, 0), record.queue_offset + 1)
 
     with Consumer(args.store, args.group) as consumer:
+        if not _wait_for_topic(consumer, args.topic, args.follow):
+            return CliExit.FAILED
         last_commit = time.monotonic()
 
         def commit() -> None:
@@ -297,6 +300,21 @@ def cmd_consume(args: argparse.Namespace) -> int:
         finally:
             commit()
     return _summary(printed, skipped, args.json)
+
+
+def _wait_for_topic(consumer, topic: str, follow: bool) -> bool:
+    """Whether `topic` exists; without --follow a missing one is an error on stderr, with it a
+    notice and a wait until it is created (workers often start before their producers)."""
+    if consumer.topic_exists(topic):
+        return True
+    if not follow:
+        print(f"mqstore: error: no topic {topic} in this store (`mqstore topics` lists them; "
+              "--follow waits for it)", file=sys.stderr)
+        return False
+    print(f"mqstore: no topic {topic} yet; waiting for it to be created", file=sys.stderr, flush=True)
+    while not consumer.topic_exists(topic):
+        time.sleep(TOPIC_POLL_S)
+    return True
 
 
 def _summary(printed: int, skipped: list, as_json: bool) -> CliExit:

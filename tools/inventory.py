@@ -1,5 +1,8 @@
 """What a store holds, for operators: topics and queues, consumer groups, and their lag.
 
+`topic_overview` joins the topic table (config/topics.json) to the queues, so a topic created
+by `mqstore topic create` is listed before its first message.
+
 Read-only and safe on a live store as on a stopped one: the commitlog and consume queues are
 mapped Access.READ_ONLY (as a Consumer maps them) and config/consumerOffset.json is only read.
 On a live store a queue ends where the dispatcher's published `dispatched_pos` ends (an entry
@@ -35,6 +38,7 @@ from engine.formats.record import V4_HEADER_SIZE, store_ts_at
 from engine.log.commitlog import CommitLog
 from engine.queues.consume_queue import Boundary, ConsumeQueue
 from engine.queues.table import ConsumeQueueTable
+from engine.topics.table import TopicTableFile, perm_text
 from ipc.consumer import visible_max
 from ipc.consumer_offsets import ConsumerOffsets, validate_group
 from ipc.control_block import ControlBlock
@@ -61,6 +65,18 @@ class QueueRow:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class TopicRow:
+    """One topic: its configuration (config/topics.json; None for a topic whose queues are on
+    disk but that the table lacks, until the next start adopts it) and its queues."""
+
+    topic: str
+    read_queues: int | None
+    write_queues: int | None
+    perm: str | None
+    queues: tuple[QueueRow, ...]
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,26 @@ def topic_table(store_dir: str | Path) -> list[QueueRow]:
     """Every consume queue of the store, sorted by topic and queue id."""
     with _StoreView.open(Path(store_dir)) as view:
         return [view.queue_row(queue) for queue in view.queues()]
+
+
+def topic_overview(store_dir: str | Path) -> list[TopicRow]:
+    """Every configured topic, with no message yet or not, and every topic with queues, sorted;
+    TopicFileError when config/topics.json is not a topic table."""
+    queue_rows = topic_table(store_dir)
+    table = TopicTableFile(store_dir).load()
+    by_topic: dict[str, list[QueueRow]] = {}
+    for row in queue_rows:
+        by_topic.setdefault(row.topic, []).append(row)
+    out = []
+    for topic in sorted(set(by_topic) | set(table.topics)):
+        queues = tuple(by_topic.get(topic, ()))
+        config = table.topics.get(topic)
+        if config is None:
+            out.append(TopicRow(topic, None, None, None, queues))
+        else:
+            out.append(TopicRow(topic, config.read_queue_count, config.write_queue_count,
+                                perm_text(config.perm), queues))
+    return out
 
 
 def group_table(store_dir: str | Path) -> list[GroupRow]:

@@ -23,8 +23,9 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 def add_parsers(command) -> None:
     p = command("topics", "per topic and queue: min/max queue offset, messages, bytes, oldest "
-                "and newest store time, disk its consume-queue files allocate and use (read-only; "
-                "live or stopped store)", cmd_topics)
+                "and newest store time, disk its consume-queue files allocate and use, queue counts "
+                "and perm; then the topics configured with no message yet (read-only; live or "
+                "stopped store)", cmd_topics)
     p.add_argument("--json", action="store_true")
     p = command("groups", "consumer groups: committed offsets, queues and last commit time; "
                 "--reset moves a group's offsets on a topic", cmd_groups)
@@ -51,20 +52,40 @@ def add_parsers(command) -> None:
 # ---------------------------------------------------------------------------------- tables
 def cmd_topics(args: argparse.Namespace) -> int:
     from engine.files.disk_use import human_bytes
-    from tools.inventory import topic_table
+    from tools.inventory import topic_overview
 
-    rows = topic_table(args.store)
+    topics = topic_overview(args.store)
     if args.json:
-        print(json.dumps([row.as_dict() for row in rows], indent=2))
+        print(json.dumps(topics_json(topics), indent=2))
         return CliExit.OK
+    rows = [(t, r) for t in topics for r in t.queues]
     print(render_table(("topic", "queue", "min offset", "max offset", "messages", "bytes",
-                        "oldest", "newest", "cq allocated", "cq used"),
+                        "oldest", "newest", "cq allocated", "cq used", "queues w/r", "perm"),
                        [(r.topic, r.queue_id, r.min_offset, r.max_offset, r.messages,
                          human_bytes(r.stored_bytes), clock(r.oldest_store_time_ms),
                          clock(r.newest_store_time_ms), human_bytes(r.cq_allocated_bytes),
-                         human_bytes(r.cq_used_bytes)) for r in rows],
-                       empty="no topics yet"))
+                         human_bytes(r.cq_used_bytes), f"{dash(t.write_queues)}/{dash(t.read_queues)}",
+                         dash(t.perm)) for t, r in rows],
+                       empty="no messages yet"))
+    empty = [t for t in topics if not t.queues]
+    if empty:
+        print("\ntopics with no message yet:")
+        print(render_table(("topic", "write queues", "read queues", "perm"),
+                           [(t.topic, t.write_queues, t.read_queues, t.perm) for t in empty], empty=""))
     return CliExit.OK
+
+
+def topics_json(topics: list) -> list[dict]:
+    """One object per queue, with its topic's configuration; a topic with no message yet is one
+    object with queue_id null and no messages."""
+    out = []
+    for topic in topics:
+        config = {"read_queues": topic.read_queues, "write_queues": topic.write_queues, "perm": topic.perm}
+        out += [{**queue.as_dict(), **config} for queue in topic.queues] or [
+            {"topic": topic.topic, "queue_id": None, "min_offset": 0, "max_offset": 0, "messages": 0,
+             "stored_bytes": 0, "oldest_store_time_ms": None, "newest_store_time_ms": None,
+             "cq_allocated_bytes": 0, "cq_used_bytes": 0, **config}]
+    return out
 
 
 def cmd_groups(args: argparse.Namespace) -> int:

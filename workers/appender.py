@@ -55,6 +55,8 @@ from engine.log.commitlog import CommitLog
 from engine.refusal import Refusal
 from engine.retention.expiry import is_disk_full
 from engine.status import PUT_OK_CODE, PutStatus
+from engine.topics.live import LiveTopics
+from engine.topics.table import TopicChange, TopicTable
 from engine.tuning import STRUCT_PATH_MAX_RECORDS
 from ipc.mailbox import (
     REFUSAL_DTYPE,
@@ -100,16 +102,17 @@ class Appender:
     """Serves the mailbox: checks, appends and answers producer requests."""
 
     def __init__(self, commitlog: CommitLog, server: MailboxServer, group_commit: GroupCommit,
-                 config: StoreConfig, next_offsets: dict[tuple[str, int], int], *, root):
+                 config: StoreConfig, next_offsets: dict[tuple[str, int], int], *, root,
+                 topics: LiveTopics):
         self.commitlog = commitlog
         self.server = server
         self.group_commit = group_commit
         self.config = config
         self.root = root
         self.sync = config.flush is FlushPolicy.SYNC
+        self.topics = topics
         self.checker = RecordChecker(max_body_bytes=config.max_body_bytes,
-                                     queue_count=config.queue_count,
-                                     segment_bytes=config.commitlog_file_size)
+                                     segment_bytes=config.commitlog_file_size, route=topics.route)
         self.next_offsets = next_offsets
         self.admitting = True
         self.waiters = FlushWaiters(server, group_commit, config.sync_flush_timeout_ms)
@@ -188,6 +191,12 @@ class Appender:
                 self.group_commit.ctl.add_put_latencies(answered)
             self.appended_msgs += appended
         return appended, self.group_commit.publish_written(appended)
+
+    def change_topic(self, change: TopicChange) -> TopicTable:
+        """Apply an operator's topic change between sweeps: a delete's tombstone is the
+        written end, above every record taken so far, and the topic's queue offsets restart."""
+        with self._sweep_lock:
+            return self.topics.apply(change, self.next_offsets, self.commitlog.written_pos)
 
     def _not_taken(self, pending: list[PendingRequest]) -> list[PendingRequest]:
         """The requests neither waiting for a flush nor answered by the flush thread since

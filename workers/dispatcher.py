@@ -52,6 +52,7 @@ from engine.log.commitlog import CommitLog
 from engine.queues.cuts import recovered_cuts, redispatch_floor
 from engine.queues.table import ConsumeQueueTable
 from engine.retention.expiry import expire_queues
+from engine.topics.table import TopicFileError, TopicTableFile
 from ipc.control_block import DISPATCHER_GROUP, DISPATCHER_GROUP_OFFSET, Role, process_slot_index
 from ipc.key_ring import KeyRing, RingWriter
 from ipc.wakeup import WaiterTable, Wakeup
@@ -150,6 +151,9 @@ class Dispatcher(ChildProcess):
                                              Access.READ_WRITE,
                                              queue_file_budget(self.config.max_open_queue_files))
         self.queues.recover_all()
+        self.topic_file = TopicTableFile(self.store_dir)
+        self._topics_seen = None
+        self._follow_topics()
         published, durable, _ = read_own_group(self.ctl, DISPATCHER_GROUP_OFFSET, DISPATCHER_GROUP)
         # Re-dispatch from the durable position; entries up to `published` survived the
         # previous dispatcher (page cache), so consumers keep their view: it never goes back.
@@ -200,6 +204,9 @@ class Dispatcher(ChildProcess):
 
     def step(self) -> bool:
         limit = self._limit()
+        # after the limit is read: a record past a delete's tombstone is appended after the
+        # supervisor wrote it, so a limit that covers one comes with the tombstone in view
+        self._follow_topics()
         now = time.monotonic()
         if limit <= self.pos:  # an owed builder post is made by the idle wait (_idle_wait_s)
             self._held = self._plan_quiet(now)
@@ -221,6 +228,22 @@ class Dispatcher(ChildProcess):
             self.builder_posts.progress()  # posted after dispatched_pos: see index_builder's gap rule
             self._post_builders_if_due()
         return True
+
+    def _follow_topics(self) -> None:
+        """Adopt the tombstones of topics.json when it changed (one stat): a deleted topic's
+        queues go and its older records are skipped from here on."""
+        try:
+            table = self.topic_file.current()
+        except TopicFileError as exc:  # the supervisor writes it whole: someone edited it
+            if self._topics_seen is None:
+                raise
+            log.warning("%s; keeping the topic table read before", exc)
+            return
+        if table is self._topics_seen:
+            return
+        self._topics_seen = table
+        for topic, queue_id in self.queues.bury(table.tombstones):
+            log.info("removed consume queue %s/%d of a deleted topic", topic, queue_id)
 
     def _plan_hold(self, backlog_bytes: int, now: float) -> Hold | None:
         """Whether to hold the backlog before a step, until when, and what ends the hold

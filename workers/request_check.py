@@ -6,7 +6,8 @@ record passes when it is structurally valid by the record codec's rules (structu
 chain to TOTALSIZE; PHYSICALOFFSET is exempt, as are QUEUEOFFSET and STORETIMESTAMP, which
 stamp_record overwrites), its BODYCRC matches its body, its topic is valid and its properties
 are UTF-8, and it meets what is asked of a producer's record here: TOTALSIZE the bytes it
-occupies, magic v1 with IPv4 hosts, a queue id in range, a body within the maximum, no
+occupies, magic v1 with IPv4 hosts, a queue id among its topic's write queues in a topic that
+may be written (the topic table's rule, engine.topics.table), a body within the maximum, no
 transaction PREPARED or ROLLBACK bit, a fit in one segment and the reserved __CRC32C slot ending
 its properties. Anything else raises RecordRefusedError: the record gets MESSAGE_ILLEGAL and
 never reaches the log, its answer row carrying the refusal's code (engine.refusal), so the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -55,8 +57,10 @@ from engine.formats.record.layout import (
 from engine.formats.record.spans import walk_chain
 from engine.formats.record.stamp_many import StampableRecords
 from engine.formats.record.structure import locate_parts
+from engine.formats.store_meta import MAX_QUEUE_COUNT
 from engine.record_rules import HALF_OR_ROLLBACK_BIT
 from engine.refusal import Refusal, refused
+from engine.topics.table import TopicConfig
 from engine.tuning import STRUCT_PATH_MAX_RECORDS
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
@@ -82,6 +86,9 @@ _TOTAL_WORD, _MAGIC_WORD, _BODY_CRC_WORD, _QUEUE_ID_WORD, _SYS_FLAG_WORD, _BODY_
 assert V4_HEADER_SIZE % _WORD_BYTES == 0 and all(FIELD_OFFSETS[n] % _WORD_BYTES == 0 for n in _WORD_FIELDS)
 _SIGN_BIT = 0x8000_0000
 _ALL_BITS = 0xFFFF_FFFF
+
+
+Route = Callable[[str, int], TopicConfig]  # the topic's config, or RecordRefusedError
 
 
 class CheckedRequest(NamedTuple):
@@ -142,14 +149,16 @@ def merge_checked(data: bytearray | memoryview, parts: list[tuple[int, CheckedRe
 class RecordChecker:
     """Checks request records against one store's limits; caches validated topics."""
 
-    def __init__(self, *, max_body_bytes: int, queue_count: int, segment_bytes: int):
-        if queue_count < 1 or max_body_bytes < 0:
-            raise BadInputError("queue_count", f"{queue_count} queues, {max_body_bytes} body bytes")
+    def __init__(self, *, max_body_bytes: int, segment_bytes: int, route: Route):
+        """`route`: the topic table's put rule (engine.topics.live.LiveTopics.route), which
+        refuses a queue past the topic's write queues or a topic without write permission."""
+        if max_body_bytes < 0:
+            raise BadInputError("max_body_bytes", f"{max_body_bytes} body bytes")
         self.max_body_bytes = max_body_bytes
-        self.queue_count = queue_count
         self.max_record_bytes = segment_bytes - FILLER_SIZE
+        self._route = route
         self._topics: dict[bytes, str] = {}
-        self._word_rules = _header_word_rules(max_body_bytes, queue_count, self.max_record_bytes)
+        self._word_rules = _header_word_rules(max_body_bytes, MAX_QUEUE_COUNT, self.max_record_bytes)
 
     def check(self, record: memoryview) -> tuple[str, int]:
         """(topic, queue_id) of a well-formed record; RecordRefusedError naming what is wrong."""
@@ -173,8 +182,8 @@ class RecordChecker:
         # consume queues, is refused (one acknowledged with an offset and kept out left a gap)
         if sys_flag & HALF_OR_ROLLBACK_BIT:
             raise refused(Refusal.TRANSACTION, found=sys_flag)
-        if not 0 <= queue_id < self.queue_count:
-            raise refused(Refusal.QUEUE_ID, limit=self.queue_count, found=queue_id)
+        if not 0 <= queue_id < MAX_QUEUE_COUNT:  # the topic's own count is the route's rule
+            raise refused(Refusal.QUEUE_ID, limit=MAX_QUEUE_COUNT, found=queue_id)
         if not 0 <= body_len <= self.max_body_bytes:
             raise refused(Refusal.BODY_SIZE, limit=self.max_body_bytes, found=body_len)
         body_pos, end = start + BODY_OFFSET, start + size
@@ -193,7 +202,9 @@ class RecordChecker:
             str(view[props_pos:crc_pos], "utf-8")
         except UnicodeDecodeError:
             raise refused(Refusal.PROPERTIES_UTF8) from None
-        return self._topic(bytes(view[topic_pos:props_pos - PROPERTIES_LENGTH_SIZE])), queue_id
+        topic = self._topic(bytes(view[topic_pos:props_pos - PROPERTIES_LENGTH_SIZE]))
+        self._route(topic, queue_id)
+        return topic, queue_id
 
     def check_request(self, data: bytearray | memoryview, count: int) -> CheckedRequest:
         """Check the `count` records laid end to end in `data` (BadInputError if the framing
@@ -251,7 +262,8 @@ class RecordChecker:
         and a PROPERTIESLENGTH equal to what TOTALSIZE leaves after its body: that equality is
         checked here instead of the length rules' vector form (structure.frame_many), which
         costs more than this whole check for a request's few dozen records."""
-        topic, _ = self._check_at(view, starts[0], sizes[0])
+        topic, first_queue_id = self._check_at(view, starts[0], sizes[0])
+        write_queues = self._route(topic, first_queue_id).write_queue_count
         topic_piece = _topic_piece(view, starts[0])  # TOPICLENGTH + topic of the first record
         n = len(starts)
         u8 = np.frombuffer(data, dtype=np.uint8)
@@ -284,6 +296,7 @@ class RecordChecker:
         ok &= (crc32_each(data, body_pos, topic_len_pos) & BODY_CRC_MASK) == fields[:, _BODY_CRC_WORD]
         topics: list[str | None] = [topic] * len(starts)
         queue_ids = fields[:, _QUEUE_ID_WORD].astype(np.int64)
+        ok &= queue_ids < write_queues  # the first record's topic is every accepted record's
         reasons: dict[int, RecordRefusedError] = {}
         if not ok.all():
             self._recheck(view, starts, sizes, np.flatnonzero(~ok).tolist(), ok, topics, queue_ids,

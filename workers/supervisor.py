@@ -46,11 +46,14 @@ from engine.files.open_files import raise_open_file_limit
 from engine.files.store_dir import StoreLock, mark_clean_stop
 from engine.formats.checkpoint import Checkpoint
 from engine.store_open import Dispatch, open_store
+from engine.topics.live import LiveTopics, describe
+from engine.topics.table import TopicChange, TopicDefaults, TopicTableFile
 from ipc.control_block import ProcState, Role, StoreState
 from ipc.key_ring import REGION_KIND as KEY_RING_KIND
 from ipc.refused_offsets import refusal_message, refuse_offsets_past_their_queues
 from ipc.run_info import RunInfo, remove_run_info, write_run_info
 from ipc.shm import region_name, unlink_stale
+from ipc.topic_requests import pending_requests
 from workers.appender import Appender
 from workers.child_handle import ChildHandle
 from workers.exit_codes import CliExit, ExitCode, describe_exit
@@ -172,8 +175,10 @@ class Supervisor:
                                          on_flushed=self._on_flushed,
                                          fault_delay_s=fault_fsync_delay_s(),
                                          fault_stall_path=stall_path)
+        topics = LiveTopics(TopicTableFile(self.root), opened.topics,
+                            TopicDefaults(self.config.queue_count, self.config.auto_create_topic))
         self._appender = Appender(self._commitlog, self._shared.server, self._group_commit,
-                                  self.config, self._next_offsets, root=self.root)
+                                  self.config, self._next_offsets, root=self.root, topics=topics)
         self._group_commit.on_idle = self._appender.sweep_if_stuck
         self._group_commit.start()
         self._deadlines = DeadlineWatch(self._appender.waiters)
@@ -277,10 +282,23 @@ class Supervisor:
                 ctl.heartbeat(0)
                 self._supervise_children(now)
                 self._retention.run_if_due(now)
+                self._serve_topic_requests()
                 next_supervise = now + SUPERVISE_INTERVAL_S
             if now >= next_reclaim:
                 self._reclaim_dead_consumers()
                 next_reclaim = now + RECLAIM_INTERVAL_S
+
+    def _serve_topic_requests(self) -> None:
+        """Apply each `mqstore topic` change waiting in run/topic-requests, or say why not; the
+        dispatcher is woken to drop a deleted topic's queues at once."""
+        for request in pending_requests(self.root):
+            try:
+                table = self._appender.change_topic(TopicChange.from_dict(request.change))
+            except (StoreError, OSError) as exc:  # refused, or topics.json not written: unchanged
+                request.answer({"error": str(exc)})
+                continue
+            request.answer({"ok": describe(table, request.change["topic"])})
+            self._wake_dispatcher()
 
     def _reclaim_dead_consumers(self) -> None:
         removed = self._shared.reclaim_dead_consumers()

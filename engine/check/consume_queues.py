@@ -7,6 +7,8 @@ below the log's min position are expired (retention deletes segments first), nev
 Entries pointing into damage a salvage accepted (the damaged records' own entries and
 placeholders, engine.recovery.salvage) are not matched against a record and may share a position.
 A record without its entry that routine recovery re-dispatches is pending (engine.check.pending).
+A deleted topic's records below its tombstone (engine.topics.table) need no entry, and its queues
+that begin below the tombstone are the next open's to remove: neither is a finding.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from engine.files.mapped_file import Access, MappedFile
 from engine.files.naming import CONSUMEQUEUE_DIR, is_topic_name, segment_files
 from engine.formats.cq_entry import CQ_DTYPE, CQ_ENTRY_SIZE, FILLER_SIZE_MARK
 from engine.queues.table import marked_queue_id
+from engine.topics.table import TopicFileError, TopicTableFile
 
 _QUEUE_KINDS = (FindingKind.CQ_ENTRY_MISMATCH, FindingKind.CQ_GAP, FindingKind.CQ_MISSING_ENTRY,
                 FindingKind.CQ_DUPLICATE, FindingKind.CQ_PAST_END)
@@ -32,6 +35,31 @@ _QUEUE_KINDS = (FindingKind.CQ_ENTRY_MISMATCH, FindingKind.CQ_GAP, FindingKind.C
 def check_queues(root: Path, entries_per_file: int, scan: LogScan, out: FindingList,
                  pending: PendingWork) -> None:
     """Every queue on disk and every queue the log's records name."""
+    tombstones = _tombstones(root, out)
+    consumable = scan.arrays["consumable"]
+    saved = consumable.copy()
+    try:
+        for topic, floor in tombstones.items():  # a deleted topic's old records want no entry
+            tid = scan.topic_ids.get(topic)
+            if tid is not None:
+                consumable[(scan.arrays["topic"] == tid) & (scan.arrays["pos"] < floor)] = False
+        _check_all(root, entries_per_file, scan, out, pending, tombstones)
+    finally:
+        consumable[:] = saved
+
+
+def _tombstones(root: Path, out: FindingList) -> dict[str, int]:
+    """The topic table's tombstones; a bad topics.json is a finding (and none are honoured)."""
+    topic_file = TopicTableFile(root)
+    try:
+        return dict(topic_file.load().tombstones)
+    except TopicFileError as exc:
+        out.add(FindingKind.LAYOUT, str(topic_file.path), exc.message)
+        return {}
+
+
+def _check_all(root: Path, entries_per_file: int, scan: LogScan, out: FindingList,
+               pending: PendingWork, tombstones: dict[str, int]) -> None:
     on_disk = _queue_dirs(root / CONSUMEQUEUE_DIR, out)
     a = scan.arrays
     expected = {(topic, int(q)) for topic, tid in scan.topic_ids.items()
@@ -40,10 +68,18 @@ def check_queues(root: Path, entries_per_file: int, scan: LogScan, out: FindingL
         directory = on_disk.get((topic, queue_id),
                                 root / CONSUMEQUEUE_DIR / topic / str(queue_id))
         entries, first = _read_queue(directory, entries_per_file, out)
-        _check_queue(topic, queue_id, entries, first, scan, str(directory), out, pending)
+        # a deleted topic's queue that the dispatcher or the next open removes is not checked
+        if topic not in tombstones or not _begins_below(entries, tombstones[topic]):
+            _check_queue(topic, queue_id, entries, first, scan, str(directory), out, pending)
         for kind in _QUEUE_KINDS:
             out.close_group(kind, directory)
         pending.close_group(FindingKind.CQ_MISSING_ENTRY, directory)
+
+
+def _begins_below(entries: np.ndarray, floor: int) -> bool:
+    """Whether a queue's first written entry points below `floor` (or it has none)."""
+    written = np.flatnonzero(entries["size"] > 0)
+    return not len(written) or int(entries["commit_pos"][written[0]]) < floor
 
 
 def _queue_dirs(base: Path, out: FindingList) -> dict[tuple[str, int], Path]:

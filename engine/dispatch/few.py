@@ -142,6 +142,11 @@ def few_to_consume_queues(table: ConsumeQueueTable, few: FewRecords) -> int:
             groups.setdefault((topic, queue_id), []).append(row)
     written = 0
     for (topic, queue_id), rows in groups.items():
+        floor = table.tombstone_of(_topic_name(topic))  # a deleted topic's records enter no queue
+        if floor:
+            rows = [i for i in rows if few.commit_pos[i] >= floor]
+            if not rows:
+                continue
         queue = table.get_or_create(_topic_name(topic), queue_id)
         written += queue.put_entries([few.queue_offset[i] for i in rows], [few.commit_pos[i] for i in rows],
                                      [few.total_size[i] for i in rows], [few.tags_code[i] for i in rows])

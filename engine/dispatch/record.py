@@ -48,7 +48,8 @@ def keys_by_shard(header: RecordHeader, shard_count: int) -> dict[int, list[str]
 
 def dispatch_to_consume_queue(table: ConsumeQueueTable, header: RecordHeader) -> bool:
     """Write the record's consume-queue entry; False when it was already there (or not consumable)."""
-    if not enters_consume_queue(header.sys_flag, header.queue_offset):
+    if not enters_consume_queue(header.sys_flag, header.queue_offset) \
+            or header.commit_pos < table.tombstone_of(header.topic):
         return False
     queue = table.get_or_create(header.topic, header.queue_id)
     return queue.put_entries([header.queue_offset], [header.commit_pos], [header.total_size],
@@ -90,10 +91,16 @@ def consumable_rows(cols: DispatchColumns) -> np.ndarray:
 def dispatch_columns_to_consume_queues(table: ConsumeQueueTable, cols: DispatchColumns,
                                        rows: np.ndarray | None = None) -> int:
     """dispatch_to_consume_queue for every consumable record, one put_entries per queue; returns
-    the entries written. `rows` restricts it to those records (recovery skips broken queues)."""
+    the entries written. `rows` restricts it to those records (recovery skips broken queues).
+    A deleted topic's records below its tombstone (table.tombstones) are skipped."""
     rows = consumable_rows(cols) if rows is None else rows
     written = 0
     for (topic, queue_id), sel in queue_groups(cols, rows):
+        floor = table.tombstone_of(topic)  # a deleted topic's records enter no queue again
+        if floor and int(cols.commit_pos[sel[0]]) < floor:
+            sel = sel[cols.commit_pos[sel] >= floor]
+            if not len(sel):
+                continue
         queue = table.get_or_create(topic, queue_id)
         written += queue.put_entries(cols.queue_offset[sel], cols.commit_pos[sel], cols.total_size[sel],
                                      cols.tags_code[sel])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from enum import Enum
 from pathlib import Path
 
@@ -55,6 +55,8 @@ class ConsumeQueueTable:
         self.skipped: list[tuple[str, int]] = []  # unreadable or being rebuilt, left out (SKIP)
         self.set_aside: list[tuple[str, int]] = []  # started empty, to be rebuilt (SET_ASIDE)
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        # deleted topics (engine.topics.table): their records below the position enter no queue
+        self.tombstones: dict[str, int] = {}
 
     @classmethod
     def load(cls, root: Path, entries_per_file: int, access: Access, max_open_files: int | None = None,
@@ -155,6 +157,32 @@ class ConsumeQueueTable:
         if queue is not None:
             queue.close()
         remove_tree(consume_queue_dir(self.root, topic, queue_id))
+
+    def tombstone_of(self, topic: str) -> int:
+        """The commit position below which `topic`'s records are deleted (0: none)."""
+        return self.tombstones.get(topic, 0) if self.tombstones else 0
+
+    def bury(self, tombstones: Mapping[str, int]) -> list[tuple[str, int]]:
+        """Adopt the topic table's tombstones and drop every queue of a deleted topic that
+        begins below its tombstone (a queue created again begins above it); returns those
+        dropped. The writer of the queues calls it; a reader only adopts (`tombstones`)."""
+        self.tombstones = dict(tombstones)
+        base = self.root / CONSUMEQUEUE_DIR
+        dropped = []
+        for topic, floor in self.tombstones.items():
+            topic_dir = base / topic
+            queue_ids = {qid for (name, qid) in self._queues if name == topic}
+            if topic_dir.is_dir():
+                queue_ids |= {int(d.name) for d in topic_dir.iterdir() if d.name.isdigit()}
+            for queue_id in sorted(queue_ids):
+                queue = self.get(topic, queue_id)
+                first = queue.entry(queue.min_offset) if queue is not None else None
+                if first is None or first.commit_pos < floor:
+                    self.drop(topic, queue_id)
+                    dropped.append((topic, queue_id))
+            if topic_dir.is_dir() and not any(topic_dir.iterdir()):
+                topic_dir.rmdir()
+        return dropped
 
     def __iter__(self) -> Iterator[ConsumeQueue]:
         return iter(list(self._queues.values()))

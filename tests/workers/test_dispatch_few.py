@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+from functools import partial
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from engine.dispatch.few import decode_few
 from engine.files.mapped_file import Access
 from engine.log.commitlog import CommitLog
 from engine.queues.table import ConsumeQueueTable
+from engine.topics.table import TopicDefaults, TopicTable
 from engine.tuning import FEW_RECORDS_BYTES
 from ipc.key_ring import KeyRing
 from ipc.shm import issue_shm_token
@@ -29,7 +31,8 @@ SHARDS = 2
 def write_log(root, requests: int) -> list[int]:
     """Requests of 3 records with a key each; returns the written position after each."""
     log = CommitLog.open(root, SEGMENT_BYTES, Access.READ_WRITE)
-    checker = RecordChecker(max_body_bytes=4096, queue_count=QUEUES, segment_bytes=SEGMENT_BYTES)
+    checker = RecordChecker(max_body_bytes=4096, segment_bytes=SEGMENT_BYTES,
+                            route=partial(TopicTable().put_route, defaults=TopicDefaults(QUEUES)))
     ends = append_requests(log, checker, make_requests(requests * 3, 3, 200))
     log.flush()
     log.close()

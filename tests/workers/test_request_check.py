@@ -1,7 +1,9 @@
+
 """The supervisor's structural check of producer records: garbage never reaches the log."""
 
 import random
 import struct
+from functools import partial
 
 import numpy as np
 import pytest
@@ -19,14 +21,17 @@ from engine.formats.record import (
     encode_record,
 )
 from engine.formats.record.stamp_many import check_stampable
+from engine.refusal import Refusal
 from engine.status import PutStatus
+from engine.topics.table import TopicConfig, TopicDefaults, TopicTable
 from engine.tuning import STRUCT_PATH_MAX_RECORDS
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.run_info import run_dir
 from tests.workers.store_harness import assert_check_clean, start_store
 from workers.request_check import RecordChecker, merge_checked
 
-CHECKER = RecordChecker(max_body_bytes=1024, queue_count=4, segment_bytes=65536)
+CHECKER = RecordChecker(max_body_bytes=1024, segment_bytes=65536,
+                            route=partial(TopicTable().put_route, defaults=TopicDefaults(4)))
 
 
 def record(topic="T1", body=b"hello", queue_id=1, props=None):
@@ -272,6 +277,24 @@ def test_merged_good_records_of_one_request_are_the_accepted_records_end_to_end(
     assert merge_checked(clean, [(0, CHECKER.check_request(clean, 3))]).records.buf is clean
 
 
+def test_the_topic_rule_refuses_queues_past_a_topics_write_queues_in_every_path():
+    """The supervisor's check runs the topic table's put rule (engine.topics.table) on each record,
+    one by one and in the batch path: a queue past the topic's write queues, or a topic without
+    write permission, is refused with its own refusal code; other topics pass."""
+    table = TopicTable().with_topic(TopicConfig("Solo", 1, 1)).with_topic(TopicConfig("Ro", 2, 2, perm=4))
+    checker = RecordChecker(max_body_bytes=1024, segment_bytes=65536,
+                            route=partial(table.put_route, defaults=TopicDefaults(4)))
+    for count in (3, BIG):  # scalar, then batch against the first record
+        records = [record(topic="Solo", queue_id=0) for _ in range(count - 2)]
+        records += [record(topic="Solo", queue_id=1), record(topic="Ro", queue_id=0)]
+        checked = checker.check_request(bytearray(b"".join(records)), count)
+        assert checked.ok.tolist() == [True] * (count - 2) + [False, False]
+        past, read_only = checked.reasons[count - 2], checked.reasons[count - 1]
+        assert (past.refusal, past.limit, past.found) == (Refusal.WRITE_QUEUE, 1, 1)
+        assert read_only.refusal == Refusal.TOPIC_NOT_WRITABLE and "perm 4" in str(read_only)
+    assert checker.check(memoryview(record(topic="Other", queue_id=3)))[1] == 3  # default count
+
+
 def test_check_request_batch_topics_and_queue_ids_per_record():
     rnd = random.Random(7)
     records = request(rnd, 40, ("T1", "T2", "T3"))
@@ -317,7 +340,8 @@ def test_supervisor_appends_only_the_good_records_of_a_large_request(tmp_path):
 def test_check_request_of_large_bodies_agrees_with_check_on_a_view():
     """Bodies of tens of KiB, damaged in places, in a memoryview (what the appender passes): the
     batch path answers exactly what `check` answers per record."""
-    checker = RecordChecker(max_body_bytes=1 << 17, queue_count=4, segment_bytes=1 << 24)
+    checker = RecordChecker(max_body_bytes=1 << 17, segment_bytes=1 << 24,
+                            route=partial(TopicTable().put_route, defaults=TopicDefaults(4)))
     rnd = random.Random(21)
     records = [bytearray(record(body=rnd.randbytes(rnd.randrange(20000, 70000)), queue_id=i % 4))
                for i in range(BIG)]

@@ -24,6 +24,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from engine.config import GiB
@@ -31,10 +32,13 @@ from engine.files.mapped_file import Access
 from engine.formats.record.encode_many import encode_records
 from engine.formats.uniq_key import new_uniq_keys
 from engine.log.commitlog import CommitLog
+from engine.topics.table import TopicDefaults, TopicTable
 from workers.request_check import CheckedRequest, RecordChecker, merge_checked
 
 TOPIC = b"bench-0"
 QUEUES = 4
+# the topic configured, as the supervisor finds a topic after its first message
+BENCH_TOPICS = TopicTable().with_topic(TopicDefaults(QUEUES).config_for(TOPIC.decode()))
 BORN, STORE = ("127.0.0.1", 40000), ("127.0.0.1", 10911)
 
 
@@ -120,7 +124,8 @@ def run_append(checker: RecordChecker, requests: list[tuple[bytes, int]], direct
 
 
 def bench(records: int, batches: list[int], body_bytes: int, runs: int, work_dir: Path | None) -> dict:
-    checker = RecordChecker(max_body_bytes=4 << 20, queue_count=QUEUES, segment_bytes=1 * GiB)
+    checker = RecordChecker(max_body_bytes=4 << 20, segment_bytes=1 * GiB,
+                            route=partial(BENCH_TOPICS.put_route, defaults=TopicDefaults(QUEUES)))
     out = {"load_before": os.getloadavg()[0], "records": records, "body_bytes": body_bytes}
     for batch in batches:
         count = records if batch > 1 else records // 4

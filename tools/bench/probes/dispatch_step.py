@@ -21,6 +21,7 @@ import itertools
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from engine.config import GiB
@@ -30,7 +31,8 @@ from engine.files.mapped_file import Access
 from engine.formats.record import Verify
 from engine.formats.record.dispatch_columns import columns_from_headers
 from engine.log.commitlog import CommitLog
-from tools.bench.probes.check_stamp import QUEUES, append_requests, make_requests
+from engine.topics.table import TopicDefaults
+from tools.bench.probes.check_stamp import BENCH_TOPICS, QUEUES, append_requests, make_requests
 from workers.request_check import RecordChecker
 
 SHARDS = 2
@@ -39,7 +41,8 @@ SHARDS = 2
 def build_log(root: Path, records: int, body_bytes: int) -> tuple[CommitLog, list[int]]:
     """A commitlog of `records` one-record requests; the position after each record."""
     log = CommitLog.open(root, 1 * GiB, Access.READ_WRITE)
-    checker = RecordChecker(max_body_bytes=body_bytes, queue_count=QUEUES, segment_bytes=1 * GiB)
+    checker = RecordChecker(max_body_bytes=body_bytes, segment_bytes=1 * GiB,
+                            route=partial(BENCH_TOPICS.put_route, defaults=TopicDefaults(QUEUES)))
     return log, append_requests(log, checker, make_requests(records, 1, body_bytes))
 
 

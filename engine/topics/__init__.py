@@ -1,0 +1,1 @@
+"""Topics as configuration: config/topics.json, per-topic queues and permissions, tombstones."""
