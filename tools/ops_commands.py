@@ -68,6 +68,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_groups(args: argparse.Namespace) -> int:
+    from tools.group_view import member_table
     from tools.inventory import group_table
 
     if args.reset:
@@ -76,6 +77,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
     if given:
         raise BadInputError(given[0], "only goes with --reset")
     rows = group_table(args.store)
+    members = member_table(args.store)
     if args.json:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
         return CliExit.OK
@@ -84,6 +86,11 @@ def cmd_groups(args: argparse.Namespace) -> int:
                          "refused until reset" if c.refused else "")
                         for g in rows for c in g.committed],
                        empty="no consumer group has committed an offset"))
+    print()
+    print(render_table(("group", "topic", "member", "pid", "since", "state", "queues", "lag"),
+                       [(m.group, m.topic, m.member, m.pid, clock(m.since_ms), m.state,
+                         ",".join(map(str, m.queue_ids)) or "-", m.lag_messages) for m in members],
+                       empty="no consumer group has live members"))
     return CliExit.OK
 
 

@@ -1,0 +1,70 @@
+"""The members of the store's consumer groups as `mqstore groups` shows them: per member its
+pid, since when, state (live, or stalled: stopped or not sweeping), the queues it owns and the
+messages waiting on them. Read-only: dead members' files are passed over, not removed."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from engine.naming import CONFIG_DIR
+from ipc.consumer_offsets import ConsumerOffsets, table_key
+from ipc.group_members import GROUPS_DIR
+from ipc.group_roster import live_members, member_topics
+from tools.inventory import require_store, topic_spans
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    """One live member of a group on one topic."""
+
+    group: str
+    topic: str
+    member: str
+    pid: int
+    since_ms: int
+    state: str
+    model: str
+    expression: str
+    queue_ids: tuple[int, ...]
+    lag_messages: int  # on its queues: from the committed offset (else the min) to the end
+
+    def as_dict(self) -> dict:
+        fields = asdict(self)
+        fields["queue_ids"] = list(self.queue_ids)
+        return fields
+
+
+def member_table(store_dir: str | Path) -> list[MemberRow]:
+    """Every live member of every group on this store, by group, topic and member name."""
+    root = Path(store_dir)
+    require_store(root)
+    offsets = ConsumerOffsets(root).peek_with_times()[0]
+    now_ms = time.time_ns() // 1_000_000
+    rows = []
+    for group in _groups_with_members(root):
+        for topic in member_topics(root, group):
+            members = live_members(root, group, topic)
+            spans = topic_spans(root, topic) if members else {}
+            committed = offsets.get(table_key(topic, group), {})
+            for record in members:
+                lag = 0
+                for queue_id in record.queue_ids:
+                    span = spans.get(queue_id)
+                    if span is not None:
+                        start = committed.get(queue_id, span.min_offset)
+                        lag += max(span.max_offset - max(start, span.min_offset), 0)
+                rows.append(MemberRow(group, topic, record.member, record.pid, record.since_ms,
+                                      record.state(now_ms), record.model, record.expression,
+                                      record.queue_ids, lag))
+    return rows
+
+
+def _groups_with_members(root: Path) -> list[str]:
+    """The groups with a directory of member files (`config/groups/<group>/`), sorted."""
+    directory = root / CONFIG_DIR / GROUPS_DIR
+    try:
+        return sorted(entry.name for entry in directory.iterdir() if entry.is_dir())
+    except FileNotFoundError:
+        return []
