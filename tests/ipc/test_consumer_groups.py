@@ -158,11 +158,11 @@ def test_a_member_with_another_expression_is_refused_at_join(store):
 
 
 def test_a_broadcasting_member_with_a_live_members_name_is_refused(store):
-    with Consumer(store.root, "bc", model=MessageModel.BROADCASTING, instance_name="w1") as first:
+    with (Consumer(store.root, "bc", model=MessageModel.BROADCASTING, instance_name="w1") as first,
+          Consumer(store.root, "bc", model=MessageModel.BROADCASTING, instance_name="w1") as twin):
         first.assignment("Names")
-        with Consumer(store.root, "bc", model=MessageModel.BROADCASTING, instance_name="w1") as twin:
-            with pytest.raises(MemberNameInUseError):
-                twin.assignment("Names")
+        with pytest.raises(MemberNameInUseError):
+            twin.assignment("Names")
 
 
 def test_a_member_commits_only_the_queues_it_owns(store):
@@ -195,9 +195,8 @@ def test_broadcasting_members_each_read_everything_with_offsets_of_their_own(sto
 
 
 def test_bad_subscriptions_are_refused(store):
-    with Consumer(store.root, "bad") as consumer:
-        with pytest.raises(BadInputError, match="expression"):
-            consumer.assignment("T", "TagA")
+    with Consumer(store.root, "bad") as consumer, pytest.raises(BadInputError, match="expression"):
+        consumer.assignment("T", "TagA")
     with pytest.raises(BadInputError, match="instance_name"):
         Consumer(store.root, "bad", model=MessageModel.BROADCASTING)
     with pytest.raises(BadInputError, match="instance_name"):
