@@ -40,6 +40,15 @@ live in config/consumerOffset.json (ipc.consumer_offsets); `iterate` writes them
 (engine.status.GetStatus); the constructor raises ServiceNotAvailableError at once when no
 supervisor runs on the store.
 
+Groups: `iterate(topic)` and `assignment(topic)` subscribe. A CLUSTERING member (the default)
+joins its group on the topic and reads only the queues RocketMQ's average allocation gives it
+over the group's live members (ipc.group_share): liveness and ownership are flocks the kernel
+drops at death, a queue is let go only after its marks are written, and only its owner commits
+it. BROADCASTING reads every queue with offsets of its own instance. `pull`, `pull_columns` and
+`iterate(queue_ids=...)` are the assign API: the queues named, no membership.
+`seek_to_time(topic, ts_ms)` starts every queue of a topic at a store time (a binary search
+over the consume queue), on a running store.
+
 Restarts (ipc.reattach): when the supervisor exits (a clean stop or a crash), the next pull,
 wait or iteration step waits up to `reattach_timeout_s` for the next one and goes on there; a
 long poll in progress survives it (its own timeout still counts), and ServiceNotAvailableError
@@ -69,6 +78,7 @@ from engine.errors import (
     CorruptRecordError,
     QueueNotOwnedError,
     ServiceNotAvailableError,
+    StoreClosedError,
 )
 from engine.formats.record import V4_HEADER_SIZE, Record, Verify, decode_record, store_ts_at
 from engine.formats.record.view import RecordView, entry_mismatches, gather_records
@@ -454,7 +464,9 @@ class Consumer:
         timer too), before each long-poll wait, before a queue is handed over, when the
         iteration ends or is closed (a `break` out of the loop), and by `flush_offsets` /
         `close`. A consumer killed in between sees again what it read since the last write:
-        delivery is at least once."""
+        delivery is at least once. Without `auto_commit` nothing is written for you, not even
+        before a hand-over: commit each queue as you go (`commit`), or its next owner reads
+        again from the last commit."""
         validate_topic(topic)
         _require_count("commit_interval_ms", commit_interval_ms, 0, 2**31)
         assigned = None if queue_ids is None else self._validate_queue_ids(queue_ids)
@@ -485,22 +497,26 @@ class Consumer:
                     continue
                 if not follow:
                     return
-                # a member rebalances from its sweeps: it must wake to see a death or a join
-                wait_s = poll_timeout_ms / 1000.0 if share is None else REBALANCE_INTERVAL_S
-                self._wait_past(bound, min(wait_s, poll_timeout_ms / 1000.0))
+                wait_s = poll_timeout_ms / 1000.0
+                if share is not None:  # a member rebalances from its sweeps: wake to see a death
+                    wait_s = min(wait_s, REBALANCE_INTERVAL_S)
+                self._wait_past(bound, wait_s)
         finally:
             if not self._closed:
                 self.flush_offsets()
 
     def _follow_owned(self, topic: str, offsets: dict[int, int | None], owned: list[int]) -> None:
         """Keep `offsets` to the queues read now: a queue gained starts from its committed offset
-        (read once its old owner let go of it), a queue let go is forgotten."""
+        (read once its old owner let go of it) or where `seek_to_time` put it, a queue let go
+        is forgotten."""
         for queue_id in [queue_id for queue_id in offsets if queue_id not in owned]:
             del offsets[queue_id]
         for queue_id in owned:
-            if queue_id not in offsets:
-                sought = self._positions.pop((topic, queue_id), None)
-                offsets[queue_id] = self.committed(topic, queue_id) if sought is None else sought
+            sought = self._positions.pop((topic, queue_id), None)
+            if sought is not None:
+                offsets[queue_id] = sought
+            elif queue_id not in offsets:
+                offsets[queue_id] = self.committed(topic, queue_id)
 
     def assignment(self, topic: str, expression: str = "*") -> list[int]:
         """The queue ids of `topic` this member reads now (subscribing on the first call);
@@ -511,6 +527,8 @@ class Consumer:
 
     def _join(self, topic: str, expression: str) -> GroupShare:
         """This member's share of `topic` (joining the group on it the first time)."""
+        if self._closed:
+            raise StoreClosedError("the consumer is closed", path=str(self.root))
         self._adopt_if_forked()
         expression = validate_expression(expression)
         share = self._shares.get(topic)

@@ -7,6 +7,7 @@ store per module; the member tests run real member processes."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -239,3 +240,18 @@ def test_consume_since_reads_from_that_time(store):
 
 def test_since_takes_iso_8601_with_a_zone():
     assert parse_time_ms("2026-12-01T10:00Z", "since") == 1_796_119_200_000
+
+
+def test_the_guide_example_of_a_worker_runs_as_written(store, capsys):
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "GUIDE.md").read_text(encoding="utf-8")
+    code = next(block for block in re.findall(r"^```python\n(.*?)^```", guide, re.MULTILINE | re.DOTALL)
+                if 'consumer.iterate("jobs"' in block)
+    send(store, "jobs", 3)
+    with Producer(store.root) as producer:
+        assert producer.send("jobs", b"last", queue_id=QUEUES - 1).ok
+    store.wait_caught_up()
+    exec(compile(code.replace("./data", str(store.root)), "GUIDE.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 3 * QUEUES + 1 and printed[-1] == f"{QUEUES - 1} 3 b'last'"
+    assert ConsumerOffsets(store.root).get("jobs", "workers", 0) == 3  # it committed what it handled
+    assert live_members(store.root, "workers", "jobs") == []  # and left

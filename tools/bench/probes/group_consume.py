@@ -56,6 +56,7 @@ def _drain_member(root: Path, group: str, go_r: int, done_w: int) -> None:
         while not select.select([go_r], [], [], 0.01)[0]:
             consumer.assignment(TOPIC)
         os.read(go_r, 1)
+        cpu_s = time.process_time()
         count = 0
         offsets = dict.fromkeys(consumer.assignment(TOPIC), 0)
         while offsets:
@@ -67,11 +68,13 @@ def _drain_member(root: Path, group: str, go_r: int, done_w: int) -> None:
                     del offsets[queue_id]
                 else:
                     offsets[queue_id] = got.next_offset
-        os.write(done_w, f"{count} {time.monotonic_ns()}\n".encode())
+        cpu_ns = int((time.process_time() - cpu_s) * 1e9)
+        os.write(done_w, f"{count} {time.monotonic_ns()} {cpu_ns}\n".encode())
 
 
-def drain_rate(root: Path, group: str, members: int, messages: int) -> float:
-    """Messages a second of `members` forked members of `group` draining the backlog."""
+def drain_rate(root: Path, group: str, members: int, messages: int) -> tuple[float, float]:
+    """Messages a second of `members` forked members of `group` draining the backlog, and
+    their CPU time per message (us), which the machine's other load does not change."""
     go_r, go_w = os.pipe()
     done_r, done_w = os.pipe()
     pids = []
@@ -97,9 +100,10 @@ def drain_rate(root: Path, group: str, members: int, messages: int) -> float:
         os.waitpid(pid, 0)
     for fd in (go_r, go_w, done_w):
         os.close(fd)
-    if sum(count for count, _ in reports) != messages:
-        raise RuntimeError(f"the members read {sum(c for c, _ in reports)} of {messages}: a queue twice?")
-    return messages / ((max(end for _, end in reports) - go_ns) / 1e9)
+    if sum(count for count, _, _ in reports) != messages:
+        raise RuntimeError(f"the members read {sum(r[0] for r in reports)} of {messages}: a queue twice?")
+    cpu_us = sum(cpu_ns for _, _, cpu_ns in reports) / messages / 1000
+    return messages / ((max(end for _, end, _ in reports) - go_ns) / 1e9), cpu_us
 
 
 def _survivor(root: Path, group: str, report_w: int) -> None:
@@ -184,10 +188,13 @@ def main(argv: list[str] | None = None) -> None:
         try:
             store.wait_ready()
             fill(root, args.messages)
-            rates = [drain_rate(root, f"drain{run}", args.members, args.messages) for run in range(args.runs)]
+            drains = [drain_rate(root, f"drain{run}", args.members, args.messages) for run in range(args.runs)]
+            rates = [rate for rate, _ in drains]
             print(f"{args.members} members drain {args.messages} messages: "
                   f"{statistics.median(rates):,.0f} msg/s (median of {args.runs}: "
-                  f"{', '.join(f'{r:,.0f}' for r in rates)})")
+                  f"{', '.join(f'{r:,.0f}' for r in rates)}); consumer CPU "
+                  f"{statistics.median(cpu for _, cpu in drains):.2f} us/msg; load average "
+                  f"{os.getloadavg()[0]:.1f}")
             times = [t for run in range(args.runs)
                      for t in hand_over_times_ms(root, f"kill{run}", args.kills)]
             print(f"hand-over after SIGKILL over {len(times)} kills: median "
