@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             store.wait_ready()
             fill(root, args.messages)
-            drains = [drain_rate(root, f"drain{run}", args.members, args.messages) for run in range(args.runs)]
+            drains = [drain_rate(root, f"drain{run}", args.members, args.messages)
+                      for run in range(args.runs)]
             rates = [rate for rate, _ in drains]
             print(f"{args.members} members drain {args.messages} messages: "
                   f"{statistics.median(rates):,.0f} msg/s (median of {args.runs}: "
