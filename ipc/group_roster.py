@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 
-from engine.errors import MemberNameInUseError, SubscriptionMismatchError
+from engine.errors import MemberNameInUseError, StorePermissionError, SubscriptionMismatchError
 from engine.filesystem import ensure_dir
 from ipc.group_members import group_lock_path
 
@@ -199,8 +199,15 @@ def join_roster(store_dir: str | os.PathLike, group: str, topic: str, member: st
     """Join the group on `topic` as `member`: refused when a live member subscribes otherwise
     or has that name; the new file is locked before it is visible, so it is never seen dead."""
     directory = topic_dir(store_dir, group, topic) / MEMBERS_DIR
-    ensure_dir(directory)
-    join_fd = os.open(directory / JOIN_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        ensure_dir(directory)
+        join_fd = os.open(directory / JOIN_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    except PermissionError as exc:
+        raise StorePermissionError(f"cannot join group {group!r} on {topic!r}: {exc.strerror}",
+                                   path=str(directory),
+                                   hint="a member writes its file under config/groups/; to read "
+                                        "without joining, name the queues (iterate(queue_ids=...), "
+                                        "pull)") from None
     try:
         fcntl.flock(join_fd, fcntl.LOCK_EX)  # held for the milliseconds of one join
         live = reap_dead_members(directory)

@@ -79,11 +79,6 @@ class GroupShare:
         members.add(self.member)
         return allocate_averagely(self.member, sorted(members), range(queue_count))
 
-    @property
-    def waiting(self) -> bool:
-        """True while a queue allocated to this member is still held by its old owner."""
-        return len(self.owned) < len(self.wanted)
-
     def leave(self, commit: Callable[[list[int]], None]) -> None:
         """Commit what was handed out, let every queue go, then leave the roster."""
         if self.locks is not None:

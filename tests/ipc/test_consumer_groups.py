@@ -22,7 +22,7 @@ from engine.errors import (
 )
 from ipc.consumer import Consumer
 from ipc.consumer_offsets import ConsumerOffsets
-from ipc.group_roster import MessageModel, join_roster, live_members
+from ipc.group_roster import MessageModel, join_roster, live_members, topic_dir
 from ipc.producer import Producer
 from tests.workers.store_harness import cli, module_store, spawn_python, wait_for
 from tools.client_commands import parse_time_ms
@@ -195,9 +195,17 @@ def test_broadcasting_members_each_read_everything_with_offsets_of_their_own(sto
     assert ConsumerOffsets(store.root).get(topic, "fans", 0) is None  # not the group's file
 
 
-def test_bad_subscriptions_are_refused(store):
-    with Consumer(store.root, "bad") as consumer, pytest.raises(BadInputError, match="expression"):
-        consumer.assignment("T", "TagA")
+def test_bad_subscriptions_are_refused_and_join_nothing(store):
+    with Consumer(store.root, "bad") as consumer:
+        with pytest.raises(BadInputError, match="expression"):
+            consumer.assignment("T", "TagA")
+        with pytest.raises(BadInputError, match="queue"):
+            next(consumer.iterate("T", queue_ids=[QUEUES]))
+    assert not topic_dir(store.root, "bad", "T").exists()  # nothing written on the way
+    with pytest.raises(BadInputError, match="model"):
+        Consumer(store.root, "bad", model="CLUSTERING")
+    with pytest.raises(BadInputError, match="group"):  # an instance name follows the group rules
+        Consumer(store.root, "bad", model=MessageModel.BROADCASTING, instance_name="a/b")
     with pytest.raises(BadInputError, match="instance_name"):
         Consumer(store.root, "bad", model=MessageModel.BROADCASTING)
     with pytest.raises(BadInputError, match="instance_name"):
