@@ -37,7 +37,6 @@ class GroupShare:
             self.seat.leave()
             raise
         self.owned: list[int] = []
-        self.wanted: list[int] = []
         self._rebalanced_s = -REBALANCE_INTERVAL_S
 
     @property
@@ -56,22 +55,26 @@ class GroupShare:
         """Let go of the queues no longer this member's (after `commit`), take those that are
         and whose old owner let go; the queues owned now."""
         self._rebalanced_s = time.monotonic()
-        if self.locks is None:
-            self.wanted = self.owned = list(range(queue_count))
-            return self.owned
-        self.wanted = self._allocation(queue_count)
-        let_go = [queue_id for queue_id in self.locks.held if queue_id not in self.wanted]
-        if let_go:
-            commit(let_go)
-            for queue_id in let_go:
-                self.locks.release(queue_id)
-        for queue_id in self.wanted:
-            self.locks.try_take(queue_id)
-        owned = self.locks.held
+        if self.locks is None:  # BROADCASTING: every queue, no one to share with
+            owned = list(range(queue_count))
+        else:
+            owned = self._hand_over(self._allocation(queue_count), commit)
         if owned != list(self.seat.record.queue_ids):
             self.seat.publish_queues(owned)
         self.owned = owned
         return owned
+
+    def _hand_over(self, wanted: list[int], commit: Callable[[list[int]], None]) -> list[int]:
+        """Commit and let go of the queues held but not wanted, take the wanted ones that are
+        free; the queues held now."""
+        let_go = [queue_id for queue_id in self.locks.held if queue_id not in wanted]
+        if let_go:
+            commit(let_go)
+            for queue_id in let_go:
+                self.locks.release(queue_id)
+        for queue_id in wanted:
+            self.locks.try_take(queue_id)
+        return self.locks.held
 
     def _allocation(self, queue_count: int) -> list[int]:
         live = reap_dead_members(self.seat.directory)

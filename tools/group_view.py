@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.naming import CONFIG_DIR
-from ipc.consumer_offsets import ConsumerOffsets, table_key
+from ipc.consumer_offsets import ConsumerOffsets, broadcast_offsets_path, table_key
 from ipc.group_members import GROUPS_DIR
-from ipc.group_roster import live_members, member_topics
-from tools.inventory import require_store, topic_spans
+from ipc.group_roster import MessageModel, live_members, member_topics
+from tools.inventory import QueueSpan, require_store, topic_spans
 
 
 @dataclass(frozen=True)
@@ -40,25 +40,32 @@ def member_table(store_dir: str | Path) -> list[MemberRow]:
     """Every live member of every group on this store, by group, topic and member name."""
     root = Path(store_dir)
     require_store(root)
-    offsets = ConsumerOffsets(root).peek_with_times()[0]
+    group_offsets = ConsumerOffsets(root).peek_with_times()[0]
     now_ms = time.time_ns() // 1_000_000
     rows = []
     for group in _groups_with_members(root):
         for topic in member_topics(root, group):
             members = live_members(root, group, topic)
             spans = topic_spans(root, topic) if members else {}
-            committed = offsets.get(table_key(topic, group), {})
             for record in members:
-                lag = 0
-                for queue_id in record.queue_ids:
-                    span = spans.get(queue_id)
-                    if span is not None:
-                        start = committed.get(queue_id, span.min_offset)
-                        lag += max(span.max_offset - max(start, span.min_offset), 0)
+                offsets = group_offsets if record.model == MessageModel.CLUSTERING.value else (
+                    ConsumerOffsets(root, broadcast_offsets_path(root, record.member)).peek_with_times()[0])
+                lag = _lag(spans, offsets.get(table_key(topic, group), {}), record.queue_ids)
                 rows.append(MemberRow(group, topic, record.member, record.pid, record.since_ms,
                                       record.state(now_ms), record.model, record.expression,
                                       record.queue_ids, lag))
     return rows
+
+
+def _lag(spans: dict[int, QueueSpan], committed: dict[int, int], queue_ids: tuple[int, ...]) -> int:
+    """Messages from the committed offset (the min offset when none) to the end of each queue."""
+    lag = 0
+    for queue_id in queue_ids:
+        span = spans.get(queue_id)
+        if span is not None:
+            start = max(committed.get(queue_id, span.min_offset), span.min_offset)
+            lag += max(span.max_offset - start, 0)
+    return lag
 
 
 def _groups_with_members(root: Path) -> list[str]:

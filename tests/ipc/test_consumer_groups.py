@@ -188,6 +188,8 @@ def test_broadcasting_members_each_read_everything_with_offsets_of_their_own(sto
         for reader in readers:
             assert len(list(reader.iterate(topic))) == 3 * QUEUES
         send(store, topic, 1)
+        lags = {row.member: row.lag_messages for row in member_table(store.root) if row.topic == topic}
+        assert lags == {"one": QUEUES, "two": QUEUES}  # each instance's own offsets
         assert len(list(readers[0].iterate(topic))) == QUEUES  # from its own offsets
     finally:
         for reader in readers:
