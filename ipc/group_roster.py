@@ -58,6 +58,7 @@ class MemberRecord:
     member: str
     pid: int
     since_ms: int
+    group: str  # as given: the directory name is shortened for a name too long for the filesystem
     topic: str
     model: str
     expression: str
@@ -80,7 +81,12 @@ class MemberRecord:
 
 def live_members(store_dir: str | os.PathLike, group: str, topic: str) -> list[MemberRecord]:
     """The group's live members on `topic`, sorted by name; files of dead ones are left alone."""
-    return _scan(topic_dir(store_dir, group, topic) / MEMBERS_DIR)[0]
+    return live_members_in(topic_dir(store_dir, group, topic))
+
+
+def live_members_in(directory: Path) -> list[MemberRecord]:
+    """The live members of one group's topic directory (`topic_dir`), sorted by name."""
+    return _scan(directory / MEMBERS_DIR)[0]
 
 
 def reap_dead_members(directory: Path) -> list[MemberRecord]:
@@ -94,11 +100,10 @@ def reap_dead_members(directory: Path) -> list[MemberRecord]:
     return live
 
 
-def member_topics(store_dir: str | os.PathLike, group: str) -> list[str]:
-    """The topics the group has member directories for (live members or not), sorted."""
-    root = group_lock_path(store_dir, group).with_suffix("")
+def member_topics(group_directory: Path) -> list[str]:
+    """The topics a group's directory holds member directories for (live members or not), sorted."""
     try:
-        return sorted(entry.name for entry in root.iterdir() if (entry / MEMBERS_DIR).is_dir())
+        return sorted(entry.name for entry in group_directory.iterdir() if (entry / MEMBERS_DIR).is_dir())
     except FileNotFoundError:
         return []
 
@@ -145,9 +150,9 @@ def _read_member(fd: int) -> MemberRecord | None:
 def _decode_member(data: bytes, mtime_ns: int) -> MemberRecord | None:
     try:
         fields = json.loads(data)
-        return MemberRecord(fields["member"], fields["pid"], fields["since_ms"], fields["topic"],
-                            fields["model"], fields["expression"], tuple(fields["queue_ids"]),
-                            mtime_ns // 1_000_000)
+        return MemberRecord(fields["member"], fields["pid"], fields["since_ms"], fields["group"],
+                            fields["topic"], fields["model"], fields["expression"],
+                            tuple(fields["queue_ids"]), mtime_ns // 1_000_000)
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -211,8 +216,8 @@ def join_roster(store_dir: str | os.PathLike, group: str, topic: str, member: st
     try:
         fcntl.flock(join_fd, fcntl.LOCK_EX)  # held for the milliseconds of one join
         live = reap_dead_members(directory)
-        record = MemberRecord(member, os.getpid(), time.time_ns() // 1_000_000, topic, model.value,
-                              expression, (), 0)
+        record = MemberRecord(member, os.getpid(), time.time_ns() // 1_000_000, group, topic,
+                              model.value, expression, (), 0)
         _refuse_mismatch(group, record, live, directory)
         tmp = directory / f".{member}.tmp"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -11,7 +11,7 @@ from pathlib import Path
 from engine.naming import CONFIG_DIR
 from ipc.consumer_offsets import ConsumerOffsets, broadcast_offsets_path, table_key
 from ipc.group_members import GROUPS_DIR
-from ipc.group_roster import MessageModel, live_members, member_topics
+from ipc.group_roster import MessageModel, live_members_in, member_topics
 from tools.inventory import QueueSpan, require_store, topic_spans
 
 
@@ -42,16 +42,16 @@ def member_table(store_dir: str | Path) -> list[MemberRow]:
     require_store(root)
     group_offsets = ConsumerOffsets(root).peek_with_times()[0]
     now_ms = time.time_ns() // 1_000_000
-    rows = []
-    for group in _groups_with_members(root):
-        for topic in member_topics(root, group):
-            members = live_members(root, group, topic)
+    rows = []  # by group directory, topic and member name
+    for directory in _group_dirs(root):
+        for topic in member_topics(directory):
+            members = live_members_in(directory / topic)
             spans = topic_spans(root, topic) if members else {}
             for record in members:
                 offsets = group_offsets if record.model == MessageModel.CLUSTERING.value else (
                     ConsumerOffsets(root, broadcast_offsets_path(root, record.member)).peek_with_times()[0])
-                lag = _lag(spans, offsets.get(table_key(topic, group), {}), record.queue_ids)
-                rows.append(MemberRow(group, topic, record.member, record.pid, record.since_ms,
+                lag = _lag(spans, offsets.get(table_key(topic, record.group), {}), record.queue_ids)
+                rows.append(MemberRow(record.group, topic, record.member, record.pid, record.since_ms,
                                       record.state(now_ms), record.model, record.expression,
                                       record.queue_ids, lag))
     return rows
@@ -68,10 +68,10 @@ def _lag(spans: dict[int, QueueSpan], committed: dict[int, int], queue_ids: tupl
     return lag
 
 
-def _groups_with_members(root: Path) -> list[str]:
-    """The groups with a directory of member files (`config/groups/<group>/`), sorted."""
+def _group_dirs(root: Path) -> list[Path]:
+    """The groups' directories of member files (`config/groups/<group>/`), sorted."""
     directory = root / CONFIG_DIR / GROUPS_DIR
     try:
-        return sorted(entry.name for entry in directory.iterdir() if entry.is_dir())
+        return sorted(entry for entry in directory.iterdir() if entry.is_dir())
     except FileNotFoundError:
         return []
