@@ -112,8 +112,8 @@ def test_a_stopped_member_keeps_its_queues_and_a_killed_ones_go_to_the_survivor(
         owned = members_owning(store.root, group, topic)
         first_queues, second_queues = owned[first.pid], owned[second.pid]
         os.kill(first.pid, signal.SIGSTOP)
-        rows = wait_for(lambda: [r for r in member_table(store.root) if r.topic == topic
-                                 and r.pid == first.pid and r.state == "stalled"], "stalled shown")
+        wait_for(lambda: [r for r in member_table(store.root) if r.topic == topic
+                          and r.pid == first.pid and r.state == "stalled"], "stalled shown")
         send(store, topic, 5)  # 5 waiting on each of the stopped member's queues
         wait_for(lambda: sum(q in second_queues for q, _ in ledger(second_ledger)) >= 20,
                  "the survivor handled what came to its own queues")
@@ -125,6 +125,7 @@ def test_a_stopped_member_keeps_its_queues_and_a_killed_ones_go_to_the_survivor(
         assert shown.returncode == 0 and f"{first.pid}" in shown.stdout.decode()
         assert "stalled" in shown.stdout.decode()
         committed = {q: ConsumerOffsets(store.root).get(topic, group, q) for q in first_queues}
+        assert committed == dict.fromkeys(first_queues, 10)  # what it handled before the stop
         os.kill(first.pid, signal.SIGKILL)  # stopped, so nothing it committed moves meanwhile
         first.wait(timeout=30)
         wait_for(lambda: sum(q in first_queues for q, _ in ledger(second_ledger)) >= 20,
