@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 __all__ = ["CommitTimes", "OffsetTable", "parse_offset_document", "parse_offset_table"]  # re-exported
 GROUP_MAX_BYTES = 255
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_%|-]+$")
-TORN_SUFFIX = ".torn-"
-BROADCAST_OFFSETS_DIR = "broadcastOffsets"  # consumerOffset.json.torn-<ms>: a bad primary the backup replaced
+TORN_SUFFIX = ".torn-"  # consumerOffset.json.torn-<ms>: a bad primary the backup replaced
+BROADCAST_OFFSETS_DIR = "broadcastOffsets"  # config/broadcastOffsets/<instance>/consumerOffset.json
 
 
 class _Unreadable(Exception):

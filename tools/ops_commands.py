@@ -77,10 +77,10 @@ def cmd_groups(args: argparse.Namespace) -> int:
     if given:
         raise BadInputError(given[0], "only goes with --reset")
     rows = group_table(args.store)
-    members = member_table(args.store)
     if args.json:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
         return CliExit.OK
+    members = member_table(args.store)
     print(render_table(("group", "topic", "queue", "committed offset", "committed at", "note"),
                        [(g.group, c.topic, c.queue_id, c.committed_offset, clock(c.commit_time_ms),
                          "refused until reset" if c.refused else "")
