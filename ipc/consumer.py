@@ -455,8 +455,9 @@ class Consumer:
         Without `queue_ids` it subscribes with `expression` (see the class): a CLUSTERING member
         reads the queues its group gives it, rebalanced as members come and go, and commits a
         queue's offset before it lets the queue go. With `queue_ids` it reads those queues and
-        joins nothing. Without `follow` it stops when no queue it reads moves on; with it, it
-        long-polls for more, across a restart of the store (see `reattach_timeout_s`). A
+        joins nothing. Without `follow` it stops when no queue it reads moves on (a member first
+        waits up to `poll_timeout_ms` for the queues its group gives it to be handed over); with
+        it, it long-polls for more, across a restart of the store (see `reattach_timeout_s`). A
         committed offset below a queue's min offset moves up to it at once.
 
         With `auto_commit`, a queue's offset is marked once its batch was consumed and the marks
@@ -473,7 +474,7 @@ class Consumer:
         share = self._join(topic, expression) if assigned is None else None
         offsets: dict[int, int | None] = {}
         interval_s = commit_interval_ms / 1000.0
-        written_at = time.monotonic()
+        started_s = written_at = time.monotonic()
         try:
             while True:
                 self._require_supervisor()
@@ -495,7 +496,7 @@ class Consumer:
                     written_at = time.monotonic()
                 if moved:
                     continue
-                if not follow:
+                if not follow and not self._awaiting_hand_over(share, started_s, poll_timeout_ms):
                     return
                 wait_s = poll_timeout_ms / 1000.0
                 if share is not None:  # a member rebalances from its sweeps: wake to see a death
@@ -504,6 +505,13 @@ class Consumer:
         finally:
             if not self._closed:
                 self.flush_offsets()
+
+    @staticmethod
+    def _awaiting_hand_over(share: GroupShare | None, started_s: float, poll_timeout_ms: int) -> bool:
+        """True while queues the group gives this member are still held by their old owners,
+        for up to `poll_timeout_ms` from the start: a draining member waits for its share."""
+        return (share is not None and share.owned != share.wanted
+                and time.monotonic() - started_s < poll_timeout_ms / 1000.0)
 
     def _follow_owned(self, topic: str, offsets: dict[int, int | None], owned: list[int]) -> None:
         """Keep `offsets` to the queues read now: a queue gained starts from its committed offset

@@ -37,6 +37,7 @@ class GroupShare:
             self.seat.leave()
             raise
         self.owned: list[int] = []
+        self.wanted: list[int] = []  # what the allocation gives this member; owned once handed over
         self._rebalanced_s = -REBALANCE_INTERVAL_S
 
     @property
@@ -56,9 +57,10 @@ class GroupShare:
         and whose old owner let go; the queues owned now."""
         self._rebalanced_s = time.monotonic()
         if self.locks is None:  # BROADCASTING: every queue, no one to share with
-            owned = list(range(queue_count))
+            self.wanted = owned = list(range(queue_count))
         else:
-            owned = self._hand_over(self._allocation(queue_count), commit)
+            self.wanted = self._allocation(queue_count)
+            owned = self._hand_over(self.wanted, commit)
         if owned != list(self.seat.record.queue_ids):
             self.seat.publish_queues(owned)
         self.owned = owned

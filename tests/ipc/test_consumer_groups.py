@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -180,6 +181,31 @@ def test_a_member_commits_only_the_queues_it_owns(store):
         first.commit(topic, first.assignment(topic)[0], 0)
 
 
+def test_a_draining_member_waits_for_its_share_to_be_handed_over(store):
+    topic = "Drain"
+    send(store, topic, 2)
+    with Consumer(store.root, "drainers") as owner, Consumer(store.root, "drainers") as newcomer:
+        assert owner.assignment(topic) == list(range(QUEUES))  # alone: every queue
+        done = threading.Event()
+
+        def keep_sweeping() -> None:  # the owner's own loop, as in its process
+            while not done.is_set():
+                owner.assignment(topic)
+                done.wait(0.01)
+
+        sweeper = threading.Thread(target=keep_sweeping)
+        sweeper.start()
+        try:
+            got = list(newcomer.iterate(topic, poll_timeout_ms=30_000))
+        finally:
+            done.set()
+            sweeper.join()
+        share = newcomer.assignment(topic)
+        assert len(share) == QUEUES // 2 and not set(share) & set(owner.assignment(topic))
+        assert sorted((r.queue_id, r.queue_offset) for r in got) == [(q, o) for q in share for o in (0, 1)]
+
+
+@pytest.mark.slow
 def test_broadcasting_members_each_read_everything_with_offsets_of_their_own(store):
     topic = "Everyone"
     send(store, topic, 3)
