@@ -173,14 +173,16 @@ def _wait_settled(root: Path, group: str, shares: list[int]) -> None:
                f"the members own {shares} queues", 60, 0.005)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
+    """Run the probe, print its two lines, return the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=2_000_000)
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--dir", help="where the probe's temporary store goes (default: the system's)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="mqstore-group-probe-") as directory:
+    with tempfile.TemporaryDirectory(prefix="mqstore-group-probe-", dir=args.dir) as directory:
         root = Path(directory) / "store"
         config = write_store_config(Path(directory) / "probe.toml", {"queue_count": QUEUES})
         store = StoreProcess(root, config, Path(directory) / "supervisor.log", timeout_s=120)
@@ -203,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"max {max(times):.0f} ms")
         finally:
             store.stop()
+    return {"drain_msgs_per_s": statistics.median(rates),
+            "cpu_us_per_msg": statistics.median(cpu for _, cpu in drains),
+            "hand_over_ms": times, "hand_over_p99_ms": float(np.percentile(times, 99))}
 
 
 if __name__ == "__main__":
