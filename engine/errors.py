@@ -199,6 +199,43 @@ class GroupInUseError(StoreError):
                               "the reset")
 
 
+class SubscriptionMismatchError(StoreError):
+    """A consumer asked to join its group on a topic with another subscription (filter
+    expression or message model) than the group's live members have: the group would split
+    the topic's queues between members that select different messages, and lose some."""
+
+    def __init__(self, group: str, topic: str, wanted: str, held: str, pids: list[int], *,
+                 path: str | None = None):
+        self.group, self.topic, self.wanted, self.held, self.pids = group, topic, wanted, held, pids
+        super().__init__(f"group {group!r} on topic {topic!r}: subscription {wanted} refused, its "
+                         f"live members (pid {', '.join(map(str, pids))}) subscribe {held}; "
+                         f"nothing was joined", path=path,
+                         hint="subscribe as the group's members do, or use another group name")
+
+
+class MemberNameInUseError(StoreError):
+    """A consumer asked to join under an instance name a live member of the group already has:
+    two members with one name would read and commit the same offsets."""
+
+    def __init__(self, group: str, topic: str, name: str, pid: int, *, path: str | None = None):
+        self.group, self.topic, self.name, self.pid = group, topic, name, pid
+        super().__init__(f"group {group!r} on topic {topic!r}: member name {name!r} is held by "
+                         f"live pid {pid}; nothing was joined", path=path,
+                         hint="give each process of the group its own instance_name")
+
+
+class QueueNotOwnedError(StoreError):
+    """A group member committed a queue its group gave to another member: only a queue's owner
+    commits its offset, else the two would overwrite each other's progress."""
+
+    def __init__(self, group: str, topic: str, queue_id: int, owned: list[int]):
+        self.group, self.topic, self.queue_id, self.owned = group, topic, queue_id, owned
+        super().__init__(f"group {group!r}: queue {topic}/{queue_id} is not this member's "
+                         f"(it owns {owned or 'none'}); nothing was committed",
+                         hint="commit only what `iterate` handed out, or pull and commit "
+                              "queues by id from a Consumer that does not iterate the topic")
+
+
 class CorruptIndexError(StoreError):
     """An index file is inconsistent; rebuild it from the commitlog."""
 

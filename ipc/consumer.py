@@ -40,6 +40,15 @@ live in config/consumerOffset.json (ipc.consumer_offsets); `iterate` writes them
 (engine.status.GetStatus); the constructor raises ServiceNotAvailableError at once when no
 supervisor runs on the store.
 
+Groups: `iterate(topic)` and `assignment(topic)` subscribe. A CLUSTERING member (the default)
+joins its group on the topic and reads only the queues RocketMQ's average allocation gives it
+over the group's live members (ipc.group_share): liveness and ownership are flocks the kernel
+drops at death, a queue is let go only after its marks are written, and only its owner commits
+it. BROADCASTING reads every queue with offsets of its own instance. `pull`, `pull_columns` and
+`iterate(queue_ids=...)` are the assign API: the queues named, no membership.
+`seek_to_time(topic, ts_ms)` starts every queue of a topic at a store time (a binary search
+over the consume queue), on a running store.
+
 Restarts (ipc.reattach): when the supervisor exits (a clean stop or a crash), the next pull,
 wait or iteration step waits up to `reattach_timeout_s` for the next one and goes on there; a
 long poll in progress survives it (its own timeout still counts), and ServiceNotAvailableError
@@ -52,7 +61,7 @@ import bisect
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -64,23 +73,27 @@ from engine.errors import (
     CommittedOffsetError,
     CorruptConsumeQueueError,
     CorruptRecordError,
+    QueueNotOwnedError,
     ServiceNotAvailableError,
+    StoreClosedError,
 )
 from engine.files.mapped_file import Access
 from engine.files.naming import validate_topic
 from engine.files.store_dir import read_meta
 from engine.filters.subscription import Subscription, subscription_of
-from engine.formats.record import Record, Verify, decode_record
+from engine.formats.record import V4_HEADER_SIZE, Record, Verify, decode_record, store_ts_at
 from engine.formats.record.view import RecordView, entry_mismatches, gather_records
 from engine.log.commitlog import CommitLog
 from engine.log.record_reads import read_subscribed_records, skip
 from engine.message import validate_queue_id
-from engine.queues.consume_queue import ConsumeQueue
+from engine.queues.consume_queue import Boundary, ConsumeQueue
 from engine.queues.table import ConsumeQueueTable
 from engine.status import GetResult, GetStatus, SkippedRecord
 from engine.topics.table import TopicDefaults, TopicTableFile
-from ipc.consumer_offsets import ConsumerOffsets, validate_group
+from ipc.consumer_offsets import ConsumerOffsets, broadcast_offsets_path, validate_group
 from ipc.group_members import GroupMembership
+from ipc.group_roster import MessageModel
+from ipc.group_share import REBALANCE_INTERVAL_S, GroupShare
 from ipc.producer import attach_running_store
 from ipc.reattach import (
     DEFAULT_REATTACH_TIMEOUT_S,
@@ -157,11 +170,19 @@ class _Span(NamedTuple):
 class Consumer:
     """A consumer group member reading one store; not thread-safe (one per thread). Usable in a
     child made by os.fork(): the child waits on a waiter entry of its own. While open it holds
-    its group's membership lock (ipc.group_members), so the group's offsets are not reset under it."""
+    its group's membership lock (ipc.group_members), so the group's offsets are not reset under it.
+
+    `iterate(topic)` and `assignment(topic)` subscribe: under MessageModel.CLUSTERING (the
+    default) the member joins its group on the topic and reads only the queues the group gives
+    it (ipc.group_share); under BROADCASTING it reads every queue, with offsets of its own
+    (`instance_name`). `pull`, `pull_columns` and `iterate(queue_ids=...)` read the queues named
+    (the assign API), joining nothing."""
 
     def __init__(self, store_dir: str | os.PathLike, group: str, *,
+                 model: MessageModel = MessageModel.CLUSTERING, instance_name: str | None = None,
                  reattach_timeout_s: float = DEFAULT_REATTACH_TIMEOUT_S):
         self.group = validate_group(group)
+        self.model, self.instance_name = _validate_model(model, instance_name)
         self.root = Path(store_dir)
         self._reattach_timeout_s = validate_reattach_timeout(reattach_timeout_s)
         self._ctl, self.info = attach_running_store(self.root)
@@ -180,7 +201,10 @@ class Consumer:
             for resource in reversed(opened):
                 resource.close()
             raise
-        self.offsets = ConsumerOffsets(self.root)
+        self.offsets = ConsumerOffsets(self.root) if self.instance_name is None else ConsumerOffsets(
+            self.root, broadcast_offsets_path(self.root, self.instance_name))
+        self._shares: dict[str, GroupShare] = {}  # topic: this member's share of its queues
+        self._positions: dict[tuple[str, int], int] = {}  # (topic, queue id): seek_to_time's
         self._topic_file = TopicTableFile(self.root)
         self._table: WaiterTable | None = None
         self._waiter: ConsumerWaiter | None = None
@@ -231,6 +255,8 @@ class Consumer:
         validate_queue_id(queue_id, self.read_queue_count(topic))
         _require_count("max_count", max_count, 1, MAX_PULL_COUNT)
         _require_count("timeout_ms", timeout_ms, 0, 2**31)
+        if offset is None:
+            offset = self._positions.get((topic, queue_id))
         if offset is None:
             offset = self.committed(topic, queue_id)
         elif not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
@@ -419,6 +445,8 @@ class Consumer:
             self._table.close()
             self._waiter = self._table = None
         self._uncommitted.clear()
+        self._positions.clear()
+        self._shares.clear()  # the parent's member files and queue locks were closed at fork
         if not self._closed:
             self._membership.rejoin()  # the inherited lock was closed at fork
         self._pid = os.getpid()
@@ -447,40 +475,49 @@ class Consumer:
         return False
 
     # ------------------------------------------------------------------------------ iterate
-    def iterate(self, topic: str, *, follow: bool = False, poll_timeout_ms: int = 1000,
+    def iterate(self, topic: str, *, tags: str | None = None, where: str | None = None,
+                queue_ids: Iterable[int] | None = None, follow: bool = False, poll_timeout_ms: int = 1000,
                 max_count: int = DEFAULT_MAX_COUNT, auto_commit: bool = True,
                 on_skipped: Callable[[SkippedRecord], None] | None = None,
-                commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS, tags: str | None = None,
-                where: str | None = None) -> Iterator[Record]:
-        """Every message of `topic` across its queues, from the committed offsets, or those of
-        the subscription `tags` / `where` (as `pull`); a corrupt record is passed over (logged
-        at WARNING, and handed to `on_skipped` when given).
+                commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS) -> Iterator[Record]:
+        """Every message of the topic's queues this consumer reads, from the committed offsets,
+        or those of the subscription `tags` / `where` (as `pull`); a corrupt record is passed
+        over (logged at WARNING, and handed to `on_skipped` when given).
 
-        Without `follow` it stops when no queue moves on (every one drained); with it, it
-        long-polls for more, across a restart of the store (see `reattach_timeout_s`). A
+        Without `queue_ids` it subscribes with its `tags` / `where` (see the class): a CLUSTERING member
+        reads the queues its group gives it, rebalanced as members come and go, and commits a
+        queue's offset before it lets the queue go. With `queue_ids` it reads those queues and
+        joins nothing. Without `follow` it stops when no queue it reads moves on (a member first
+        waits up to `poll_timeout_ms` for the queues its group gives it to be handed over); with
+        it, it long-polls for more, across a restart of the store (see `reattach_timeout_s`). A
         committed offset below a queue's min offset moves up to it at once.
 
         With `auto_commit`, a queue's offset is marked once its batch was consumed and the marks
         are written together at most every `commit_interval_ms` (RocketMQ persists offsets on a
-        timer too), before each long-poll wait, when the iteration ends or is closed (a `break`
-        out of the loop), and by `flush_offsets` / `close`. A consumer killed in between sees
-        again what it read since the last write: delivery is at least once."""
+        timer too), before each long-poll wait, before a queue is handed over, when the
+        iteration ends or is closed (a `break` out of the loop), and by `flush_offsets` /
+        `close`. A consumer killed in between sees again what it read since the last write:
+        delivery is at least once. Without `auto_commit` nothing is written for you, not even
+        before a hand-over: commit each queue as you go (`commit`), or its next owner reads
+        again from the last commit."""
         validate_topic(topic)
         _require_count("commit_interval_ms", commit_interval_ms, 0, 2**31)
         subscription = subscription_of(tags, where)
-        offsets = {qid: self.committed(topic, qid) for qid in range(self.read_queue_count(topic))}
+        assigned = None if queue_ids is None else self._validate_queue_ids(topic, queue_ids)
+        share = self._join(topic, subscription) if assigned is None else None
+        offsets: dict[int, int | None] = {}
         interval_s = commit_interval_ms / 1000.0
-        written_at = time.monotonic()
+        started_s = written_at = time.monotonic()
         try:
             while True:
                 self._require_supervisor()
                 bound = self._ctl.dispatched_pos
+                self._follow_owned(topic, offsets, assigned if share is None else self._owned(share, topic))
                 moved = False
-                for queue_id, offset in offsets.items():
+                for queue_id, offset in list(offsets.items()):
                     result = self._read(topic, queue_id, offset, max_count, bound, subscription)
-                    if on_skipped is not None:
-                        for skipped in result.skipped:
-                            on_skipped(skipped)
+                    for skipped in result.skipped if on_skipped is not None else ():
+                        on_skipped(skipped)
                     yield from result.messages
                     if result.status in _MOVES and result.next_offset != offset:
                         moved = True
@@ -492,12 +529,105 @@ class Consumer:
                     written_at = time.monotonic()
                 if moved:
                     continue
-                if not follow:
+                if not follow and not self._awaiting_hand_over(share, started_s, poll_timeout_ms):
                     return
-                self._wait_past(bound, poll_timeout_ms / 1000.0)
+                wait_s = poll_timeout_ms / 1000.0
+                if share is not None:  # a member rebalances from its sweeps: wake to see a death
+                    wait_s = min(wait_s, REBALANCE_INTERVAL_S)
+                self._wait_past(bound, wait_s)
         finally:
             if not self._closed:
                 self.flush_offsets()
+
+    @staticmethod
+    def _awaiting_hand_over(share: GroupShare | None, started_s: float, poll_timeout_ms: int) -> bool:
+        """True while queues the group gives this member are still held by their old owners,
+        for up to `poll_timeout_ms` from the start: a draining member waits for its share."""
+        return (share is not None and share.owned != share.wanted
+                and time.monotonic() - started_s < poll_timeout_ms / 1000.0)
+
+    def _follow_owned(self, topic: str, offsets: dict[int, int | None], owned: list[int]) -> None:
+        """Keep `offsets` to the queues read now: a queue gained starts from its committed offset
+        (read once its old owner let go of it) or where `seek_to_time` put it, a queue let go
+        is forgotten."""
+        for queue_id in [queue_id for queue_id in offsets if queue_id not in owned]:
+            del offsets[queue_id]
+        for queue_id in owned:
+            sought = self._positions.pop((topic, queue_id), None)
+            if sought is not None:
+                offsets[queue_id] = sought
+            elif queue_id not in offsets:
+                offsets[queue_id] = self.committed(topic, queue_id)
+
+    def assignment(self, topic: str, *, tags: str | None = None, where: str | None = None) -> list[int]:
+        """The queue ids of `topic` this member reads now (subscribing on the first call);
+        call it before each sweep of `pull_columns` over them: it rebalances as the group
+        changes, committing what `iterate` marked on a queue before letting it go."""
+        validate_topic(topic)
+        return self._owned(self._join(topic, subscription_of(tags, where)), topic)
+
+    def _join(self, topic: str, subscription: Subscription) -> GroupShare:
+        """This member's share of `topic` (joining the group on it the first time)."""
+        if self._closed:
+            raise StoreClosedError("the consumer is closed", path=str(self.root))
+        self._adopt_if_forked()
+        expression = str(subscription)  # its canonical text: two spellings of one subscription agree
+        share = self._shares.get(topic)
+        if share is None:
+            member = self.instance_name or f"{os.getpid()}-{time.time_ns()}"
+            share = self._shares[topic] = GroupShare(self.root, self.group, topic, member, self.model,
+                                                     expression)
+        elif share.seat.record.expression != expression:
+            raise BadInputError("tags", f"{expression!r}: this consumer subscribed {topic} "
+                                f"with {share.seat.record.expression!r}")
+        return share
+
+    def _owned(self, share: GroupShare, topic: str) -> list[int]:
+        self._require_supervisor()
+        return share.maybe_rebalance(self.read_queue_count(topic),
+                                     lambda let_go: self._commit_marked(topic, let_go))
+
+    def _validate_queue_ids(self, topic: str, queue_ids: Iterable[int]) -> list[int]:
+        chosen = list(queue_ids)
+        for queue_id in chosen:
+            validate_queue_id(queue_id, self.read_queue_count(topic))
+        return sorted(set(chosen))
+
+    # ------------------------------------------------------------------------------ seek
+    def seek_to_time(self, topic: str, ts_ms: int) -> dict[int, int]:
+        """Move the reading of every queue of `topic` to the first message stored at or after
+        `ts_ms` (RocketMQ's getOffsetInQueueByTime: a binary search over the consume queue by
+        store time; the queue's end when none is that late); the offsets by queue id.
+
+        This consumer's next read of each queue starts there (`iterate`, or `pull` without an
+        offset until the queue is committed); nothing is written until it consumes and commits.
+        A CLUSTERING member uses it on the queues it owns or gets later; a queue that another
+        member reads keeps that member's progress."""
+        validate_topic(topic)
+        if not isinstance(ts_ms, int) or isinstance(ts_ms, bool) or ts_ms < 0:
+            raise BadInputError("ts_ms", f"{ts_ms!r} is not a non-negative int (ms since the epoch)")
+        self._require_supervisor()
+        bound = self._ctl.dispatched_pos
+        found = {queue_id: self._offset_at_time(topic, queue_id, ts_ms, bound)
+                 for queue_id in range(self.read_queue_count(topic))}
+        for queue_id, offset in found.items():
+            self._uncommitted.pop((topic, queue_id), None)
+            self._positions[(topic, queue_id)] = offset
+        return found
+
+    def _offset_at_time(self, topic: str, queue_id: int, ts_ms: int, bound: int) -> int:
+        queue = self.queues.get(topic, queue_id)
+        if queue is None:
+            return 0
+        queue.refresh()
+
+        def store_ts_of(commit_pos: int, _size: int) -> int:
+            if self.commitlog.segments.find(commit_pos) is None:
+                self.commitlog.refresh()  # a segment the writer made since this consumer looked
+            return store_ts_at(self.commitlog.read_bytes(commit_pos, V4_HEADER_SIZE), 0)
+
+        offset = queue.offset_for_time(ts_ms, Boundary.LOWER, store_ts_of, self._log_min_pos())
+        return min(offset, visible_max(queue, bound))
 
     # ------------------------------------------------------------------------------ offsets
     def committed(self, topic: str, queue_id: int) -> int | None:
@@ -540,11 +670,16 @@ class Consumer:
     def commit(self, topic: str, queue_id: int, offset: int) -> None:
         """Persist the group's next offset of a queue (atomic replace, previous kept as .bak).
         Only an offset below zero is refused here: the consume queue may lag the acknowledged
-        message whose next offset this is; a past-the-end offset is caught when read."""
+        message whose next offset this is; a past-the-end offset is caught when read. A
+        CLUSTERING member commits only queues it owns (QueueNotOwnedError)."""
         validate_topic(topic)
         validate_queue_id(queue_id, self.read_queue_count(topic))
+        share = self._shares.get(topic)
+        if share is not None and share.locks is not None and queue_id not in share.owned:
+            raise QueueNotOwnedError(self.group, topic, queue_id, share.owned)
         self.offsets.commit(topic, self.group, queue_id, offset)
         self._uncommitted.pop((topic, queue_id), None)  # an explicit commit wins over iterate's
+        self._positions.pop((topic, queue_id), None)  # and over a seek
         # the offset moved on by a deliberate act: its refusal goes (the same value stays refused)
         clear_refused(self.root, self.group, topic, [queue_id], except_offset=offset)
 
@@ -569,10 +704,24 @@ class Consumer:
         return self._queue_end(topic, queue_id)
 
     def flush_offsets(self) -> None:
-        """Write the offsets `iterate` consumed since its last write, in one atomic replace."""
-        if self._uncommitted:
-            self.offsets.commit_many(self.group, self._uncommitted)
-            self._uncommitted.clear()
+        """Write the offsets `iterate` consumed since its last write, in one atomic replace; a
+        mark on a queue another member owns stays unwritten (only a queue's owner commits)."""
+        writable = {key: offset for key, offset in self._uncommitted.items() if self._may_commit(*key)}
+        if writable:
+            self.offsets.commit_many(self.group, writable)
+            for key in writable:
+                del self._uncommitted[key]
+
+    def _may_commit(self, topic: str, queue_id: int) -> bool:
+        share = self._shares.get(topic)
+        return share is None or share.locks is None or queue_id in share.owned
+
+    def _commit_marked(self, topic: str, queue_ids: list[int]) -> None:
+        """Write the marks of queues about to be let go, and forget them."""
+        marked = {(topic, queue_id): self._uncommitted.pop((topic, queue_id))
+                  for queue_id in queue_ids if (topic, queue_id) in self._uncommitted}
+        if marked:
+            self.offsets.commit_many(self.group, marked)
 
     # ------------------------------------------------------------------------------ lifetime
     def close(self) -> None:
@@ -581,6 +730,9 @@ class Consumer:
         self._closed = True
         self._adopt_if_forked()
         self.flush_offsets()
+        for topic, share in self._shares.items():
+            share.leave(lambda held, topic=topic: self._commit_marked(topic, held))
+        self._shares.clear()
         self._membership.close()
         self._detach()
         self.queues.close()
@@ -605,6 +757,20 @@ def visible_max(queue: ConsumeQueue, bound: int) -> int:
         return entry.commit_pos + entry.size if entry is not None else bound + 1
 
     return low + bisect.bisect_right(range(low, high), bound, key=end_of)
+
+
+def _validate_model(model: object, instance_name: object) -> tuple[MessageModel, str | None]:
+    """The message model and instance name: BROADCASTING needs a name (its offsets are the
+    named instance's own, kept across restarts), CLUSTERING takes none (its offsets are the group's)."""
+    if not isinstance(model, MessageModel):
+        raise BadInputError("model", f"{model!r} is not a MessageModel")
+    if model is MessageModel.CLUSTERING:
+        if instance_name is not None:
+            raise BadInputError("instance_name", "only a BROADCASTING consumer has one")
+        return model, None
+    if instance_name is None:
+        raise BadInputError("instance_name", "a BROADCASTING consumer needs one: its offsets are its own")
+    return model, validate_group(instance_name)
 
 
 def _require_count(name: str, value: object, low: int, high: int) -> None:

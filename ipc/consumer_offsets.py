@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from engine.errors import BadInputError, StoreError
-from engine.files.filesystem import write_file_atomically
+from engine.files.filesystem import ensure_dir, write_file_atomically
 from engine.files.naming import BACKUP_SUFFIX, CONFIG_DIR, CONSUMER_OFFSET_FILE, validate_topic
 from ipc.offset_table_codec import CommitTimes, OffsetTable, parse_offset_document, parse_offset_table
 from ipc.offsets_fallbacks import count_fallback
@@ -38,6 +38,7 @@ __all__ = ["CommitTimes", "OffsetTable", "parse_offset_document", "parse_offset_
 GROUP_MAX_BYTES = 255
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_%|-]+$")
 TORN_SUFFIX = ".torn-"  # consumerOffset.json.torn-<ms>: a bad primary the backup replaced
+BROADCAST_OFFSETS_DIR = "broadcastOffsets"  # config/broadcastOffsets/<instance>/consumerOffset.json
 
 
 class _Unreadable(Exception):
@@ -75,12 +76,19 @@ def encode_offset_table(table: Mapping[str, Mapping[int, int]],
     return (json.dumps(document, indent=2) + "\n").encode()
 
 
-class ConsumerOffsets:
-    """Read and commit the offsets of one store's consumer groups."""
+def broadcast_offsets_path(store_dir: str | os.PathLike, instance_name: str) -> Path:
+    """A BROADCASTING instance's own offsets file (same layout): RocketMQ keeps these on the
+    client, one file per instance, since every instance reads every message."""
+    return Path(store_dir) / CONFIG_DIR / BROADCAST_OFFSETS_DIR / instance_name / CONSUMER_OFFSET_FILE
 
-    def __init__(self, store_dir: str | os.PathLike):
+
+class ConsumerOffsets:
+    """Read and commit the offsets of one store's consumer groups (or of one BROADCASTING
+    instance, at `path`)."""
+
+    def __init__(self, store_dir: str | os.PathLike, path: Path | None = None):
         self.root = Path(store_dir)
-        self.path = self.root / CONFIG_DIR / CONSUMER_OFFSET_FILE
+        self.path = self.root / CONFIG_DIR / CONSUMER_OFFSET_FILE if path is None else path
 
     def load(self) -> OffsetTable:
         """The whole table ({} when no file exists); a bad primary is replaced by `.bak`."""
@@ -177,6 +185,7 @@ class ConsumerOffsets:
             if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
                 raise BadInputError("offset", f"{offset!r} is not a non-negative int")
             checked[(table_key(topic, group), queue_id)] = offset
+        ensure_dir(self.path.parent)
         with self._locked():
             table, times = self._read_or_restore()
             now_ms = time.time_ns() // 1_000_000

@@ -53,9 +53,13 @@ def add_parsers(command) -> None:
 
     p = command("consume", "read messages of a topic as a consumer group", cmd_consume)
     p.add_argument("--topic", required=True)
-    p.add_argument("--group", default=DEFAULT_GROUP, help=f"consumer group (default {DEFAULT_GROUP})")
-    p.add_argument("--queue-id", type=int, help="only this queue")
+    p.add_argument("--group", default=DEFAULT_GROUP,
+                   help=f"consumer group: joins it and reads the queues it gives this member (default "
+                   f"{DEFAULT_GROUP}, which reads every queue and joins nothing)")
+    p.add_argument("--queue-id", type=int, help="only this queue (joins nothing)")
     p.add_argument("--offset", type=int, help="start offset (with --queue-id; default: committed)")
+    p.add_argument("--since", help="start at the first message stored at or after this time (ISO "
+                   "8601, local time unless it has a zone, e.g. 2026-12-01T10:00Z; or ms since the epoch)")
     p.add_argument("--max", type=int, dest="max_messages", help="stop after this many messages")
     p.add_argument("--tags", help="only messages with these tags: 'A || B' (RocketMQ's syntax; '*' all)")
     p.add_argument("--where", help="only messages whose properties match this SQL92 filter, "
@@ -238,67 +242,91 @@ def _print_record(record: Record, as_json: bool) -> None:
 # ---------------------------------------------------------------------------------- consume
 def cmd_consume(args: argparse.Namespace) -> int:
     from engine.filters.subscription import subscription_of
-    from engine.status import GetStatus
     from ipc.consumer import Consumer
 
     subscription_of(args.tags, args.where)  # a bad expression is refused before attaching
-    subscribed = {"tags": args.tags, "where": args.where}
     if args.offset is not None and args.queue_id is None:
         raise BadInputError("offset", "needs --queue-id")
+    if args.offset is not None and args.since is not None:
+        raise BadInputError("since", "give --offset or --since, not both")
     if args.max_messages is not None and args.max_messages < 1:
         raise BadInputError("max", f"{args.max_messages} must be >= 1")
-    printed = 0
-    skipped: list = []  # corrupt records passed over, each logged at WARNING on stderr
-    pending: dict[int, int] = {}
-
-    def passed_over(record) -> None:
-        skipped.append(record)
-        pending[record.queue_id] = max(pending.get(record.queue_id, 0), record.queue_offset + 1)
-
+    since_ms = None if args.since is None else parse_time_ms(args.since, "since")
     with Consumer(args.store, args.group) as consumer:
         if not _wait_for_topic(consumer, args.topic, args.follow):
             return CliExit.FAILED
-        last_commit = time.monotonic()
-
-        def commit() -> None:
-            if not args.no_commit:
-                for queue_id, offset in pending.items():
-                    consumer.commit(args.topic, queue_id, offset)
-            pending.clear()
-
-        try:
+        if since_ms is not None:
+            moved = consumer.seek_to_time(args.topic, since_ms)
             if args.queue_id is not None:
-                offset = args.offset
-                while args.max_messages is None or printed < args.max_messages:
-                    want = 32 if args.max_messages is None else min(32, args.max_messages - printed)
-                    result = consumer.pull(args.topic, args.queue_id, offset, want,
-                                           timeout_ms=args.timeout_ms, **subscribed)
-                    skipped.extend(result.skipped)
-                    for record in result.messages:
-                        _print_record(record, args.json)
-                        printed += 1
-                    if result.status in (GetStatus.FOUND, GetStatus.OFFSET_TOO_SMALL,
-                                         GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.NO_MATCHED_MESSAGE):
-                        offset = result.next_offset
-                        pending[args.queue_id] = offset
-                    elif not args.follow:
-                        break
-                    commit()
-            else:
-                for record in consumer.iterate(args.topic, follow=args.follow,
-                                               poll_timeout_ms=args.timeout_ms, auto_commit=False,
-                                               on_skipped=passed_over, **subscribed):
-                    _print_record(record, args.json)
-                    printed += 1
-                    pending[record.queue_id] = max(pending.get(record.queue_id, 0),
-                                                   record.queue_offset + 1)
-                    if time.monotonic() - last_commit >= COMMIT_EVERY_S:
-                        commit()
-                        last_commit = time.monotonic()
-                    if args.max_messages is not None and printed >= args.max_messages:
-                        break
-        finally:
-            commit()
+                args.offset = moved[args.queue_id]
+        if args.queue_id is not None:
+            return _consume_queue(args, consumer)
+        if args.group == DEFAULT_GROUP:
+            return _consume_every_queue(args, consumer)
+        return _consume_as_member(args, consumer)
+
+
+def _consume_queue(args: argparse.Namespace, consumer) -> int:
+    """One queue by id, as the assign API reads it: no group membership."""
+    from engine.status import GetStatus
+
+    printed, offset, skipped = 0, args.offset, []
+    while args.max_messages is None or printed < args.max_messages:
+        want = 32 if args.max_messages is None else min(32, args.max_messages - printed)
+        result = consumer.pull(args.topic, args.queue_id, offset, want, timeout_ms=args.timeout_ms,
+                               tags=args.tags, where=args.where)
+        skipped.extend(result.skipped)
+        for record in result.messages:
+            _print_record(record, args.json)
+            printed += 1
+        if result.status in (GetStatus.FOUND, GetStatus.OFFSET_TOO_SMALL,
+                             GetStatus.OFFSET_OVERFLOW_BADLY, GetStatus.NO_MATCHED_MESSAGE):
+            offset = result.next_offset
+            if not args.no_commit:
+                consumer.commit(args.topic, args.queue_id, offset)
+        elif not args.follow:
+            break
+    return _summary(printed, skipped, args.json)
+
+
+def _consume_every_queue(args: argparse.Namespace, consumer) -> int:
+    """Every queue of the topic, joining nothing (the CLI's own group)."""
+    return _print_iteration(args, consumer, range(consumer.read_queue_count(args.topic)))
+
+
+def _consume_as_member(args: argparse.Namespace, consumer) -> int:
+    """The queues the group gives this member, handed over as members come and go."""
+    return _print_iteration(args, consumer, None)
+
+
+def _print_iteration(args: argparse.Namespace, consumer, queue_ids) -> int:
+    """Print what `iterate` hands out; commit every COMMIT_EVERY_S and at the end what was
+    printed (a --max stop inside a batch included), never a queue this member let go."""
+    from engine.errors import QueueNotOwnedError
+
+    printed = 0
+    skipped: list = []  # corrupt records passed over, each logged at WARNING on stderr
+    last_printed: dict[int, int] = {}
+    records = consumer.iterate(args.topic, tags=args.tags, where=args.where, queue_ids=queue_ids,
+                               follow=args.follow,
+                               poll_timeout_ms=args.timeout_ms, auto_commit=not args.no_commit,
+                               on_skipped=skipped.append, commit_interval_ms=int(COMMIT_EVERY_S * 1000))
+    try:
+        for record in records:
+            _print_record(record, args.json)
+            printed += 1
+            last_printed[record.queue_id] = record.queue_offset + 1
+            if args.max_messages is not None and printed >= args.max_messages:
+                break
+    finally:
+        records.close()  # writes the marks of whole batches
+        if not args.no_commit:
+            for queue_id, offset in last_printed.items():
+                try:
+                    if (consumer.committed(args.topic, queue_id) or 0) < offset:
+                        consumer.commit(args.topic, queue_id, offset)
+                except QueueNotOwnedError:
+                    pass  # let go already, after committing it
     return _summary(printed, skipped, args.json)
 
 

@@ -89,6 +89,7 @@ def topics_json(topics: list) -> list[dict]:
 
 
 def cmd_groups(args: argparse.Namespace) -> int:
+    from tools.group_view import member_table
     from tools.inventory import group_table
 
     if args.reset:
@@ -100,11 +101,17 @@ def cmd_groups(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
         return CliExit.OK
+    members = member_table(args.store)
     print(render_table(("group", "topic", "queue", "committed offset", "committed at", "note"),
                        [(g.group, c.topic, c.queue_id, c.committed_offset, clock(c.commit_time_ms),
                          "refused until reset" if c.refused else "")
                         for g in rows for c in g.committed],
                        empty="no consumer group has committed an offset"))
+    print()
+    print(render_table(("group", "topic", "member", "pid", "since", "state", "queues", "lag"),
+                       [(m.group, m.topic, m.member, m.pid, clock(m.since_ms), m.state,
+                         ",".join(map(str, m.queue_ids)) or "-", m.lag_messages) for m in members],
+                       empty="no consumer group has live members"))
     return CliExit.OK
 
 
