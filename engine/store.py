@@ -284,7 +284,7 @@ class MessageStore:
         when it cannot apply). A delete drops the topic's consume queues; its records stay in
         the log until retention, below the tombstone no dispatch reads again."""
         self._require_open()
-        table = self._topics.apply(change, self._next_offsets, self.commitlog.written_pos)
+        table = self._topics.apply(change, self._next_offsets, self.commitlog.flush)
         self.queues.bury(table.tombstones)
         return table
 

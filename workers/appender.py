@@ -194,9 +194,9 @@ class Appender:
 
     def change_topic(self, change: TopicChange) -> TopicTable:
         """Apply an operator's topic change between sweeps: a delete's tombstone is the
-        written end, above every record taken so far, and the topic's queue offsets restart."""
+        written end, flushed, above every record taken so far, and the topic's queue offsets restart."""
         with self._sweep_lock:
-            return self.topics.apply(change, self.next_offsets, self.commitlog.written_pos)
+            return self.topics.apply(change, self.next_offsets, self.group_commit.flush_written)
 
     def _not_taken(self, pending: list[PendingRequest]) -> list[PendingRequest]:
         """The requests neither waiting for a flush nor answered by the flush thread since

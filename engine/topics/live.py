@@ -10,7 +10,7 @@ record of a topic, or a queue offset restarted by a delete, that the file does n
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from engine.topics.table import (
     TopicChange,
@@ -42,12 +42,16 @@ class LiveTopics:
         return config
 
     def apply(self, change: TopicChange, next_offsets: dict[tuple[str, int], int],
-              end_pos: int) -> TopicTable:
+              flush_log: Callable[[], int]) -> TopicTable:
         """Apply an operator's change (BadInputError, nothing changed, when it cannot); a delete
-        tombstones the topic at `end_pos` and forgets its queue offsets in `next_offsets`, so a
-        topic created again starts its queues at 0."""
-        table = plan_topic_change(self.table, change, used_queue_count=used_queue_count(
-            next_offsets, change.topic), end_pos=end_pos)
+        tombstones the topic at the end of the log and forgets its queue offsets in
+        `next_offsets`, so a topic created again starts its queues at 0. `flush_log`: makes the
+        whole log durable and returns its end (it raises when the flush fails)."""
+        used = used_queue_count(next_offsets, change.topic)
+        # a tombstone is a durable position: above an unflushed tail, a power loss would bring the
+        # log back below it and the re-created topic's new records would sit under it, never read
+        end_pos = flush_log() if change.op is TopicOp.DELETE else 0
+        table = plan_topic_change(self.table, change, used_queue_count=used, end_pos=end_pos)
         self._write(table)
         if change.op is TopicOp.DELETE:
             for key in [key for key in next_offsets if key[0] == change.topic]:

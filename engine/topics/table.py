@@ -141,6 +141,13 @@ class TopicTable:
         tombstones = {**self.tombstones, topic: max(commit_pos, self.tombstone_of(topic))}
         return self._bumped(topics=topics, tombstones=tombstones)
 
+    def with_tombstones_within(self, end_pos: int) -> TopicTable:
+        """This table with every tombstone above `end_pos` lowered to it (self when none is): a
+        tombstone past the recovered end of the log would hide the records written after it."""
+        if all(pos <= end_pos for pos in self.tombstones.values()):
+            return self
+        return self._bumped(tombstones={name: min(pos, end_pos) for name, pos in self.tombstones.items()})
+
     def with_system_topics(self, queue_counts: Mapping[str, int]) -> TopicTable:
         """This table holding the store's own topics with the store's queue counts (a file's
         entry for one is replaced: the store decides how many queues it has)."""
