@@ -111,14 +111,14 @@ def test_the_flush_thread_serves_on_idle_while_the_appenders_flush_holds_the_dis
 
 
 def test_flush_written_makes_everything_written_durable_and_returns_its_end(rig):
-    log, ctl, commit, flushed_in, _ = rig
+    log, ctl, commit, _, _ = rig
     fill(log, 3)
     written = commit.publish_written(3)
     assert commit.flush_written() == written == log.flushed_pos == ctl.flushed_pos
 
 
 def test_flush_written_after_a_failed_sync_raises_and_flushes_nothing(rig):
-    log, ctl, commit, flushed_in, _ = rig
+    log, _, commit, _, _ = rig
     fill(log, 2)
     commit.publish_written(2)
     commit.error = OSError(5, "Input/output error")  # as the flush that failed left it
@@ -128,7 +128,7 @@ def test_flush_written_after_a_failed_sync_raises_and_flushes_nothing(rig):
 
 
 def test_flush_written_records_a_failing_sync_as_the_flush_threads_error(rig, monkeypatch):
-    log, ctl, commit, flushed_in, _ = rig
+    log, _, commit, _, _ = rig
     fill(log, 2)
     commit.publish_written(2)
     failure = OSError(28, "No space left on device")
