@@ -116,3 +116,30 @@ def test_consume_of_a_missing_topic_fails_and_with_follow_waits_for_it(tmp_path)
                     follower.kill()
                     follower.wait()
         assert follower.returncode == 0 and b"body=hello" in out
+
+
+NEW_TOPIC_PRODUCER = """
+import json, sys
+from ipc.producer import Producer
+with Producer(sys.argv[1]) as producer:
+    result = producer.send("Fresh", b"x", queue_id=0)
+print(json.dumps([result.status.name, result.reason]))
+"""
+
+
+@pytest.mark.slow
+def test_auto_create_whose_topics_json_cannot_be_written_refuses_the_record_and_keeps_running(tmp_path):
+    root = tmp_path / "store"
+    with checked_store(root) as running:
+        blocker = root / "config" / "topics.json.tmp"
+        blocker.mkdir(parents=True)  # the atomic write's temporary file cannot be created
+        sent = run_python(NEW_TOPIC_PRODUCER, str(root))
+        assert sent.returncode == 0, sent.stderr.decode()
+        status, reason = json.loads(sent.stdout)
+        assert status == "SERVICE_NOT_AVAILABLE" and "errno 21" in reason, reason
+        assert running.running and "Fresh" not in topics_json(root)
+        blocker.rmdir()
+        again = run_python(NEW_TOPIC_PRODUCER, str(root))
+        assert json.loads(again.stdout)[0] == "PUT_OK", again.stderr.decode()
+        running.wait_caught_up()
+    assert_check_clean(root)
