@@ -53,7 +53,7 @@ from ipc.key_ring import REGION_KIND as KEY_RING_KIND
 from ipc.refused_offsets import refusal_message, refuse_offsets_past_their_queues
 from ipc.run_info import RunInfo, remove_run_info, write_run_info
 from ipc.shm import region_name, unlink_stale
-from ipc.topic_requests import pending_requests
+from ipc.topic_requests import PRUNE_INTERVAL_S, pending_requests, remove_stale_answers
 from workers.appender import Appender
 from workers.child_handle import ChildHandle
 from workers.exit_codes import CliExit, ExitCode, describe_exit
@@ -132,6 +132,7 @@ class Supervisor:
         self._metadata: MetadataWriter | None = None
         self._retention: RetentionRunner | None = None
         self._commitlog = None
+        self._next_request_prune = 0.0  # monotonic: when stale topic answers are next removed
         self._started_at = time.time()
         self._generation = 0
 
@@ -291,14 +292,29 @@ class Supervisor:
     def _serve_topic_requests(self) -> None:
         """Apply each `mqstore topic` change waiting in run/topic-requests, or say why not; the
         dispatcher is woken to drop a deleted topic's queues at once."""
+        now = time.monotonic()
+        if now >= self._next_request_prune:
+            remove_stale_answers(self.root)
+            self._next_request_prune = now + PRUNE_INTERVAL_S
         for request in pending_requests(self.root):
             try:
-                table = self._appender.change_topic(TopicChange.from_dict(request.change))
+                change = TopicChange.from_dict(request.change)
+                table = self._appender.change_topic(change)
+                answer = {"ok": describe(table, change.topic)}
             except (StoreError, OSError) as exc:  # refused, or topics.json not written: unchanged
-                request.answer({"error": str(exc)})
-                continue
-            request.answer({"ok": describe(table, request.change["topic"])})
-            self._wake_dispatcher()
+                answer = {"error": str(exc)}
+            # an operator's request must never stop the store that holds acknowledged messages:
+            # a bug it hits is logged with its traceback and answered, and the loop goes on
+            except Exception as exc:
+                log.exception("topic request %s failed", request.path.name)
+                answer = {"error": f"the supervisor failed to apply it ({type(exc).__name__}: {exc}); "
+                                   "see mqstore.log"}
+            try:
+                request.answer(answer)
+            except OSError as exc:  # the command times out and withdraws it
+                log.error("topic request %s not answered: %s", request.path.name, exc)
+            if "ok" in answer:
+                self._wake_dispatcher()
 
     def _reclaim_dead_consumers(self) -> None:
         removed = self._shared.reclaim_dead_consumers()

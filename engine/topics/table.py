@@ -190,8 +190,9 @@ class TopicChange:
         try:
             op = TopicOp(data["op"])
             perm = data.get("perm")
-            return cls(op, validate_topic(data["topic"]), data.get("queues"),
-                       None if perm is None else int(perm))
+            if perm is not None and type(perm) is not int:  # 6.9 is no perm, not 6
+                raise ValueError(f"perm {perm!r} is not an integer")
+            return cls(op, validate_topic(data["topic"]), data.get("queues"), perm)
         except (KeyError, TypeError, ValueError) as exc:
             raise BadInputError("topic change", f"{dict(data)!r} is not one: {exc}") from None
 

@@ -8,6 +8,7 @@ The rules themselves are tested in-process in tests/engine/topics/test_topic_tab
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -142,4 +143,20 @@ def test_auto_create_whose_topics_json_cannot_be_written_refuses_the_record_and_
         again = run_python(NEW_TOPIC_PRODUCER, str(root))
         assert json.loads(again.stdout)[0] == "PUT_OK", again.stderr.decode()
         running.wait_caught_up()
+    assert_check_clean(root)
+
+
+@pytest.mark.slow
+def test_hostile_request_files_leave_the_supervisor_serving_topic_changes(tmp_path):
+    root = tmp_path / "store"
+    with checked_store(root) as running:
+        requests = root / "run" / "topic-requests"
+        requests.mkdir(exist_ok=True)
+        (requests / "1-dir.json").mkdir()
+        os.mkfifo(requests / "2-fifo.json")
+        (requests / "3-deep.json").write_text("[" * 200_000 + "]" * 200_000)
+        ok("topic", "create", "--store", str(root), "--topic", "After", "--queues", "2", "--timeout", "20")
+        assert running.running and topics_json(root)["After"][0]["write_queues"] == 2
+        moved = sorted(path.name for path in requests.glob("*.bad"))
+        assert moved == ["1-dir.bad", "2-fifo.bad", "3-deep.bad"]
     assert_check_clean(root)
