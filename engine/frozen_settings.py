@@ -66,7 +66,7 @@ def _refuse_hidden_queues(root: Path, queue_count: int) -> None:
     configured = TopicTableFile(root).load().topics if topics else {}
     for topic_dir in topics:
         config = configured.get(topic_dir.name)
-        limit = queue_count if config is None else config.read_queue_count
+        limit = queue_count if config is None else config.consumed_queue_count
         beyond = [n for n in _numbered_dirs(topic_dir) if n >= limit]
         if beyond and config is None:
             raise StoreMetaMismatchError(

@@ -80,6 +80,12 @@ class TopicConfig:
     def readable(self) -> bool:
         return bool(self.perm & PERM_READ)
 
+    @property
+    def consumed_queue_count(self) -> int:
+        """How many queues consumers read: every queue a send may reach (RocketMQ reads only
+        readQueueNums, so with fewer read than write queues messages go unread; mqstore never)."""
+        return max(self.read_queue_count, self.write_queue_count)
+
 
 @dataclass(frozen=True, slots=True)
 class TopicDefaults:
@@ -124,8 +130,9 @@ class TopicTable:
         return defaults.queue_count if config is None else config.write_queue_count
 
     def read_queue_count(self, topic: str, defaults: TopicDefaults) -> int:
+        """How many queues a consumer reads of `topic` (TopicConfig.consumed_queue_count)."""
         config = self.topics.get(topic)
-        return defaults.queue_count if config is None else config.read_queue_count
+        return defaults.queue_count if config is None else config.consumed_queue_count
 
     def tombstone_of(self, topic: str) -> int:
         """The commit position below which `topic`'s records are deleted (0: none)."""
