@@ -218,6 +218,15 @@ class Consumer:
         file changed; the store's default for a topic not created yet)."""
         return self._topic_file.current().read_queue_count(topic, TopicDefaults(self.info.queue_count))
 
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The consume queue to read, None when there is none: the queues cached here follow the
+        topic table's tombstones (one stat), so after a delete and a re-create the old queue is
+        never read again, however long this consumer lives."""
+        tombstones = self._topic_file.current().tombstones
+        if tombstones != self.queues.tombstones:
+            self.queues.adopt_tombstones(tombstones)
+        return self.queues.get_live(topic, queue_id)
+
     def topic_exists(self, topic: str) -> bool:
         """Whether `topic` is configured (created, by an operator or by its first message)."""
         return topic in self._topic_file.current().topics
@@ -276,7 +285,7 @@ class Consumer:
               bound: int) -> GetResult | _Span:
         """Up to `entry_count` entries a read from `offset` covers, or the GetResult saying why
         there are none."""
-        queue = self.queues.get(topic, queue_id)
+        queue = self._queue(topic, queue_id)
         if queue is None:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, next_offset=offset or 0)
         queue.refresh()
@@ -616,7 +625,7 @@ class Consumer:
         return found
 
     def _offset_at_time(self, topic: str, queue_id: int, ts_ms: int, bound: int) -> int:
-        queue = self.queues.get(topic, queue_id)
+        queue = self._queue(topic, queue_id)
         if queue is None:
             return 0
         queue.refresh()
@@ -686,7 +695,7 @@ class Consumer:
     def _queue_end(self, topic: str, queue_id: int) -> int:
         """The queue's max offset on disk (0 for a queue not created yet); it lags the commitlog
         by what the dispatcher has not reached."""
-        queue = self.queues.get(validate_topic(topic), queue_id)
+        queue = self._queue(validate_topic(topic), queue_id)
         if queue is None:
             return 0
         queue.refresh()

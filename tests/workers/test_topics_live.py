@@ -160,3 +160,27 @@ def test_hostile_request_files_leave_the_supervisor_serving_topic_changes(tmp_pa
         moved = sorted(path.name for path in requests.glob("*.bad"))
         assert moved == ["1-dir.bad", "2-fifo.bad", "3-deep.bad"]
     assert_check_clean(root)
+
+
+@pytest.mark.slow
+def test_a_long_lived_consumer_reads_the_recreated_topic_not_the_deleted_queue(tmp_path):
+    from ipc.consumer import Consumer
+    from ipc.producer import Producer
+
+    root = tmp_path / "store"
+    with checked_store(root) as running:
+        with Producer(root) as producer:
+            for i in range(3):
+                assert producer.send("Gone", b"old-%d" % i, queue_id=0).status.name == "PUT_OK"
+        running.wait_caught_up()
+        with Consumer(root, "g1") as consumer:
+            old = consumer.pull("Gone", 0, 0, 10).messages
+            assert [m.body for m in old] == [b"old-0", b"old-1", b"old-2"]
+            ok("topic", "delete", "--store", str(root), "--topic", "Gone")
+            wait_for(lambda: not (root / "consumequeue" / "Gone").exists(), "the queue dropped")
+            with Producer(root) as producer:
+                for i in range(2):
+                    assert producer.send("Gone", b"NEW-%d" % i, queue_id=0).status.name == "PUT_OK"
+            running.wait_caught_up()
+            assert [m.body for m in consumer.pull("Gone", 0, 0, 10).messages] == [b"NEW-0", b"NEW-1"]
+    assert_check_clean(root)
