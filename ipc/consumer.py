@@ -210,6 +210,7 @@ class Consumer:
         self._waiter: ConsumerWaiter | None = None
         self._closed = False
         self._uncommitted: dict[tuple[str, int], int] = {}  # (topic, queue id): iterate's, unwritten
+        self._tombstones_read: dict[str, int] = {}  # topic: its tombstone (0: none) at its last read here
         self._pid = os.getpid()  # a forked child adopts the consumer on its first call
         self._supervisor_seen_s = -SUPERVISOR_CHECK_INTERVAL_S  # when it was last seen alive
 
@@ -225,7 +226,13 @@ class Consumer:
         tombstones = self._topic_file.current().tombstones
         if tombstones != self.queues.tombstones:
             self.queues.adopt_tombstones(tombstones)
+        self._tombstones_read[topic] = tombstones.get(topic, 0)  # judges this topic's commits
         return self.queues.get_live(topic, queue_id)
+
+    def _tombstones_seen(self) -> dict[str, int]:
+        """Each topic's tombstone as this consumer last read the topic (as it is now for a topic
+        it has not read: its offset comes from no read): a commit of a topic deleted since is dropped."""
+        return {**self._topic_file.current().tombstones, **self._tombstones_read}
 
     def topic_exists(self, topic: str) -> bool:
         """Whether `topic` is configured (created, by an operator or by its first message)."""
@@ -686,7 +693,7 @@ class Consumer:
         share = self._shares.get(topic)
         if share is not None and share.locks is not None and queue_id not in share.owned:
             raise QueueNotOwnedError(self.group, topic, queue_id, share.owned)
-        self.offsets.commit(topic, self.group, queue_id, offset)
+        self.offsets.commit(topic, self.group, queue_id, offset, tombstones_read=self._tombstones_seen())
         self._uncommitted.pop((topic, queue_id), None)  # an explicit commit wins over iterate's
         self._positions.pop((topic, queue_id), None)  # and over a seek
         # the offset moved on by a deliberate act: its refusal goes (the same value stays refused)
@@ -717,7 +724,7 @@ class Consumer:
         mark on a queue another member owns stays unwritten (only a queue's owner commits)."""
         writable = {key: offset for key, offset in self._uncommitted.items() if self._may_commit(*key)}
         if writable:
-            self.offsets.commit_many(self.group, writable)
+            self.offsets.commit_many(self.group, writable, tombstones_read=self._tombstones_seen())
             for key in writable:
                 del self._uncommitted[key]
 
@@ -730,7 +737,7 @@ class Consumer:
         marked = {(topic, queue_id): self._uncommitted.pop((topic, queue_id))
                   for queue_id in queue_ids if (topic, queue_id) in self._uncommitted}
         if marked:
-            self.offsets.commit_many(self.group, marked)
+            self.offsets.commit_many(self.group, marked, tombstones_read=self._tombstones_seen())
 
     # ------------------------------------------------------------------------------ lifetime
     def close(self) -> None:

@@ -184,3 +184,29 @@ def test_a_long_lived_consumer_reads_the_recreated_topic_not_the_deleted_queue(t
             running.wait_caught_up()
             assert [m.body for m in consumer.pull("Gone", 0, 0, 10).messages] == [b"NEW-0", b"NEW-1"]
     assert_check_clean(root)
+
+
+@pytest.mark.slow
+def test_a_commit_landing_after_the_delete_does_not_skip_the_recreated_topic(tmp_path):
+    from ipc.consumer import Consumer
+    from ipc.producer import Producer
+
+    root = tmp_path / "store"
+    with checked_store(root) as running:
+        with Producer(root) as producer:
+            for i in range(3):
+                producer.send("Gone", b"old-%d" % i, queue_id=0)
+        running.wait_caught_up()
+        with Consumer(root, "g") as late:
+            read = late.pull("Gone", 0, 0, 10)
+            assert read.next_offset == 3
+            ok("topic", "delete", "--store", str(root), "--topic", "Gone")
+            late.commit("Gone", 0, read.next_offset)  # read before the delete, committed after it
+        with Producer(root) as producer:
+            for i in range(3):
+                producer.send("Gone", b"NEW-%d" % i, queue_id=0)
+        running.wait_caught_up()
+        with Consumer(root, "g") as resumed:
+            assert resumed.committed("Gone", 0) is None
+            assert [m.body for m in resumed.iterate("Gone", follow=False)] == [b"NEW-0", b"NEW-1", b"NEW-2"]
+    assert_check_clean(root)
