@@ -16,7 +16,6 @@ exporter).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -28,7 +27,14 @@ from engine.errors import BadInputError, StoreError
 from engine.files.filesystem import ensure_dir, write_file_atomically
 from engine.files.naming import BACKUP_SUFFIX, CONFIG_DIR, CONSUMER_OFFSET_FILE, validate_topic
 from engine.topics.table import TopicTableFile
-from ipc.offset_table_codec import CommitTimes, OffsetTable, parse_offset_document, parse_offset_table
+from ipc.offset_table_codec import (
+    CommitTimes,
+    OffsetTable,
+    encode_offset_table,
+    parse_offset_document,
+    parse_offset_table,
+    plan_forget_topic,
+)
 from ipc.offsets_fallbacks import count_fallback
 from ipc.refused_offsets import offsets_lock
 from ipc.store_log import append_to_store_log
@@ -62,19 +68,6 @@ def validate_group(group: object) -> str:
 
 def table_key(topic: str, group: str) -> str:
     return f"{validate_topic(topic)}@{validate_group(group)}"
-
-
-def encode_offset_table(table: Mapping[str, Mapping[int, int]],
-                        commit_times: Mapping[str, Mapping[int, int]] | None = None) -> bytes:
-    """Strict JSON, keys sorted, queue ids as strings (what RocketMQ's reader also accepts)."""
-    def body(rows: Mapping[str, Mapping[int, int]]) -> dict:
-        return {key: {str(qid): int(v) for qid, v in sorted(queues.items())}
-                for key, queues in sorted(rows.items())}
-
-    document = {"offsetTable": body(table)}
-    if commit_times:
-        document["commitTimeTable"] = body(commit_times)
-    return (json.dumps(document, indent=2) + "\n").encode()
 
 
 def broadcast_offsets_path(store_dir: str | os.PathLike, instance_name: str) -> Path:
@@ -229,15 +222,10 @@ class ConsumerOffsets:
         would point past."""
         validate_topic(topic)
         with self._locked():
-            table, times = self._read_or_restore()
-            keys = [key for key in table if key.partition("@")[0] == topic]
-            if not keys:
-                return []
-            for key in keys:
-                table.pop(key, None)
-                times.pop(key, None)
-            self._replace(table, times)
-        return sorted(key.partition("@")[2] for key in keys)
+            table, times, groups = plan_forget_topic(*self._read_or_restore(), topic)
+            if groups:
+                self._replace(table, times)
+        return groups
 
     def _replace(self, table: OffsetTable, times: CommitTimes) -> None:
         """Under the lock: the file replaced, the previous version kept as the backup."""

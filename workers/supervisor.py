@@ -47,8 +47,9 @@ from engine.files.store_dir import StoreLock, mark_clean_stop
 from engine.formats.checkpoint import Checkpoint
 from engine.store_open import Dispatch, open_store
 from engine.topics.live import LiveTopics, describe
-from engine.topics.table import TopicChange, TopicDefaults, TopicTableFile
+from engine.topics.table import TopicChange, TopicDefaults, TopicOp, TopicTableFile
 from ipc.control_block import ProcState, Role, StoreState
+from ipc.deleted_topic_offsets import forget_topic_offsets
 from ipc.key_ring import REGION_KIND as KEY_RING_KIND
 from ipc.refused_offsets import refusal_message, refuse_offsets_past_their_queues
 from ipc.run_info import RunInfo, remove_run_info, write_run_info
@@ -301,6 +302,8 @@ class Supervisor:
                 change = TopicChange.from_dict(request.change)
                 table = self._appender.change_topic(change)
                 answer = {"ok": describe(table, change.topic)}
+                if change.op is TopicOp.DELETE:
+                    answer["groups_reset"] = self._forget_offsets(change.topic)
             except (StoreError, OSError) as exc:  # refused, or topics.json not written: unchanged
                 answer = {"error": str(exc)}
             # an operator's request must never stop the store that holds acknowledged messages:
@@ -315,6 +318,15 @@ class Supervisor:
                 log.error("topic request %s not answered: %s", request.path.name, exc)
             if "ok" in answer:
                 self._wake_dispatcher()
+
+    def _forget_offsets(self, topic: str) -> list[str]:
+        """A deleted topic's offsets go as part of the delete, not only in the CLI after the
+        answer (which may die first); a file that fails here is the CLI's reset's to retry."""
+        try:
+            return forget_topic_offsets(self.root, topic)
+        except (StoreError, OSError) as exc:
+            log.warning("offsets of deleted topic %s not removed: %s", topic, exc)
+            return []
 
     def _reclaim_dead_consumers(self) -> None:
         removed = self._shared.reclaim_dead_consumers()

@@ -210,3 +210,21 @@ def test_a_commit_landing_after_the_delete_does_not_skip_the_recreated_topic(tmp
             assert resumed.committed("Gone", 0) is None
             assert [m.body for m in resumed.iterate("Gone", follow=False)] == [b"NEW-0", b"NEW-1", b"NEW-2"]
     assert_check_clean(root)
+
+
+@pytest.mark.slow
+def test_the_supervisor_forgets_a_deleted_topics_offsets_as_part_of_the_delete(tmp_path):
+    from ipc.consumer_offsets import ConsumerOffsets
+    from ipc.topic_requests import post_request, wait_for_answer
+
+    root = tmp_path / "store"
+    with checked_store(root) as running:
+        ok("send", "--store", str(root), "--topic", "Gone", "--body", "old")
+        ConsumerOffsets(root).commit("Gone", "g", 0, 1)
+        # the request alone, as a CLI killed right after the supervisor's answer leaves it
+        answer = wait_for_answer(post_request(root, {"op": "delete", "topic": "Gone"}), 30,
+                                 lambda: running.running)
+        assert answer["groups_reset"] == ["g"], answer
+        assert ConsumerOffsets(root).load() == {}
+        running.wait_caught_up()
+    assert_check_clean(root)
