@@ -334,7 +334,8 @@ class MessageStore:
         shard = self.shards[shard_of(topic, key, len(self.shards))]
         positions = shard.query(topic, key, begin_ms, end_ms, max_count)
         return read_key_records(self.commitlog, positions, topic, key, begin_ms, end_ms,
-                                max_count=max_count, end_pos=self._dispatch_limit()).records
+                                max_count=max_count, end_pos=self._dispatch_limit(),
+                                tombstone_pos=self.topics.tombstone_of(topic)).records
 
     def offset_for_time(self, topic: str, queue_id: int, ts_ms: int,
                         boundary: Boundary = Boundary.LOWER) -> int:

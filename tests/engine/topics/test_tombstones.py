@@ -49,3 +49,12 @@ def test_open_lowers_a_tombstone_above_the_recovered_end_and_dispatches_the_new_
     with reopen(tmp_path, ASYNC) as store:
         assert [m.body for m in store.get_messages("Gone", 0, 0).messages] == [b"NEW"]
     assert check(tmp_path) == []
+
+
+def test_query_by_key_leaves_out_a_deleted_topics_records(tmp_path):
+    with MessageStore.open(tmp_path, SMALL_CONFIG) as store:
+        store.put("Gone", b"old", keys=["k1"], queue_id=0)
+        store.change_topic(TopicChange(TopicOp.DELETE, "Gone"))
+        store.put("Gone", b"new", keys=["k1"], queue_id=0)
+        assert [m.body for m in store.query_by_key("Gone", "k1")] == [b"new"]
+    assert check(tmp_path) == []
