@@ -41,6 +41,9 @@ PERM_READ_WRITE = PERM_READ | PERM_WRITE
 _PERM_WORDS = {"rw": PERM_READ_WRITE, "r": PERM_READ, "w": PERM_WRITE}
 FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 TOMBSTONES_KEY = "mqstoreTombstones"
+# names RocketMQ keeps for the broker's own topics (TopicValidator): an operator may not create one
+RESERVED_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "TBW102"})
+RESERVED_TOPIC_PREFIXES = ("RMQ_SYS_", "%RETRY%", "%DLQ%")
 
 
 class TopicFileError(StoreError):
@@ -53,6 +56,12 @@ def parse_perm(text: str) -> int:
         return _PERM_WORDS[text]
     except KeyError:
         raise BadInputError("perm", f"{text!r} is not one of rw, r, w") from None
+
+
+def is_reserved_topic(topic: str) -> bool:
+    """Whether `topic` is a name the store keeps for its own topics (delays, retries, dead
+    letters, RocketMQ's system topics): `mqstore topic create` refuses it."""
+    return topic in RESERVED_TOPICS or topic.startswith(RESERVED_TOPIC_PREFIXES)
 
 
 def perm_text(perm: int) -> str:
@@ -218,6 +227,9 @@ def plan_topic_change(table: TopicTable, change: TopicChange, *, used_queue_coun
         if current is None:
             raise BadInputError("topic", f"no topic {topic} to delete")
         return table.without_topic(topic, end_pos)
+    if change.op is TopicOp.CREATE and is_reserved_topic(topic):
+        raise BadInputError("topic", f"{topic} is a name the store keeps for its own topics "
+                            f"({', '.join(sorted(RESERVED_TOPICS))}, {'*, '.join(RESERVED_TOPIC_PREFIXES)}*)")
     if change.op is TopicOp.CREATE and current is not None:
         raise BadInputError("topic", f"{topic} exists ({current.write_queue_count} queues); "
                             "use `mqstore topic update`")
