@@ -89,7 +89,7 @@ from engine.message import validate_queue_id
 from engine.queues.consume_queue import Boundary, ConsumeQueue
 from engine.queues.table import ConsumeQueueTable
 from engine.status import GetResult, GetStatus, SkippedRecord
-from engine.topics.table import TopicDefaults, TopicTableFile
+from engine.topics.table import TopicDefaults, TopicTableFile, perm_text
 from ipc.consumer_offsets import ConsumerOffsets, broadcast_offsets_path, validate_group
 from ipc.group_members import GroupMembership
 from ipc.group_roster import MessageModel
@@ -229,6 +229,14 @@ class Consumer:
         self._tombstones_read[topic] = tombstones.get(topic, 0)  # judges this topic's commits
         return self.queues.get_live(topic, queue_id)
 
+    def _require_readable(self, topic: str) -> None:
+        """RocketMQ's rule: a topic whose perm lacks read (4) is not read (its broker answers a
+        pull NO_PERMISSION); BadInputError, nothing read or committed."""
+        config = self._topic_file.current().topics.get(topic)
+        if config is not None and not config.readable:
+            raise BadInputError("topic", f"{topic}'s perm {perm_text(config.perm)} does not allow reads "
+                                "(`mqstore topic update --perm rw`)")
+
     def _tombstones_seen(self) -> dict[str, int]:
         """Each topic's tombstone as this consumer last read the topic (as it is now for a topic
         it has not read: its offset comes from no read): a commit of a topic deleted since is dropped."""
@@ -268,6 +276,7 @@ class Consumer:
               timeout_ms: int, subscription: Subscription):
         """Validate a pull, then `read` until something is found or `timeout_ms` has passed."""
         validate_topic(topic)
+        self._require_readable(topic)
         validate_queue_id(queue_id, self.read_queue_count(topic))
         _require_count("max_count", max_count, 1, MAX_PULL_COUNT)
         _require_count("timeout_ms", timeout_ms, 0, 2**31)
@@ -517,6 +526,7 @@ class Consumer:
         before a hand-over: commit each queue as you go (`commit`), or its next owner reads
         again from the last commit."""
         validate_topic(topic)
+        self._require_readable(topic)
         _require_count("commit_interval_ms", commit_interval_ms, 0, 2**31)
         subscription = subscription_of(tags, where)
         assigned = None if queue_ids is None else self._validate_queue_ids(topic, queue_ids)

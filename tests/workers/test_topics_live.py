@@ -228,3 +228,23 @@ def test_the_supervisor_forgets_a_deleted_topics_offsets_as_part_of_the_delete(t
         assert ConsumerOffsets(root).load() == {}
         running.wait_caught_up()
     assert_check_clean(root)
+
+
+@pytest.mark.slow
+def test_a_topic_without_read_permission_is_not_read(tmp_path):
+    from engine.errors import BadInputError
+    from ipc.consumer import Consumer
+
+    root = tmp_path / "store"
+    with checked_store(root) as running:
+        ok("topic", "create", "--store", str(root), "--topic", "WOnly", "--queues", "1", "--perm", "w")
+        ok("send", "--store", str(root), "--topic", "WOnly", "--queue-id", "0", "--body", "w")
+        running.wait_caught_up()
+        with Consumer(root, "g") as consumer:
+            with pytest.raises(BadInputError, match="perm w does not allow reads"):
+                consumer.pull("WOnly", 0, 0, 10)
+            with pytest.raises(BadInputError, match="perm w does not allow reads"):
+                next(consumer.iterate("WOnly"))
+            ok("topic", "update", "--store", str(root), "--topic", "WOnly", "--perm", "rw")
+            assert [m.body for m in consumer.pull("WOnly", 0, 0, 10).messages] == [b"w"]
+    assert_check_clean(root)
