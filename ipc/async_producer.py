@@ -53,9 +53,14 @@ class _Completions:
         self._loop = loop
         self._lock = threading.Lock()
         self._done: collections.deque[tuple[Future, asyncio.Future]] = collections.deque()
+        self.unanswered = 0  # sends watched and not yet settled, cancelled ones too (loop thread only)
+        self.all_answered = asyncio.Event()
+        self.all_answered.set()
 
     def watch(self, future: Future, waiter: asyncio.Future) -> None:
         """Settle `waiter` from `future` on the loop once `future` resolves (in any thread)."""
+        self.unanswered += 1
+        self.all_answered.clear()
         future.add_done_callback(lambda resolved: self._arrived(resolved, waiter))
 
     def _arrived(self, future: Future, waiter: asyncio.Future) -> None:
@@ -73,6 +78,9 @@ class _Completions:
             done, self._done = self._done, collections.deque()
         for future, waiter in done:
             _settle(future, waiter)
+        self.unanswered -= len(done)
+        if not self.unanswered:
+            self.all_answered.set()
 
 
 def _settle(future: Future, waiter: asyncio.Future) -> None:
@@ -102,7 +110,6 @@ class AsyncProducer:
         self._producer = Producer(store_dir, max_pending_bytes=max_pending_bytes, enqueue_timeout_s=0,
                                   reattach_timeout_s=reattach_timeout_s)
         self._completions = _Completions(self._loop)
-        self._unanswered: set[Future] = set()  # every send not yet answered, cancelled ones too
         self._closed = False
 
     @property
@@ -139,15 +146,12 @@ class AsyncProducer:
         """The result of a send already handed to the sender thread; cancelling the await
         leaves the send to finish (see the module docstring)."""
         waiter = self._loop.create_future()
-        self._unanswered.add(future)
-        future.add_done_callback(self._unanswered.discard)
         self._completions.watch(future, waiter)
         return await waiter
 
     async def flush(self) -> None:
         """Wait until every send of this producer was answered, cancelled ones included."""
-        while self._unanswered:
-            await asyncio.wait([asyncio.wrap_future(f) for f in list(self._unanswered)])
+        await self._completions.all_answered.wait()
 
     async def aclose(self) -> None:
         """Flush, then give the slot back and stop the sender thread. Idempotent."""
