@@ -38,10 +38,11 @@ from concurrent.futures import Future
 
 from engine.errors import StoreClosedError
 from engine.message import Message
-from engine.status import PutResult
+from engine.status import PutResult, PutStatus
 from ipc.batch_result import BatchResult
 from ipc.producer import DEFAULT_MAX_PENDING_BYTES, Producer
 from ipc.reattach import DEFAULT_REATTACH_TIMEOUT_S
+from ipc.slot_sender import Pending, SlotSender
 
 log = logging.getLogger(__name__)
 
@@ -86,17 +87,18 @@ class _Completions:
 def _settle(future: Future, waiter: asyncio.Future) -> None:
     """Pass `future`'s outcome to `waiter`; a cancelled waiter's result is dropped (logged
     when it is not a success: nobody else will see that status)."""
-    if waiter.cancelled():
-        error = future.exception()
-        ok = error is None and getattr(future.result(), "ok", True)
-        if not ok:
-            log.warning("a cancelled asyncio send was answered %s", error or future.result())
+    try:
+        result = future.result()
+    except Exception as exc:  # the send's own error (a bug: its statuses are results)
+        if waiter.cancelled():
+            log.warning("a cancelled asyncio send failed: %s", exc)
+        else:
+            waiter.set_exception(exc)
         return
-    error = future.exception()
-    if error is not None:
-        waiter.set_exception(error)
-    else:
-        waiter.set_result(future.result())
+    if not waiter.cancelled():
+        waiter.set_result(result)
+    elif not getattr(result, "ok", all(getattr(r, "ok", True) for r in result)):
+        log.warning("a cancelled asyncio send was answered %s", result)
 
 
 class AsyncProducer:
@@ -110,6 +112,7 @@ class AsyncProducer:
         self._producer = Producer(store_dir, max_pending_bytes=max_pending_bytes, enqueue_timeout_s=0,
                                   reattach_timeout_s=reattach_timeout_s)
         self._completions = _Completions(self._loop)
+        self._turn: list[Pending] = []  # records of this loop turn's sends, handed over at its end
         self._closed = False
 
     @property
@@ -122,25 +125,42 @@ class AsyncProducer:
                    properties: Mapping[str, str] | None = None, wait: bool = True) -> PutResult:
         """Producer.send, awaited: a bad message gets its status (MESSAGE_ILLEGAL, ...) with
         nothing sent; PUT_OK after the flush under sync."""
-        return await self._await(self._open().send_async(topic, body, tags=tags, keys=keys,
-                                                          queue_id=queue_id, properties=properties,
-                                                          wait=wait))
+        return await self._await(self._open()._submit_one(topic, body, tags, keys, queue_id, properties,
+                                                           wait, self._hand_over))
 
     async def send_batch(self, messages: Sequence[Message]) -> list[PutResult]:
         """Producer.send_batch, awaited: one result per message, in order."""
-        return await self._await(self._open().send_batch_async(messages))
+        return await self._await(self._open()._send_batch(messages, self._hand_over))
 
     async def send_columns(self, topic: str, bodies: Sequence[bytes], *,
                            keys: Sequence[str] | None = None, tags: str | None = None,
                            queue_ids: Sequence[int] | int | None = None) -> BatchResult:
         """Producer.send_columns, awaited; bad columns raise BadInputError before anything is sent."""
-        return await self._await(self._open().send_columns_async(topic, bodies, keys=keys, tags=tags,
-                                                                  queue_ids=queue_ids))
+        return await self._await(self._open()._columns_future(topic, bodies, keys, tags, queue_ids,
+                                                               self._hand_over))
 
     def _open(self) -> Producer:
         if self._closed:
             raise StoreClosedError("the async producer is closed", path=str(self._producer.root))
         return self._producer
+
+    def _hand_over(self, pendings: list[Pending]) -> None:
+        """Keep a send's encoded records for the end of this loop turn (see _hand_over_turn)."""
+        if not self._turn:
+            self._loop.call_soon(self._hand_over_turn)
+        self._turn += pendings
+
+    def _hand_over_turn(self) -> None:
+        """Give the sender thread every send of the loop turn in one enqueue, one wake-up:
+        handed over one by one, the thread woken by the first would send it alone and the
+        others would wait a whole round trip behind it."""
+        turn, self._turn = self._turn, []
+        try:
+            self._producer._live_sender().enqueue(turn)
+        except Exception as exc:  # a Future never resolved would hang its await and flush()
+            log.exception("an asyncio producer's hand-over failed")
+            for pending in turn:
+                SlotSender.fail_pending(pending, PutStatus.UNKNOWN_ERROR, str(exc))
 
     async def _await(self, future: Future):
         """The result of a send already handed to the sender thread; cancelling the await
