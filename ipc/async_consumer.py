@@ -10,9 +10,9 @@ without `follow` (committed offsets, order per queue, auto commit), and its read
 reads. Between sweeps that found nothing it long-polls for more: Consumer.wait_for_more in
 this consumer's one helper thread (`loop.run_in_executor` on a one-thread executor), at most
 one wait at a time and never one per message, since the dispatcher's wake-up is a POSIX
-semaphore the loop cannot poll (docs/DESIGN.md, "Processes": asyncio clients). Each wait lasts at most
-`poll_timeout_ms`, so a cancelled iteration leaves a wait that ends within that; `aclose()`
-waits for it before closing the Consumer, which is not thread-safe.
+semaphore the loop cannot poll (docs/DESIGN.md, "Processes", asyncio clients). Each wait lasts
+at most `poll_timeout_ms`, so a cancelled iteration leaves a wait that ends within that;
+`aclose()` waits for it before closing the Consumer, which is not thread-safe.
 
 What still runs on the loop's thread: the offsets file's atomic replace at the end of each
 sweep that moved (as `iterate` writes before each long poll), and, if the supervisor is found

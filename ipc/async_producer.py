@@ -12,17 +12,21 @@ was empty, wakes the loop once with call_soon_threadsafe, which writes the loop'
 fd the loop polls, under asyncio's loop and uvloop alike). One thread per producer, never one
 per pending call; many answers of one request cost one wake-up of the loop. The supervisor's
 answer wake-up stays a semaphore: an eventfd per slot would need the supervisor to hold each
-producer's fd (docs/DESIGN.md, "Processes": asyncio clients).
+producer's fd (docs/DESIGN.md, "Processes", asyncio clients).
 
 Nothing blocks the loop beyond encoding: the queue ahead of the sender thread is bounded by
 `max_pending_bytes`, and a send that finds it full answers OS_PAGE_CACHE_BUSY (not stored) at
 once instead of waiting for room.
 
-Cancellation: the records of a send are handed to the sender thread whole before `send` first
-yields, and that thread publishes a request only when it is complete, so a cancelled `await`
-never leaves a half-written slot. The send goes on: it is stored (its result, arriving later, is
-dropped; logged at WARNING when it is not PUT_OK) or, if the supervisor dies first,
-OUTCOME_UNKNOWN as for any send. `flush()` waits for every send of this producer, cancelled
+How sends reach the sender thread: each is checked and encoded whole before `send` first
+yields, and the sends of one loop turn are handed over together at the turn's end (one
+enqueue, one wake-up of the thread), so one request carries them all.
+
+Cancellation: the hand-over runs whether or not the await was cancelled, and the sender thread
+publishes a request only when it is complete, so a cancelled `await` never leaves a
+half-written slot. The send goes on: it is stored (its result, arriving later, is dropped;
+logged at WARNING when it is not PUT_OK) or, if the supervisor dies first, OUTCOME_UNKNOWN as
+for any send. `flush()` waits for every send of this producer, cancelled
 ones included; `aclose()` flushes and gives the slot back.
 """
 
@@ -97,7 +101,7 @@ def _settle(future: Future, waiter: asyncio.Future) -> None:
         return
     if not waiter.cancelled():
         waiter.set_result(result)
-    elif not getattr(result, "ok", all(getattr(r, "ok", True) for r in result)):
+    elif not (result.ok if hasattr(result, "ok") else all(r.ok for r in result)):  # send_batch: a list
         log.warning("a cancelled asyncio send was answered %s", result)
 
 

@@ -94,6 +94,28 @@ def test_a_thousand_sends_64_in_flight_consumed_in_order_per_queue_under_one_loo
 
 
 @pytest.mark.slow
+def test_the_sends_of_one_loop_turn_go_in_one_request(store):
+    async def main():
+        async with AsyncProducer(store.root) as producer:
+            await producer.send("TURN", b"warm")  # attached, idle: the next turn starts clean
+            slot = producer.producer._sender.slot
+            counts = []
+            write_request = slot.write_request
+
+            def counted(data, *, count, flags):
+                counts.append(count)
+                return write_request(data, count=count, flags=flags)
+
+            slot.write_request = counted
+            results = await asyncio.gather(*(producer.send("TURN", f"t-{i}".encode()) for i in range(64)))
+        return counts, results
+
+    counts, results = asyncio.run(main())
+    assert all(result.ok for result in results)
+    assert counts == [64]  # one by one, the woken sender thread sent the first alone
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("loop_name", LOOPS)
 def test_a_cancelled_send_is_still_stored_whole_and_its_result_dropped(store, loop_name, caplog):
     topic, count = f"CANCEL-{loop_name}", 200
