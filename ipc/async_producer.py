@@ -26,8 +26,8 @@ Cancellation: the hand-over runs whether or not the await was cancelled, and the
 publishes a request only when it is complete, so a cancelled `await` never leaves a
 half-written slot. The send goes on: it is stored (its result, arriving later, is dropped;
 logged at WARNING when it is not PUT_OK) or, if the supervisor dies first, OUTCOME_UNKNOWN as
-for any send. `flush()` waits for every send of this producer, cancelled
-ones included; `aclose()` flushes and gives the slot back.
+for any send. `flush()` waits for every send of this producer, cancelled ones included;
+`aclose()` flushes and gives the slot back.
 """
 
 from __future__ import annotations
@@ -182,8 +182,10 @@ class AsyncProducer:
         if self._closed:
             return
         self._closed = True
-        await self.flush()
-        self._producer.close()  # nothing queued or in flight: returns at once
+        try:
+            await self.flush()
+        finally:  # flushed, it returns at once; cancelled, it sends what is queued first
+            self._producer.close()
 
     async def __aenter__(self) -> AsyncProducer:
         return self

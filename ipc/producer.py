@@ -307,8 +307,8 @@ class Producer:
                    keys: Iterable[str] | str = (), queue_id: int | None = None,
                    properties: Mapping[str, str] | None = None, wait: bool = True) -> Future:
         """Like send, returning a Future that resolves to the PutResult. A valid message of
-        send_columns' shape is encoded once by encode_one, as `send` does (the asyncio
-        producer's every send comes here); any other goes by the message path."""
+        send_columns' shape is encoded once by encode_one, as `send` does; any other goes by
+        the message path."""
         return self._submit_one(topic, body, tags, keys, queue_id, properties, wait,
                                 self._live_sender().enqueue)
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import signal
 import threading
+import time
 from collections import defaultdict
 from concurrent.futures import Future
 from pathlib import Path
@@ -18,7 +21,7 @@ from engine.status import PutResult, PutStatus
 from ipc.async_consumer import AsyncConsumer
 from ipc.async_producer import AsyncProducer, _settle
 from ipc.consumer import Consumer
-from tests.workers.store_harness import module_store
+from tests.workers.store_harness import assert_check_clean, module_store, start_store
 
 try:
     import uvloop
@@ -142,6 +145,40 @@ def test_a_cancelled_send_is_still_stored_whole_and_its_result_dropped(store, lo
         for record in consumer.iterate(topic):  # `pull` path: every record's CRCs are checked
             bodies.append(record.body)
     assert sorted(bodies) == sorted(f"c-{i}".encode() for i in range(count))
+
+
+@pytest.mark.slow
+def test_cancelled_sends_in_flight_at_a_crash_are_outcome_unknown_and_the_store_checks_clean(
+        tmp_path, caplog):
+    running = start_store(tmp_path / "store")
+
+    async def main():
+        nonlocal running
+        async with AsyncProducer(running.root, reattach_timeout_s=60) as producer:
+            assert (await producer.send("CRASH", b"warm-up", queue_id=0)).ok
+            os.kill(running.proc.pid, signal.SIGSTOP)  # the request below stays unanswered
+            tasks = [asyncio.create_task(producer.send("CRASH", f"x-{i}".encode(), queue_id=0))
+                     for i in range(16)]
+            mailbox, index = producer.producer._mailbox, producer.producer._sender.slot.index
+            deadline = time.monotonic() + 30
+            while mailbox.req_seq[index] <= mailbox.resp_seq[index]:  # published, whole
+                assert time.monotonic() < deadline, "the request was never published"
+                await asyncio.sleep(0.01)
+            for task in tasks:
+                task.cancel()
+            running.kill()
+            running = start_store(running.root)
+            await asyncio.wait_for(producer.flush(), timeout=60)
+            return await asyncio.gather(*tasks, return_exceptions=True)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="ipc.async_producer"):
+            outcomes = asyncio.run(main())
+    finally:
+        assert running.stop() == 0
+    assert all(isinstance(outcome, asyncio.CancelledError) for outcome in outcomes)
+    assert "OUTCOME_UNKNOWN" in caplog.text  # the published request: maybe stored, never twice
+    assert_check_clean(running.root)
 
 
 def test_a_cancelled_send_answered_outcome_unknown_is_logged(caplog):
