@@ -8,7 +8,8 @@ awaited (`await AsyncProducer.send`) or waited for in its own thread (`Producer.
 
 `threads:1` is `mqstore bench --batch 1`'s shape (one blocking send at a time per producer);
 `asyncio:64` is the issue's asyncio producer with 64 concurrent sends. Prints each mode's
-acknowledged messages/s, median of --runs, and each asyncio mode's ratio to each threads mode.
+acknowledged messages/s and producer CPU per message (all P processes), medians of --runs, and
+each asyncio mode's ratio to each threads mode.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import statistics
 import tempfile
 import threading
@@ -80,8 +82,9 @@ def _worker(mode: str, concurrency: int, store: Path, body: bytes, start: float,
 
 
 def run_once(store: Path, mode: str, concurrency: int, producers: int, size_bytes: int,
-             seconds: float, warmup_s: float) -> float:
-    """Acknowledged messages/s of `producers` forked worker processes in one mode."""
+             seconds: float, warmup_s: float) -> tuple[float, float]:
+    """(acknowledged messages/s, producer CPU us per acknowledged message) of `producers`
+    forked worker processes in one mode; the CPU counts the warm-up and attaching too."""
     start = time.monotonic() + START_DELAY_S
     warm, end = start + warmup_s, start + warmup_s + seconds
     body = b"x" * size_bytes
@@ -93,21 +96,24 @@ def run_once(store: Path, mode: str, concurrency: int, producers: int, size_byte
             os.close(read_fd)
             code = 1
             try:
-                os.write(write_fd, str(_worker(mode, concurrency, store, body, start, warm, end)).encode())
+                acks = _worker(mode, concurrency, store, body, start, warm, end)
+                usage = resource.getrusage(resource.RUSAGE_SELF)
+                os.write(write_fd, f"{acks} {usage.ru_utime + usage.ru_stime}".encode())
                 code = 0
             finally:
                 os._exit(code)
         os.close(write_fd)
         children.append((pid, read_fd))
-    total = 0
+    acks, cpu_s = 0, 0.0
     for pid, read_fd in children:
         with os.fdopen(read_fd, "rb") as reader:
             text = reader.read()
         _, status = os.waitpid(pid, 0)
         if status != 0 or not text:
             raise RuntimeError(f"producer process {pid} failed (wait status {status})")
-        total += int(text)
-    return total / seconds
+        child_acks, child_cpu_s = text.split()
+        acks, cpu_s = acks + int(child_acks), cpu_s + float(child_cpu_s)
+    return acks / seconds, cpu_s * 1e6 / max(acks, 1)
 
 
 def parse_modes(text: str) -> list[tuple[str, int]]:
@@ -131,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
     rates: dict[str, list[float]] = {f"{m}:{c}": [] for m, c in args.modes}
+    cpus: dict[str, list[float]] = {name: [] for name in rates}
     with tempfile.TemporaryDirectory(prefix="mqstore-async-probe-") as work:
         root = Path(work) / "store"
         config = write_store_config(Path(work) / "probe.toml", {})
@@ -140,15 +147,18 @@ def main(argv: list[str] | None = None) -> int:
             process.wait_ready()
             for run in range(args.runs):
                 for mode, concurrency in args.modes:
-                    rate = run_once(root, mode, concurrency, args.producers, args.size, args.seconds,
-                                    args.warmup)
+                    rate, cpu_us = run_once(root, mode, concurrency, args.producers, args.size,
+                                            args.seconds, args.warmup)
                     rates[f"{mode}:{concurrency}"].append(rate)
-                    print(f"run {run + 1} {mode}:{concurrency}: {rate:,.0f} msg/s", flush=True)
+                    cpus[f"{mode}:{concurrency}"].append(cpu_us)
+                    print(f"run {run + 1} {mode}:{concurrency}: {rate:,.0f} msg/s, "
+                          f"{cpu_us:.1f} us producer CPU a message", flush=True)
         finally:
             process.stop()
     medians = {name: statistics.median(values) for name, values in rates.items()}
     for name, median in medians.items():
-        print(f"{name}: median {median:,.0f} msg/s of {len(rates[name])} runs")
+        print(f"{name}: median {median:,.0f} msg/s, {statistics.median(cpus[name]):.1f} us producer CPU "
+              f"a message, of {len(rates[name])} runs")
     for name, median in medians.items():
         if name.startswith("threads"):
             continue
