@@ -8,8 +8,8 @@
 How the loop learns of an answer: the Producer's one sender thread (ipc.slot_sender) waits on
 the slot's POSIX semaphore, as for send_async, and resolves the call's Future there; that
 thread hands every answer it resolves to this producer's completion queue and, when the queue
-was empty, wakes the loop once with call_soon_threadsafe, which writes the loop's self-pipe (an
-fd the loop polls, under asyncio's loop and uvloop alike). One thread per producer, never one
+was empty, wakes the loop once with call_soon_threadsafe, which writes the loop's own wake-up
+fd (asyncio's self-pipe, uvloop's async handle: fds the loop polls). One thread per producer, never one
 per pending call; many answers of one request cost one wake-up of the loop. The supervisor's
 answer wake-up stays a semaphore: an eventfd per slot would need the supervisor to hold each
 producer's fd (docs/DESIGN.md, "Processes", asyncio clients).

@@ -1,5 +1,6 @@
-"""ipc.AsyncProducer and ipc.AsyncConsumer against a real supervisor, under asyncio's loop and
-uvloop: sends in flight together, order per queue, cancellation, bad input, the GUIDE's example."""
+"""ipc.async_producer.AsyncProducer and ipc.async_consumer.AsyncConsumer against a real
+supervisor, under asyncio's loop and uvloop: sends in flight together, order per queue,
+cancellation, a crash, bad input, the GUIDE's example."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -98,24 +100,33 @@ def test_a_thousand_sends_64_in_flight_consumed_in_order_per_queue_under_one_loo
 
 @pytest.mark.slow
 def test_the_sends_of_one_loop_turn_go_in_one_request(store):
-    async def main():
-        async with AsyncProducer(store.root) as producer:
-            await producer.send("TURN", b"warm")  # attached, idle: the next turn starts clean
-            slot = producer.producer._sender.slot
-            counts = []
-            write_request = slot.write_request
-
-            def counted(data, *, count, flags):
-                counts.append(count)
-                return write_request(data, count=count, flags=flags)
-
-            slot.write_request = counted
-            results = await asyncio.gather(*(producer.send("TURN", f"t-{i}".encode()) for i in range(64)))
-        return counts, results
-
-    counts, results = asyncio.run(main())
+    # GIL hand-offs as often as possible: enqueued one by one, the sender thread would take the
+    # first send while the loop still runs the other 63 tasks' first steps
+    switch_interval_s = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        counts, results = asyncio.run(_sends_of_one_turn(store.root))
+    finally:
+        sys.setswitchinterval(switch_interval_s)
     assert all(result.ok for result in results)
-    assert counts == [64]  # one by one, the woken sender thread sent the first alone
+    assert counts == [64]
+
+
+async def _sends_of_one_turn(root: Path) -> tuple[list[int], list[PutResult]]:
+    """The record count of each request that 64 sends made in one loop turn."""
+    async with AsyncProducer(root) as producer:
+        await producer.send("TURN", b"warm")  # attached, idle: the next turn starts clean
+        slot = producer.producer._sender.slot
+        counts: list[int] = []
+        write_request = slot.write_request
+
+        def counted(data, *, count, flags):
+            counts.append(count)
+            return write_request(data, count=count, flags=flags)
+
+        slot.write_request = counted
+        results = await asyncio.gather(*(producer.send("TURN", f"t-{i}".encode()) for i in range(64)))
+    return counts, results
 
 
 @pytest.mark.slow
