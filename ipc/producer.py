@@ -204,6 +204,11 @@ def _fits_columns(keys: Iterable[str] | str, properties: Mapping[str, str] | Non
                                  and all(type(key) is str for key in keys))
 
 
+def _one_encoded(record: bytes) -> EncodedRecords:
+    """One record from encode_one as the EncodedRecords a Pending carries."""
+    return EncodedRecords(record, np.zeros(1, dtype=np.int64), np.array([len(record)], dtype=np.int64))
+
+
 def _resolve(future: Future, convert: Callable[[BatchResult], object]) -> Callable[[BatchResult], None]:
     return lambda result: future.set_result(convert(result))
 
@@ -304,9 +309,25 @@ class Producer:
     def send_async(self, topic: str, body: bytes, *, tags: str | None = None,
                    keys: Iterable[str] | str = (), queue_id: int | None = None,
                    properties: Mapping[str, str] | None = None, wait: bool = True) -> Future:
-        """Like send, returning a Future that resolves to the PutResult."""
-        return self._send_one(_message(topic, body, tags, keys, queue_id, properties, wait),
-                              self._live_sender().enqueue)
+        """Like send, returning a Future that resolves to the PutResult. A valid message of
+        send_columns' shape is encoded once by encode_one, as `send` does; any other goes by
+        the message path."""
+        return self._submit_one(topic, body, tags, keys, queue_id, properties, wait,
+                                self._live_sender().enqueue)
+
+    def _submit_one(self, topic: str, body: bytes, tags: str | None, keys: Iterable[str] | str,
+                    queue_id: int | None, properties: Mapping[str, str] | None, wait: bool,
+                    submit: Callable[[list[Pending]], None]) -> Future:
+        """send_async's Future, its records handed to `submit` (the sender's enqueue, or the
+        asyncio producer's hand-over at the end of a loop turn)."""
+        if _fits_columns(keys, properties, wait):
+            record = self._one_record(topic, body, keys if type(keys) is str else (keys[0] if keys else None),
+                                      tags, queue_id)
+            if record is not None and len(record) <= self._mailbox.data_bytes:
+                future: Future = Future()
+                self._submit_columns(_one_encoded(record), _resolve(future, operator.itemgetter(0)), submit)
+                return future
+        return self._send_one(_message(topic, body, tags, keys, queue_id, properties, wait), submit)
 
     def _send_one(self, message: Message, submit: Callable[[list[Pending]], None]) -> Future:
         future: Future = Future()
@@ -414,9 +435,7 @@ class Producer:
         answer = sender.request_now(record, 1)
         if answer is None:  # the slot is busy: this record through the queue, not encoded again
             future: Future = Future()
-            self._submit_columns(EncodedRecords(record, np.zeros(1, dtype=np.int64),
-                                                np.array([len(record)], dtype=np.int64)),
-                                 future.set_result, sender.send_or_enqueue)
+            self._submit_columns(_one_encoded(record), future.set_result, sender.send_or_enqueue)
             return future.result()
         rows, reason = answer
         return BatchResult(rows, {} if reason is None else {0: reason}, self._msg_id_prefix)
