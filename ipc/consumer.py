@@ -454,6 +454,7 @@ class Consumer:
     def iterate(self, topic: str, *, follow: bool = False, poll_timeout_ms: int = 1000,
                 max_count: int = DEFAULT_MAX_COUNT, auto_commit: bool = True,
                 on_skipped: Callable[[SkippedRecord], None] | None = None,
+                on_consumed: Callable[[int, int], None] | None = None,
                 commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS, tags: str | None = None,
                 where: str | None = None) -> Iterator[Record]:
         """Every message of `topic` across its queues, from the committed offsets, or those of
@@ -468,7 +469,13 @@ class Consumer:
         are written together at most every `commit_interval_ms` (RocketMQ persists offsets on a
         timer too), before each long-poll wait, when the iteration ends or is closed (a `break`
         out of the loop), and by `flush_offsets` / `close`. A consumer killed in between sees
-        again what it read since the last write: delivery is at least once."""
+        again what it read since the last write: delivery is at least once.
+
+        `on_consumed(queue_id, next_offset)`, when given, is called at the point auto_commit
+        marks a queue: its batch was all yielded and the caller came back for more, so every
+        entry before `next_offset` is consumed, those the subscription filtered out or passed
+        over as corrupt included (a caller committing by hand commits this, not the last
+        record it saw, or it reads the filtered-out tail again)."""
         validate_topic(topic)
         _require_count("commit_interval_ms", commit_interval_ms, 0, 2**31)
         subscription = subscription_of(tags, where)
@@ -491,6 +498,8 @@ class Consumer:
                         offsets[queue_id] = result.next_offset
                         if auto_commit:
                             self._uncommitted[(topic, queue_id)] = result.next_offset
+                        if on_consumed is not None:
+                            on_consumed(queue_id, result.next_offset)
                 if self._uncommitted and (not moved or time.monotonic() - written_at >= interval_s):
                     self.flush_offsets()
                     written_at = time.monotonic()

@@ -251,9 +251,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
     skipped: list = []  # corrupt records passed over, each logged at WARNING on stderr
     pending: dict[int, int] = {}
 
-    def passed_over(record) -> None:
-        skipped.append(record)
-        pending[record.queue_id] = max(pending.get(record.queue_id, 0), record.queue_offset + 1)
+    def consumed(queue_id: int, next_offset: int) -> None:  # its batch printed: filtered-out entries too
+        pending[queue_id] = max(pending.get(queue_id, 0), next_offset)
 
     with Consumer(args.store, args.group) as consumer:
         if not _wait_for_topic(consumer, args.topic, args.follow):
@@ -287,7 +286,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
             else:
                 for record in consumer.iterate(args.topic, follow=args.follow,
                                                poll_timeout_ms=args.timeout_ms, auto_commit=False,
-                                               on_skipped=passed_over, **subscribed):
+                                               on_skipped=skipped.append, on_consumed=consumed,
+                                               **subscribed):
                     _print_record(record, args.json)
                     printed += 1
                     pending[record.queue_id] = max(pending.get(record.queue_id, 0),

@@ -126,3 +126,24 @@ def test_pull_columns_passes_over_properties_that_do_not_decode(tmp_path):
             assert first.next_offset == 2 and first.skipped == []  # the bad one lies past this read
     finally:
         assert store.stop() == 0
+
+
+@pytest.mark.slow
+def test_consume_command_commits_past_what_its_filter_passed_over(tmp_path):
+    """Without --queue-id, consume commits where iterate got to (filtered-out entries included)
+    once the messages before are printed; with --max it commits only what it printed."""
+    with MessageStore.open(tmp_path / "s", StoreConfig(**LAYOUT)) as s:
+        s.put_batch([Message("T", b"q0-%d" % i, tags=tag, queue_id=0) for i, tag in enumerate("AXAXX")])
+        s.put_batch([Message("T", b"q1-%d" % i, tags="X", queue_id=1) for i in range(3)])
+    store = start_store(tmp_path / "s", store=LAYOUT)
+    try:
+        for group, args, printed, committed in (("g1", ["--tags", "A"], 2, (5, 3)),
+                                                ("g2", ["--where", "TAGS = 'A'"], 2, (5, 3)),
+                                                ("g3", ["--tags", "A", "--max", "1"], 1, (1, None))):
+            done = cli("consume", "--store", str(store.root), "--topic", "T", "--group", group, *args)
+            assert done.returncode == 0, done.stderr.decode()
+            assert len(done.stdout.decode().splitlines()) == printed
+            with Consumer(store.root, group) as consumer:
+                assert (consumer.committed("T", 0), consumer.committed("T", 1)) == committed
+    finally:
+        assert store.stop() == 0
