@@ -23,7 +23,9 @@ Where mqstore differs: NOT binds looser than a comparison, as in SQL (`NOT a = 1
 `NOT (a = 1)`; RocketMQ's NOT takes the next term only), a property or literal standing alone
 as a condition is refused when compiled (RocketMQ compiles it and never matches), unary minus
 applies to numbers only, and a string that does not read as a number makes only its
-comparison NULL, not the whole expression false. CONTAINS, STARTSWITH and ENDSWITH
+comparison NULL, not the whole expression false, while a number past Java's int range
+("3000000000" against an int literal) or in non-ASCII digits (fullwidth, Arabic-Indic) does
+read as a number (RocketMQ's valueOf refuses both). CONTAINS, STARTSWITH and ENDSWITH
 (RocketMQ 5.1.3+) are not implemented. Tokens: engine.filters.sql_tokens.
 
 Bounds: an expression longer than MAX_EXPRESSION_CHARS or with parentheses nested deeper than
