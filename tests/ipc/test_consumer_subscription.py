@@ -96,6 +96,10 @@ def test_consume_command_with_tags_and_where(tmp_path):
         assert consume("--tags", "A || B", "--group", "g1") == []  # its offsets were committed
         bad = cli("consume", "--store", str(store.root), "--topic", "Orders", "--where", "amount >> 1")
         assert bad.returncode == 2 and b"position 8" in bad.stderr and b"amount >> 1" in bad.stderr
+        deep = cli("consume", "--store", str(store.root), "--topic", "Orders", "--group", "g4",
+                   "--where", "(" * 200 + "amount > 1" + ")" * 200)
+        assert deep.returncode == 2 and b"nested deeper than 64" in deep.stderr
+        assert b"Traceback" not in deep.stderr
 
 
 LAYOUT = dict(commitlog_file_size=65536, consume_queue_entries=500, queue_count=2, index_slot_count=64,
