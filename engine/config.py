@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from engine.delay_levels import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from engine.errors import BadInputError
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.record.layout import FILLER_SIZE, RECORD_FIXED_SIZE
@@ -52,6 +53,8 @@ class StoreConfig:
     # used beyond are synced and closed, and reopened when used (engine.open_files)
     max_open_queue_files: int = 4096
     clean_resource_interval_ms: int = 10_000  # retention pass of a running store (cleanResourceInterval)
+    # the delay of each level (RocketMQ's messageDelayLevel), recorded in store.json at creation
+    message_delay_level: str = DEFAULT_DELAY_LEVELS
 
     def __post_init__(self) -> None:
         if isinstance(self.flush, str) and not isinstance(self.flush, FlushPolicy):
@@ -67,6 +70,7 @@ class StoreConfig:
         _require(self.max_open_queue_files >= 1, "max_open_queue_files", "must be >= 1")
         _require(self.clean_resource_interval_ms >= 1, "clean_resource_interval_ms", "must be >= 1")
         _require(0 <= self.delete_when_hour <= 23, "delete_when_hour", "must be in 0..23")
+        parse_delay_levels(self.message_delay_level)
         _require(0 < self.disk_warn_ratio <= self.disk_clean_force_ratio <= self.disk_full_ratio
                  <= 1.0, "disk ratios", "need 0 < warn <= clean_force <= full <= 1")
 
@@ -74,6 +78,11 @@ class StoreConfig:
     def store_ip_port(self) -> tuple[str, int]:
         host, _, port = self.store_host.rpartition(":")
         return host, int(port)
+
+    @property
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        """Each delay level's delay in ms (level N is item N - 1)."""
+        return parse_delay_levels(self.message_delay_level)
 
     def replace(self, **changes) -> StoreConfig:
         return dataclasses.replace(self, **changes)

@@ -1,6 +1,7 @@
 """Settings that shape a store's files, frozen in store.json when the store is created.
 
-Segment and index sizes, the index shard count and the queue count decide where every byte and
+Segment and index sizes, the index shard count, the queue count and the delay levels (a
+scheduled record's queue is its level) decide where every byte and
 every key lives; a store restarted with other values would hide queues or look keys up in the
 wrong shard. So a later start or recover that asks for another value is refused with both values
 named, before anything is written, and a store.json edited to disagree with the files on disk
@@ -17,7 +18,7 @@ from engine.formats.store_meta import StoreMeta
 from engine.naming import CONSUMEQUEUE_DIR, INDEX_DIR, is_topic_name
 
 FROZEN_SETTINGS = ("commitlog_file_size", "consume_queue_entries", "index_slot_count",
-                   "index_entry_count", "index_shards", "queue_count")
+                   "index_entry_count", "index_shards", "queue_count", "message_delay_level")
 _RESTORE_HINT = "put store.json back as it was when the store was created"
 
 

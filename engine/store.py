@@ -50,6 +50,7 @@ from engine.recovery import (
     RecoveryReport,
     StoreParts,
 )
+from engine.scheduled_delivery import ScheduledDelivery, encode_deliveries
 from engine.segment_age import SegmentAges
 from engine.status import GetResult, GetStatus, PutResult, PutStatus
 from engine.store_dir import (
@@ -92,7 +93,9 @@ class MessageStore:
         self._store_host = config.store_ip_port
         segment_bytes = self.commitlog.segment_bytes  # a record and the filler before it fit a segment
         self._put_limits = PutLimits(config.queue_count, config.max_body_bytes, segment_bytes - FILLER_SIZE,
-                                     f"a commitlog segment of {segment_bytes} bytes")
+                                     f"a commitlog segment of {segment_bytes} bytes",
+                                     len(config.delay_levels_ms))
+        self.delivery = _load_delivery(root, config, self.commitlog)
         self._last_checkpoint_ms = self._flushed_at_ms = _now_ms()
         self._disk_checked_ms = 0
         self._disk_full = False
@@ -113,10 +116,11 @@ class MessageStore:
     # -- writing ---------------------------------------------------------------------------
 
     def put(self, topic: str, body: bytes, *, tags: str | None = None, keys=(), queue_id: int = 0,
-            properties: dict[str, str] | None = None) -> PutResult:
-        """Append one message; the result's status says whether it is stored (and durable)."""
+            properties: dict[str, str] | None = None, delay_level: int | None = None) -> PutResult:
+        """Append one message; the result's status says whether it is stored (and durable).
+        With `delay_level` it is stored in SCHEDULE_TOPIC_XXXX until `deliver_due` delivers it."""
         message = Message(topic, body, tags=tags, keys=keys, queue_id=queue_id,
-                          properties=properties or {})
+                          properties=properties or {}, delay_level=delay_level)
         return self.put_batch([message])[0]
 
     def put_batch(self, messages: Iterable[Message]) -> list[PutResult]:
@@ -182,6 +186,27 @@ class MessageStore:
                                    queue_offset=offset, msg_id=f"{id_prefix}{pos:016X}",
                                    store_ts_ms=store_ts_ms)
         self._maybe_checkpoint()
+
+    def deliver_due(self, *, now_ms: int | None = None, max_count: int = 4096) -> int:
+        """Put the delayed messages due at `now_ms` into their real topics (at most `max_count`);
+        returns how many. In-process, nothing runs on its own: the caller decides when."""
+        self._require_open()
+        now_ms = _now_ms() if now_ms is None else now_ms
+        plan = self.delivery.due(self.queues, self.commitlog.read_at,
+                                 range(self.commitlog.min_pos, self._dispatched_pos), now_ms, max_count)
+        if plan.deliveries:
+            records = encode_deliveries(plan.deliveries, self._store_host)
+            topics = [d.topic for d in plan.deliveries]
+            queue_ids = [d.queue_id for d in plan.deliveries]
+            results: list = [None] * len(topics)
+            self._append(_EncodedBatch(list(range(len(topics))), topics, queue_ids, records), results)
+            if results[0].status is not PutStatus.PUT_OK:
+                raise DiskFullError(f"delivering delayed messages: {results[0].reason}", path=str(self.root))
+            self.commitlog.flush()  # the progress file may count only flushed copies
+        self.delivery.done(plan)
+        if self.delivery.unsaved:
+            self.delivery.save(self.commitlog.written_pos)
+        return len(plan.deliveries)
 
     def _flush_by_policy(self) -> None:
         if self.config.flush is FlushPolicy.SYNC:
@@ -258,7 +283,8 @@ class MessageStore:
         """
         self._require_open()
         report = retention.run_retention(self._parts, self.config, now_ms=now_ms, kind=kind,
-                                         ages=self._segment_ages)
+                                         ages=self._segment_ages,
+                                         scheduled_pos=self.delivery.waiting_pos(self.queues))
         self._disk_full = report.disk_full
         self._disk_checked_ms = _now_ms()
         return report
@@ -350,6 +376,15 @@ class MessageStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _load_delivery(root: Path, config: StoreConfig, commitlog) -> ScheduledDelivery:
+    """The delivery service's progress, with the copies delivered after its last save noted."""
+    delivery = ScheduledDelivery.load(root, config.delay_levels_ms, config.queue_count)
+    start = max(delivery.rescan_from_pos, commitlog.min_pos)
+    if start < commitlog.written_pos:
+        delivery.recover_delivered(commitlog.scan(start, commitlog.written_pos, Verify.STRUCTURE))
+    return delivery
 
 
 def _offset_status(offset: int, low: int, high: int) -> GetStatus | None:

@@ -178,7 +178,8 @@ def open_parts(root: Path, config: StoreConfig, access: Access,
         refuse_short_segments(root, config.commitlog_file_size)
     commitlog = CommitLog.open(root, config.commitlog_file_size, access)
     queues = ConsumeQueueTable.load(root, config.consume_queue_entries, access,
-                                    queue_file_budget(config.max_open_queue_files), unreadable_queues)
+                                    queue_file_budget(config.max_open_queue_files), unreadable_queues,
+                                    delay_levels_ms=config.delay_levels_ms)
     shards, damaged = [], []
     for n in range(config.index_shards):
         try:

@@ -148,7 +148,8 @@ class Dispatcher(ChildProcess):
                                         Access.READ_ONLY)
         self.queues = ConsumeQueueTable.load(self.store_dir, self.config.consume_queue_entries,
                                              Access.READ_WRITE,
-                                             queue_file_budget(self.config.max_open_queue_files))
+                                             queue_file_budget(self.config.max_open_queue_files),
+                                             delay_levels_ms=self.config.delay_levels_ms)
         self.queues.recover_all()
         published, durable, _ = read_own_group(self.ctl, DISPATCHER_GROUP_OFFSET, DISPATCHER_GROUP)
         # Re-dispatch from the durable position; entries up to `published` survived the

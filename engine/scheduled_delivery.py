@@ -1,0 +1,268 @@
+"""The delivery service's logic: which scheduled messages are due, and their real-topic records.
+
+A delayed message waits in SCHEDULE_TOPIC_XXXX queue level - 1, its entry's tag field holding
+its delivery time (engine.record_rules.SCHEDULED_TAG_FIELD). Each pass reads every level's
+queue from its next offset (RocketMQ's delayOffset.json `offsetTable`) while entries are due,
+and turns each into its REAL_TOPIC / REAL_QID record with DELAY dropped and DELIVERED_FROM set
+to the scheduled record's commit position; the caller (MessageStore, the supervisor) appends
+them and then marks the plan done. A level is delivered in queue order, never before its time.
+
+Exactly once across crashes: the progress file is written only once the copies it counts are
+flushed, with `rescanFromPos`, the log's end at that moment. Copies delivered after it lie past
+that position; a restart reads the records from there (`recover_delivered`) and skips the
+scheduled records whose DELIVERED_FROM it found, instead of delivering them again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engine.consume_queue_table import ConsumeQueueTable
+from engine.errors import BadInputError, CorruptRecordError, DelayOffsetError
+from engine.filesystem import write_file_atomically
+from engine.formats.delay_offset import DelayOffsets, decode_delay_offsets, encode_delay_offsets
+from engine.formats.properties import encode_properties
+from engine.formats.record import Record
+from engine.formats.record.encode_many import EncodedRecords, encode_records
+from engine.mapped_file import Access
+from engine.naming import config_path, validate_topic
+from engine.system_topics import (
+    PROP_DELAY,
+    PROP_DELIVERED_FROM,
+    PROP_REAL_QID,
+    PROP_REAL_TOPIC,
+    SCHEDULE_TOPIC,
+    is_system_topic,
+)
+
+DELAY_OFFSET_FILE = "delayOffset.json"
+BACKUP_SUFFIX = ".bak"  # RocketMQ's MixAll.string2File keeps the previous content there
+ENTRIES_PER_READ = 512  # consume-queue entries read at once per level
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One due scheduled message as the parts of its real-topic record."""
+
+    origin_pos: int  # commit position of the scheduled record (DELIVERED_FROM)
+    topic: str
+    queue_id: int
+    body: bytes
+    props_raw: bytes  # encoded properties, without the __CRC32C tail
+    born_ts_ms: int
+    born_host: tuple[str, int]
+    flag: int
+    sys_flag: int
+
+
+@dataclass
+class DuePlan:
+    """What one pass found: the deliveries to append, and each level's next offset once they are
+    appended (entries skipped as already delivered or undeliverable move it too)."""
+
+    deliveries: list[Delivery] = field(default_factory=list)
+    next_offsets: dict[int, int] = field(default_factory=dict)
+    next_due_ms: int | None = None  # the earliest delivery time not yet due, if any was seen
+
+
+class ScheduledDelivery:
+    """Progress and due-finding of the scheduled (delay-level) messages of one store."""
+
+    def __init__(self, root: Path, levels_ms: tuple[int, ...], queue_count: int, progress: DelayOffsets):
+        self.root = Path(root)
+        self.levels_ms = levels_ms
+        self.queue_count = queue_count
+        self.offsets = dict(progress.offsets)
+        self.rescan_from_pos = progress.rescan_from_pos
+        self._delivered: dict[int, int] = {}  # origin -> its copy's position, past the saved offsets
+        self.delivered_count = 0
+        self.skipped_redeliveries = 0
+        self.undeliverable_count = 0
+        self.dropped_count = 0  # scheduled records forced cleaning removed before delivery
+        self.unsaved = False
+
+    @classmethod
+    def load(cls, root: Path, levels_ms: tuple[int, ...], queue_count: int) -> ScheduledDelivery:
+        """The service as delayOffset.json left it (its .bak if the file is unreadable); a new
+        store starts every level at offset 0."""
+        path = config_path(root, DELAY_OFFSET_FILE)
+        progress, errors = DelayOffsets(), []
+        for candidate in (path, path.with_name(path.name + BACKUP_SUFFIX)):
+            try:
+                progress = decode_delay_offsets(candidate.read_bytes(), path=str(candidate))
+                break
+            except FileNotFoundError:
+                continue
+            except DelayOffsetError as exc:
+                errors.append(exc)
+        else:
+            if errors:
+                raise errors[0]
+        return cls(root, levels_ms, queue_count, progress)
+
+    def recover_delivered(self, records: Iterable[Record]) -> int:
+        """Note the copies among `records` (the log from rescan_from_pos on) that a previous run
+        delivered after its last save; returns how many."""
+        found = 0
+        for record in records:
+            origin = record.properties.get(PROP_DELIVERED_FROM)
+            if origin is not None and origin.isdigit():
+                self._delivered[int(origin)] = record.commit_pos
+                found += 1
+        return found
+
+    def due(self, queues: ConsumeQueueTable, read_at: Callable[[int], Record], readable: range,
+            now_ms: int, max_count: int) -> DuePlan:
+        """The deliveries due at `now_ms` (at most `max_count`), level by level in queue order,
+        reading only entries of records wholly inside `readable` (the log's start to what the
+        dispatcher has written)."""
+        plan = DuePlan()
+        for level in range(1, len(self.levels_ms) + 1):
+            queue = queues.get(SCHEDULE_TOPIC, level - 1)
+            if queue is None or len(plan.deliveries) >= max_count:
+                continue
+            if queues.access is Access.READ_ONLY:
+                queue.refresh()
+            offset = self._first_offset(level, queue.min_offset)
+            while len(plan.deliveries) < max_count:
+                entries = queue.entries(offset, min(ENTRIES_PER_READ, max_count - len(plan.deliveries)))
+                taken = self._take_due(entries, read_at, readable, now_ms, plan)
+                offset += taken
+                if taken < len(entries) or not len(entries):
+                    break
+            if offset != self.offsets.get(level, 0):
+                plan.next_offsets[level] = offset
+        return plan
+
+    def _first_offset(self, level: int, min_offset: int) -> int:
+        """The level's next offset; forced cleaning may have removed entries below the queue's
+        min offset before their delivery: those are logged and counted, never silently lost."""
+        offset = self.offsets.get(level, 0)
+        if offset < min_offset:
+            log.error("forced cleaning removed %d delayed message(s) of level %d before their "
+                      "delivery (queue offsets %d..%d)", min_offset - offset, level, offset, min_offset - 1)
+            self.dropped_count += min_offset - offset
+            self.offsets[level] = offset = min_offset
+            self.unsaved = True
+        return offset
+
+    def _take_due(self, entries, read_at: Callable[[int], Record], readable: range, now_ms: int,
+                  plan: DuePlan) -> int:
+        """Add the due entries of `entries` to `plan` up to the first that is not due or not
+        readable yet; returns how many were taken."""
+        positions, sizes, times = (entries[name].tolist() for name in ("commit_pos", "size", "tags_code"))
+        for i, (commit_pos, size, due_ms) in enumerate(zip(positions, sizes, times, strict=True)):
+            if size <= 0 or commit_pos + size > readable.stop:
+                return i
+            if commit_pos < readable.start:  # forced cleaning removed its segment
+                log.error("forced cleaning removed the delayed message at commit_pos %d before its "
+                          "delivery", commit_pos)
+                self.dropped_count += 1
+                continue
+            if due_ms > now_ms:
+                plan.next_due_ms = due_ms if plan.next_due_ms is None else min(plan.next_due_ms, due_ms)
+                return i
+            if self._delivered.pop(commit_pos, None) is not None:
+                self.skipped_redeliveries += 1
+                continue
+            delivery = self._delivery_of(commit_pos, read_at)
+            if delivery is not None:
+                plan.deliveries.append(delivery)
+        return len(positions)
+
+    def _delivery_of(self, commit_pos: int, read_at: Callable[[int], Record]) -> Delivery | None:
+        """The real-topic record parts of the scheduled record at `commit_pos`; None (logged and
+        counted) for one whose REAL_TOPIC or REAL_QID cannot be delivered to."""
+        try:
+            record = read_at(commit_pos)
+        except CorruptRecordError as exc:
+            return self._undeliverable(commit_pos, f"unreadable: {exc}")
+        props = dict(record.properties)
+        topic, qid = props.get(PROP_REAL_TOPIC), props.get(PROP_REAL_QID, "")
+        try:
+            validate_topic(topic)
+        except BadInputError as exc:
+            return self._undeliverable(commit_pos, f"REAL_TOPIC {topic!r}: {exc.reason}")
+        if is_system_topic(topic) or not qid.isdigit() or int(qid) >= self.queue_count:
+            return self._undeliverable(commit_pos, f"REAL_TOPIC {topic!r} REAL_QID {qid!r} is no queue "
+                                       "a producer may write")
+        props.pop(PROP_DELAY, None)
+        props[PROP_DELIVERED_FROM] = str(commit_pos)
+        return Delivery(commit_pos, topic, int(qid), record.body, encode_properties(props),
+                        record.born_ts_ms, record.born_host, record.flag, record.sys_flag)
+
+    def _undeliverable(self, commit_pos: int, why: str) -> None:
+        log.error("scheduled record at %d cannot be delivered, skipped: %s", commit_pos, why)
+        self.undeliverable_count += 1
+        return None
+
+    def done(self, plan: DuePlan) -> None:
+        """The plan's deliveries are appended: its levels move on."""
+        for level, offset in plan.next_offsets.items():
+            self.offsets[level] = offset
+        self.delivered_count += len(plan.deliveries)
+        self.unsaved = self.unsaved or bool(plan.next_offsets)
+
+    def save(self, log_end_pos: int) -> None:
+        """Write delayOffset.json (previous content kept as .bak). Call only once every copy
+        counted is flushed, with `log_end_pos` the log's end now: copies delivered later lie past it."""
+        path = config_path(self.root, DELAY_OFFSET_FILE)
+        # a copy found at the last start whose origin the offsets have not passed yet is
+        # found again by the next start only if the rescan begins at or below it
+        self.rescan_from_pos = min([log_end_pos, *self._delivered.values()])
+        write_file_atomically(path, encode_delay_offsets(DelayOffsets(self.offsets, self.rescan_from_pos)),
+                              backup_suffix=BACKUP_SUFFIX)
+        self.unsaved = False
+
+    def waiting_pos(self, queues: ConsumeQueueTable) -> int | None:
+        """The lowest commit position of a scheduled record not yet delivered, or None: retention
+        keeps the log from there (the scheduled records of a level are in position order)."""
+        lowest = None
+        for level in range(1, len(self.levels_ms) + 1):
+            queue = queues.get(SCHEDULE_TOPIC, level - 1)
+            if queue is None:
+                continue
+            if queues.access is Access.READ_ONLY:
+                queue.refresh()
+            offset = max(self.offsets.get(level, 0), queue.min_offset)
+            entry = queue.entry(offset) if offset < queue.max_offset else None
+            if entry is not None and (lowest is None or entry.commit_pos < lowest):
+                lowest = entry.commit_pos
+        return lowest
+
+
+def encode_deliveries(deliveries: list[Delivery], store_host: tuple[str, int]) -> EncodedRecords:
+    """The deliveries' records end to end (stamped at append), each keeping its BORNTIMESTAMP,
+    BORNHOST, FLAG and SYSFLAG: one encode_records per run of deliveries sharing them."""
+    pieces: list[EncodedRecords] = []
+    start = 0
+    while start < len(deliveries):
+        first = deliveries[start]
+        end = start + 1
+        while end < len(deliveries) and _same_origin(deliveries[end], first):
+            end += 1
+        run = deliveries[start:end]
+        pieces.append(encode_records([d.topic.encode("utf-8") for d in run], [d.body for d in run],
+                                     [d.props_raw for d in run], [d.queue_id for d in run],
+                                     born_ts_ms=first.born_ts_ms, born_host=first.born_host,
+                                     store_host=store_host, flag=first.flag, sys_flag=first.sys_flag))
+        start = end
+    if len(pieces) == 1:
+        return pieces[0]
+    buf = bytearray().join(piece.buf for piece in pieces)
+    offsets = np.cumsum([0, *(len(piece.buf) for piece in pieces[:-1])])
+    starts = np.concatenate([piece.starts + at for piece, at in zip(pieces, offsets, strict=True)]) \
+        if pieces else np.zeros(0, dtype=np.int64)
+    sizes = np.concatenate([piece.sizes for piece in pieces]) if pieces else np.zeros(0, dtype=np.int64)
+    return EncodedRecords(buf, starts.astype(np.int64), sizes.astype(np.int64))
+
+
+def _same_origin(a: Delivery, b: Delivery) -> bool:
+    return (a.born_ts_ms, a.born_host, a.flag, a.sys_flag) == (b.born_ts_ms, b.born_host, b.flag, b.sys_flag)

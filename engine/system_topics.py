@@ -1,0 +1,51 @@
+"""The topics the store owns, and the properties only the store sets.
+
+SCHEDULE_TOPIC_XXXX holds delayed messages, one queue per delay level (level N in queue N - 1),
+until the delivery service (engine.scheduled_delivery) puts each into its real topic; the timer
+topic is RocketMQ 5's; `%RETRY%` and `%DLQ%` topics are written by redelivery. A producer may
+write none of them, nor set the properties that route a message through them: a record that
+claims to be store-made would be delivered, or skipped, on the producer's word.
+"""
+
+from __future__ import annotations
+
+from engine.delay_levels import DEFAULT_DELAY_LEVELS_MS
+from engine.errors import BadInputError
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+TIMER_TOPIC = "rmq_sys_wheel_timer"  # RocketMQ 5's TimerMessageStore topic
+RETRY_TOPIC_PREFIX = "%RETRY%"
+DLQ_TOPIC_PREFIX = "%DLQ%"
+
+# Delivery properties (RocketMQ's MessageConst names, and the store's own DELIVERED_FROM).
+PROP_DELAY = "DELAY"
+PROP_REAL_TOPIC = "REAL_TOPIC"
+PROP_REAL_QID = "REAL_QID"
+# The commit position of the scheduled record a delivered copy came from: after a crash the
+# delivery service skips what it finds already delivered, so a delivery happens exactly once.
+PROP_DELIVERED_FROM = "DELIVERED_FROM"
+TIMER_PROPERTIES = frozenset({"TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS",
+                              "TIMER_OUT_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS",
+                              "TIMER_ROLL_TIMES", "__STARTDELIVERTIME"})
+STORE_SET_PROPERTIES = frozenset({PROP_REAL_TOPIC, PROP_REAL_QID, PROP_DELIVERED_FROM}) | TIMER_PROPERTIES
+
+
+def is_system_topic(topic: str) -> bool:
+    """Whether the store owns the topic (no producer writes it)."""
+    return topic in (SCHEDULE_TOPIC, TIMER_TOPIC) or topic.startswith((RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX))
+
+
+def refuse_system_topic(topic: str) -> None:
+    """BadInputError (MESSAGE_ILLEGAL) for a producer's message to a store-owned topic."""
+    if is_system_topic(topic):
+        how = {SCHEDULE_TOPIC: "send to the real topic with delay_level=N"}.get(
+            topic, "the store writes it itself")
+        raise BadInputError("topic", f"{topic!r} is a system topic: {how}")
+
+
+def queue_count_of(topic: str, queue_count: int, delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS
+                   ) -> int:
+    """How many queues a topic has: one per delay level for SCHEDULE_TOPIC_XXXX, else the
+    store's queue_count."""
+    return len(delay_levels_ms) if topic == SCHEDULE_TOPIC else queue_count
+
