@@ -50,6 +50,7 @@ class RunInfo:
     index_shards: int
     started_at: float
     ready_at: float = 0.0
+    delay_level_count: int = 18  # levels 1..count of message_delay_level (absent: RocketMQ's 18)
     restart_history: list[dict] = field(default_factory=list)
 
     @property

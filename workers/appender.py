@@ -52,6 +52,7 @@ from engine.commitlog import CommitLog
 from engine.config import FlushPolicy, StoreConfig
 from engine.errors import BadInputError, DiskFullError, StoreError
 from engine.filesystem import disk_usage_ratio
+from engine.formats.record.encode_many import EncodedRecords
 from engine.refusal import Refusal
 from engine.retention import is_disk_full
 from engine.status import PUT_OK_CODE, PutStatus
@@ -109,7 +110,8 @@ class Appender:
         self.sync = config.flush is FlushPolicy.SYNC
         self.checker = RecordChecker(max_body_bytes=config.max_body_bytes,
                                      queue_count=config.queue_count,
-                                     segment_bytes=config.commitlog_file_size)
+                                     segment_bytes=config.commitlog_file_size,
+                                     delay_level_count=len(config.delay_levels_ms))
         self.next_offsets = next_offsets
         self.admitting = True
         self.waiters = FlushWaiters(server, group_commit, config.sync_flush_timeout_ms)
@@ -149,6 +151,22 @@ class Appender:
                 self.group_commit.request(written)
         self.answer_flushed()
         return appended
+
+    def append_store_made(self, records: EncodedRecords, topics: list[str], queue_ids: list[int]) -> int:
+        """The one door for records the store makes itself, past the producers' check (which
+        refuses system topics and store-set properties): delivered delayed messages now, the
+        retry path's %RETRY% and %DLQ% records later. Appends them with the next queue offsets,
+        publishes the written position and returns where the last one ends (DiskFullError: nothing
+        was written)."""
+        keys = list(zip(topics, queue_ids, strict=True))
+        with self._sweep_lock:
+            counters = {key: itertools.count(self.next_offsets.get(key, 0)) for key in set(keys)}
+            offsets = [next(counters[key]) for key in keys]
+            positions = self.commitlog.append_encoded(records.buf, records.starts, records.sizes, offsets,
+                                                      time.time_ns() // 1_000_000)
+            self.next_offsets.update({key: next(counter) for key, counter in counters.items()})
+            self.group_commit.publish_written(len(keys))
+        return int(positions[-1] + records.sizes[-1])
 
     def sweep_if_stuck(self) -> None:
         """From the idle flush thread: while the loop's own flush has been stuck on the disk for

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from engine.delay_levels import DEFAULT_DELAY_LEVELS_MS
 from engine.errors import BadInputError, CorruptRecordError, RecordRefusedError
 from engine.formats.crc32c_property import CRC32C_PREFIX, CRC32C_PROP_SIZE, CRC32C_RESERVED
 from engine.formats.properties import SEP_PROP
@@ -57,6 +58,7 @@ from engine.formats.record.structure import locate_parts
 from engine.naming import validate_topic
 from engine.record_rules import HALF_OR_ROLLBACK_BIT
 from engine.refusal import Refusal, refused
+from engine.system_topics import SCHEDULE_TOPIC, is_system_topic
 from engine.tuning import STRUCT_PATH_MAX_RECORDS
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
@@ -142,14 +144,18 @@ def merge_checked(data: bytearray | memoryview, parts: list[tuple[int, CheckedRe
 class RecordChecker:
     """Checks request records against one store's limits; caches validated topics."""
 
-    def __init__(self, *, max_body_bytes: int, queue_count: int, segment_bytes: int):
+    def __init__(self, *, max_body_bytes: int, queue_count: int, segment_bytes: int,
+                 delay_level_count: int = len(DEFAULT_DELAY_LEVELS_MS)):
         if queue_count < 1 or max_body_bytes < 0:
             raise BadInputError("queue_count", f"{queue_count} queues, {max_body_bytes} body bytes")
         self.max_body_bytes = max_body_bytes
         self.queue_count = queue_count
+        self.delay_level_count = delay_level_count  # SCHEDULE_TOPIC_XXXX's queues, one per level
         self.max_record_bytes = segment_bytes - FILLER_SIZE
         self._topics: dict[bytes, str] = {}
-        self._word_rules = _header_word_rules(max_body_bytes, queue_count, self.max_record_bytes)
+        # the header words allow the larger of the two; the topic's own count is checked after
+        self._word_rules = _header_word_rules(max_body_bytes, max(queue_count, delay_level_count),
+                                              self.max_record_bytes)
 
     def check(self, record: memoryview) -> tuple[str, int]:
         """(topic, queue_id) of a well-formed record; RecordRefusedError naming what is wrong."""
@@ -173,7 +179,7 @@ class RecordChecker:
         # consume queues, is refused (one acknowledged with an offset and kept out left a gap)
         if sys_flag & HALF_OR_ROLLBACK_BIT:
             raise refused(Refusal.TRANSACTION, found=sys_flag)
-        if not 0 <= queue_id < self.queue_count:
+        if not 0 <= queue_id < max(self.queue_count, self.delay_level_count):
             raise refused(Refusal.QUEUE_ID, limit=self.queue_count, found=queue_id)
         if not 0 <= body_len <= self.max_body_bytes:
             raise refused(Refusal.BODY_SIZE, limit=self.max_body_bytes, found=body_len)
@@ -193,7 +199,11 @@ class RecordChecker:
             str(view[props_pos:crc_pos], "utf-8")
         except UnicodeDecodeError:
             raise refused(Refusal.PROPERTIES_UTF8) from None
-        return self._topic(bytes(view[topic_pos:props_pos - PROPERTIES_LENGTH_SIZE])), queue_id
+        topic = self._topic(bytes(view[topic_pos:props_pos - PROPERTIES_LENGTH_SIZE]))
+        limit = self._queue_limit(topic)
+        if queue_id >= limit:
+            raise refused(Refusal.QUEUE_ID, limit=limit, found=queue_id)
+        return topic, queue_id
 
     def check_request(self, data: bytearray | memoryview, count: int) -> CheckedRequest:
         """Check the `count` records laid end to end in `data` (BadInputError if the framing
@@ -284,6 +294,7 @@ class RecordChecker:
         ok &= (crc32_each(data, body_pos, topic_len_pos) & BODY_CRC_MASK) == fields[:, _BODY_CRC_WORD]
         topics: list[str | None] = [topic] * len(starts)
         queue_ids = fields[:, _QUEUE_ID_WORD].astype(np.int64)
+        ok &= queue_ids < self._queue_limit(topic)  # every record has the first one's topic
         reasons: dict[int, RecordRefusedError] = {}
         if not ok.all():
             self._recheck(view, starts, sizes, np.flatnonzero(~ok).tolist(), ok, topics, queue_ids,
@@ -303,7 +314,13 @@ class RecordChecker:
                 topics[i], queue_ids[i] = None, -1
                 reasons[i] = exc
 
+    def _queue_limit(self, topic: str) -> int:
+        return self.delay_level_count if topic == SCHEDULE_TOPIC else self.queue_count
+
     def _topic(self, raw: bytes) -> str:
+        """A topic a producer may write: valid, and no system topic but SCHEDULE_TOPIC_XXXX,
+        which engine.message writes a delayed message to (the store's own records come through
+        Appender.append_store_made, unchecked)."""
         topic = self._topics.get(raw)
         if topic is None:
             try:
@@ -312,6 +329,8 @@ class RecordChecker:
                 raise refused(Refusal.TOPIC, detail="is not valid UTF-8") from None
             except BadInputError as exc:
                 raise refused(Refusal.TOPIC, detail=exc.reason) from None
+            if topic != SCHEDULE_TOPIC and is_system_topic(topic):
+                raise refused(Refusal.TOPIC, detail=f"{topic!r} is a system topic, written by the store only")
             if len(self._topics) >= _MAX_TOPIC_CACHE:
                 self._topics.clear()
             self._topics[raw] = topic
