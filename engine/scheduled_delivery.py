@@ -16,19 +16,21 @@ scheduled records whose DELIVERED_FROM it found, instead of delivering them agai
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from engine.commitlog import CommitLog
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.errors import BadInputError, CorruptRecordError, DelayOffsetError
 from engine.filesystem import write_file_atomically
 from engine.formats.delay_offset import DelayOffsets, decode_delay_offsets, encode_delay_offsets
 from engine.formats.properties import encode_properties
-from engine.formats.record import Record
+from engine.formats.record import Record, Verify
 from engine.formats.record.encode_many import EncodedRecords, encode_records
+from engine.log_walk import walk_log
 from engine.mapped_file import Access
 from engine.naming import config_path, validate_topic
 from engine.system_topics import (
@@ -107,11 +109,18 @@ class ScheduledDelivery:
                 raise errors[0]
         return cls(root, levels_ms, queue_count, progress)
 
-    def recover_delivered(self, records: Iterable[Record]) -> int:
-        """Note the copies among `records` (the log from rescan_from_pos on) that a previous run
-        delivered after its last save; returns how many."""
+    def recover_delivered(self, log: CommitLog, queues: ConsumeQueueTable) -> int:
+        """Note the copies a previous run delivered after its last save; returns how many. A
+        copy follows its scheduled record, so the walk starts at the lowest one not delivered yet
+        (or at rescanFromPos, if higher), past any damage a salvage kept."""
+        pending = self.waiting_pos(queues)
+        if pending is None and not any(queues.get(SCHEDULE_TOPIC, q) for q in range(len(self.levels_ms))):
+            return 0  # no scheduled record was ever dispatched: no copy can exist
+        start = max(self.rescan_from_pos, log.min_pos, pending or 0)
         found = 0
-        for record in records:
+        for record in walk_log(log, start, Verify.STRUCTURE, log.written_pos):
+            if not isinstance(record, Record):
+                continue
             origin = record.properties.get(PROP_DELIVERED_FROM)
             if origin is not None and origin.isdigit():
                 self._delivered[int(origin)] = record.commit_pos

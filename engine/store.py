@@ -95,7 +95,8 @@ class MessageStore:
         self._put_limits = PutLimits(config.queue_count, config.max_body_bytes, segment_bytes - FILLER_SIZE,
                                      f"a commitlog segment of {segment_bytes} bytes",
                                      len(config.delay_levels_ms))
-        self.delivery = _load_delivery(root, config, self.commitlog)
+        self.delivery = ScheduledDelivery.load(root, config.delay_levels_ms, config.queue_count)
+        self.delivery.recover_delivered(self.commitlog, self.queues)
         self._last_checkpoint_ms = self._flushed_at_ms = _now_ms()
         self._disk_checked_ms = 0
         self._disk_full = False
@@ -376,15 +377,6 @@ class MessageStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _load_delivery(root: Path, config: StoreConfig, commitlog) -> ScheduledDelivery:
-    """The delivery service's progress, with the copies delivered after its last save noted."""
-    delivery = ScheduledDelivery.load(root, config.delay_levels_ms, config.queue_count)
-    start = max(delivery.rescan_from_pos, commitlog.min_pos)
-    if start < commitlog.written_pos:
-        delivery.recover_delivered(commitlog.scan(start, commitlog.written_pos, Verify.STRUCTURE))
-    return delivery
 
 
 def _offset_status(offset: int, low: int, high: int) -> GetStatus | None:

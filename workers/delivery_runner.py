@@ -19,7 +19,6 @@ from engine.commitlog import CommitLog
 from engine.config import StoreConfig
 from engine.consume_queue_table import ConsumeQueueTable
 from engine.errors import DiskFullError
-from engine.formats.record import Verify
 from engine.mapped_file import Access
 from engine.scheduled_delivery import ScheduledDelivery, encode_deliveries
 from ipc.control_block import ControlBlock
@@ -47,12 +46,9 @@ class DeliveryRunner:
         self.queues = ConsumeQueueTable(root, config.consume_queue_entries, Access.READ_ONLY,
                                         QUEUE_FILES_OPEN, delay_levels_ms=config.delay_levels_ms)
         self.delivery = ScheduledDelivery.load(root, config.delay_levels_ms, config.queue_count)
-        start = max(self.delivery.rescan_from_pos, commitlog.min_pos)
-        if start < commitlog.written_pos:
-            found = self.delivery.recover_delivered(commitlog.scan(start, commitlog.written_pos,
-                                                                   Verify.STRUCTURE))
-            if found:
-                log.info("delivery: %d delayed message(s) were delivered after the last progress "
+        found = self.delivery.recover_delivered(commitlog, self.queues)
+        if found:
+            log.info("delivery: %d delayed message(s) were delivered after the last progress "
                          "save; they are not delivered again", found)
         self._next_at_s = 0.0
         self._saved_at_s = 0.0
