@@ -160,7 +160,8 @@ class MessageStore:
             return None
         records = encode_records(topics, bodies, props, queue_ids, born_ts_ms=_now_ms(),
                                  born_host=("127.0.0.1", _pid_port()), store_host=self._store_host)
-        return _EncodedBatch(accepted, [messages[i].topic for i in accepted], queue_ids, records)
+        # the stored topic: SCHEDULE_TOPIC_XXXX for a delayed message, whose queue offsets it takes
+        return _EncodedBatch(accepted, [topic.decode("utf-8") for topic in topics], queue_ids, records)
 
     def _append(self, batch: _EncodedBatch, results: list) -> None:
         offsets, next_offsets = [], {}
