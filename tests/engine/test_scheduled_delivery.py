@@ -167,7 +167,7 @@ def test_delay_offset_file_has_rocketmq_layout_and_reads_fastjson_bare_keys(tmp_
     assert data["offsetTable"] == {"2": 1}
     assert decode_delay_offsets(b'{"offsetTable":{1:5,3:0}}').offsets == {1: 5, 3: 0}
     for bad in (b"{", b'{"offsetTable":{"x":1}}', b'{"offsetTable":{"1":-1}}', b'{"offsetTable":[]}'):
-        with pytest.raises(DelayOffsetError, match="delayOffset.json"):
+        with pytest.raises(DelayOffsetError, match=r"delayOffset\.json"):
             decode_delay_offsets(bad)
 
 
