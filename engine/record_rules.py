@@ -202,8 +202,8 @@ def render_tag_field(rule: DeliveryTimeRule, dialect: Dialect, levels_ms: tuple[
     """The tag field as an expression over topic, queue_id, store_ts_ms and tags_code."""
     table = ", ".join(map(str, levels_ms))
     if dialect is SPARK_SQL:
-        return (f"CASE WHEN topic = '{rule.topic}' THEN store_ts_ms + coalesce(try_element_at(array({table}), "
-                f"queue_id + 1), 0) ELSE tags_code END")
+        return (f"CASE WHEN topic = '{rule.topic}' THEN store_ts_ms + "
+                f"coalesce(try_element_at(array({table}), queue_id + 1), 0) ELSE tags_code END")
     return (f"(store_ts_ms + (({table},)[queue_id] if 0 <= queue_id < {len(levels_ms)} else 0) "
             f"if topic == {rule.topic!r} else tags_code)")
 
