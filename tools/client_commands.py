@@ -47,6 +47,9 @@ def add_parsers(command) -> None:
     p.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
                    help="a user property (repeatable)")
     p.add_argument("--count", type=int, default=1, help="send the message this many times")
+    p.add_argument("--delay-level", type=int, help="deliver after level N's delay of the store's "
+                   "message_delay_level (1 = 1s, ... 18 = 2h by default); stored meanwhile in "
+                   "SCHEDULE_TOPIC_XXXX")
     p.add_argument("--no-wait", action="store_true", help="do not wait for the flush (WAIT=false)")
     p.add_argument("--json", action="store_true")
 
@@ -143,7 +146,7 @@ def _message(args: argparse.Namespace, body: bytes, props: dict[str, str], queue
     from engine.message import Message
 
     return Message(args.topic, body, tags=args.tags, keys=tuple(args.keys), queue_id=queue_id,
-                   properties=props, wait=not args.no_wait)
+                   properties=props, wait=not args.no_wait, delay_level=args.delay_level)
 
 
 def _queue_ids(queue_id: int | None, count: int, queue_count: int) -> list[int]:
