@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     lags = [lag(args.rate, args.seconds) for _ in range(args.runs)]
     p50, p99, worst = (statistics.median(x[i] for x in lags) for i in range(3))
     print(f"lag at {args.rate}/s for {args.seconds:g} s: p50 {p50:.0f} ms, p99 {p99:.0f} ms, "
-          f"max {worst:.0f} ms (medians of {args.runs}; p99s {', '.join(f'{x[1]:.0f}' for x in lags)})", flush=True)
+          f"max {worst:.0f} ms (medians of {args.runs}; p99s {', '.join(f'{x[1]:.0f}' for x in lags)})",
+          flush=True)
     if args.waiting:
         points = memory(args.waiting)
         print("memory: supervisor RssAnon " + ", ".join(f"{n} waiting {mib:.0f} MiB" for n, mib in points),
