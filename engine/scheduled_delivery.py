@@ -105,8 +105,11 @@ class ScheduledDelivery:
             except DelayOffsetError as exc:
                 errors.append(exc)
         else:
-            if errors:
-                raise errors[0]
+            if errors:  # starting from offset 0 would deliver every delayed message again
+                raise DelayOffsetError(
+                    f"{errors[0].message}, and no readable {BACKUP_SUFFIX} beside it", path=str(path),
+                    hint="put a good copy back; removing it makes every delayed message still in "
+                    "SCHEDULE_TOPIC_XXXX be delivered again")
         return cls(root, levels_ms, queue_count, progress)
 
     def recover_delivered(self, log: CommitLog, queues: ConsumeQueueTable) -> int:
@@ -155,9 +158,10 @@ class ScheduledDelivery:
         min offset before their delivery: those are logged and counted, never silently lost."""
         offset = self.offsets.get(level, 0)
         if offset < min_offset:
-            log.error("forced cleaning removed %d delayed message(s) of level %d before their "
-                      "delivery (queue offsets %d..%d)", min_offset - offset, level, offset, min_offset - 1)
             self.dropped_count += min_offset - offset
+            log.error("forced cleaning removed %d delayed message(s) of level %d before their "
+                      "delivery (queue offsets %d..%d; %d in all since start)", min_offset - offset, level,
+                      offset, min_offset - 1, self.dropped_count)
             self.offsets[level] = offset = min_offset
             self.unsaved = True
         return offset
@@ -171,9 +175,9 @@ class ScheduledDelivery:
             if size <= 0 or commit_pos + size > readable.stop:
                 return i
             if commit_pos < readable.start:  # forced cleaning removed its segment
-                log.error("forced cleaning removed the delayed message at commit_pos %d before its "
-                          "delivery", commit_pos)
                 self.dropped_count += 1
+                log.error("forced cleaning removed the delayed message at commit_pos %d before its "
+                          "delivery (%d in all since start)", commit_pos, self.dropped_count)
                 continue
             if due_ms > now_ms:
                 plan.next_due_ms = due_ms if plan.next_due_ms is None else min(plan.next_due_ms, due_ms)

@@ -112,7 +112,12 @@ class MessageStore:
         """Open (creating if new) a store for writing; runs recovery before returning."""
         opened = open_store(path, config or StoreConfig(), writer="MessageStore.open",
                             dispatch=Dispatch.IN_PROCESS, recovery=recovery, progress=progress)
-        return cls(opened.root, opened.config, opened.lock, opened.parts, opened.report)
+        try:
+            return cls(opened.root, opened.config, opened.lock, opened.parts, opened.report)
+        except BaseException:  # an unreadable delayOffset.json: the store is not left locked
+            close_parts(opened.parts)
+            opened.lock.release()
+            raise
 
     # -- writing ---------------------------------------------------------------------------
 

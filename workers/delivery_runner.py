@@ -49,7 +49,7 @@ class DeliveryRunner:
         found = self.delivery.recover_delivered(commitlog, self.queues)
         if found:
             log.info("delivery: %d delayed message(s) were delivered after the last progress "
-                         "save; they are not delivered again", found)
+                     "save; they are not delivered again", found)
         self._next_at_s = 0.0
         self._saved_at_s = 0.0
         self._copies_end_pos = 0  # the end of the last copy appended: the save waits for its flush

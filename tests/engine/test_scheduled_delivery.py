@@ -219,3 +219,26 @@ def test_a_delivered_scheduled_record_no_longer_holds_retention(tmp_path, clock)
     # every segment but the active one, which holds the delivered copy
     assert report.reason is RetentionReason.TIME_UP and len(report.segments_removed) == 5
     store.close()
+
+
+def test_a_torn_delay_offset_file_falls_back_to_its_backup_and_without_one_is_refused(tmp_path, clock):
+    store = open_store(tmp_path)
+    sent = [store.put("Orders", b"m-%d" % i, queue_id=0, delay_level=1) for i in range(2)]
+    store.deliver_due(now_ms=sent[0].store_ts_ms + 100)  # both: the first save
+    more = store.put("Orders", b"n", queue_id=0, delay_level=1)
+    store.deliver_due(now_ms=more.store_ts_ms + 100)  # the second save, the first one in .bak
+    store.close()
+    progress = config_path(store.root, DELAY_OFFSET_FILE)
+    progress.write_bytes(b'{"offsetTable": {1: ')
+    store = open_store(tmp_path)  # the .bak says 2: the copy of n is found, not made again
+    assert store.delivery.offsets == {1: 2}
+    assert store.deliver_due(now_ms=more.store_ts_ms + 10_000) == 0
+    assert len(real_messages(store, "Orders", 0)) == 3
+    store.close()
+    progress.write_bytes(b"garbage")
+    progress.with_name(progress.name + ".bak").write_bytes(b"garbage")
+    with pytest.raises(DelayOffsetError, match="no readable .bak") as refused:
+        open_store(tmp_path)
+    assert "delivered again" in refused.value.hint
+    progress.write_bytes(b'{"offsetTable": {"1": 3}}')  # the operator put a good copy back
+    open_store(tmp_path).close()  # the refused open left the store unlocked
