@@ -237,7 +237,7 @@ def test_a_torn_delay_offset_file_falls_back_to_its_backup_and_without_one_is_re
     store.close()
     progress.write_bytes(b"garbage")
     progress.with_name(progress.name + ".bak").write_bytes(b"garbage")
-    with pytest.raises(DelayOffsetError, match="no readable .bak") as refused:
+    with pytest.raises(DelayOffsetError, match=r"no readable \.bak") as refused:
         open_store(tmp_path)
     assert "delivered again" in refused.value.hint
     progress.write_bytes(b'{"offsetTable": {"1": 3}}')  # the operator put a good copy back
