@@ -2,14 +2,14 @@
 
 SCHEDULE_TOPIC_XXXX holds delayed messages, one queue per delay level (level N in queue N - 1),
 until the delivery service (engine.scheduled_delivery) puts each into its real topic; the timer
-topic is RocketMQ 5's; `%RETRY%` and `%DLQ%` topics are written by redelivery. A producer may
-write none of them, nor set the properties that route a message through them: a record that
-claims to be store-made would be delivered, or skipped, on the producer's word.
+topic is RocketMQ 5's; `%RETRY%` and `%DLQ%` topics are written by redelivery. A producer
+reaches SCHEDULE_TOPIC_XXXX only by a delayed send (engine.message writes the record) and none
+of the others, and sets none of the properties that route a message through them: a record
+claiming to be store-made would be delivered, or skipped, on the producer's word.
 """
 
 from __future__ import annotations
 
-from engine.delay_levels import DEFAULT_DELAY_LEVELS_MS
 from engine.errors import BadInputError
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
@@ -43,9 +43,8 @@ def refuse_system_topic(topic: str) -> None:
         raise BadInputError("topic", f"{topic!r} is a system topic: {how}")
 
 
-def queue_count_of(topic: str, queue_count: int, delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS
-                   ) -> int:
+def queue_count_of(topic: str, queue_count: int, delay_level_count: int) -> int:
     """How many queues a topic has: one per delay level for SCHEDULE_TOPIC_XXXX, else the
-    store's queue_count."""
-    return len(delay_levels_ms) if topic == SCHEDULE_TOPIC else queue_count
+    store's queue_count (the put path's bound on a queue id)."""
+    return delay_level_count if topic == SCHEDULE_TOPIC else queue_count
 

@@ -58,7 +58,7 @@ from engine.formats.record.structure import locate_parts
 from engine.naming import validate_topic
 from engine.record_rules import HALF_OR_ROLLBACK_BIT
 from engine.refusal import Refusal, refused
-from engine.system_topics import SCHEDULE_TOPIC, is_system_topic
+from engine.system_topics import SCHEDULE_TOPIC, is_system_topic, queue_count_of
 from engine.tuning import STRUCT_PATH_MAX_RECORDS
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
@@ -315,7 +315,7 @@ class RecordChecker:
                 reasons[i] = exc
 
     def _queue_limit(self, topic: str) -> int:
-        return self.delay_level_count if topic == SCHEDULE_TOPIC else self.queue_count
+        return queue_count_of(topic, self.queue_count, self.delay_level_count)
 
     def _topic(self, raw: bytes) -> str:
         """A topic a producer may write: valid, and no system topic but SCHEDULE_TOPIC_XXXX,
