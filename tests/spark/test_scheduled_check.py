@@ -4,6 +4,8 @@ SCHEDULE_TOPIC_XXXX entry's tag field is the delivery time (engine.record_rules)
 from __future__ import annotations
 
 import itertools
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +42,21 @@ def test_the_tag_field_sql_computes_what_the_scalar_rule_computes_in_spark(spark
     computed = sorted(tuple(r) for r in frame.selectExpr("topic", "queue_id", f"{sql} AS tag").collect())
     scalar = tag_field_function(LEVELS_MS)
     assert computed == sorted((t, q, scalar(t, q, ts, tag)) for t, q, ts, tag in rows)
+
+
+def test_spark_rebuild_writes_the_delivery_times_the_dispatcher_wrote(spark, tmp_path):
+    original = tmp_path / "store"
+    with MessageStore.open(original, CONFIG) as store:
+        for i in range(5):
+            assert store.put("Orders", b"d-%d" % i, tags="TagA", queue_id=i % 4, delay_level=1 + i % 3).ok
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copytree(original / "commitlog", copy / "commitlog")
+    shutil.copy(original / "store.json", copy / "store.json")
+    jobs.rebuild(spark, copy)
+    for level in range(3):
+        queue = Path(SCHEDULE_TOPIC) / str(level)
+        files = sorted((original / "consumequeue" / queue).iterdir())
+        assert [p.read_bytes() for p in files] == \
+            [(copy / "consumequeue" / queue / p.name).read_bytes() for p in files]
+    assert engine_check(copy) == []
