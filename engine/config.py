@@ -13,6 +13,7 @@ from engine.delay_levels import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from engine.errors import BadInputError
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.record.layout import FILLER_SIZE, RECORD_FIXED_SIZE
+from engine.system_topics import TIMER_MAX_DELAY_LIMIT_S
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -55,6 +56,7 @@ class StoreConfig:
     clean_resource_interval_ms: int = 10_000  # retention pass of a running store (cleanResourceInterval)
     # the delay of each level (RocketMQ's messageDelayLevel), recorded in store.json at creation
     message_delay_level: str = DEFAULT_DELAY_LEVELS
+    timer_max_delay_s: int = 3 * 24 * 3600  # how far ahead deliver_at_ms may be (timerMaxDelaySec)
 
     def __post_init__(self) -> None:
         if isinstance(self.flush, str) and not isinstance(self.flush, FlushPolicy):
@@ -71,6 +73,8 @@ class StoreConfig:
         _require(self.clean_resource_interval_ms >= 1, "clean_resource_interval_ms", "must be >= 1")
         _require(0 <= self.delete_when_hour <= 23, "delete_when_hour", "must be in 0..23")
         parse_delay_levels(self.message_delay_level)
+        _require(1 <= self.timer_max_delay_s <= TIMER_MAX_DELAY_LIMIT_S, "timer_max_delay_s",
+                 f"must be in 1..{TIMER_MAX_DELAY_LIMIT_S} (7 days)")
         _require(0 < self.disk_warn_ratio <= self.disk_clean_force_ratio <= self.disk_full_ratio
                  <= 1.0, "disk ratios", "need 0 < warn <= clean_force <= full <= 1")
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.checkpoint import load_checkpoint
+from engine.delay_levels import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from engine.errors import FrozenSettingError, StoreMetaMismatchError
 from engine.formats.store_meta import StoreMeta
 from engine.naming import CONSUMEQUEUE_DIR, INDEX_DIR, is_topic_name
+from engine.system_topics import queue_count_of
 
 FROZEN_SETTINGS = ("commitlog_file_size", "consume_queue_entries", "index_slot_count",
                    "index_entry_count", "index_shards", "queue_count", "message_delay_level")
@@ -55,14 +57,17 @@ def refuse_inconsistent_meta(root: Path, meta: StoreMeta) -> None:
             f"store.json says index_shards = {meta.index_shards}, but the checkpoint records "
             f"{recorded} index shards", path=str(root / "store.json"), hint=_RESTORE_HINT)
     if meta.queue_count is not None:
-        _refuse_hidden_queues(root, meta.queue_count)
+        levels = DEFAULT_DELAY_LEVELS if meta.message_delay_level is None else meta.message_delay_level
+        _refuse_hidden_queues(root, meta.queue_count, len(parse_delay_levels(levels)))
 
 
-def _refuse_hidden_queues(root: Path, queue_count: int) -> None:
+def _refuse_hidden_queues(root: Path, queue_count: int, delay_level_count: int) -> None:
+    """A topic's queue past its count (the store's own topics have theirs: engine.system_topics)."""
     top = root / CONSUMEQUEUE_DIR
     topics = sorted(p for p in top.iterdir() if is_topic_name(p.name)) if top.is_dir() else []
     for topic_dir in topics:
-        beyond = [n for n in _numbered_dirs(topic_dir) if n >= queue_count]
+        limit = queue_count_of(topic_dir.name, queue_count, delay_level_count)
+        beyond = [n for n in _numbered_dirs(topic_dir) if n >= limit]
         if beyond:
             raise StoreMetaMismatchError(
                 f"store.json says queue_count = {queue_count}, but topic {topic_dir.name} has "

@@ -10,6 +10,7 @@ its UNIQ_KEYs are one block (engine.formats.uniq_key.new_uniq_key_block).
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,10 +35,13 @@ from engine.system_topics import (
     PROP_DELAY,
     PROP_REAL_QID,
     PROP_REAL_TOPIC,
+    PROP_TIMER_DELIVER_MS,
     SCHEDULE_TOPIC,
     STORE_SET_PROPERTIES,
+    TIMER_TOPIC,
     refuse_system_topic,
 )
+from engine.timer_delivery import timer_slot, validate_deliver_at
 
 # Set by the store, or by an argument: a producer giving them as properties is refused
 # (DELAY is the exception: it is delay_level, as RocketMQ's clients send it).
@@ -56,6 +60,7 @@ class Message:
     properties: Mapping[str, str] = field(default_factory=dict)
     wait: bool = True
     delay_level: int | None = None  # delivered after the level's delay (engine.delay_levels)
+    deliver_at_ms: int | None = None  # delivered at this time, ms since the epoch (engine.timer_delivery)
 
 
 def _require_text(field_name: str, value: object) -> str:
@@ -166,6 +171,7 @@ class PutLimits:
     max_record_bytes: int
     record_room: str
     delay_level_count: int = len(DEFAULT_DELAY_LEVELS_MS)  # levels 1..count (message_delay_level)
+    timer_max_delay_s: int = 3 * 24 * 3600  # how far ahead deliver_at_ms may be
 
 
 _TOPIC_BYTES: dict[str, bytes] = {}  # validated topics, UTF-8
@@ -198,8 +204,13 @@ def message_parts(message: Message, uniq_key: str,
     body = validate_body(message.body)
     if len(body) > limits.max_body_bytes:
         raise BadInputError("body", f"{len(body)} bytes exceeds the maximum of {limits.max_body_bytes}")
+    timed = message.deliver_at_ms is not None and _is_ahead(message, limits)
     if message.delay_level is not None or PROP_DELAY in (message.properties or {}):
+        if message.deliver_at_ms is not None:
+            raise BadInputError("deliver_at_ms", "a message has a delay level or a delivery time, not both")
         topic_raw, props_raw, queue_id = _scheduled_parts(message, uniq_key, limits)
+    elif timed:
+        topic_raw, props_raw, queue_id = _timed_parts(message, uniq_key, limits)
     else:
         props_raw = encode_message_properties(message, uniq_key)
     if len(props_raw) + CRC32C_PROP_SIZE > MAX_PROPERTIES_BYTES:
@@ -212,19 +223,43 @@ def message_parts(message: Message, uniq_key: str,
 
 def _scheduled_parts(message: Message, uniq_key: str, limits: PutLimits) -> tuple[bytes, bytes, int]:
     """A delayed message as RocketMQ stores it: topic SCHEDULE_TOPIC_XXXX, queue level - 1, the
-    real topic and queue in REAL_TOPIC and REAL_QID (a queue left open is picked from the
-    UNIQ_KEY's hash, so a producer's delayed messages spread as round robin would)."""
-    props = dict(message.properties or {})
-    given = props.pop(PROP_DELAY, None)
+    real topic and queue in REAL_TOPIC and REAL_QID, the level in DELAY."""
+    user_props = dict(message.properties or {})
+    given = user_props.pop(PROP_DELAY, None)
     if message.delay_level is not None and given is not None and str(message.delay_level) != given:
         raise BadInputError("delay_level", f"{message.delay_level} but the DELAY property says {given!r}")
     level = validate_delay_level(message.delay_level if given is None else given, limits.delay_level_count)
+    props = _real_route(message, uniq_key, limits, user_props)
+    props[PROP_DELAY] = str(level)
+    return SCHEDULE_TOPIC.encode("ascii"), encode_properties(props), level - 1
+
+
+def _is_ahead(message: Message, limits: PutLimits) -> bool:
+    """Whether a message's deliver_at_ms lies ahead (BadInputError past timer_max_delay_s); one
+    already past is delivered at once, as RocketMQ does."""
+    now_ms = time.time_ns() // 1_000_000
+    return validate_deliver_at(message.deliver_at_ms, now_ms, limits.timer_max_delay_s) > now_ms
+
+
+def _timed_parts(message: Message, uniq_key: str, limits: PutLimits) -> tuple[bytes, bytes, int]:
+    """A timed message: the timer topic, the queue of its minute (engine.timer_delivery), the real
+    topic and queue in REAL_TOPIC and REAL_QID, the time in TIMER_DELIVER_MS."""
+    props = _real_route(message, uniq_key, limits)
+    props[PROP_TIMER_DELIVER_MS] = str(message.deliver_at_ms)
+    return TIMER_TOPIC.encode("ascii"), encode_properties(props), timer_slot(message.deliver_at_ms)
+
+
+def _real_route(message: Message, uniq_key: str, limits: PutLimits, user_props: dict | None = None
+                ) -> dict[str, str]:
+    """The message's properties plus REAL_TOPIC and REAL_QID (a queue left open is picked from
+    the UNIQ_KEY's hash, so a producer's delayed messages spread as round robin would)."""
     real_qid = message.queue_id if message.queue_id is not None else \
         zlib.crc32(uniq_key.encode("utf-8")) % limits.queue_count
-    props = build_properties(Message(message.topic, b"", message.tags, message.keys, None, props,
+    props = build_properties(Message(message.topic, b"", message.tags, message.keys, None,
+                                     message.properties if user_props is None else user_props,
                                      message.wait), uniq_key=uniq_key)
-    props.update({PROP_DELAY: str(level), PROP_REAL_TOPIC: message.topic, PROP_REAL_QID: str(real_qid)})
-    return SCHEDULE_TOPIC.encode("ascii"), encode_properties(props), level - 1
+    props.update({PROP_REAL_TOPIC: message.topic, PROP_REAL_QID: str(real_qid)})
+    return props
 
 
 # ---------------------------------------------------------------- columns

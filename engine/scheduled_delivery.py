@@ -32,15 +32,18 @@ from engine.formats.record import Record, Verify
 from engine.formats.record.encode_many import EncodedRecords, encode_records
 from engine.log_walk import walk_log
 from engine.mapped_file import Access
-from engine.naming import config_path, validate_topic
+from engine.naming import CONSUMEQUEUE_DIR, config_path, validate_topic
 from engine.system_topics import (
     PROP_DELAY,
     PROP_DELIVERED_FROM,
     PROP_REAL_QID,
     PROP_REAL_TOPIC,
+    PROP_TIMER_DELIVER_MS,
     SCHEDULE_TOPIC,
+    TIMER_TOPIC,
     is_system_topic,
 )
+from engine.timer_delivery import TimerWheel
 
 DELAY_OFFSET_FILE = "delayOffset.json"
 BACKUP_SUFFIX = ".bak"  # RocketMQ's MixAll.string2File keeps the previous content there
@@ -72,13 +75,17 @@ class DuePlan:
     deliveries: list[Delivery] = field(default_factory=list)
     next_offsets: dict[int, int] = field(default_factory=dict)
     next_due_ms: int | None = None  # the earliest delivery time not yet due, if any was seen
+    timer_done: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, offset, commit_pos)
 
 
 class ScheduledDelivery:
     """Progress and due-finding of the scheduled (delay-level) messages of one store."""
 
-    def __init__(self, root: Path, levels_ms: tuple[int, ...], queue_count: int, progress: DelayOffsets):
+    def __init__(self, root: Path, levels_ms: tuple[int, ...], queue_count: int, progress: DelayOffsets,
+                 now_ms: int):
         self.root = Path(root)
+        self.timer = TimerWheel.starting(progress.timer_minute_ms, dict(progress.timer_offsets), now_ms)
+        self._timer_minute_saved = progress.timer_minute_ms
         self.levels_ms = levels_ms
         self.queue_count = queue_count
         self.offsets = dict(progress.offsets)
@@ -91,7 +98,7 @@ class ScheduledDelivery:
         self.unsaved = False
 
     @classmethod
-    def load(cls, root: Path, levels_ms: tuple[int, ...], queue_count: int) -> ScheduledDelivery:
+    def load(cls, root: Path, levels_ms: tuple[int, ...], queue_count: int, now_ms: int) -> ScheduledDelivery:
         """The service as delayOffset.json left it (its .bak if the file is unreadable); a new
         store starts every level at offset 0."""
         path = config_path(root, DELAY_OFFSET_FILE)
@@ -110,15 +117,16 @@ class ScheduledDelivery:
                     f"{errors[0].message}, and no readable {BACKUP_SUFFIX} beside it", path=str(path),
                     hint="put a good copy back; removing it makes every delayed message still in "
                     "SCHEDULE_TOPIC_XXXX be delivered again")
-        return cls(root, levels_ms, queue_count, progress)
+        return cls(root, levels_ms, queue_count, progress, now_ms)
 
     def recover_delivered(self, log: CommitLog, queues: ConsumeQueueTable) -> int:
         """Note the copies a previous run delivered after its last save; returns how many. A
         copy follows its scheduled record, so the walk starts at the lowest one not delivered yet
         (or at rescanFromPos, if higher), past any damage a salvage kept."""
         pending = self.waiting_pos(queues)
-        if pending is None and not any(queues.get(SCHEDULE_TOPIC, q) for q in range(len(self.levels_ms))):
-            return 0  # no scheduled record was ever dispatched: no copy can exist
+        ever = [queues.root / CONSUMEQUEUE_DIR / topic for topic in (SCHEDULE_TOPIC, TIMER_TOPIC)]
+        if pending is None and not any(path.is_dir() for path in ever):
+            return 0  # no delayed or timed record was ever dispatched: no copy can exist
         start = max(self.rescan_from_pos, log.min_pos, pending or 0)
         found = 0
         for record in walk_log(log, start, Verify.STRUCTURE, log.written_pos):
@@ -151,7 +159,26 @@ class ScheduledDelivery:
                     break
             if offset != self.offsets.get(level, 0):
                 plan.next_offsets[level] = offset
+        self._timer_due(queues, read_at, readable, now_ms, max_count, plan)
         return plan
+
+    def _timer_due(self, queues: ConsumeQueueTable, read_at: Callable[[int], Record], readable: range,
+                   now_ms: int, max_count: int, plan: DuePlan) -> None:
+        """The timer messages due at `now_ms`, into `plan` (engine.timer_delivery)."""
+        for slot, offset, commit_pos in self.timer.due(queues, read_at, readable, now_ms,
+                                                       max_count - len(plan.deliveries)):
+            plan.timer_done.append((slot, offset, commit_pos))
+            if self._delivered.pop(commit_pos, None) is not None:
+                self.skipped_redeliveries += 1
+            elif commit_pos < readable.start:  # forced cleaning removed its segment
+                self.dropped_count += 1
+                log.error("forced cleaning removed the timer message at commit_pos %d before its "
+                          "delivery (%d in all since start)", commit_pos, self.dropped_count)
+            elif (delivery := self._delivery_of(commit_pos, read_at)) is not None:
+                plan.deliveries.append(delivery)
+        waiting = self.timer.next_due_ms()
+        if waiting is not None and waiting > now_ms:
+            plan.next_due_ms = waiting if plan.next_due_ms is None else min(plan.next_due_ms, waiting)
 
     def _first_offset(self, level: int, min_offset: int) -> int:
         """The level's next offset; forced cleaning may have removed entries below the queue's
@@ -207,6 +234,7 @@ class ScheduledDelivery:
             return self._undeliverable(commit_pos, f"REAL_TOPIC {topic!r} REAL_QID {qid!r} is no queue "
                                        "a producer may write")
         props.pop(PROP_DELAY, None)
+        props.pop(PROP_TIMER_DELIVER_MS, None)
         props[PROP_DELIVERED_FROM] = str(commit_pos)
         return Delivery(commit_pos, topic, int(qid), record.body, encode_properties(props),
                         record.born_ts_ms, record.born_host, record.flag, record.sys_flag)
@@ -220,8 +248,11 @@ class ScheduledDelivery:
         """The plan's deliveries are appended: its levels move on."""
         for level, offset in plan.next_offsets.items():
             self.offsets[level] = offset
+        if plan.timer_done:
+            self.timer.done(plan.timer_done)
         self.delivered_count += len(plan.deliveries)
-        self.unsaved = self.unsaved or bool(plan.next_offsets)
+        self.unsaved = self.unsaved or bool(plan.next_offsets) or bool(plan.timer_done) \
+            or self.timer.minute_ms != self._timer_minute_saved
 
     def save(self, log_end_pos: int) -> None:
         """Write delayOffset.json (previous content kept as .bak). Call only once every copy
@@ -229,9 +260,15 @@ class ScheduledDelivery:
         path = config_path(self.root, DELAY_OFFSET_FILE)
         # a copy found at the last start whose origin the offsets have not passed yet is
         # found again by the next start only if the rescan begins at or below it
-        self.rescan_from_pos = min([log_end_pos, *self._delivered.values()])
-        write_file_atomically(path, encode_delay_offsets(DelayOffsets(self.offsets, self.rescan_from_pos)),
-                              backup_suffix=BACKUP_SUFFIX)
+        # and a timer copy made out of order lies past the first entry its slot's offset has not
+        # passed (engine.timer_delivery.TimerWheel.lowest_origin)
+        timer_origin = self.timer.lowest_origin()
+        self.rescan_from_pos = min([log_end_pos, *self._delivered.values(),
+                                    *([] if timer_origin is None else [timer_origin])])
+        minute = self.timer.minute_ms
+        progress = DelayOffsets(self.offsets, self.rescan_from_pos, minute, self.timer.offsets)
+        write_file_atomically(path, encode_delay_offsets(progress), backup_suffix=BACKUP_SUFFIX)
+        self._timer_minute_saved = minute
         self.unsaved = False
 
     def waiting_pos(self, queues: ConsumeQueueTable) -> int | None:
@@ -248,6 +285,9 @@ class ScheduledDelivery:
             entry = queue.entry(offset) if offset < queue.max_offset else None
             if entry is not None and (lowest is None or entry.commit_pos < lowest):
                 lowest = entry.commit_pos
+        timed = self.timer.waiting_pos(queues)
+        if timed is not None and (lowest is None or timed < lowest):
+            lowest = timed
         return lowest
 
 

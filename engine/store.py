@@ -94,8 +94,8 @@ class MessageStore:
         segment_bytes = self.commitlog.segment_bytes  # a record and the filler before it fit a segment
         self._put_limits = PutLimits(config.queue_count, config.max_body_bytes, segment_bytes - FILLER_SIZE,
                                      f"a commitlog segment of {segment_bytes} bytes",
-                                     len(config.delay_levels_ms))
-        self.delivery = ScheduledDelivery.load(root, config.delay_levels_ms, config.queue_count)
+                                     len(config.delay_levels_ms), config.timer_max_delay_s)
+        self.delivery = ScheduledDelivery.load(root, config.delay_levels_ms, config.queue_count, _now_ms())
         self.delivery.recover_delivered(self.commitlog, self.queues)
         self._last_checkpoint_ms = self._flushed_at_ms = _now_ms()
         self._disk_checked_ms = 0
@@ -122,11 +122,13 @@ class MessageStore:
     # -- writing ---------------------------------------------------------------------------
 
     def put(self, topic: str, body: bytes, *, tags: str | None = None, keys=(), queue_id: int = 0,
-            properties: dict[str, str] | None = None, delay_level: int | None = None) -> PutResult:
+            properties: dict[str, str] | None = None, delay_level: int | None = None,
+            deliver_at_ms: int | None = None) -> PutResult:
         """Append one message; the result's status says whether it is stored (and durable).
-        With `delay_level` it is stored in SCHEDULE_TOPIC_XXXX until `deliver_due` delivers it."""
+        With `delay_level` or a future `deliver_at_ms` it waits in a system topic until
+        `deliver_due` delivers it."""
         message = Message(topic, body, tags=tags, keys=keys, queue_id=queue_id,
-                          properties=properties or {}, delay_level=delay_level)
+                          properties=properties or {}, delay_level=delay_level, deliver_at_ms=deliver_at_ms)
         return self.put_batch([message])[0]
 
     def put_batch(self, messages: Iterable[Message]) -> list[PutResult]:

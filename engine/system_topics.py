@@ -24,9 +24,16 @@ PROP_REAL_QID = "REAL_QID"
 # The commit position of the scheduled record a delivered copy came from: after a crash the
 # delivery service skips what it finds already delivered, so a delivery happens exactly once.
 PROP_DELIVERED_FROM = "DELIVERED_FROM"
-TIMER_PROPERTIES = frozenset({"TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS",
+PROP_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # a timer message's delivery time, ms since the epoch
+TIMER_PROPERTIES = frozenset({PROP_TIMER_DELIVER_MS, "TIMER_DELAY_SEC", "TIMER_DELAY_MS",
                               "TIMER_OUT_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS",
                               "TIMER_ROLL_TIMES", "__STARTDELIVERTIME"})
+# The timer topic's queues: a wheel of one-minute slots (engine.timer_delivery), one turn longer
+# than the longest delay allowed plus a slot, so a slot holds one turn's messages at a time.
+TIMER_SLOT_MS = 60_000
+TIMER_MAX_DELAY_LIMIT_S = 7 * 24 * 3600  # the largest timer_max_delay_s
+TIMER_SLOTS = TIMER_MAX_DELAY_LIMIT_S * 1000 // TIMER_SLOT_MS + 2
+
 STORE_SET_PROPERTIES = frozenset({PROP_REAL_TOPIC, PROP_REAL_QID, PROP_DELIVERED_FROM}) | TIMER_PROPERTIES
 
 
@@ -44,7 +51,15 @@ def refuse_system_topic(topic: str) -> None:
 
 
 def queue_count_of(topic: str, queue_count: int, delay_level_count: int) -> int:
-    """How many queues a topic has: one per delay level for SCHEDULE_TOPIC_XXXX, else the
-    store's queue_count (the put path's bound on a queue id)."""
-    return delay_level_count if topic == SCHEDULE_TOPIC else queue_count
+    """How many queues a topic has: one per delay level for SCHEDULE_TOPIC_XXXX, TIMER_SLOTS for
+    the timer topic, else the store's queue_count (the put path's bound on a queue id)."""
+    if topic == SCHEDULE_TOPIC:
+        return delay_level_count
+    return TIMER_SLOTS if topic == TIMER_TOPIC else queue_count
+
+
+def is_written_by_delayed_sends(topic: str) -> bool:
+    """The system topics a producer's delayed or timed send writes (engine.message makes the
+    record); the supervisor's check lets these through and refuses the others."""
+    return topic in (SCHEDULE_TOPIC, TIMER_TOPIC)
 

@@ -165,7 +165,8 @@ def _as_columns(messages: Sequence[Message]) -> tuple | None:
     try:
         if not messages or set(map(type, messages)) != {Message} or len(set(map(_TOPIC, messages))) != 1 \
                 or len(set(map(_TAGS, messages))) != 1 or any(map(_PROPERTIES, messages)) \
-                or not all(map(_WAIT, messages)) or any(m.delay_level is not None for m in messages):
+                or not all(map(_WAIT, messages)) \
+                or any(m.delay_level is not None or m.deliver_at_ms is not None for m in messages):
             return None
         keys = list(map(_KEYS, messages))
         key_counts = set(map(len, keys))
@@ -183,14 +184,15 @@ def _as_columns(messages: Sequence[Message]) -> tuple | None:
 
 
 def _message(topic: str, body: bytes, tags: str | None, keys: Iterable[str] | str, queue_id: int | None,
-             properties: Mapping[str, str] | None, wait: bool, delay_level: int | None = None) -> Message:
+             properties: Mapping[str, str] | None, wait: bool, delay_level: int | None = None,
+             deliver_at_ms: int | None = None) -> Message:
     if isinstance(keys, str):
         keys = (keys,)
     elif isinstance(keys, Iterable):
         keys = tuple(keys)
     # anything else (None, a number) goes as it is: the validator gives it MESSAGE_ILLEGAL
     return Message(topic, body, tags=tags, keys=keys, queue_id=queue_id, properties=dict(properties or {}),
-                   wait=wait, delay_level=delay_level)
+                   wait=wait, delay_level=delay_level, deliver_at_ms=deliver_at_ms)
 
 
 def _fits_columns(keys: Iterable[str] | str, properties: Mapping[str, str] | None, wait: bool) -> bool:
@@ -282,22 +284,24 @@ class Producer:
     # ------------------------------------------------------------------------------ public API
     def send(self, topic: str, body: bytes, *, tags: str | None = None, keys: Iterable[str] | str = (),
              queue_id: int | None = None, properties: Mapping[str, str] | None = None,
-             wait: bool = True, delay_level: int | None = None) -> PutResult:
+             wait: bool = True, delay_level: int | None = None,
+             deliver_at_ms: int | None = None) -> PutResult:
         """Put one message; blocks until the store answers (PUT_OK after the flush under sync).
         With `delay_level` N it is delivered to `topic` after level N's delay (its result names
-        its place in SCHEDULE_TOPIC_XXXX queue N - 1, where it waits).
+        its place in SCHEDULE_TOPIC_XXXX queue N - 1, where it waits); with `deliver_at_ms` at
+        that time (one already past: at once), waiting in the timer topic.
 
         One path per message: a valid message of send_columns' shape is checked and encoded once,
         straight-line (`_send_one_now`); any other, or a bad one, goes by the message path, whose
         validator (engine.message.message_parts) gives it its status and reason."""
         sender = self._live_sender()
-        if delay_level is None and _fits_columns(keys, properties, wait):
+        if delay_level is None and deliver_at_ms is None and _fits_columns(keys, properties, wait):
             result = self._send_one_now(sender, topic, body,
                                         keys if type(keys) is str else (keys[0] if keys else None),
                                         tags, queue_id)
             if result is not None:
                 return result[0]
-        message = _message(topic, body, tags, keys, queue_id, properties, wait, delay_level)
+        message = _message(topic, body, tags, keys, queue_id, properties, wait, delay_level, deliver_at_ms)
         return self._send_one(message, sender.send_or_enqueue).result()
 
     def send_async(self, topic: str, body: bytes, *, tags: str | None = None,
@@ -543,4 +547,5 @@ class Producer:
         """engine.message's limits of the supervisor attached to: a record fits a mailbox slot."""
         info, slot_bytes = self.info, self._mailbox.data_bytes
         return PutLimits(info.queue_count, info.max_body_bytes, slot_bytes,
-                         f"a mailbox slot of {slot_bytes} bytes", info.delay_level_count)
+                         f"a mailbox slot of {slot_bytes} bytes", info.delay_level_count,
+                         info.timer_max_delay_s)

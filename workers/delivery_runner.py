@@ -45,7 +45,8 @@ class DeliveryRunner:
         self._store_host = config.store_ip_port
         self.queues = ConsumeQueueTable(root, config.consume_queue_entries, Access.READ_ONLY,
                                         QUEUE_FILES_OPEN, delay_levels_ms=config.delay_levels_ms)
-        self.delivery = ScheduledDelivery.load(root, config.delay_levels_ms, config.queue_count)
+        self.delivery = ScheduledDelivery.load(root, config.delay_levels_ms, config.queue_count,
+                                               time.time_ns() // 1_000_000)
         found = self.delivery.recover_delivered(commitlog, self.queues)
         if found:
             log.info("delivery: %d delayed message(s) were delivered after the last progress "

@@ -58,7 +58,7 @@ from engine.formats.record.structure import locate_parts
 from engine.naming import validate_topic
 from engine.record_rules import HALF_OR_ROLLBACK_BIT
 from engine.refusal import Refusal, refused
-from engine.system_topics import SCHEDULE_TOPIC, is_system_topic, queue_count_of
+from engine.system_topics import TIMER_SLOTS, is_system_topic, is_written_by_delayed_sends, queue_count_of
 from engine.tuning import STRUCT_PATH_MAX_RECORDS
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
@@ -154,8 +154,8 @@ class RecordChecker:
         self.max_record_bytes = segment_bytes - FILLER_SIZE
         self._topics: dict[bytes, str] = {}
         # the header words allow the larger of the two; the topic's own count is checked after
-        self._word_rules = _header_word_rules(max_body_bytes, max(queue_count, delay_level_count),
-                                              self.max_record_bytes)
+        self._queue_bound = max(queue_count, delay_level_count, TIMER_SLOTS)
+        self._word_rules = _header_word_rules(max_body_bytes, self._queue_bound, self.max_record_bytes)
 
     def check(self, record: memoryview) -> tuple[str, int]:
         """(topic, queue_id) of a well-formed record; RecordRefusedError naming what is wrong."""
@@ -179,7 +179,7 @@ class RecordChecker:
         # consume queues, is refused (one acknowledged with an offset and kept out left a gap)
         if sys_flag & HALF_OR_ROLLBACK_BIT:
             raise refused(Refusal.TRANSACTION, found=sys_flag)
-        if not 0 <= queue_id < max(self.queue_count, self.delay_level_count):
+        if not 0 <= queue_id < self._queue_bound:
             raise refused(Refusal.QUEUE_ID, limit=self.queue_count, found=queue_id)
         if not 0 <= body_len <= self.max_body_bytes:
             raise refused(Refusal.BODY_SIZE, limit=self.max_body_bytes, found=body_len)
@@ -318,9 +318,9 @@ class RecordChecker:
         return queue_count_of(topic, self.queue_count, self.delay_level_count)
 
     def _topic(self, raw: bytes) -> str:
-        """A topic a producer may write: valid, and no system topic but SCHEDULE_TOPIC_XXXX,
-        which engine.message writes a delayed message to (the store's own records come through
-        Appender.append_store_made, unchecked)."""
+        """A topic a producer may write: valid, and no system topic but SCHEDULE_TOPIC_XXXX and
+        the timer topic, which engine.message writes delayed and timed messages to (the store's
+        own records come through Appender.append_store_made, unchecked)."""
         topic = self._topics.get(raw)
         if topic is None:
             try:
@@ -329,7 +329,7 @@ class RecordChecker:
                 raise refused(Refusal.TOPIC, detail="is not valid UTF-8") from None
             except BadInputError as exc:
                 raise refused(Refusal.TOPIC, detail=exc.reason) from None
-            if topic != SCHEDULE_TOPIC and is_system_topic(topic):
+            if is_system_topic(topic) and not is_written_by_delayed_sends(topic):
                 raise refused(Refusal.TOPIC, detail=f"{topic!r} is a system topic, written by the store only")
             if len(self._topics) >= _MAX_TOPIC_CACHE:
                 self._topics.clear()

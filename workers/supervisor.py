@@ -192,7 +192,8 @@ class Supervisor:
             queue_count=self.config.queue_count, max_body_bytes=self.config.max_body_bytes,
             flush=self.config.flush.value, sync_flush_timeout_ms=self.config.sync_flush_timeout_ms,
             index_shards=self.config.index_shards, started_at=self._started_at, ready_at=time.time(),
-            delay_level_count=len(self.config.delay_levels_ms))
+            delay_level_count=len(self.config.delay_levels_ms),
+            timer_max_delay_s=self.config.timer_max_delay_s)
         write_run_info(self.root, self.run_info)
         self._metadata = MetadataWriter(self.root, ctl, self._group_commit,
                                         self.config.cq_flush_interval_ms / 1000.0,

@@ -242,3 +242,14 @@ def test_a_torn_delay_offset_file_falls_back_to_its_backup_and_without_one_is_re
     assert "delivered again" in refused.value.hint
     progress.write_bytes(b'{"offsetTable": {"1": 3}}')  # the operator put a good copy back
     open_store(tmp_path).close()  # the refused open left the store unlocked
+
+
+def test_a_store_with_more_delay_levels_than_queues_reopens(tmp_path, clock):
+    """SCHEDULE_TOPIC_XXXX has a queue per level (18 by default) whatever queue_count (4 here):
+    its queue 17 is no queue hidden from store.json."""
+    store = open_store(tmp_path, SMALL_CONFIG)
+    assert store.put("Orders", b"in 2h", queue_id=0, delay_level=18).queue_id == 17
+    store.close()
+    with open_store(tmp_path, SMALL_CONFIG) as store:
+        assert store.delivery.waiting_pos(store.queues) == 0
+    assert check(store.root) == []
