@@ -155,6 +155,8 @@ def running(tmp_path_factory):
     (["--topic", "SCHEDULE_TOPIC_XXXX", "--body", "x"], "is a system topic"),
     (["--topic", "%DLQ%g", "--body", "x"], "is a system topic"),
     (["--topic", "T", "--body", "x", "--property", "REAL_TOPIC=U"], "set by the store only"),
+    (["--topic", "T", "--body", "x", "--deliver-at", "2099-01-01T00:00:00Z"], "timer_max_delay_s = 259200"),
+    (["--topic", "T", "--body", "x", "--deliver-at", "soon"], "neither ms since the epoch nor ISO 8601"),
 ])
 def test_send_bad_input_exits_2(running, args, words):
     assert_one_line_error(cli("send", "--store", str(running.root), *args), 2, words)

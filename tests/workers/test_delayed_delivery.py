@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -85,4 +86,45 @@ def test_delayed_messages_across_a_sigkill_of_every_store_process_arrive_once_ne
         assert message.body == b"m-%d" % i and message.queue_id == i % 4
         assert message.store_ts_ms >= due_ms, f"m-{i} delivered {due_ms - message.store_ts_ms} ms early"
         assert "DELAY" not in message.properties
+    assert_check_clean(root)
+
+
+TIMED = """
+import json, sys, time
+from ipc.producer import Producer
+with Producer(sys.argv[1]) as producer:
+    now_ms = time.time_ns() // 1_000_000
+    for name, ahead_ms in (("early", 300), ("across", 2500), ("past", -1000)):
+        r = producer.send("Timed", name.encode(), queue_id=1, deliver_at_ms=now_ms + ahead_ms)
+        print(json.dumps([name, r.status.name, r.queue_id, now_ms + ahead_ms]), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_timed_message_across_a_restart_arrives_once_at_its_time(tmp_path):
+    root = tmp_path / "store"
+    running = start_store(root)
+    sent = run_python(TIMED, str(root))
+    assert sent.returncode == 0, sent.stderr.decode()
+    due = {name: at for name, status, _, at in read_acks(sent.stdout) if status == "PUT_OK"}
+    assert set(due) == {"early", "across", "past"}
+
+    def timed() -> dict:
+        with Consumer(root, "check") as consumer:
+            return {m.body.decode(): m for m in consumer.pull("Timed", 1, 0, 100).messages}
+
+    wait_for(lambda: "early" in timed(), "the early message")
+    assert running.stop() == 0  # "across" is still waiting
+    wait_for(lambda: time.time() * 1000 > due["across"], "its time to pass while the store is down")
+    running = start_store(root)
+    try:
+        wait_for(lambda: "across" in timed(), "the message timed across the restart")
+        arrived = timed()
+        with Consumer(root, "check") as consumer:
+            assert len(consumer.pull("Timed", 1, 0, 100).messages) == 3  # each once
+    finally:
+        assert running.stop() == 0
+    assert "DELIVERED_FROM" not in arrived["past"].properties  # stored in its topic at once
+    for name in ("early", "across"):
+        assert arrived[name].store_ts_ms >= due[name], f"{name} delivered early"
     assert_check_clean(root)
