@@ -136,20 +136,22 @@ def memory(waiting: int) -> list[tuple[int, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--burst", type=int, default=100_000)
-    parser.add_argument("--rate", type=int, default=5000)
+    parser.add_argument("--burst", type=int, default=100_000, help="0: skip the burst")
+    parser.add_argument("--rate", type=int, default=5000, help="0: skip the lag")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--waiting", type=int, default=1_000_000)
+    parser.add_argument("--waiting", type=int, default=1_000_000, help="0: skip the memory walk")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
-    bursts = [burst(args.burst) for _ in range(args.runs)]
-    print(f"burst: {args.burst} due at once delivered in {statistics.median(bursts):.2f} s "
-          f"(median of {args.runs}: {', '.join(f'{b:.2f}' for b in bursts)})", flush=True)
-    lags = [lag(args.rate, args.seconds) for _ in range(args.runs)]
-    p50, p99, worst = (statistics.median(x[i] for x in lags) for i in range(3))
-    print(f"lag at {args.rate}/s for {args.seconds:g} s: p50 {p50:.0f} ms, p99 {p99:.0f} ms, "
-          f"max {worst:.0f} ms (medians of {args.runs}; p99s {', '.join(f'{x[1]:.0f}' for x in lags)})",
-          flush=True)
+    if args.burst:
+        bursts = [burst(args.burst) for _ in range(args.runs)]
+        print(f"burst: {args.burst} due at once delivered in {statistics.median(bursts):.2f} s "
+              f"(median of {args.runs}: {', '.join(f'{b:.2f}' for b in bursts)})", flush=True)
+    if args.rate:
+        lags = [lag(args.rate, args.seconds) for _ in range(args.runs)]
+        p50, p99, worst = (statistics.median(x[i] for x in lags) for i in range(3))
+        print(f"lag at {args.rate}/s for {args.seconds:g} s: p50 {p50:.0f} ms, p99 {p99:.0f} ms, max "
+              f"{worst:.0f} ms (medians of {args.runs}; p99s {', '.join(f'{x[1]:.0f}' for x in lags)})",
+              flush=True)
     if args.waiting:
         points = memory(args.waiting)
         print("memory: supervisor RssAnon " + ", ".join(f"{n} waiting {mib:.0f} MiB" for n, mib in points),
