@@ -4,16 +4,17 @@ A message sent with `deliver_at_ms` T waits in the timer topic, queue `timer_slo
 minute T falls in, modulo TIMER_SLOTS. The wheel turns over TIMER_SLOTS minutes, more than the
 longest delay allowed (TIMER_MAX_DELAY_LIMIT_S) plus a slot, so a slot's queue holds the
 messages of one turn at a time: every message of an earlier turn was due, and delivered,
-before one of the next can be sent. The service works on one slot, the current minute's (or,
-after a pause, each minute since in turn): it reads that queue from its next offset, learns
-each record's TIMER_DELIVER_MS once, and delivers each at its time to the millisecond. Memory
-holds one minute's messages, however many wait further ahead (the "bucketed files" of the
-design: each minute is its own consume-queue files).
+before one of the next can be sent. The service keeps open the current minute and those that
+ended less than TIMER_CLOSE_GRACE_MS ago (after a pause, every minute since, closed in turn):
+it reads each open minute's queue from its next offset, learns each record's TIMER_DELIVER_MS
+once, and delivers each at its time to the millisecond. Memory holds the open minutes'
+messages, however many wait further ahead (the "bucketed files" of the design: each minute of
+the wheel is its own consume queue).
 
-Progress: the slot's next offset (every entry below it delivered) and the current minute, in
-delayOffset.json beside the delay levels; a copy delivered out of order past the offset stays
-noted with its position until the offset passes it, so a restart's rescan reaches it (exactly
-once, as for delay levels: engine.scheduled_delivery).
+Progress: each slot's next offset (every entry below it delivered) and the oldest open minute,
+in delayOffset.json beside the delay levels. A copy delivered out of order lies past the first
+entry of its minute the offset has not passed, and the save's rescanFromPos is at or below
+that entry, so a restart finds it (exactly once, as for delay levels: engine.scheduled_delivery).
 """
 
 from __future__ import annotations
