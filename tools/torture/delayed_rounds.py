@@ -3,8 +3,9 @@
 One round:
 
 1. start the supervisor on a store whose delay levels are milliseconds (DELAY_LEVELS);
-2. a producer process sends a burst of messages with random delay levels, in batches, and
-   writes each acknowledgement (commit position, store time, level) to its ledger;
+2. a producer process sends a burst of messages with random delay levels (every third with a
+   delivery time up to 1.5 s ahead instead), in batches, and writes each acknowledgement
+   (commit position, due time) to its ledger;
 3. while their delivery times pass, SIGKILL the round's target at a random moment: the
    supervisor and every child at once (`supervisor`), or the dispatcher or an index builder
    (restarted by the supervisor); a killed supervisor is started again (abnormal recovery);
@@ -44,22 +45,30 @@ STORE = {"commitlog_file_size": 256 * 1024, "consume_queue_entries": 256, "index
          "index_flush_interval_ms": 100, "message_delay_level": " ".join(f"{ms}ms" for ms in DELAY_LEVELS_MS)}
 
 SEND = """
-import json, random, sys
+import json, random, sys, time
 from engine.message import Message
 from ipc.producer import Producer
 store, count, seed, ledger = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+levels_ms = [int(ms) for ms in sys.argv[5].split(",")]
 rng = random.Random(seed)
+
+def message(i):  # a delay level, or every third a time up to 1.5 s ahead
+    body, queue_id = b"%d-%d" % (seed, i), rng.randrange(4)
+    if i % 3 == 0:
+        return Message("Delayed", body, queue_id=queue_id,
+                       deliver_at_ms=time.time_ns() // 1_000_000 + rng.randint(50, 1500))
+    return Message("Delayed", body, queue_id=queue_id, delay_level=rng.randint(1, 3))
+
 with Producer(store) as producer, open(ledger, "a") as out:
     sent = 0
     while sent < count:
-        n = min(rng.randint(1, 16), count - sent)
-        batch = [Message("Delayed", b"%d-%d" % (seed, sent + i), queue_id=rng.randrange(4),
-                         delay_level=rng.randint(1, 3)) for i in range(n)]
-        for message, result in zip(batch, producer.send_batch(batch)):
-            if result.ok:
-                out.write(json.dumps([result.commit_pos, result.store_ts_ms, message.delay_level,
-                                      message.body.decode()]) + "\\n")
-        sent += n
+        batch = [message(sent + i) for i in range(min(rng.randint(1, 16), count - sent))]
+        for m, result in zip(batch, producer.send_batch(batch)):
+            if result.ok:  # when each is due: a timed one's time, a delayed one's store time + delay
+                due = m.deliver_at_ms if m.delay_level is None \\
+                    else result.store_ts_ms + levels_ms[m.delay_level - 1]
+                out.write(json.dumps([result.commit_pos, due, m.body.decode()]) + "\\n")
+        sent += len(batch)
         out.flush()
 """
 
@@ -132,7 +141,8 @@ class DelayedRun:
 
     def _round(self, number: int) -> None:
         sender = subprocess.run([sys.executable, "-c", SEND, str(self.root), str(self.per_round),
-                                 str(self.rng.randrange(2**31)), str(self.ledger)],
+                                 str(self.rng.randrange(2**31)), str(self.ledger),
+                                 ",".join(map(str, DELAY_LEVELS_MS))],
                                 cwd=REPO_ROOT, env=child_env(), capture_output=True, timeout=120)
         if sender.returncode != 0:
             raise TortureError(f"round {number}: the producer failed: {sender.stderr.decode()[-500:]}")
@@ -163,8 +173,8 @@ class DelayedRun:
     def _verify(self) -> None:
         acked = {}
         for line in self.ledger.read_text().splitlines():
-            commit_pos, store_ts_ms, level, body = json.loads(line)
-            acked[commit_pos] = (store_ts_ms + DELAY_LEVELS_MS[level - 1], body)
+            commit_pos, due_ms, body = json.loads(line)
+            acked[commit_pos] = (due_ms, body)
         self.figures.acked = len(acked)
         deadline = time.monotonic() + DELIVERY_TIMEOUT_S
         while True:
@@ -174,7 +184,8 @@ class DelayedRun:
             time.sleep(0.05)
         seen: set[int] = set()
         for message in copies:
-            origin = int(message.properties.get("DELIVERED_FROM", -1))
+            # a timed message whose time had passed when it was sent is stored in its topic at once
+            origin = int(message.properties.get("DELIVERED_FROM", message.commit_pos))
             if origin not in acked:
                 raise TortureError(f"a copy at {message.commit_pos} from {origin}, which no producer sent")
             if origin in seen:
