@@ -5,7 +5,8 @@ its delivery time (engine.record_rules.SCHEDULED_TAG_FIELD). Each pass reads eve
 queue from its next offset (RocketMQ's delayOffset.json `offsetTable`) while entries are due,
 and turns each into its REAL_TOPIC / REAL_QID record with DELAY dropped and DELIVERED_FROM set
 to the scheduled record's commit position; the caller (MessageStore, the supervisor) appends
-them and then marks the plan done. A level is delivered in queue order, never before its time.
+them and then marks the plan done. A level is delivered in queue order, never before its time;
+timed messages (engine.timer_delivery) are found by the same pass and made into copies alike.
 
 Exactly once across crashes: the progress file is written only once the copies it counts are
 flushed, with `rescanFromPos`, the log's end at that moment. Copies delivered after it lie past
@@ -79,7 +80,7 @@ class DuePlan:
 
 
 class ScheduledDelivery:
-    """Progress and due-finding of the scheduled (delay-level) messages of one store."""
+    """Progress and due-finding of the delayed (delay-level) and timed messages of one store."""
 
     def __init__(self, root: Path, levels_ms: tuple[int, ...], queue_count: int, progress: DelayOffsets,
                  now_ms: int):
