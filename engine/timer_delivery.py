@@ -30,9 +30,9 @@ from engine.naming import CONSUMEQUEUE_DIR
 from engine.system_topics import PROP_TIMER_DELIVER_MS, TIMER_SLOT_MS, TIMER_SLOTS, TIMER_TOPIC
 
 ENTRIES_PER_READ = 4096
-# a minute is closed this long after its end: a message sent just before it ends has reached
-# its queue by then (a later one would wait a whole turn)
-TIMER_CLOSE_GRACE_MS = 2000
+# a minute is closed this long after its end: a message sent just before it ends has been
+# dispatched to its queue by then (one dispatched later would wait a whole turn)
+TIMER_CLOSE_GRACE_MS = 10_000
 
 
 def timer_slot(deliver_at_ms: int) -> int:
@@ -92,6 +92,11 @@ class TimerWheel:
             now_ms: int, max_count: int) -> list[tuple[int, int, int]]:
         """(slot, queue offset, commit position) of the timer messages due at `now_ms`, at most
         `max_count`, earliest first; minutes long over with nothing left are closed first."""
+        if not (queues.root / CONSUMEQUEUE_DIR / TIMER_TOPIC).is_dir():
+            # no timed message was dispatched yet: the wheel waits at the minutes still open
+            grace_ms = now_ms - TIMER_CLOSE_GRACE_MS
+            self.windows = [TimerWindow(grace_ms - grace_ms % TIMER_SLOT_MS)]
+            return []
         self._turn_to(now_ms, queues, read_at, readable)
         ready = sorted((at, timer_slot(w.minute_ms), offset, pos)
                        for w in self.windows for offset, (at, pos) in w.waiting.items() if at <= now_ms)

@@ -19,7 +19,7 @@ from tests.workers.store_harness import (
     wait_for,
 )
 
-LEVELS_MS = (300, 900)
+LEVELS_MS = (300, 4000)  # the kill comes once level 1 is delivering, long before level 2 is due
 STORE = {"message_delay_level": " ".join(f"{ms}ms" for ms in LEVELS_MS)}
 COUNT = 60  # even i: delay_level=1, odd i: DELAY=2 set as a property by the client
 
