@@ -51,12 +51,15 @@ class LogScan:
     accepted: list[tuple[int, int]] = field(default_factory=list)  # [start, end) noted ACCEPTED_DAMAGE
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS  # the tag field of scheduled entries
+    tag_field: Callable[[str, int, int, int], int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.tag_field = tag_field_function(self.delay_levels_ms)  # one rule, looked up once
 
     def add(self, record: Record, by_shard: dict[int, list[str]]) -> None:
         self.records += 1
         self.bytes_scanned += record.total_size
-        tag = tag_field_function(self.delay_levels_ms)(record.topic, record.queue_id, record.store_ts_ms,
-                                                       record.tags_code)
+        tag = self.tag_field(record.topic, record.queue_id, record.store_ts_ms, record.tags_code)
         values = (record.commit_pos, record.total_size,
                   self.topic_ids.setdefault(record.topic, len(self.topic_ids)), record.queue_id,
                   record.queue_offset, tag, record.store_ts_ms,
