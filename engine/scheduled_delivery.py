@@ -252,8 +252,10 @@ class ScheduledDelivery:
         if plan.timer_done:
             self.timer.done(plan.timer_done)
         self.delivered_count += len(plan.deliveries)
+        # the wheel's minute is worth a save once it has slots to record (a store that never
+        # held a timed message starts the wheel at now again)
         self.unsaved = self.unsaved or bool(plan.next_offsets) or bool(plan.timer_done) \
-            or self.timer.minute_ms != self._timer_minute_saved
+            or (bool(self.timer.offsets) and self.timer.minute_ms != self._timer_minute_saved)
 
     def save(self, log_end_pos: int) -> None:
         """Write delayOffset.json (previous content kept as .bak). Call only once every copy
