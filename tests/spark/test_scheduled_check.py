@@ -19,7 +19,7 @@ from tools.spark import jobs
 pytestmark = pytest.mark.slow  # Spark jobs
 
 LEVELS_MS = (100, 2000, 7000)
-CONFIG = SMALL_CONFIG.replace(message_delay_level="100ms 2s 7s")
+CONFIG = SMALL_CONFIG.replace(message_delay_level="100ms 1h 2h")  # only level 1 falls due in a test
 
 
 def test_spark_check_of_delayed_messages_finds_nothing_as_mqstore_check(spark, tmp_path):
