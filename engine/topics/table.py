@@ -237,7 +237,7 @@ def encode_topic_table(table: TopicTable) -> bytes:
         "topicConfigTable": {name: {"order": c.order, "perm": c.perm, "readQueueNums": c.read_queue_count,
                                     "topicFilterType": c.filter_type, "topicName": c.topic,
                                     "topicSysFlag": c.sys_flag, "writeQueueNums": c.write_queue_count}
-                             for name, c in sorted(table.topics.items())},
+                             for name, c in sorted(table.topics.items()) if name not in table.system},
         TOMBSTONES_KEY: dict(sorted(table.tombstones.items())),
     }
     return (json.dumps(body, indent=2) + "\n").encode("utf-8")
@@ -360,9 +360,3 @@ class TopicTableFile:
 
 def _identity(stat: os.stat_result) -> tuple[int, int, int]:
     return stat.st_ino, stat.st_mtime_ns, stat.st_size
-
-
-def system_topic_counts() -> dict[str, int]:
-    """The store's own topics and their queue counts (none yet; SCHEDULE_TOPIC_XXXX joins here,
-    one queue per delay level)."""
-    return {}
