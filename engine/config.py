@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from engine.delivery.levels import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from engine.errors import BadInputError
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE
 from engine.formats.record.layout import FILLER_SIZE, RECORD_FIXED_SIZE
+from engine.topics.system import TIMER_MAX_DELAY_LIMIT_S
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -55,6 +57,9 @@ class StoreConfig:
     # an unconfigured topic is created with queue_count queues by its first put (RocketMQ
     # autoCreateTopicEnable); off, a put to it is refused until `mqstore topic create`
     auto_create_topic: bool = True
+    # the delay of each level (RocketMQ's messageDelayLevel), recorded in store.json at creation
+    message_delay_level: str = DEFAULT_DELAY_LEVELS
+    timer_max_delay_s: int = 3 * 24 * 3600  # how far ahead deliver_at_ms may be (timerMaxDelaySec)
 
     def __post_init__(self) -> None:
         if isinstance(self.flush, str) and not isinstance(self.flush, FlushPolicy):
@@ -70,6 +75,9 @@ class StoreConfig:
         _require(self.max_open_queue_files >= 1, "max_open_queue_files", "must be >= 1")
         _require(self.clean_resource_interval_ms >= 1, "clean_resource_interval_ms", "must be >= 1")
         _require(0 <= self.delete_when_hour <= 23, "delete_when_hour", "must be in 0..23")
+        parse_delay_levels(self.message_delay_level)
+        _require(1 <= self.timer_max_delay_s <= TIMER_MAX_DELAY_LIMIT_S, "timer_max_delay_s",
+                 f"must be in 1..{TIMER_MAX_DELAY_LIMIT_S} (7 days)")
         _require(0 < self.disk_warn_ratio <= self.disk_clean_force_ratio <= self.disk_full_ratio
                  <= 1.0, "disk ratios", "need 0 < warn <= clean_force <= full <= 1")
 
@@ -77,6 +85,11 @@ class StoreConfig:
     def store_ip_port(self) -> tuple[str, int]:
         host, _, port = self.store_host.rpartition(":")
         return host, int(port)
+
+    @property
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        """Each delay level's delay in ms (level N is item N - 1)."""
+        return parse_delay_levels(self.message_delay_level)
 
     def replace(self, **changes) -> StoreConfig:
         return dataclasses.replace(self, **changes)

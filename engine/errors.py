@@ -250,6 +250,10 @@ class CheckpointError(StoreError):
     """The checkpoint file cannot be trusted (bad CRC, bad size, unknown version)."""
 
 
+class DelayOffsetError(StoreError):
+    """config/delayOffset.json (and its .bak) cannot be read as the delivery service's progress."""
+
+
 class SegmentLayoutError(StoreError):
     """Segment files have a wrong size, a gap in their names, or a foreign file sits among them."""
 

@@ -10,11 +10,15 @@ its UNIQ_KEYs are one block (engine.formats.uniq_key.new_uniq_key_block).
 
 from __future__ import annotations
 
+import time
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.delivery.levels import DEFAULT_DELAY_LEVELS_MS, validate_delay_level
+from engine.delivery.timer import timer_slot, validate_deliver_at
 from engine.errors import BadInputError
 from engine.files.naming import validate_topic
 from engine.formats.crc32c_property import CRC32C_PROP_SIZE
@@ -28,8 +32,20 @@ from engine.formats.properties import (
 )
 from engine.formats.record.layout import MAX_PROPERTIES_BYTES, RECORD_FIXED_SIZE, check_properties_bytes
 from engine.formats.uniq_key import new_uniq_key
+from engine.topics.system import (
+    PROP_DELAY,
+    PROP_REAL_QID,
+    PROP_REAL_TOPIC,
+    PROP_TIMER_DELIVER_MS,
+    SCHEDULE_TOPIC,
+    STORE_SET_PROPERTIES,
+    TIMER_TOPIC,
+    refuse_system_topic,
+)
 
-RESERVED_PROPERTIES = frozenset({PROP_CRC32C, PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})
+# Set by the store, or by an argument: a producer giving them as properties is refused
+# (DELAY is the exception: it is delay_level, as RocketMQ's clients send it).
+RESERVED_PROPERTIES = frozenset({PROP_CRC32C, PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}) | STORE_SET_PROPERTIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +59,8 @@ class Message:
     queue_id: int | None = None
     properties: Mapping[str, str] = field(default_factory=dict)
     wait: bool = True
+    delay_level: int | None = None  # delivered after the level's delay (engine.delivery.levels)
+    deliver_at_ms: int | None = None  # delivered at this time, ms since the epoch (engine.delivery.timer)
 
 
 def _require_text(field_name: str, value: object) -> str:
@@ -104,7 +122,8 @@ def build_properties(message: Message, *, uniq_key: str | None = None) -> dict[s
         _require_text("property name", name)
         _require_text(f"property {name!r}", value)
         if name in RESERVED_PROPERTIES:
-            raise BadInputError("properties", f"{name!r} is set by the store; use the argument")
+            raise BadInputError("properties", f"{name!r} is set by the store; use the argument"
+                                if name not in STORE_SET_PROPERTIES else f"{name!r} is set by the store only")
         props[name] = value
     if message.tags is not None:
         tags = _require_text("tags", message.tags)
@@ -151,6 +170,8 @@ class PutLimits:
     max_body_bytes: int
     max_record_bytes: int
     record_room: str
+    delay_level_count: int = len(DEFAULT_DELAY_LEVELS_MS)  # levels 1..count (message_delay_level)
+    timer_max_delay_s: int = 3 * 24 * 3600  # how far ahead deliver_at_ms may be
 
 
 _TOPIC_BYTES: dict[str, bytes] = {}  # validated topics, UTF-8
@@ -158,10 +179,12 @@ _MAX_TOPIC_CACHE = 4096
 
 
 def topic_bytes(topic: object) -> bytes:
-    """The UTF-8 of a valid topic (BadInputError otherwise); valid topics are cached."""
+    """The UTF-8 of a valid topic a producer may write (BadInputError otherwise: a system topic
+    is the store's, engine.topics.system); valid topics are cached."""
     raw = _TOPIC_BYTES.get(topic) if type(topic) is str else None
     if raw is None:
-        raw = validate_topic(topic).encode("utf-8")
+        refuse_system_topic(validate_topic(topic))
+        raw = topic.encode("utf-8")
         if len(_TOPIC_BYTES) < _MAX_TOPIC_CACHE:
             _TOPIC_BYTES[topic] = raw
     return raw
@@ -181,13 +204,62 @@ def message_parts(message: Message, uniq_key: str,
     body = validate_body(message.body)
     if len(body) > limits.max_body_bytes:
         raise BadInputError("body", f"{len(body)} bytes exceeds the maximum of {limits.max_body_bytes}")
-    props_raw = encode_message_properties(message, uniq_key)
+    timed = message.deliver_at_ms is not None and _is_ahead(message, limits)
+    if message.delay_level is not None or PROP_DELAY in (message.properties or {}):
+        if message.deliver_at_ms is not None:
+            raise BadInputError("deliver_at_ms", "a message has a delay level or a delivery time, not both")
+        topic_raw, props_raw, queue_id = _scheduled_parts(message, uniq_key, limits)
+    elif timed:
+        topic_raw, props_raw, queue_id = _timed_parts(message, uniq_key, limits)
+    else:
+        props_raw = encode_message_properties(message, uniq_key)
     if len(props_raw) + CRC32C_PROP_SIZE > MAX_PROPERTIES_BYTES:
         check_properties_bytes(len(props_raw) + CRC32C_PROP_SIZE)
     size = RECORD_FIXED_SIZE + len(body) + len(topic_raw) + len(props_raw) + CRC32C_PROP_SIZE
     if size > limits.max_record_bytes:
         raise BadInputError("body", f"the record of {size} bytes does not fit {limits.record_room}")
     return topic_raw, body, props_raw, queue_id
+
+
+def _scheduled_parts(message: Message, uniq_key: str, limits: PutLimits) -> tuple[bytes, bytes, int]:
+    """A delayed message as RocketMQ stores it: topic SCHEDULE_TOPIC_XXXX, queue level - 1, the
+    real topic and queue in REAL_TOPIC and REAL_QID, the level in DELAY."""
+    user_props = dict(message.properties or {})
+    given = user_props.pop(PROP_DELAY, None)
+    if message.delay_level is not None and given is not None and str(message.delay_level) != given:
+        raise BadInputError("delay_level", f"{message.delay_level} but the DELAY property says {given!r}")
+    level = validate_delay_level(message.delay_level if given is None else given, limits.delay_level_count)
+    props = _real_route(message, uniq_key, limits, user_props)
+    props[PROP_DELAY] = str(level)
+    return SCHEDULE_TOPIC.encode("ascii"), encode_properties(props), level - 1
+
+
+def _is_ahead(message: Message, limits: PutLimits) -> bool:
+    """Whether a message's deliver_at_ms lies ahead (BadInputError past timer_max_delay_s); one
+    already past is delivered at once, as RocketMQ does."""
+    now_ms = time.time_ns() // 1_000_000
+    return validate_deliver_at(message.deliver_at_ms, now_ms, limits.timer_max_delay_s) > now_ms
+
+
+def _timed_parts(message: Message, uniq_key: str, limits: PutLimits) -> tuple[bytes, bytes, int]:
+    """A timed message: the timer topic, the queue of its minute (engine.delivery.timer), the real
+    topic and queue in REAL_TOPIC and REAL_QID, the time in TIMER_DELIVER_MS."""
+    props = _real_route(message, uniq_key, limits)
+    props[PROP_TIMER_DELIVER_MS] = str(message.deliver_at_ms)
+    return TIMER_TOPIC.encode("ascii"), encode_properties(props), timer_slot(message.deliver_at_ms)
+
+
+def _real_route(message: Message, uniq_key: str, limits: PutLimits, user_props: dict | None = None
+                ) -> dict[str, str]:
+    """The message's properties plus REAL_TOPIC and REAL_QID (a queue left open is picked from
+    the UNIQ_KEY's hash, so a producer's delayed messages spread as round robin would)."""
+    real_qid = message.queue_id if message.queue_id is not None else \
+        zlib.crc32(uniq_key.encode("utf-8")) % limits.queue_count
+    props = build_properties(Message(message.topic, b"", message.tags, message.keys, None,
+                                     message.properties if user_props is None else user_props,
+                                     message.wait), uniq_key=uniq_key)
+    props.update({PROP_REAL_TOPIC: message.topic, PROP_REAL_QID: str(real_qid)})
+    return props
 
 
 # ---------------------------------------------------------------- columns

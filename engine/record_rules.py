@@ -14,7 +14,8 @@ and gives them no consume-queue entry; a rollback gets no index keys either). mq
 these bits from producers (workers.request_check), but an older mqstore gave such records the
 queue's next offset and acknowledged them: a record carrying an offset other than 0 holds its
 place in its queue, so it is a message like any other (skipping it left a gap that stopped the
-store). One at offset 0 stays out as RocketMQ's do.
+store). One at offset 0 stays out as RocketMQ's do. An entry's tag field is the TAGS hash, or
+in SCHEDULE_TOPIC_XXXX the delivery time (SCHEDULED_TAG_FIELD, rendered the same three ways).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 
 from engine.formats.record import TX_TYPE_MASK, TxType
+from engine.topics.system import SCHEDULE_TOPIC
 
 # The header fields a rule may test, in the order every rendering takes them as arguments.
 FIELDS = ("sys_flag", "queue_offset")
@@ -176,3 +179,52 @@ is_unindexed_rollback = scalar_function(UNINDEXED_ROLLBACK, "is_unindexed_rollba
 held_out_of_queue_mask = numpy_function(HELD_OUT_OF_QUEUE, "held_out_of_queue_mask")
 unindexed_rollback_mask = numpy_function(UNINDEXED_ROLLBACK, "unindexed_rollback_mask")
 ENTERS_CONSUME_QUEUE_SQL = render_text(ENTERS_CONSUME_QUEUE, SPARK_SQL)
+
+
+# ------------------------------------------------------------------------------ the tag field
+# What a consume-queue entry's tag field holds (RocketMQ's tagsCode): the Java hash of TAGS,
+# except in SCHEDULE_TOPIC_XXXX, where it is the delivery time, so the delivery service finds
+# what is due without reading records (RocketMQ's CommitLog.checkMessageAndReturnSize).
+
+
+@dataclass(frozen=True)
+class DeliveryTimeRule:
+    """In `topic`, the tag field is `store_ts_ms` plus the delay of the level the queue holds
+    (queue q holds level q + 1); a queue past the table delivers at its store time."""
+
+    topic: str
+
+
+SCHEDULED_TAG_FIELD = DeliveryTimeRule(SCHEDULE_TOPIC)
+
+
+def render_tag_field(rule: DeliveryTimeRule, dialect: Dialect, levels_ms: tuple[int, ...]) -> str:
+    """The tag field as an expression over topic, queue_id, store_ts_ms and tags_code."""
+    table = ", ".join(map(str, levels_ms))
+    if dialect is SPARK_SQL:
+        return (f"CASE WHEN topic = '{rule.topic}' THEN store_ts_ms + "
+                f"coalesce(try_element_at(array({table}), queue_id + 1), 0) ELSE tags_code END")
+    return (f"(store_ts_ms + (({table},)[queue_id] if 0 <= queue_id < {len(levels_ms)} else 0) "
+            f"if topic == {rule.topic!r} else tags_code)")
+
+
+@lru_cache(maxsize=16)
+def tag_field_function(levels_ms: tuple[int, ...]) -> Callable[[str, int, int, int], int]:
+    """`tag_field(topic, queue_id, store_ts_ms, tags_code)`: SCHEDULED_TAG_FIELD in Python,
+    compiled once per level table."""
+    source = ("def tag_field(topic, queue_id, store_ts_ms, tags_code):\n"
+              f"    return {render_tag_field(SCHEDULED_TAG_FIELD, PYTHON, levels_ms)}\n")
+    namespace: dict = {}
+    exec(compile(source, "<record rule tag_field>", "exec"), namespace)
+    function = namespace["tag_field"]
+    function.__doc__ = f"Record rule: {render_tag_field(SCHEDULED_TAG_FIELD, PYTHON, levels_ms)}"
+    return function
+
+
+def scheduled_tag_column(store_ts_ms: np.ndarray, queue_id: np.ndarray | int,
+                         levels_ms: tuple[int, ...]) -> np.ndarray:
+    """SCHEDULED_TAG_FIELD over the rows of SCHEDULE_TOPIC_XXXX entries: the delivery times."""
+    table = np.array([*levels_ms, 0], dtype=np.int64)  # the last item: a queue past the table
+    queues = np.asarray(queue_id, dtype=np.int64)
+    at = np.where((queues >= 0) & (queues < len(levels_ms)), queues, len(levels_ms))
+    return np.asarray(store_ts_ms, dtype=np.int64) + table[at]

@@ -11,10 +11,12 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
 from engine.config import FlushPolicy, StoreConfig
+from engine.delivery.scheduled import ScheduledDelivery, encode_deliveries
 from engine.dispatch.record import dispatch_columns
 from engine.errors import (
     BadInputError,
@@ -97,9 +99,12 @@ class MessageStore:
         segment_bytes = self.commitlog.segment_bytes  # a record and the filler before it fit a segment
         # queue ids are bounded per topic by the topic table's rule (LiveTopics.route)
         self._put_limits = PutLimits(MAX_QUEUE_COUNT, config.max_body_bytes, segment_bytes - FILLER_SIZE,
-                                     f"a commitlog segment of {segment_bytes} bytes")
+                                     f"a commitlog segment of {segment_bytes} bytes",
+                                     len(config.delay_levels_ms), config.timer_max_delay_s)
         self._topics = LiveTopics(TopicTableFile(root), topics,
                                   TopicDefaults(config.queue_count, config.auto_create_topic))
+        self.delivery = ScheduledDelivery.load(root, config.delay_levels_ms, config.queue_count, _now_ms())
+        self.delivery.recover_delivered(self.commitlog, self.queues)
         self._last_checkpoint_ms = self._flushed_at_ms = _now_ms()
         self._disk_checked_ms = 0
         self._disk_full = False
@@ -115,15 +120,23 @@ class MessageStore:
         """Open (creating if new) a store for writing; runs recovery before returning."""
         opened = open_store(path, config or StoreConfig(), writer="MessageStore.open",
                             dispatch=Dispatch.IN_PROCESS, recovery=recovery, progress=progress)
-        return cls(opened.root, opened.config, opened.lock, opened.parts, opened.report, opened.topics)
+        try:
+            return cls(opened.root, opened.config, opened.lock, opened.parts, opened.report, opened.topics)
+        except BaseException:  # an unreadable delayOffset.json: the store is not left locked
+            close_parts(opened.parts)
+            opened.lock.release()
+            raise
 
     # -- writing ---------------------------------------------------------------------------
 
     def put(self, topic: str, body: bytes, *, tags: str | None = None, keys=(), queue_id: int = 0,
-            properties: dict[str, str] | None = None) -> PutResult:
-        """Append one message; the result's status says whether it is stored (and durable)."""
+            properties: dict[str, str] | None = None, delay_level: int | None = None,
+            deliver_at_ms: int | None = None) -> PutResult:
+        """Append one message; the result's status says whether it is stored (and durable).
+        With `delay_level` or a future `deliver_at_ms` it waits in a system topic until
+        `deliver_due` delivers it."""
         message = Message(topic, body, tags=tags, keys=keys, queue_id=queue_id,
-                          properties=properties or {})
+                          properties=properties or {}, delay_level=delay_level, deliver_at_ms=deliver_at_ms)
         return self.put_batch([message])[0]
 
     def put_batch(self, messages: Iterable[Message]) -> list[PutResult]:
@@ -149,9 +162,13 @@ class MessageStore:
         accepted, topics, bodies, props, queue_ids = [], [], [], [], []
         for i, (message, uniq_key) in enumerate(zip(messages, new_uniq_keys(len(messages)), strict=True)):
             try:
-                topic_raw, body, props_raw, queue_id = message_parts(message, uniq_key, self._put_limits)
+                limits = self._limits_of(message)
+                topic_raw, body, props_raw, queue_id = message_parts(message, uniq_key, limits)
                 queue_id = queue_id or 0  # a message naming no queue goes to queue 0 here
-                self._topics.route(message.topic, queue_id)
+                stored_topic = topic_raw.decode("utf-8")
+                if stored_topic != message.topic:  # delayed or timed: its real topic's rule holds now
+                    self._topics.route(message.topic, message.queue_id or 0)
+                self._topics.route(stored_topic, queue_id)
             except BadInputError as exc:
                 results[i] = PutResult(exc.put_status, reason=str(exc))
                 continue
@@ -164,7 +181,21 @@ class MessageStore:
             return None
         records = encode_records(topics, bodies, props, queue_ids, born_ts_ms=_now_ms(),
                                  born_host=("127.0.0.1", _pid_port()), store_host=self._store_host)
-        return _EncodedBatch(accepted, [messages[i].topic for i in accepted], queue_ids, records)
+        # the stored topic: SCHEDULE_TOPIC_XXXX for a delayed message, whose queue offsets it takes
+        return _EncodedBatch(accepted, [topic.decode("utf-8") for topic in topics], queue_ids, records)
+
+    def _limits_of(self, message: Message) -> PutLimits:
+        """The put limits; for a delayed or timed message naming no queue, with its topic's write
+        queues, among which its real queue is picked (every other queue id is the route's rule)."""
+        waits = getattr(message, "delay_level", None) is not None or getattr(message, "deliver_at_ms", None)
+        if not waits or getattr(message, "queue_id", 0) is not None:
+            return self._put_limits
+        try:
+            topic = validate_topic(message.topic)
+        except BadInputError:
+            return self._put_limits  # message_parts says what is wrong with it
+        count = self._topics.table.write_queue_count(topic, self._topics.defaults)
+        return replace(self._put_limits, queue_count=count)
 
     def _append(self, batch: _EncodedBatch, results: list) -> None:
         offsets, next_offsets = [], {}
@@ -191,6 +222,27 @@ class MessageStore:
                                    queue_offset=offset, msg_id=f"{id_prefix}{pos:016X}",
                                    store_ts_ms=store_ts_ms)
         self._maybe_checkpoint()
+
+    def deliver_due(self, *, now_ms: int | None = None, max_count: int = 4096) -> int:
+        """Put the delayed messages due at `now_ms` into their real topics (at most `max_count`);
+        returns how many. In-process, nothing runs on its own: the caller decides when."""
+        self._require_open()
+        now_ms = _now_ms() if now_ms is None else now_ms
+        plan = self.delivery.due(self.queues, self.commitlog.read_at,
+                                 range(self.commitlog.min_pos, self._dispatched_pos), now_ms, max_count)
+        if plan.deliveries:
+            records = encode_deliveries(plan.deliveries, self._store_host)
+            topics = [d.topic for d in plan.deliveries]
+            queue_ids = [d.queue_id for d in plan.deliveries]
+            results: list = [None] * len(topics)
+            self._append(_EncodedBatch(list(range(len(topics))), topics, queue_ids, records), results)
+            if results[0].status is not PutStatus.PUT_OK:
+                raise DiskFullError(f"delivering delayed messages: {results[0].reason}", path=str(self.root))
+            self.commitlog.flush()  # the progress file may count only flushed copies
+        self.delivery.done(plan)
+        if self.delivery.unsaved:
+            self.delivery.save(self.commitlog.written_pos)
+        return len(plan.deliveries)
 
     def _flush_by_policy(self) -> None:
         if self.config.flush is FlushPolicy.SYNC:
@@ -267,7 +319,8 @@ class MessageStore:
         """
         self._require_open()
         report = retention.run_retention(self._parts, self.config, now_ms=now_ms, kind=kind,
-                                         ages=self._segment_ages)
+                                         ages=self._segment_ages,
+                                         scheduled_pos=self.delivery.waiting_pos(self.queues))
         self._disk_full = report.disk_full
         self._disk_checked_ms = _now_ms()
         return report

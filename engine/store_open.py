@@ -55,7 +55,8 @@ from engine.recovery.recover import (
     recover,
     refuse_damage_before_opening,
 )
-from engine.topics.table import TopicConfig, TopicTable, TopicTableFile, system_topic_counts
+from engine.topics.system import system_topic_counts
+from engine.topics.table import TopicConfig, TopicTable, TopicTableFile
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def open_store(root: str | Path, config: StoreConfig, *, writer: str, dispatch: 
             after_lock()
         topic_file = TopicTableFile(root)
         # a bad topics.json refuses the open before anything changes
-        table = topic_file.load().with_system_topics(system_topic_counts())
+        table = topic_file.load().with_system_topics(system_topic_counts(len(store_config.delay_levels_ms)))
         parts, report = _recover(root, store_config, recovery, progress, new_store, table.tombstones)
         table = _keep_tombstones_within(topic_file, table, parts)
         table = _adopt_queue_topics(topic_file, table, parts.queues, store_config.queue_count)
@@ -222,7 +223,8 @@ def open_parts(root: Path, config: StoreConfig, access: Access,
         refuse_short_segments(root, config.commitlog_file_size)
     commitlog = CommitLog.open(root, config.commitlog_file_size, access)
     queues = ConsumeQueueTable.load(root, config.consume_queue_entries, access,
-                                    queue_file_budget(config.max_open_queue_files), unreadable_queues)
+                                    queue_file_budget(config.max_open_queue_files), unreadable_queues,
+                                    delay_levels_ms=config.delay_levels_ms)
     shards, damaged = [], []
     for n in range(config.index_shards):
         try:

@@ -129,7 +129,8 @@ UNJUDGED_QUEUE_END = 2**63 - 1  # the dispatcher did not catch up: no end to jud
 class ColumnsResult:
     """What `Consumer.pull_columns` read from one queue: GetResult's status and offsets, the
     records as one RecordView per commitlog segment they lie in (in queue order), and the
-    records passed over because they have no sound frame (not delivered, next_offset past them)."""
+    records passed over because they have no sound frame or, under a subscription, properties
+    that do not decode (not delivered, next_offset past them)."""
 
     status: GetStatus
     views: list[RecordView] = field(default_factory=list)
@@ -366,7 +367,10 @@ class Consumer:
                 views.append(view)
         next_offset = end_offset
         if not subscription.matches_all:
-            views, next_offset = subscription.subscribed_views(views, max_count, end_offset)
+            views, next_offset, corrupt = subscription.subscribed_views(views, max_count, end_offset)
+            for record in corrupt:  # properties the filter could not decode: passed over as torn ones are
+                skip(skipped, record)
+            skipped.sort(key=lambda record: record.queue_offset)
         count = sum(view.count for view in views)
         status = GetStatus.FOUND if count else GetStatus.NO_MATCHED_MESSAGE
         return ColumnsResult(status, views, next_offset, span.low, span.high, skipped)

@@ -163,11 +163,12 @@ _FIRST = operator.itemgetter(0)
 def _as_columns(messages: Sequence[Message]) -> tuple | None:
     """send_batch's messages as send_columns' (topic, bodies, keys, tags, queue_ids) when they
     fit: Messages of one topic and one tags, each with one key or each with none, no user
-    properties, WAIT, queue ids all given or all None. None when they do not."""
+    properties, WAIT, no delay, queue ids all given or all None. None when they do not."""
     try:
         if not messages or set(map(type, messages)) != {Message} or len(set(map(_TOPIC, messages))) != 1 \
                 or len(set(map(_TAGS, messages))) != 1 or any(map(_PROPERTIES, messages)) \
-                or not all(map(_WAIT, messages)):
+                or not all(map(_WAIT, messages)) \
+                or any(m.delay_level is not None or m.deliver_at_ms is not None for m in messages):
             return None
         keys = list(map(_KEYS, messages))
         key_counts = set(map(len, keys))
@@ -185,14 +186,15 @@ def _as_columns(messages: Sequence[Message]) -> tuple | None:
 
 
 def _message(topic: str, body: bytes, tags: str | None, keys: Iterable[str] | str, queue_id: int | None,
-             properties: Mapping[str, str] | None, wait: bool) -> Message:
+             properties: Mapping[str, str] | None, wait: bool, delay_level: int | None = None,
+             deliver_at_ms: int | None = None) -> Message:
     if isinstance(keys, str):
         keys = (keys,)
     elif isinstance(keys, Iterable):
         keys = tuple(keys)
     # anything else (None, a number) goes as it is: the validator gives it MESSAGE_ILLEGAL
     return Message(topic, body, tags=tags, keys=keys, queue_id=queue_id, properties=dict(properties or {}),
-                   wait=wait)
+                   wait=wait, delay_level=delay_level, deliver_at_ms=deliver_at_ms)
 
 
 def _fits_columns(keys: Iterable[str] | str, properties: Mapping[str, str] | None, wait: bool) -> bool:
@@ -202,6 +204,11 @@ def _fits_columns(keys: Iterable[str] | str, properties: Mapping[str, str] | Non
         return False
     return type(keys) is str or (type(keys) in (tuple, list) and len(keys) <= 1
                                  and all(type(key) is str for key in keys))
+
+
+def _one_encoded(record: bytes) -> EncodedRecords:
+    """One record from encode_one as the EncodedRecords a Pending carries."""
+    return EncodedRecords(record, np.zeros(1, dtype=np.int64), np.array([len(record)], dtype=np.int64))
 
 
 def _resolve(future: Future, convert: Callable[[BatchResult], object]) -> Callable[[BatchResult], None]:
@@ -285,28 +292,48 @@ class Producer:
     # ------------------------------------------------------------------------------ public API
     def send(self, topic: str, body: bytes, *, tags: str | None = None, keys: Iterable[str] | str = (),
              queue_id: int | None = None, properties: Mapping[str, str] | None = None,
-             wait: bool = True) -> PutResult:
+             wait: bool = True, delay_level: int | None = None,
+             deliver_at_ms: int | None = None) -> PutResult:
         """Put one message; blocks until the store answers (PUT_OK after the flush under sync).
+        With `delay_level` N it is delivered to `topic` after level N's delay (its result names
+        its place in SCHEDULE_TOPIC_XXXX queue N - 1, where it waits); with `deliver_at_ms` at
+        that time (one already past: at once), waiting in the timer topic.
 
         One path per message: a valid message of send_columns' shape is checked and encoded once,
         straight-line (`_send_one_now`); any other, or a bad one, goes by the message path, whose
         validator (engine.message.message_parts) gives it its status and reason."""
         sender = self._live_sender()
-        if _fits_columns(keys, properties, wait):
+        if delay_level is None and deliver_at_ms is None and _fits_columns(keys, properties, wait):
             result = self._send_one_now(sender, topic, body,
                                         keys if type(keys) is str else (keys[0] if keys else None),
                                         tags, queue_id)
             if result is not None:
                 return result[0]
-        message = _message(topic, body, tags, keys, queue_id, properties, wait)
+        message = _message(topic, body, tags, keys, queue_id, properties, wait, delay_level, deliver_at_ms)
         return self._send_one(message, sender.send_or_enqueue).result()
 
     def send_async(self, topic: str, body: bytes, *, tags: str | None = None,
                    keys: Iterable[str] | str = (), queue_id: int | None = None,
                    properties: Mapping[str, str] | None = None, wait: bool = True) -> Future:
-        """Like send, returning a Future that resolves to the PutResult."""
-        return self._send_one(_message(topic, body, tags, keys, queue_id, properties, wait),
-                              self._live_sender().enqueue)
+        """Like send, returning a Future that resolves to the PutResult. A valid message of
+        send_columns' shape is encoded once by encode_one, as `send` does; any other goes by
+        the message path."""
+        return self._submit_one(topic, body, tags, keys, queue_id, properties, wait,
+                                self._live_sender().enqueue)
+
+    def _submit_one(self, topic: str, body: bytes, tags: str | None, keys: Iterable[str] | str,
+                    queue_id: int | None, properties: Mapping[str, str] | None, wait: bool,
+                    submit: Callable[[list[Pending]], None]) -> Future:
+        """send_async's Future, its records handed to `submit` (the sender's enqueue, or the
+        asyncio producer's hand-over at the end of a loop turn)."""
+        if _fits_columns(keys, properties, wait):
+            record = self._one_record(topic, body, keys if type(keys) is str else (keys[0] if keys else None),
+                                      tags, queue_id)
+            if record is not None and len(record) <= self._mailbox.data_bytes:
+                future: Future = Future()
+                self._submit_columns(_one_encoded(record), _resolve(future, operator.itemgetter(0)), submit)
+                return future
+        return self._send_one(_message(topic, body, tags, keys, queue_id, properties, wait), submit)
 
     def _send_one(self, message: Message, submit: Callable[[list[Pending]], None]) -> Future:
         future: Future = Future()
@@ -414,9 +441,7 @@ class Producer:
         answer = sender.request_now(record, 1)
         if answer is None:  # the slot is busy: this record through the queue, not encoded again
             future: Future = Future()
-            self._submit_columns(EncodedRecords(record, np.zeros(1, dtype=np.int64),
-                                                np.array([len(record)], dtype=np.int64)),
-                                 future.set_result, sender.send_or_enqueue)
+            self._submit_columns(_one_encoded(record), future.set_result, sender.send_or_enqueue)
             return future.result()
         rows, reason = answer
         return BatchResult(rows, {} if reason is None else {0: reason}, self._msg_id_prefix)
@@ -565,4 +590,5 @@ class Producer:
         info, slot_bytes = self.info, self._mailbox.data_bytes
         queue_count = MAX_QUEUE_COUNT if topic is None else self.write_queue_count(topic)
         return PutLimits(queue_count, info.max_body_bytes, slot_bytes,
-                         f"a mailbox slot of {slot_bytes} bytes")
+                         f"a mailbox slot of {slot_bytes} bytes", info.delay_level_count,
+                         info.timer_max_delay_s)

@@ -50,6 +50,8 @@ class RunInfo:
     index_shards: int
     started_at: float
     ready_at: float = 0.0
+    delay_level_count: int = 18  # levels 1..count of message_delay_level (absent: RocketMQ's 18)
+    timer_max_delay_s: int = 259200  # how far ahead a timed message may be due (3 days)
     restart_history: list[dict] = field(default_factory=list)
 
     @property

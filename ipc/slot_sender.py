@@ -237,9 +237,26 @@ class SlotSender:
 
     # ------------------------------------------------------------------------------ queueing
     def enqueue(self, pendings: list[Pending]) -> None:
-        """Queue the records for the sender thread."""
+        """Queue the records for the sender thread. Many that fit the queue's bound go in
+        together, with one wake-up: one by one, the sender thread woken by the first would
+        send it alone and the rest would wait a whole round trip behind it."""
+        if len(pendings) > 1 and self._enqueue_together(pendings):
+            return
         for pending in pendings:
             self._enqueue_one(pending)
+
+    def _enqueue_together(self, pendings: list[Pending]) -> bool:
+        """Queue all of `pendings` at once if they fit the bound now; False (none queued) if not."""
+        if self._closing:
+            raise StoreClosedError("the producer is closed", path=str(self.root))
+        nbytes = sum(pending.nbytes for pending in pendings)
+        with self._cond:
+            if self._pending_bytes and self._pending_bytes + nbytes > self._max_pending_bytes:
+                return False
+            self.queue.extend(pendings)
+            self._pending_bytes += nbytes
+            self._cond.notify_all()
+        return True
 
     def send_or_enqueue(self, pendings: list[Pending]) -> None:
         """For a caller that waits for the answer anyway: when nothing is queued or in flight,
@@ -297,10 +314,10 @@ class SlotSender:
                 self._pending_bytes += pending.nbytes
                 self._cond.notify_all()
         if reason is not None:
-            self._fail_pending(pending, PutStatus.OS_PAGE_CACHE_BUSY, reason)
+            self.fail_pending(pending, PutStatus.OS_PAGE_CACHE_BUSY, reason)
 
     @staticmethod
-    def _fail_pending(pending: Pending, status: PutStatus, reason: str) -> None:
+    def fail_pending(pending: Pending, status: PutStatus, reason: str) -> None:
         first, end = pending.cursor, pending.count
         pending.deliver(pending.places(first, end), failed_rows(end - first, status), reason)
 
@@ -312,7 +329,7 @@ class SlotSender:
             self._pending_bytes = 0
             self._cond.notify_all()
         for pending in pendings:
-            self._fail_pending(pending, PutStatus.SERVICE_NOT_AVAILABLE, reason)
+            self.fail_pending(pending, PutStatus.SERVICE_NOT_AVAILABLE, reason)
 
     def _take_request(self) -> _Request | None:
         """Block for queued records; take up to one request's worth (None once closing with

@@ -39,7 +39,7 @@ IPC_PRIMITIVES = {
 IPC_CLIENT = {
     "ipc.producer", "ipc.one_message", "ipc.slot_sender", "ipc.batch_result", "ipc.reattach", "ipc.consumer",
     "ipc.consumer_offsets", "ipc.store_log", "ipc.group_members", "ipc.group_roster", "ipc.queue_locks",
-    "ipc.queue_allocation", "ipc.group_share",
+    "ipc.queue_allocation", "ipc.group_share", "ipc.async_producer", "ipc.async_consumer",
 }
 
 # Cycles other branches of issue 21 remove; the integrator empties this list after merging them

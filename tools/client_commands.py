@@ -48,6 +48,12 @@ def add_parsers(command) -> None:
     p.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
                    help="a user property (repeatable)")
     p.add_argument("--count", type=int, default=1, help="send the message this many times")
+    p.add_argument("--delay-level", type=int, help="deliver after level N's delay of the store's "
+                   "message_delay_level (1 = 1s, ... 18 = 2h by default); stored meanwhile in "
+                   "SCHEDULE_TOPIC_XXXX")
+    p.add_argument("--deliver-at", help="deliver at this time: ISO 8601 (e.g. 2026-12-24T18:00:00Z; "
+                   "local time unless it has a zone) or ms since the epoch; at most the store's "
+                   "timer_max_delay_s ahead, a time already past at once")
     p.add_argument("--no-wait", action="store_true", help="do not wait for the flush (WAIT=false)")
     p.add_argument("--json", action="store_true")
 
@@ -112,6 +118,7 @@ def cmd_send(args: argparse.Namespace) -> int:
 
     body = _read_body(args)
     props = _properties(args.property)
+    deliver_at_ms = None if args.deliver_at is None else parse_time_ms(args.deliver_at, "deliver-at")
     if args.count < 1:
         raise BadInputError("count", f"{args.count} must be >= 1")
     tally = _SendTally(args)
@@ -122,7 +129,7 @@ def cmd_send(args: argparse.Namespace) -> int:
                 tally.interrupted()
                 return CliExit.INTERRUPTED
             chunk = queue_ids[first:first + SEND_CHUNK]
-            tally.report(producer.send_batch([_message(args, body, props, q) for q in chunk]))
+            tally.report(producer.send_batch([_message(args, body, props, q, deliver_at_ms) for q in chunk]))
     return tally.worst
 
 
@@ -147,11 +154,13 @@ class _InterruptBetweenChunks:
         signal.signal(signal.SIGINT, self._previous)
 
 
-def _message(args: argparse.Namespace, body: bytes, props: dict[str, str], queue_id: int):
+def _message(args: argparse.Namespace, body: bytes, props: dict[str, str], queue_id: int,
+             deliver_at_ms: int | None):
     from engine.message import Message
 
     return Message(args.topic, body, tags=args.tags, keys=tuple(args.keys), queue_id=queue_id,
-                   properties=props, wait=not args.no_wait)
+                   properties=props, wait=not args.no_wait, delay_level=args.delay_level,
+                   deliver_at_ms=deliver_at_ms)
 
 
 def _queue_ids(queue_id: int | None, count: int, queue_count: int) -> list[int]:

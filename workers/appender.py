@@ -49,8 +49,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import FlushPolicy, StoreConfig
-from engine.errors import BadInputError, DiskFullError, StoreError
+from engine.errors import BadInputError, DiskFullError, RecordRefusedError, StoreError
 from engine.files.filesystem import disk_usage_ratio
+from engine.formats.record.encode_many import EncodedRecords
 from engine.log.commitlog import CommitLog
 from engine.refusal import Refusal
 from engine.retention.expiry import is_disk_full
@@ -152,6 +153,34 @@ class Appender:
                 self.group_commit.request(written)
         self.answer_flushed()
         return appended
+
+    def append_store_made(self, records: EncodedRecords, topics: list[str], queue_ids: list[int]) -> int:
+        """The one door for records the store makes itself, past the producers' check (which
+        refuses system topics and store-set properties): delivered delayed messages now, the
+        retry path's %RETRY% and %DLQ% records later. Appends them with the next queue offsets,
+        publishes the written position and returns where the last one ends (DiskFullError: nothing
+        was written)."""
+        keys = list(zip(topics, queue_ids, strict=True))
+        with self._sweep_lock:
+            self._configure_store_made(set(keys))
+            counters = {key: itertools.count(self.next_offsets.get(key, 0)) for key in set(keys)}
+            offsets = [next(counters[key]) for key in keys]
+            positions = self.commitlog.append_encoded(records.buf, records.starts, records.sizes, offsets,
+                                                      time.time_ns() // 1_000_000)
+            self.next_offsets.update({key: next(counter) for key, counter in counters.items()})
+            self.group_commit.publish_written(len(keys))
+        return int(positions[-1] + records.sizes[-1])
+
+    def _configure_store_made(self, keys: set[tuple[str, int]]) -> None:
+        """The topics store-made records go to, created as a first send creates one (a delayed
+        message's real topic may be new, or deleted since): the record is acknowledged, so a
+        refusal of the topic rule is logged, never a reason to drop it."""
+        for topic, queue_id in sorted(keys):
+            try:
+                self.topics.route(topic, queue_id)
+            except RecordRefusedError as exc:
+                log.warning("delivering to %s queue %d although its topic rule refuses it: %s",
+                            topic, queue_id, exc)
 
     def sweep_if_stuck(self) -> None:
         """From the idle flush thread: while the loop's own flush has been stuck on the disk for

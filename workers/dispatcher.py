@@ -149,7 +149,8 @@ class Dispatcher(ChildProcess):
                                         Access.READ_ONLY)
         self.queues = ConsumeQueueTable.load(self.store_dir, self.config.consume_queue_entries,
                                              Access.READ_WRITE,
-                                             queue_file_budget(self.config.max_open_queue_files))
+                                             queue_file_budget(self.config.max_open_queue_files),
+                                             delay_levels_ms=self.config.delay_levels_ms)
         self.queues.recover_all()
         self.topic_file = TopicTableFile(self.store_dir)
         self._topics_seen = None

@@ -60,6 +60,7 @@ from engine.formats.record.structure import locate_parts
 from engine.formats.store_meta import MAX_QUEUE_COUNT
 from engine.record_rules import HALF_OR_ROLLBACK_BIT
 from engine.refusal import Refusal, refused
+from engine.topics.system import TIMER_SLOTS, is_system_topic, is_written_by_delayed_sends
 from engine.topics.table import TopicConfig
 from engine.tuning import STRUCT_PATH_MAX_RECORDS
 
@@ -70,6 +71,9 @@ _WORD_FIELDS = ("total_size", "magic", "body_crc", "queue_id", "sys_flag", "body
 _F_TOTAL, _F_MAGIC, _F_BODY_CRC, _F_QUEUE_ID, _F_SYS_FLAG, _F_BODY_LENGTH = (
     FIELD_INDEX[name] for name in _WORD_FIELDS)
 _MAX_TOPIC_CACHE = 4096
+# a queue id any topic may have: a configured topic's bound, or the timer topic's wheel of slots;
+# each topic's own count is the route's rule
+_QUEUE_ID_BOUND = max(MAX_QUEUE_COUNT, TIMER_SLOTS)
 _MIN_RECORD_BYTES = RECORD_FIXED_SIZE + CRC32C_PROP_SIZE  # room for the __CRC32C slot
 _CRC32C_SEPARATOR = SEP_PROP[0]  # the byte that closes the __CRC32C property
 
@@ -158,7 +162,7 @@ class RecordChecker:
         self.max_record_bytes = segment_bytes - FILLER_SIZE
         self._route = route
         self._topics: dict[bytes, str] = {}
-        self._word_rules = _header_word_rules(max_body_bytes, MAX_QUEUE_COUNT, self.max_record_bytes)
+        self._word_rules = _header_word_rules(max_body_bytes, _QUEUE_ID_BOUND, self.max_record_bytes)
 
     def check(self, record: memoryview) -> tuple[str, int]:
         """(topic, queue_id) of a well-formed record; RecordRefusedError naming what is wrong."""
@@ -182,8 +186,8 @@ class RecordChecker:
         # consume queues, is refused (one acknowledged with an offset and kept out left a gap)
         if sys_flag & HALF_OR_ROLLBACK_BIT:
             raise refused(Refusal.TRANSACTION, found=sys_flag)
-        if not 0 <= queue_id < MAX_QUEUE_COUNT:  # the topic's own count is the route's rule
-            raise refused(Refusal.QUEUE_ID, limit=MAX_QUEUE_COUNT, found=queue_id)
+        if not 0 <= queue_id < _QUEUE_ID_BOUND:  # the topic's own count is the route's rule
+            raise refused(Refusal.QUEUE_ID, limit=_QUEUE_ID_BOUND, found=queue_id)
         if not 0 <= body_len <= self.max_body_bytes:
             raise refused(Refusal.BODY_SIZE, limit=self.max_body_bytes, found=body_len)
         body_pos, end = start + BODY_OFFSET, start + size
@@ -317,6 +321,9 @@ class RecordChecker:
                 reasons[i] = exc
 
     def _topic(self, raw: bytes) -> str:
+        """A topic a producer may write: valid, and no system topic but SCHEDULE_TOPIC_XXXX and
+        the timer topic, which engine.message writes delayed and timed messages to (the store's
+        own records come through Appender.append_store_made, unchecked)."""
         topic = self._topics.get(raw)
         if topic is None:
             try:
@@ -325,6 +332,8 @@ class RecordChecker:
                 raise refused(Refusal.TOPIC, detail="is not valid UTF-8") from None
             except BadInputError as exc:
                 raise refused(Refusal.TOPIC, detail=exc.reason) from None
+            if is_system_topic(topic) and not is_written_by_delayed_sends(topic):
+                raise refused(Refusal.TOPIC, detail=f"{topic!r} is a system topic, written by the store only")
             if len(self._topics) >= _MAX_TOPIC_CACHE:
                 self._topics.clear()
             self._topics[raw] = topic

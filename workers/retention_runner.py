@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import StoreConfig
@@ -57,6 +58,9 @@ class RetentionRunner:
         self._ages = SegmentAges()
         self.block = RetentionBlock(ctl)
         self.line = RetentionLine(commitlog.min_pos)
+        # the lowest delayed record not yet delivered (DeliveryRunner.waiting_pos): kept unless
+        # the disk forces cleaning; consumers' offsets hold nothing back, as in RocketMQ
+        self.scheduled_pos: Callable[[], int | None] = lambda: None
 
     def publish_start(self) -> None:
         """The line at start: the commitlog's first position after recovery (a pass cut short
@@ -95,7 +99,8 @@ class RetentionRunner:
     def _pass(self, kind: PassKind) -> RetentionReport:
         ratio = disk_usage_ratio(self._root)
         plan = plan_log(self._commitlog, self._config, now_ms=int(time.time() * 1000),
-                        usage_ratio=ratio, end_pos=self.durable_end(), ages=self._ages, kind=kind)
+                        usage_ratio=ratio, end_pos=self.durable_end(), ages=self._ages, kind=kind,
+                        scheduled_pos=self.scheduled_pos())
         removed = remove_segments(self._commitlog, plan.base_positions)
         return RetentionReport(segments_removed=removed, disk_usage_ratio=ratio,
                                disk_full=is_disk_full(ratio, self._config), reason=plan.reason,

@@ -57,6 +57,7 @@ from ipc.shm import region_name, unlink_stale
 from ipc.topic_requests import PRUNE_INTERVAL_S, pending_requests, remove_stale_answers
 from workers.appender import Appender
 from workers.child_handle import ChildHandle
+from workers.delivery_runner import DeliveryRunner
 from workers.exit_codes import CliExit, ExitCode, describe_exit
 from workers.fatal_log import last_error
 from workers.flush_waiters import DeadlineWatch
@@ -132,6 +133,7 @@ class Supervisor:
         self._deadlines: DeadlineWatch | None = None
         self._metadata: MetadataWriter | None = None
         self._retention: RetentionRunner | None = None
+        self._delivery: DeliveryRunner | None = None
         self._commitlog = None
         self._next_request_prune = 0.0  # monotonic: when stale topic answers are next removed
         self._started_at = time.time()
@@ -188,12 +190,17 @@ class Supervisor:
         self._retention = RetentionRunner(self.root, self._commitlog, self.config, ctl,
                                           self._group_commit)
         self._retention.publish_start()
+        self._delivery = DeliveryRunner(self.root, self._commitlog, self.config, ctl, self._appender,
+                                        self._group_commit)
+        self._retention.scheduled_pos = self._delivery.waiting_pos
         self._start_children()
         self.run_info = RunInfo(
             supervisor_pid=os.getpid(), generation=generation, store_host=meta.store_host,
             queue_count=self.config.queue_count, max_body_bytes=self.config.max_body_bytes,
             flush=self.config.flush.value, sync_flush_timeout_ms=self.config.sync_flush_timeout_ms,
-            index_shards=self.config.index_shards, started_at=self._started_at, ready_at=time.time())
+            index_shards=self.config.index_shards, started_at=self._started_at, ready_at=time.time(),
+            delay_level_count=len(self.config.delay_levels_ms),
+            timer_max_delay_s=self.config.timer_max_delay_s)
         write_run_info(self.root, self.run_info)
         self._metadata = MetadataWriter(self.root, ctl, self._group_commit,
                                         self.config.cq_flush_interval_ms / 1000.0,
@@ -269,7 +276,7 @@ class Supervisor:
             deadline = appender.next_deadline()
             if deadline is not None:
                 timeout = max(0.0, min(timeout, deadline - time.monotonic()))
-            server.wait_for_requests(timeout)
+            server.wait_for_requests(min(timeout, self._delivery.wait_s(time.monotonic())))
             if appender.sweep() and self.config.flush is FlushPolicy.ASYNC:
                 self._wake_dispatcher()
             self._handle_signals()
@@ -280,6 +287,8 @@ class Supervisor:
             if self._metadata.error is not None:
                 self._fail(f"flushing {self._metadata.failed_file} failed: {self._metadata.error}")
             now = time.monotonic()
+            if self._delivery.run_if_due(now) and self.config.flush is FlushPolicy.ASYNC:
+                self._wake_dispatcher()
             if now >= next_supervise:
                 ctl.heartbeat(0)
                 self._supervise_children(now)
@@ -458,6 +467,8 @@ class Supervisor:
                     log.warning("%s %s while stopping", child.name, child.describe(code))
                     clean = False
         appender.sweep()
+        self._delivery.maybe_save(time.monotonic(), min_interval_s=0.0)
+        self._delivery.close()
         cp = self._final_checkpoint()
         durable = -1 if cp is None else min([cp.cq_durable_pos, *cp.index_durable_pos])
         if clean and durable >= flushed and flushed == self._commitlog.written_pos:

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.check.findings import FindingKind, FindingList
+from engine.delivery.levels import DEFAULT_DELAY_LEVELS_MS
 from engine.dispatch.record import keys_by_shard
 from engine.formats.index_file import index_key_hash_of
 from engine.formats.record import Filler, Record, Verify
 from engine.log.commitlog import CommitLog
 from engine.log.walk_past import walk_log
 from engine.log.walker import BadRegion
-from engine.record_rules import enters_consume_queue
+from engine.record_rules import enters_consume_queue, tag_field_function
 from engine.recovery.accepted_damage import AcceptedSpan, is_accepted, span_at
 
 Progress = Callable[[int, int], None]
@@ -49,13 +50,19 @@ class LogScan:
     bad_starts: set[int] = field(default_factory=set)  # reported as CORRUPT_RECORD / TORN_TAIL
     accepted: list[tuple[int, int]] = field(default_factory=list)  # [start, end) noted ACCEPTED_DAMAGE
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS  # the tag field of scheduled entries
+    tag_field: Callable[[str, int, int, int], int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.tag_field = tag_field_function(self.delay_levels_ms)  # one rule, looked up once
 
     def add(self, record: Record, by_shard: dict[int, list[str]]) -> None:
         self.records += 1
         self.bytes_scanned += record.total_size
+        tag = self.tag_field(record.topic, record.queue_id, record.store_ts_ms, record.tags_code)
         values = (record.commit_pos, record.total_size,
                   self.topic_ids.setdefault(record.topic, len(self.topic_ids)), record.queue_id,
-                  record.queue_offset, record.tags_code, record.store_ts_ms,
+                  record.queue_offset, tag, record.store_ts_ms,
                   enters_consume_queue(record.sys_flag, record.queue_offset))
         for name, value in zip(_COLUMNS, values, strict=True):
             self.columns[name].append(value)
@@ -93,11 +100,11 @@ class LogScan:
 
 def scan_log(log: CommitLog, verify: Verify, shard_count: int, visit: RecordVisitor | None,
              progress: Progress | None, out: FindingList, accepted: list[AcceptedSpan],
-             noted: FindingList) -> LogScan:
+             noted: FindingList, delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS) -> LogScan:
     """Walk every record (each valid one also goes to `visit`); report bad regions (those inside
     `accepted` spans go to `noted`); return the valid records' columns."""
     segs = log.segments
-    scan = LogScan(min_pos=segs.min_pos, data_end=segs.min_pos)
+    scan = LogScan(min_pos=segs.min_pos, data_end=segs.min_pos, delay_levels_ms=delay_levels_ms)
     total = segs.end_pos - segs.min_pos
     bad: list[BadRegion] = []
     next_report = segs.min_pos

@@ -44,6 +44,7 @@ from engine.check.consume_queues import check_queues
 from engine.check.findings import MAX_FINDINGS_PER_FILE, Finding, FindingKind, FindingList
 from engine.check.index import KeyProbe, check_index
 from engine.check.pending import PendingWork
+from engine.delivery.levels import DEFAULT_DELAY_LEVELS_MS, parse_delay_levels
 from engine.errors import AcceptedDamageError, CheckpointError, NotAStoreError, SegmentLayoutError
 from engine.files.mapped_file import Access
 from engine.files.naming import CHECKPOINT_FILE, commitlog_dir, infer_segment_bytes, segment_files
@@ -107,8 +108,10 @@ def check_summary(root: Path | str, *, progress: Progress | None = None) -> Chec
             keys = KeyProbe(root, meta.index_slot_count, meta.index_entry_count, shard_count)
         if progress is not None:
             progress = _against_written_bytes(progress, log)
+        levels = DEFAULT_DELAY_LEVELS_MS if meta is None or meta.message_delay_level is None \
+            else parse_delay_levels(meta.message_delay_level)
         scan = scan_log(log, verify, shard_count, None if keys is None else keys.probe, progress, out,
-                        accepted, noted)
+                        accepted, noted, levels)
         pending = PendingWork.nothing() if meta is None else PendingWork.read(root, scan, shard_count)
         if meta is not None:
             check_queues(root, meta.consume_queue_entries, scan, out, pending)

@@ -34,7 +34,8 @@ from engine.formats.record.layout import (
 )
 from engine.formats.record.structure import check_head, check_position, locate_parts
 from engine.queues.table import ConsumeQueueTable
-from engine.record_rules import enters_consume_queue, is_unindexed_rollback
+from engine.record_rules import enters_consume_queue, is_unindexed_rollback, scheduled_tag_column
+from engine.topics.system import SCHEDULE_TOPIC
 
 _HEADER = struct.Struct(V4_HEADER_FMT)
 _F_TOTAL, _F_MAGIC, _F_QUEUE_ID, _F_QUEUE_OFFSET, _F_COMMIT, _F_SYS_FLAG, _F_STORE_TS, _F_BODY_LEN = (
@@ -142,14 +143,17 @@ def few_to_consume_queues(table: ConsumeQueueTable, few: FewRecords) -> int:
             groups.setdefault((topic, queue_id), []).append(row)
     written = 0
     for (topic, queue_id), rows in groups.items():
-        floor = table.tombstone_of(_topic_name(topic))  # a deleted topic's records enter no queue
+        name = _topic_name(topic)
+        floor = table.tombstone_of(name)  # a deleted topic's records enter no queue
         if floor:
             rows = [i for i in rows if few.commit_pos[i] >= floor]
             if not rows:
                 continue
-        queue = table.get_or_create(_topic_name(topic), queue_id)
+        queue = table.get_or_create(name, queue_id)
+        tags = [few.tags_code[i] for i in rows] if name != SCHEDULE_TOPIC else \
+            scheduled_tag_column([few.store_ts_ms[i] for i in rows], queue_id, table.delay_levels_ms).tolist()
         written += queue.put_entries([few.queue_offset[i] for i in rows], [few.commit_pos[i] for i in rows],
-                                     [few.total_size[i] for i in rows], [few.tags_code[i] for i in rows])
+                                     [few.total_size[i] for i in rows], tags)
     return written
 
 

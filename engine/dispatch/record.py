@@ -3,7 +3,8 @@
 Shared by the in-process store, the dispatcher and index-builder processes, recovery and the
 Spark rebuild, so all of them build byte-identical consume queues and index files. Every
 step is idempotent: re-dispatching a record that is already there changes nothing. Which
-records enter a queue and which are indexed is engine.record_rules'.
+records enter a queue, which are indexed and what an entry's tag field holds is
+engine.record_rules'.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from engine.record_rules import (
     enters_consume_queue,
     held_out_of_queue_mask,
     is_unindexed_rollback,
+    scheduled_tag_column,
+    tag_field_function,
     unindexed_rollback_mask,
 )
+from engine.topics.system import SCHEDULE_TOPIC
 from engine.tuning import QUEUE_GROUP_MAX_STRETCHES
 
 
@@ -52,8 +56,9 @@ def dispatch_to_consume_queue(table: ConsumeQueueTable, header: RecordHeader) ->
             or header.commit_pos < table.tombstone_of(header.topic):
         return False
     queue = table.get_or_create(header.topic, header.queue_id)
-    return queue.put_entries([header.queue_offset], [header.commit_pos], [header.total_size],
-                             [header.tags_code]) > 0
+    tag = tag_field_function(table.delay_levels_ms)(header.topic, header.queue_id, header.store_ts_ms,
+                                                    header.tags_code)
+    return queue.put_entries([header.queue_offset], [header.commit_pos], [header.total_size], [tag]) > 0
 
 
 def dispatch_to_shard(shard: ShardIndex, header: RecordHeader, keys: Iterable[str]) -> int:
@@ -102,8 +107,9 @@ def dispatch_columns_to_consume_queues(table: ConsumeQueueTable, cols: DispatchC
             if not len(sel):
                 continue
         queue = table.get_or_create(topic, queue_id)
-        written += queue.put_entries(cols.queue_offset[sel], cols.commit_pos[sel], cols.total_size[sel],
-                                     cols.tags_code[sel])
+        tags = cols.tags_code[sel] if topic != SCHEDULE_TOPIC else \
+            scheduled_tag_column(cols.store_ts_ms[sel], queue_id, table.delay_levels_ms)
+        written += queue.put_entries(cols.queue_offset[sel], cols.commit_pos[sel], cols.total_size[sel], tags)
     return written
 
 

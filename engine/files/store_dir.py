@@ -106,7 +106,8 @@ def is_fresh_store(root: Path) -> bool:
 def config_for_store(meta: StoreMeta, config: StoreConfig) -> StoreConfig:
     """The runtime config with the layout sizes frozen in store.json (they win over settings)."""
     queue_count = config.queue_count if meta.queue_count is None else meta.queue_count
-    return config.replace(commitlog_file_size=meta.commitlog_file_size,
+    levels = config.message_delay_level if meta.message_delay_level is None else meta.message_delay_level
+    return config.replace(message_delay_level=levels, commitlog_file_size=meta.commitlog_file_size,
                           consume_queue_entries=meta.consume_queue_entries,
                           index_slot_count=meta.index_slot_count,
                           index_entry_count=meta.index_entry_count,

@@ -5,12 +5,12 @@ Grammar (SelectorParser.jj's, by precedence from low to high; keywords case-inse
     condition  := or
     or         := and ("OR" and)*
     and        := not ("AND" not)*
-    not        := "NOT" not | equality
+    not        := "NOT"* equality
     equality   := comparison (("=" | "<>") comparison | "IS" ["NOT"] "NULL")*
     comparison := unary (("<" | ">" | "<=" | ">=") unary
                         | ["NOT"] "BETWEEN" unary "AND" unary
                         | ["NOT"] "IN" "(" string ("," string)* ")")*
-    unary      := ("+" | "-") number | primary
+    unary      := ("+" | "-")* number | primary
     primary    := property | string | number | "TRUE" | "FALSE" | "NULL" | "(" or ")"
 
 A property reads the record's property of that name (user and system ones: TAGS, KEYS, ...):
@@ -23,8 +23,16 @@ Where mqstore differs: NOT binds looser than a comparison, as in SQL (`NOT a = 1
 `NOT (a = 1)`; RocketMQ's NOT takes the next term only), a property or literal standing alone
 as a condition is refused when compiled (RocketMQ compiles it and never matches), unary minus
 applies to numbers only, and a string that does not read as a number makes only its
-comparison NULL, not the whole expression false. CONTAINS, STARTSWITH and ENDSWITH
+comparison NULL, not the whole expression false, while a number past Java's int range
+("3000000000" against an int literal) or in non-ASCII digits (fullwidth, Arabic-Indic) does
+read as a number (RocketMQ's valueOf refuses both). CONTAINS, STARTSWITH and ENDSWITH
 (RocketMQ 5.1.3+) are not implemented. Tokens: engine.filters.sql_tokens.
+
+Bounds: an expression longer than MAX_EXPRESSION_CHARS or with parentheses nested deeper than
+MAX_NESTING_DEPTH is refused (FilterSyntaxError), so neither compiling nor evaluating can
+exhaust Python's stack. AND and OR chains are one node each, evaluated in a loop, and runs of
+NOT or of unary signs collapse as they are read (`NOT NOT a = 1` is `a = 1`); compiling is
+linear in the expression's length.
 """
 
 from __future__ import annotations
@@ -40,6 +48,10 @@ from engine.filters.sql_tokens import Token, tokenize
 
 Predicate = Callable[[Mapping[str, str]], object]
 LONG_MAX = 2**63 - 1
+MAX_EXPRESSION_CHARS = 64 * 1024
+# Each level of parentheses costs 7 parser frames and up to 2 evaluation frames: 64 levels stay
+# far below Python's default recursion limit of 1000, with room for the caller's own frames.
+MAX_NESTING_DEPTH = 64
 _INT_RE = re.compile(r"[+-]?\d+")
 _DECIMAL_RE = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*")
 _ORDER_OPS = {"<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge}
@@ -59,13 +71,15 @@ class Kind(Enum):
 
 @dataclass(frozen=True, slots=True)
 class _Term:
-    """A compiled piece: its kind, its canonical text, how to evaluate it, where it starts."""
+    """A compiled piece: its kind, its canonical text, how to evaluate it, where it starts,
+    and the logic operator at the top of its text ("OR", "AND", or "" for none)."""
 
     kind: Kind
     text: str
     fn: Predicate
     pos: int
     value: object = None  # a literal's value; a property's name
+    top: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +101,10 @@ def compile_sql_filter(expression: str, field_name: str = "where") -> SqlFilter:
     """Parse and compile `expression`; FilterSyntaxError names the position where it fails."""
     if not isinstance(expression, str):
         raise FilterSyntaxError(field_name, repr(expression), 0, "the expression must be a str")
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise FilterSyntaxError(field_name, expression[:80] + "...", 0,
+                                f"the expression is {len(expression)} characters, more than "
+                                f"{MAX_EXPRESSION_CHARS}")
     parser = _Parser(expression, field_name)
     if parser.peek.kind == "end":
         parser.fail(parser.peek, "the expression is empty")
@@ -105,6 +123,7 @@ class _Parser:
         self.field_name = field_name
         self.tokens = tokenize(expression, field_name)
         self.at = 0
+        self.depth = 0  # parentheses open around the token being read
 
     @property
     def peek(self) -> Token:
@@ -136,22 +155,27 @@ class _Parser:
 
     # -- logic -------------------------------------------------------------------------------
     def or_(self) -> _Term:
-        term = self.and_()
+        terms = [self.and_()]
         while self.accept("OR"):
-            term = _or(self._condition(term), self._condition(self.and_()))
-        return term
+            terms.append(self.and_())
+        return terms[0] if len(terms) == 1 else _or([self._condition(term) for term in terms])
 
     def and_(self) -> _Term:
-        term = self.not_()
+        terms = [self.not_()]
         while self.accept("AND"):
-            term = _and(self._condition(term), self._condition(self.not_()))
-        return term
+            terms.append(self.not_())
+        return terms[0] if len(terms) == 1 else _and([self._condition(term) for term in terms])
 
     def not_(self) -> _Term:
-        token = self.accept("NOT")
-        if token is None:
-            return self.equality()
-        return _not(self._condition(self.not_()), token.pos)
+        nots = []
+        while (token := self.accept("NOT")) is not None:
+            nots.append(token)
+        term = self.equality()
+        if not nots:
+            return term
+        self._condition(term)
+        return _not(term, nots[0].pos) if len(nots) % 2 else _Term(
+            term.kind, term.text, term.fn, nots[0].pos, term.value, term.top)
 
     def _condition(self, term: _Term) -> _Term:
         self.require_condition(term)
@@ -204,7 +228,7 @@ class _Parser:
     def _between(self, term: _Term, low: _Term, high: _Term, negated: bool) -> _Term:
         if low.kind is Kind.NUMBER and high.kind is Kind.NUMBER and low.value > high.value:
             self.fail(low, f"BETWEEN {low.text} AND {high.text} is empty (the low bound is above the high)")
-        inside = _and(self._compare(">=", term, low), self._compare("<=", term, high))
+        inside = _and([self._compare(">=", term, low), self._compare("<=", term, high)])
         word = "NOT BETWEEN" if negated else "BETWEEN"
         fn = _not(inside).fn if negated else inside.fn
         return _Term(Kind.CONDITION, f"{term.text} {word} {low.text} AND {high.text}", fn, term.pos)
@@ -246,14 +270,16 @@ class _Parser:
 
     # -- terms -------------------------------------------------------------------------------
     def unary(self) -> _Term:
-        token = self.peek
-        if self.accept("+", "-"):
-            term = self.unary()
-            if term.kind is not Kind.NUMBER:
-                self.fail(token, f"unary {token.text} applies to numbers only, not {term.text}")
-            value = -term.value if token.text == "-" else term.value
-            return _literal(Kind.NUMBER, value, token.pos)
-        return self.primary()
+        signs = []
+        while (token := self.accept("+", "-")) is not None:
+            signs.append(token)
+        term = self.primary()
+        if not signs:
+            return term
+        if term.kind is not Kind.NUMBER:
+            self.fail(signs[-1], f"unary {signs[-1].text} applies to numbers only, not {term.text}")
+        negated = sum(sign.text == "-" for sign in signs) % 2
+        return _literal(Kind.NUMBER, -term.value if negated else term.value, signs[0].pos)
 
     def primary(self) -> _Term:
         token = self.take()
@@ -269,8 +295,12 @@ class _Parser:
         if token.text == "NULL":
             return _Term(Kind.NULL, "NULL", _constant(None), token.pos)
         if token.text == "(":
+            if self.depth == MAX_NESTING_DEPTH:
+                self.fail(token, f"parentheses nested deeper than {MAX_NESTING_DEPTH}")
+            self.depth += 1
             term = self.or_()
             self.expect(")")
+            self.depth -= 1
             return term
         self.fail(token, f"expected a property, a literal or '(', found {_shown(token)}")
 
@@ -309,34 +339,39 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _and(left: _Term, right: _Term) -> _Term:
-    lf, rf = left.fn, right.fn
+def _and(terms: list[_Term]) -> _Term:
+    """The conjunction of conditions, one node: False if any is False, else NULL if any is."""
+    fns = tuple(term.fn for term in terms)
 
     def fn(props: Mapping[str, str]) -> object:
-        a = lf(props)
-        if a is False:
-            return False
-        b = rf(props)
-        if b is False:
-            return False
-        return True if a is True and b is True else None
+        result = True
+        for f in fns:
+            value = f(props)
+            if value is False:
+                return False
+            if value is not True:
+                result = None
+        return result
 
-    return _Term(Kind.CONDITION, f"{_grouped(left, 'OR')} AND {_grouped(right, 'OR')}", fn, left.pos)
+    text = " AND ".join(f"({term.text})" if term.top == "OR" else term.text for term in terms)
+    return _Term(Kind.CONDITION, text, fn, terms[0].pos, top="AND")
 
 
-def _or(left: _Term, right: _Term) -> _Term:
-    lf, rf = left.fn, right.fn
+def _or(terms: list[_Term]) -> _Term:
+    """The disjunction of conditions, one node: True if any is True, else NULL if any is."""
+    fns = tuple(term.fn for term in terms)
 
     def fn(props: Mapping[str, str]) -> object:
-        a = lf(props)
-        if a is True:
-            return True
-        b = rf(props)
-        if b is True:
-            return True
-        return False if a is False and b is False else None
+        result = False
+        for f in fns:
+            value = f(props)
+            if value is True:
+                return True
+            if value is not False:
+                result = None
+        return result
 
-    return _Term(Kind.CONDITION, f"{left.text} OR {right.text}", fn, left.pos)
+    return _Term(Kind.CONDITION, " OR ".join(term.text for term in terms), fn, terms[0].pos, top="OR")
 
 
 def _not(term: _Term, pos: int | None = None) -> _Term:
@@ -348,23 +383,6 @@ def _not(term: _Term, pos: int | None = None) -> _Term:
 
     text = f"NOT ({term.text})" if " " in term.text else f"NOT {term.text}"
     return _Term(Kind.CONDITION, text, fn, term.pos if pos is None else pos)
-
-
-def _grouped(term: _Term, weaker: str) -> str:
-    """A term's text, parenthesized when its top operator binds weaker than the one around it."""
-    return f"({term.text})" if f" {weaker} " in _top_level(term.text) else term.text
-
-
-def _top_level(text: str) -> str:
-    """`text` with every parenthesized or quoted part blanked out (what binds at its top)."""
-    out, depth, quoted = [], 0, False
-    for ch in text:
-        if ch == "'":
-            quoted = not quoted
-        elif not quoted and ch in "()":
-            depth += 1 if ch == "(" else -1
-        out.append(ch if depth == 0 and not quoted else "_")
-    return "".join(out)
 
 
 # ---------------------------------------------------------------------------------- comparing

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,9 +28,20 @@ from engine.formats.cq_entry import CQ_ENTRY_SIZE
 from engine.formats.properties import PROP_TAGS
 from engine.formats.record import Record
 from engine.formats.record.view import RecordView, gather_records
+from engine.status import SkippedRecord
 
 FILTER_SCAN_BYTES = 16000  # RocketMQ's maxFilterMessageSize default (a constant in 4.9.x)
 MIN_FILTER_SCAN_ENTRIES = FILTER_SCAN_BYTES // CQ_ENTRY_SIZE  # 800 entries of 20 bytes
+UNDECODABLE_PROPERTIES = "properties are not UTF-8"
+
+
+class SubscribedViews(NamedTuple):
+    """What `Subscription.subscribed_views` keeps: the records, the next offset, and the
+    records passed over as corrupt (to report, as a read reports a torn record)."""
+
+    views: list[RecordView]
+    next_offset: int
+    skipped: list[SkippedRecord]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,37 +74,54 @@ class Subscription:
             return False
         return self.where is None or self.where.matches(properties)
 
-    def confirm(self, view: RecordView) -> np.ndarray:
-        """A mask of a view's records that are subscribed: TAGS for all of them at once, the
-        property filter record by record."""
+    def confirm(self, view: RecordView) -> tuple[np.ndarray, list[SkippedRecord]]:
+        """(keep, skipped): a mask of a view's records that are subscribed (TAGS for all of
+        them at once, the property filter record by record) and the records whose properties
+        had to be decoded and are not UTF-8 (corrupt bytes: no CRC is checked here), dropped."""
         keep = np.ones(view.count, dtype=bool)
+        undecodable: list[int] = []
         if not self.tags.matches_all:
-            keep = view.property_in(PROP_TAGS.encode(), frozenset(tag.encode() for tag in self.tags.tags))
+            wanted = frozenset(tag.encode() for tag in self.tags.tags)
+            keep, rows = view.property_in(PROP_TAGS.encode(), wanted)
+            undecodable.extend(rows.tolist())
         if self.where is not None:
             where = self.where
             for i in np.flatnonzero(keep).tolist():
-                keep[i] = where.matches(view.properties(i))
-        return keep
+                try:
+                    keep[i] = where.matches(view.properties(i))
+                except UnicodeDecodeError:
+                    keep[i] = False
+                    undecodable.append(i)
+        skipped = [SkippedRecord(int(view.commit_pos[i]), UNDECODABLE_PROPERTIES, view.topic(i),
+                                 int(view.queue_id[i]), int(view.queue_offset[i]))
+                   for i in sorted(undecodable)]
+        return keep, skipped
 
     def subscribed_views(self, views: list[RecordView], max_count: int,
-                         end_offset: int) -> tuple[list[RecordView], int]:
+                         end_offset: int) -> SubscribedViews:
         """The first `max_count` subscribed records of `views` (candidates in queue order, read
-        up to queue offset `end_offset`) and the next offset: one past the max_count-th, else
-        `end_offset`."""
+        up to queue offset `end_offset`), the next offset (one past the max_count-th, else
+        `end_offset`) and the records passed over as corrupt before it (`confirm`)."""
         kept: list[RecordView] = []
+        skipped: list[SkippedRecord] = []
         taken = 0
         for view in views:
-            keep = np.flatnonzero(self.confirm(view))
+            mask, corrupt = self.confirm(view)
+            keep = np.flatnonzero(mask)
             full = taken + len(keep) >= max_count
             keep = keep[:max_count - taken]
+            if full:  # what lies past the max_count-th record is read again by the next pull
+                last = int(view.queue_offset[keep[-1]])
+                corrupt = [record for record in corrupt if record.queue_offset < last]
+            skipped.extend(corrupt)
             if len(keep) < view.count:
                 view = gather_records(view.buf, view.commit_pos[keep] - view.base_pos, view.base_pos)
             if view.count:
                 kept.append(view)
                 taken += view.count
             if full:
-                return kept, int(view.queue_offset[-1]) + 1
-        return kept, end_offset
+                return SubscribedViews(kept, int(view.queue_offset[-1]) + 1, skipped)
+        return SubscribedViews(kept, end_offset, skipped)
 
     def __str__(self) -> str:
         """The canonical text: the tag expression, then ` WHERE ` and the filter when there is one."""

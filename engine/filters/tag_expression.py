@@ -6,7 +6,9 @@ queue's tagsCode (Java hashCode of the TAGS property) picks candidates without r
 record; the record's own TAGS confirms, since hashes collide ("Aa" and "BB" are both 2112).
 
 Where mqstore differs: an expression with no tag in it ("", " || ") is refused rather than
-read as `*`, and `*` beside tags ("A || *") is refused rather than taken as the literal tag "*".
+read as `*`, `*` beside tags ("A || *") is refused rather than taken as the literal tag "*",
+and " * " (spaces around `*`) is every message here, while RocketMQ, which compares the
+untrimmed text with `*`, reads it as the literal tag "*".
 """
 
 from __future__ import annotations

@@ -8,13 +8,15 @@
       "index_entry_count": 20000000,     entries per index file
       "index_shards": 2,                 index shard count (1..64)
       "index_slot_count": 5000000,       hash slots per index file
+      "message_delay_level": "1s 5s ..", each delay level's delay (optional: absent in older stores)
       "queue_count": 8,                  queues per topic (optional: absent in older stores)
       "store_host": "127.0.0.1:10911"    STOREHOST written into records
     }
 
 JSON with sorted keys, 2-space indent and a trailing newline, so diffs and `cat` read well.
 Unknown keys are ignored (forward compatibility within a version); missing ones are an error,
-except queue_count, which stores created before it was recorded lack (then it is not frozen).
+except queue_count and message_delay_level, which stores created before they were recorded
+lack (then they are not frozen).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ CHECKSUM_CRC32C = "crc32c"
 MAX_INDEX_SHARDS = 64
 _INT_FIELDS = ("format_version", "commitlog_file_size", "consume_queue_entries", "index_slot_count",
                "index_entry_count", "index_shards", "queue_count")
-_OPTIONAL_FIELDS = ("queue_count",)
+_OPTIONAL_FIELDS = ("queue_count", "message_delay_level")
 MAX_QUEUE_COUNT = 1024
 
 
@@ -51,6 +53,7 @@ class StoreMeta:
     checksum: str = CHECKSUM_CRC32C
     store_host: str = "127.0.0.1:10911"
     queue_count: int | None = None
+    message_delay_level: str | None = None
 
 
 def from_config(config: StoreConfig) -> StoreMeta:
@@ -59,7 +62,8 @@ def from_config(config: StoreConfig) -> StoreMeta:
                      consume_queue_entries=config.consume_queue_entries,
                      index_slot_count=config.index_slot_count, index_entry_count=config.index_entry_count,
                      index_shards=config.index_shards, checksum=CHECKSUM_CRC32C,
-                     store_host=config.store_host, queue_count=config.queue_count)
+                     store_host=config.store_host, queue_count=config.queue_count,
+                     message_delay_level=config.message_delay_level)
 
 
 def encode_store_meta(meta: StoreMeta) -> bytes:
@@ -101,6 +105,10 @@ def decode_store_meta(raw: bytes | str, *, path: str | None = None) -> StoreMeta
 
 
 def _check_str_fields(data: dict, path: str | None) -> None:
+    levels = data.get("message_delay_level", "1s")
+    if not isinstance(levels, str) or not levels.split():
+        raise NotAStoreError(f"store.json message_delay_level {levels!r} is not a delay level table",
+                             path=path)
     if data["checksum"] != CHECKSUM_CRC32C:
         raise NotAStoreError(f"store.json checksum {data['checksum']!r} is not {CHECKSUM_CRC32C!r}",
                              path=path)

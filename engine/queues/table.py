@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from enum import Enum
 from pathlib import Path
 
+from engine.delivery.levels import DEFAULT_DELAY_LEVELS_MS
 from engine.errors import BadInputError, SegmentLayoutError
 from engine.files.filesystem import move_aside, remove_file, remove_tree, write_new_file
 from engine.files.mapped_file import Access
@@ -45,9 +46,13 @@ class ConsumeQueueTable:
     """Every consume queue of a store, by (topic, queue_id)."""
 
     def __init__(self, root: Path, entries_per_file: int, access: Access,
-                 max_open_files: int | None = None):
-        """`max_open_files`: the bound on mapped files (default: queue_file_budget())."""
+                 max_open_files: int | None = None, *,
+                 delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS):
+        """`max_open_files`: the bound on mapped files (default: queue_file_budget());
+        `delay_levels_ms`: the store's delay levels, which SCHEDULE_TOPIC_XXXX entries' tag
+        field is computed with (engine.record_rules.SCHEDULED_TAG_FIELD)."""
         self.root = Path(root)
+        self.delay_levels_ms = delay_levels_ms
         self.entries_per_file = entries_per_file
         self.access = access
         self.budget = OpenFileBudget(queue_file_budget() if max_open_files is None else max_open_files)
@@ -60,13 +65,14 @@ class ConsumeQueueTable:
 
     @classmethod
     def load(cls, root: Path, entries_per_file: int, access: Access, max_open_files: int | None = None,
-             on_unreadable: OnUnreadable = OnUnreadable.RAISE) -> ConsumeQueueTable:
+             on_unreadable: OnUnreadable = OnUnreadable.RAISE, *,
+             delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS) -> ConsumeQueueTable:
         """Load every queue under <root>/consumequeue; foreign entries are listed in `foreign`;
         a queue whose files break the layout rules, or that a recovery began to rebuild, is
         handled by `on_unreadable`."""
         if on_unreadable is OnUnreadable.SET_ASIDE and access is not Access.READ_WRITE:
             raise BadInputError("on_unreadable", "only a writer sets unreadable queues aside")
-        table = cls(root, entries_per_file, access, max_open_files)
+        table = cls(root, entries_per_file, access, max_open_files, delay_levels_ms=delay_levels_ms)
         base = table.root / CONSUMEQUEUE_DIR
         if not base.is_dir():
             return table

@@ -39,7 +39,7 @@ from engine.log.walk_past import walk_log
 from engine.log.walker import BadRegion, OnBadBytes, record_decoder, walk
 from engine.queues.consume_queue import ConsumeQueue
 from engine.queues.table import ConsumeQueueTable
-from engine.record_rules import enters_consume_queue
+from engine.record_rules import enters_consume_queue, tag_field_function
 from engine.recovery.accepted_damage import AcceptedSpan, is_accepted, span_at
 
 _MAX_PLACEHOLDER_BYTES = FILLER_SIZE_MARK - 1  # the filler mark itself is not a size
@@ -93,8 +93,9 @@ def keep_damaged_entries(queues: ConsumeQueueTable, log: CommitLog, span: Accept
         # no queue is made for a damaged record: the damage may lie in its topic or queue id
         if queue is None or queue.max_offset != record.queue_offset:
             continue
-        put += queue.put_entries([record.queue_offset], [record.commit_pos], [record.total_size],
-                                 [record.tags_code])
+        tag = tag_field_function(queues.delay_levels_ms)(record.topic, record.queue_id, record.store_ts_ms,
+                                                         record.tags_code)
+        put += queue.put_entries([record.queue_offset], [record.commit_pos], [record.total_size], [tag])
     return put
 
 

@@ -203,22 +203,30 @@ def expire_shards(shards: Iterable[ShardIndex], min_commit_pos: int) -> int:
 
 def plan_pass(parts: StoreParts, config: StoreConfig, *, now_ms: int, usage_ratio: float,
               ages: SegmentAges, max_files: int = DEFAULT_MAX_FILES,
-              kind: PassKind = PassKind.SCHEDULED) -> RetentionPlan:
+              kind: PassKind = PassKind.SCHEDULED, scheduled_pos: int | None = None) -> RetentionPlan:
     """`plan_retention` over an open store's segments (see `plan_log`)."""
     return plan_log(parts.commitlog, config, now_ms=now_ms, usage_ratio=usage_ratio, ages=ages,
-                    max_files=max_files, end_pos=parts.commitlog.written_pos, kind=kind)
+                    max_files=max_files, end_pos=parts.commitlog.written_pos, kind=kind,
+                    scheduled_pos=scheduled_pos)
 
 
 def plan_log(log: CommitLog, config: StoreConfig, *, now_ms: int, usage_ratio: float, end_pos: int,
              ages: SegmentAges, max_files: int = DEFAULT_MAX_FILES,
-             kind: PassKind = PassKind.SCHEDULED) -> RetentionPlan:
+             kind: PassKind = PassKind.SCHEDULED, scheduled_pos: int | None = None) -> RetentionPlan:
     """`plan_retention` over the segments of `log` that lie wholly below `end_pos`.
+
+    `scheduled_pos` is the lowest delayed record not delivered yet (ScheduledDelivery.waiting_pos):
+    its segment and those after it stay, whatever their age; only forced cleaning on a full disk
+    passes it (the delivery service then logs and counts each delayed message it lost).
 
     `end_pos` is the write position in one process; the supervisor passes the lowest position
     every process has made durable, so no segment goes that a child still has to read. The
     segment holding `end_pos` stands for the active one: never chosen, as are those after it
     (and the last segment always). Ages come from `ages`, read once per segment.
     """
+    if scheduled_pos is not None and \
+            retention_reason(now_ms, usage_ratio, config, kind) is not RetentionReason.SPACE_FORCE:
+        end_pos = min(end_pos, scheduled_pos)
     bases = [s.base_pos for s in log.segments_info()]
     sealed = sum(1 for base in bases if base + log.segment_bytes <= end_pos)
     ages.forget_below(log.min_pos)
@@ -228,7 +236,8 @@ def plan_log(log: CommitLog, config: StoreConfig, *, now_ms: int, usage_ratio: f
 
 def run_retention(parts: StoreParts, config: StoreConfig, *, now_ms: int | None = None,
                   usage_ratio: float | None = None, max_files: int = DEFAULT_MAX_FILES,
-                  kind: PassKind = PassKind.SCHEDULED, ages: SegmentAges | None = None) -> RetentionReport:
+                  kind: PassKind = PassKind.SCHEDULED, ages: SegmentAges | None = None,
+                  scheduled_pos: int | None = None) -> RetentionReport:
     """One retention pass over an open, writable store (see the module doc for the rules).
 
     `usage_ratio` defaults to the measured usage of the store's filesystem; a caller that has
@@ -239,7 +248,7 @@ def run_retention(parts: StoreParts, config: StoreConfig, *, now_ms: int | None 
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     ratio = disk_usage_ratio(parts.root) if usage_ratio is None else usage_ratio
     plan = plan_pass(parts, config, now_ms=now_ms, usage_ratio=ratio, max_files=max_files, kind=kind,
-                     ages=SegmentAges() if ages is None else ages)
+                     ages=SegmentAges() if ages is None else ages, scheduled_pos=scheduled_pos)
     removed = delete_segments(parts, plan.base_positions)
     min_commit_pos = parts.commitlog.min_pos
     return RetentionReport(segments_removed=removed,

@@ -33,6 +33,7 @@ from engine.files.naming import BACKUP_SUFFIX, TOPICS_FILE, config_path, validat
 from engine.formats.fastjson import quote_bare_integer_keys
 from engine.formats.store_meta import MAX_QUEUE_COUNT
 from engine.refusal import Refusal, refused
+from engine.topics.system import is_system_topic
 
 PERM_READ = 4  # RocketMQ PermName
 PERM_WRITE = 2
@@ -41,9 +42,10 @@ PERM_READ_WRITE = PERM_READ | PERM_WRITE
 _PERM_WORDS = {"rw": PERM_READ_WRITE, "r": PERM_READ, "w": PERM_WRITE}
 FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 TOMBSTONES_KEY = "mqstoreTombstones"
-# names RocketMQ keeps for the broker's own topics (TopicValidator): an operator may not create one
-RESERVED_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "TBW102"})
-RESERVED_TOPIC_PREFIXES = ("RMQ_SYS_", "%RETRY%", "%DLQ%")
+# names RocketMQ keeps for the broker's own topics (TopicValidator) beside the store's own
+# (engine.topics.system): an operator may not create one
+RESERVED_TOPICS = frozenset({"TBW102"})
+RESERVED_TOPIC_PREFIXES = ("RMQ_SYS_",)
 
 
 class TopicFileError(StoreError):
@@ -61,7 +63,7 @@ def parse_perm(text: str) -> int:
 def is_reserved_topic(topic: str) -> bool:
     """Whether `topic` is a name the store keeps for its own topics (delays, retries, dead
     letters, RocketMQ's system topics): `mqstore topic create` refuses it."""
-    return topic in RESERVED_TOPICS or topic.startswith(RESERVED_TOPIC_PREFIXES)
+    return is_system_topic(topic) or topic in RESERVED_TOPICS or topic.startswith(RESERVED_TOPIC_PREFIXES)
 
 
 def perm_text(perm: int) -> str:
@@ -229,7 +231,7 @@ def plan_topic_change(table: TopicTable, change: TopicChange, *, used_queue_coun
         return table.without_topic(topic, end_pos)
     if change.op is TopicOp.CREATE and is_reserved_topic(topic):
         raise BadInputError("topic", f"{topic} is a name the store keeps for its own topics "
-                            f"({', '.join(sorted(RESERVED_TOPICS))}, {'*, '.join(RESERVED_TOPIC_PREFIXES)}*)")
+                            "(SCHEDULE_TOPIC_XXXX, TBW102, RMQ_SYS_*, %RETRY%*, %DLQ%*)")
     if change.op is TopicOp.CREATE and current is not None:
         raise BadInputError("topic", f"{topic} exists ({current.write_queue_count} queues); "
                             "use `mqstore topic update`")
@@ -264,7 +266,7 @@ def encode_topic_table(table: TopicTable) -> bytes:
         "topicConfigTable": {name: {"order": c.order, "perm": c.perm, "readQueueNums": c.read_queue_count,
                                     "topicFilterType": c.filter_type, "topicName": c.topic,
                                     "topicSysFlag": c.sys_flag, "writeQueueNums": c.write_queue_count}
-                             for name, c in sorted(table.topics.items())},
+                             for name, c in sorted(table.topics.items()) if name not in table.system},
         TOMBSTONES_KEY: dict(sorted(table.tombstones.items())),
     }
     return (json.dumps(body, indent=2) + "\n").encode("utf-8")
@@ -387,9 +389,3 @@ class TopicTableFile:
 
 def _identity(stat: os.stat_result) -> tuple[int, int, int]:
     return stat.st_ino, stat.st_mtime_ns, stat.st_size
-
-
-def system_topic_counts() -> dict[str, int]:
-    """The store's own topics and their queue counts (none yet; SCHEDULE_TOPIC_XXXX joins here,
-    one queue per delay level)."""
-    return {}

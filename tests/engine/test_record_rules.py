@@ -135,3 +135,22 @@ def test_the_producer_refusal_bit_marks_exactly_the_types_kept_out_of_queues():
     assert bit == 0x4
     assert {tx for tx in TxType if tx & bit} == {TxType.PREPARED, TxType.ROLLBACK}
     assert {tx for tx in TxType if not enters_consume_queue(int(tx), 0)} == {TxType.PREPARED, TxType.ROLLBACK}
+
+
+# ------------------------------------------------------------------------------ the tag field
+
+def test_tag_field_scalar_numpy_and_sql_agree():
+    """SCHEDULED_TAG_FIELD: the delivery time in SCHEDULE_TOPIC_XXXX (a queue past the level
+    table delivers at its store time), the tag hash elsewhere; the same in every rendering."""
+    levels = (100, 5000, 60_000)
+    grid = list(itertools.product(("SCHEDULE_TOPIC_XXXX", "Orders"), (0, 1, 2, 3, 17), (1_000, 7_777)))
+    scalar = record_rules.tag_field_function(levels)
+    want = [ts + levels[q] if t == "SCHEDULE_TOPIC_XXXX" and q < 3 else (ts if t != "Orders" else 42)
+            for t, q, ts in grid]
+    assert [scalar(t, q, ts, 42) for t, q, ts in grid] == want
+    scheduled = [row for row in grid if row[0] == "SCHEDULE_TOPIC_XXXX"]
+    column = record_rules.scheduled_tag_column(np.array([ts for _, _, ts in scheduled]),
+                                               np.array([q for _, q, _ in scheduled]), levels)
+    assert column.tolist() == [scalar(t, q, ts, 42) for t, q, ts in scheduled]
+    sql = record_rules.render_tag_field(record_rules.SCHEDULED_TAG_FIELD, SPARK_SQL, levels)
+    assert "try_element_at(array(100, 5000, 60000), queue_id + 1)" in sql

@@ -138,15 +138,31 @@ def test_a_buffer_too_short_for_a_header_frames_nothing():
     b"TAGS\x01Aa\x02TAGS\x01A\x02", b"XTAGS\x01A\x02", b"KEYS\x01TAGS\x01A\x02",
     b"TAGS\x01A\x02TAGS\x01\x02", b"TAGS\x01\x02", b"",
     b"TAGS\x01AB\x02", b"UNIQ_KEY\x01u\x02TAGS\x01A",
+    # a dangling name, completed by the next record's bytes: the match must not run past its record
+    (b"TAGS\x01A\x02TAGS", b"\x01B\x02"), (b"TAGS\x01A\x02TAG", b"S\x01B\x02"),
 ])
 def test_property_in_reads_tags_as_the_decoder_does(props):
     hosts = (("1.2.3.4", 5), ("1.2.3.4", 6))
     buf, starts = bytearray(), []
-    for p in (props, b"TAGS\x01A"):
+    for p in props if isinstance(props, tuple) else (props, b"TAGS\x01A"):
         starts.append(len(buf))
         buf += hand_built(MAGIC_V1, 0, *hosts, props=p, commit_pos=len(buf))
     view = gather_records(bytes(buf), np.array(starts, dtype=np.int64), 0)
-    wanted = frozenset({b"A", b"BB"})
+    wanted = frozenset({b"A", b"B", b"BB"})
     decoded = [decode_record(bytes(buf), s, verify=Verify.STRUCTURE).tags for s in starts]
     expected = [t is not None and t.encode() in wanted for t in decoded]
-    assert view.property_in(b"TAGS", wanted).tolist() == expected
+    mask, undecodable = view.property_in(b"TAGS", wanted)
+    assert mask.tolist() == expected and undecodable.tolist() == []
+
+
+def test_property_in_reports_properties_it_cannot_decode():
+    """A row the decoder must decide (its last TAGS has no value) whose bytes are not UTF-8 is
+    reported, not raised: the other rows are still decided."""
+    hosts = (("1.2.3.4", 5), ("1.2.3.4", 6))
+    buf, starts = bytearray(), []
+    for p in (b"TAGS\x01A\x02K\x01\xff\x02TAGS\x01\x02", b"TAGS\x01A"):
+        starts.append(len(buf))
+        buf += hand_built(MAGIC_V1, 0, *hosts, props=p, commit_pos=len(buf))
+    view = gather_records(bytes(buf), np.array(starts, dtype=np.int64), 0)
+    mask, undecodable = view.property_in(b"TAGS", frozenset({b"A"}))
+    assert mask.tolist() == [False, True] and undecodable.tolist() == [0]

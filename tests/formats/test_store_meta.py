@@ -42,12 +42,13 @@ def test_round_trip():
 
 def test_from_config_copies_layout_sizes():
     config = StoreConfig(commitlog_file_size=8192, consume_queue_entries=10, index_slot_count=5,
-                         index_entry_count=9, index_shards=3, store_host="10.0.0.1:1234", queue_count=6)
+                         index_entry_count=9, index_shards=3, store_host="10.0.0.1:1234", queue_count=6,
+                         message_delay_level="100ms 2s")
     meta = from_config(config)
     assert meta == StoreMeta(format_version=FORMAT_VERSION, commitlog_file_size=8192,
                              consume_queue_entries=10, index_slot_count=5, index_entry_count=9,
                              index_shards=3, checksum="crc32c", store_host="10.0.0.1:1234",
-                             queue_count=6)
+                             queue_count=6, message_delay_level="100ms 2s")
     assert json.loads(encode_store_meta(meta))["queue_count"] == 6
 
 

@@ -8,11 +8,14 @@ import json
 
 import pytest
 
+from engine.config import StoreConfig
 from engine.filters.subscription import MIN_FILTER_SCAN_ENTRIES
+from engine.message import Message
 from engine.status import GetStatus, PutStatus
+from engine.store import MessageStore
 from ipc.consumer import Consumer
 from ipc.producer import Producer
-from tests.workers.store_harness import checked_store, cli, run_python
+from tests.workers.store_harness import checked_store, cli, run_python, start_store
 
 TAGS = ["Aa", "BB", "C", "Aa", None, "BB", "C", "C"]  # "Aa" and "BB" share tagsCode 2112
 
@@ -93,3 +96,58 @@ def test_consume_command_with_tags_and_where(tmp_path):
         assert consume("--tags", "A || B", "--group", "g1") == []  # its offsets were committed
         bad = cli("consume", "--store", str(store.root), "--topic", "Orders", "--where", "amount >> 1")
         assert bad.returncode == 2 and b"position 8" in bad.stderr and b"amount >> 1" in bad.stderr
+        deep = cli("consume", "--store", str(store.root), "--topic", "Orders", "--group", "g4",
+                   "--where", "(" * 200 + "amount > 1" + ")" * 200)
+        assert deep.returncode == 2 and b"nested deeper than 64" in deep.stderr
+        assert b"Traceback" not in deep.stderr
+
+
+LAYOUT = dict(commitlog_file_size=65536, consume_queue_entries=500, queue_count=2, index_slot_count=64,
+              index_entry_count=256, index_shards=2, max_body_bytes=4096)
+
+
+@pytest.mark.slow
+def test_pull_columns_passes_over_properties_that_do_not_decode(tmp_path):
+    """pull_columns checks no CRC, so a filter meets a record whose property bytes were flipped:
+    it is skipped and reported as pull reports it, and the read moves past it."""
+    with MessageStore.open(tmp_path / "s", StoreConfig(**LAYOUT)) as s:
+        put = s.put_batch([Message("T", b"m%d" % i, tags="A", queue_id=0,
+                                   properties={"region": "eu", "n": str(i)}) for i in range(5)])
+    segment = sorted((tmp_path / "s" / "commitlog").iterdir())[0]
+    data = bytearray(segment.read_bytes())
+    data[data.index(b"region\x01eu", put[2].commit_pos) + len(b"region\x01")] = 0xFF  # not UTF-8
+    segment.write_bytes(data)
+    store = start_store(tmp_path / "s", store=LAYOUT)
+    try:
+        with Consumer(store.root, "g") as consumer:
+            for subscription in ({"where": "region = 'eu'"}, {"tags": "A", "where": "n >= 0"}):
+                got = consumer.pull_columns("T", 0, 0, 32, **subscription)
+                assert [bytes(v.body(i)) for v in got.views for i in range(v.count)] == [
+                    b"m0", b"m1", b"m3", b"m4"]
+                assert [(r.queue_offset, r.commit_pos) for r in got.skipped] == [(2, put[2].commit_pos)]
+                assert got.status is GetStatus.FOUND and got.next_offset == 5
+            first = consumer.pull_columns("T", 0, 0, 2, where="region = 'eu'")
+            assert first.next_offset == 2 and first.skipped == []  # the bad one lies past this read
+    finally:
+        assert store.stop() == 0
+
+
+@pytest.mark.slow
+def test_consume_command_commits_past_what_its_filter_passed_over(tmp_path):
+    """Without --queue-id, consume commits where iterate got to (filtered-out entries included)
+    once the messages before are printed; with --max it commits only what it printed."""
+    with MessageStore.open(tmp_path / "s", StoreConfig(**LAYOUT)) as s:
+        s.put_batch([Message("T", b"q0-%d" % i, tags=tag, queue_id=0) for i, tag in enumerate("AXAXX")])
+        s.put_batch([Message("T", b"q1-%d" % i, tags="X", queue_id=1) for i in range(3)])
+    store = start_store(tmp_path / "s", store=LAYOUT)
+    try:
+        for group, args, printed, committed in (("g1", ["--tags", "A"], 2, (5, 3)),
+                                                ("g2", ["--where", "TAGS = 'A'"], 2, (5, 3)),
+                                                ("g3", ["--tags", "A", "--max", "1"], 1, (1, None))):
+            done = cli("consume", "--store", str(store.root), "--topic", "T", "--group", group, *args)
+            assert done.returncode == 0, done.stderr.decode()
+            assert len(done.stdout.decode().splitlines()) == printed
+            with Consumer(store.root, group) as consumer:
+                assert (consumer.committed("T", 0), consumer.committed("T", 1)) == committed
+    finally:
+        assert store.stop() == 0

@@ -150,9 +150,34 @@ def running(tmp_path_factory):
     (["--topic", "T", "--body", "x" * 9000], "exceeds the maximum of 8192"),
     (["--topic", "T", "--body", "x", "--property", "novalue"], "NAME=VALUE"),
     (["--topic", "T", "--body", "x", "--count", "0"], "must be >= 1"),
+    (["--topic", "T", "--body", "x", "--delay-level", "19"], "level 19 is outside 1..18"),
+    (["--topic", "T", "--body", "x", "--property", "DELAY=0"], "level 0 is outside 1..18"),
+    (["--topic", "SCHEDULE_TOPIC_XXXX", "--body", "x"], "is a system topic"),
+    (["--topic", "%DLQ%g", "--body", "x"], "is a system topic"),
+    (["--topic", "T", "--body", "x", "--property", "REAL_TOPIC=U"], "set by the store only"),
+    (["--topic", "T", "--body", "x", "--deliver-at", "2099-01-01T00:00:00Z"], "timer_max_delay_s = 259200"),
+    (["--topic", "T", "--body", "x", "--deliver-at", "soon"], "neither ms since the epoch nor ISO 8601"),
 ])
 def test_send_bad_input_exits_2(running, args, words):
     assert_one_line_error(cli("send", "--store", str(running.root), *args), 2, words)
+
+
+@pytest.mark.slow
+def test_send_with_a_delay_level_arrives_after_its_delay(running):
+    sent = cli("send", "--store", str(running.root), "--topic", "Later", "--body", "soon",
+               "--queue-id", "2", "--delay-level", "1", "--json")
+    assert sent.returncode == 0, sent.stderr.decode()
+    [answer] = [json.loads(line) for line in sent.stdout.decode().splitlines()]
+    assert answer["status"] == "PUT_OK" and answer["queue_id"] == 0  # SCHEDULE_TOPIC_XXXX queue 0
+
+    def arrived():
+        got = cli("consume", "--store", str(running.root), "--topic", "Later", "--queue-id", "2",
+                  "--json", "--no-commit", "--timeout-ms", "200")
+        return [json.loads(line) for line in got.stdout.decode().splitlines()]
+
+    [message] = wait_for(arrived, "the delayed message")
+    assert message["body"] == "soon"
+    assert message["store_ts_ms"] >= answer["store_ts_ms"] + 1000
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from engine.formats.record import (
 from engine.formats.record.stamp_many import check_stampable
 from engine.refusal import Refusal
 from engine.status import PutStatus
+from engine.topics.system import system_topic_counts
 from engine.topics.table import TopicConfig, TopicDefaults, TopicTable
 from engine.tuning import STRUCT_PATH_MAX_RECORDS
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
@@ -30,8 +31,9 @@ from ipc.run_info import run_dir
 from tests.workers.store_harness import assert_check_clean, start_store
 from workers.request_check import RecordChecker, merge_checked
 
-CHECKER = RecordChecker(max_body_bytes=1024, segment_bytes=65536,
-                            route=partial(TopicTable().put_route, defaults=TopicDefaults(4)))
+# the store's own topics sit in the table beside the configured ones (engine.topics.system)
+CHECKER = RecordChecker(max_body_bytes=1024, segment_bytes=65536, route=partial(
+    TopicTable().with_system_topics(system_topic_counts(18)).put_route, defaults=TopicDefaults(4)))
 
 
 def record(topic="T1", body=b"hello", queue_id=1, props=None):
@@ -379,3 +381,28 @@ def test_merge_checked_appends_in_place_only_when_every_byte_is_a_good_record():
     assert merged.spans == [(0, 2), (2, 3)] and merged.topics == ["T1", "T1", "T2"]
     assert bytes(merged.records.buf) == first[0] + first[2] + second[0]
     assert merged.records.starts.tolist() == [0, len(first[0]), len(first[0]) + len(first[2])]
+
+
+# ---------------------------------------------------------------- system topics
+
+@pytest.mark.parametrize("topic", ["%RETRY%g", "%DLQ%g"])
+def test_a_record_to_a_system_topic_is_refused(topic):
+    with pytest.raises(BadInputError, match="system topic"):
+        CHECKER.check(memoryview(record(topic=topic)))
+
+
+def test_schedule_topic_has_a_queue_per_delay_level_other_topics_queue_count():
+    """queue_count 4, 18 levels: SCHEDULE_TOPIC_XXXX takes queues 0..17, the timer topic one a
+    minute of its wheel (engine.topics.system.TIMER_SLOTS), other topics 0..3, on both paths."""
+    assert CHECKER.check(memoryview(record(topic="SCHEDULE_TOPIC_XXXX", queue_id=17))) == (
+        "SCHEDULE_TOPIC_XXXX", 17)
+    for topic, queue_id in (("SCHEDULE_TOPIC_XXXX", 18), ("T1", 4), ("T1", 17)):
+        with pytest.raises(BadInputError, match="queue_id"):
+            CHECKER.check(memoryview(record(topic=topic, queue_id=queue_id)))
+    assert CHECKER.check(memoryview(record(topic="rmq_sys_wheel_timer", queue_id=10081)))[1] == 10081
+    for topic, good, bad in (("SCHEDULE_TOPIC_XXXX", 17, 18), ("T1", 3, 17),
+                             ("rmq_sys_wheel_timer", 10081, 10082)):
+        records = [record(topic=topic, queue_id=good)] * BIG + [record(topic=topic, queue_id=bad)]
+        checked = CHECKER.check_request(bytearray(b"".join(records)), len(records))
+        assert checked.ok.tolist() == [True] * BIG + [False]
+        assert "queue_id" in str(checked.reasons[BIG])

@@ -38,7 +38,7 @@ from engine.formats.index_file import (
     index_key_hash_of,
     shard_of,
 )
-from engine.record_rules import ENTERS_CONSUME_QUEUE_SQL
+from engine.record_rules import ENTERS_CONSUME_QUEUE_SQL, SCHEDULED_TAG_FIELD, SPARK_SQL, render_tag_field
 from tools.spark.layout import StoreFormat, StoreLayout, read_layout
 from tools.spark.session import read_store
 from tools.spark.tasks import flat_map, flat_map_items
@@ -160,8 +160,9 @@ def _check_queues(spark, valid, root: Path, layout: StoreLayout, report: CheckRe
             "sum(count) AS entries", "slice(collect_list(IF(count > 1, struct(e_pos, count), NULL)), 1, 100) "
             "AS dupes").first()
         report.cq_entries = int(per_pos.entries or 0)
-        expected = valid.where(ENTERS_CONSUME_QUEUE_SQL).select("topic", "queue_id", "queue_offset",
-                                                                "commit_pos", "size", "tags_code")
+        tag_field = render_tag_field(SCHEDULED_TAG_FIELD, SPARK_SQL, layout.delay_levels_ms)
+        expected = valid.where(ENTERS_CONSUME_QUEUE_SQL).selectExpr(
+            "topic", "queue_id", "queue_offset", "commit_pos", "size", f"{tag_field} AS tags_code")
         joined = expected.join(entries, ["topic", "queue_id", "queue_offset"], "full_outer").where(
             "commit_pos IS NULL OR e_pos IS NULL OR commit_pos != e_pos OR size != e_size "
             "OR tags_code != e_tags").orderBy("topic", "queue_id", "queue_offset").limit(1000).collect()

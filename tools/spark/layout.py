@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from engine.delivery.levels import DEFAULT_DELAY_LEVELS_MS, parse_delay_levels
 from engine.errors import NotAStoreError
 from engine.files.naming import (
     STORE_META_FILE,
@@ -47,6 +48,7 @@ class StoreLayout:
     index_slot_count: int = 0
     index_entry_count: int = 0
     index_shards: int = 0
+    delay_levels_ms: tuple[int, ...] = DEFAULT_DELAY_LEVELS_MS  # the tag field of scheduled entries
 
     @property
     def full_verify(self) -> Verify:
@@ -77,6 +79,8 @@ def read_layout(root: str | Path, store_format: StoreFormat | None = None) -> St
         sizes = dict(consume_queue_entries=meta.consume_queue_entries,
                      index_slot_count=meta.index_slot_count,
                      index_entry_count=meta.index_entry_count, index_shards=meta.index_shards)
+        if meta.message_delay_level is not None:
+            sizes["delay_levels_ms"] = parse_delay_levels(meta.message_delay_level)
     else:
         segment_bytes = infer_segment_bytes(files)
     check_segment_bases(files, segment_bytes)

@@ -44,8 +44,10 @@ from engine.formats.record.dispatch_columns import DispatchColumns
 from engine.index.shard import ShardIndex
 from engine.log.commitlog import CommitLog
 from engine.queues.consume_queue import ConsumeQueue
+from engine.record_rules import scheduled_tag_column
 from engine.recovery.checkpoint import write_checkpoint
 from engine.recovery.durable_times import CheckpointTimes
+from engine.topics.system import SCHEDULE_TOPIC
 from tools.spark.layout import StoreFormat, StoreLayout, read_layout
 from tools.spark.options import parse_options
 from tools.spark.partitions import ScanRange
@@ -100,7 +102,8 @@ def rebuild(spark, store: str | Path, *, say: Say = lambda _: None) -> RebuildRe
     reader = MqstoreReader(parse_options({"path": str(root), "view": "dispatch"}))
     ranges = [rng for p in reader.partitions() for rng in p.value]
     say(f"rebuild: scanning the commitlog ({len(ranges)} ranges)")
-    spill = functools.partial(spill_range, str(staging), reader.spec, layout.index_shards)
+    spill = functools.partial(spill_range, str(staging), reader.spec, layout.index_shards,
+                              layout.delay_levels_ms)
     spilled = run_tasks(spark, spill, list(enumerate(ranges)))
     report.data_end_pos = max((end for end, _ in spilled), default=0) or layout.min_pos
     queues = sorted({queue for _, queue_keys in spilled for queue in queue_keys})
@@ -149,7 +152,7 @@ def dispatch_columns_of(batch: pa.RecordBatch) -> DispatchColumns:
         key_starts=str_offsets[lo:hi].astype(np.int64), key_ends=str_offsets[lo + 1:hi + 1].astype(np.int64))
 
 
-def spill_range(staging: str, spec: ScanSpec, shard_count: int,
+def spill_range(staging: str, spec: ScanSpec, shard_count: int, delay_levels_ms: tuple[int, ...],
                 task: tuple[int, ScanRange]) -> tuple[int, list[tuple[str, int]]]:
     """Executor side: read one range (dispatch view) and write, per queue and per shard, its
     entries and keys in commit order to spill/<q|k>/.../<range number>.npy under staging.
@@ -162,9 +165,10 @@ def spill_range(staging: str, spec: ScanSpec, shard_count: int,
         cols = dispatch_columns_of(batch)
         end_pos = max(end_pos, cols.end_pos)
         for queue, rows in queue_groups(cols, consumable_rows(cols)):
+            tags = cols.tags_code[rows] if queue[0] != SCHEDULE_TOPIC else \
+                scheduled_tag_column(cols.store_ts_ms[rows], queue[1], delay_levels_ms)
             entries.setdefault(queue, []).append(_records(_QUEUE_SPILL, cols.queue_offset[rows],
-                                                          cols.commit_pos[rows], cols.total_size[rows],
-                                                          cols.tags_code[rows]))
+                                                          cols.commit_pos[rows], cols.total_size[rows], tags))
         if len(cols.key_rows):
             hashes, shards = key_hashes_and_shards(cols, shard_count)
             for shard in np.unique(shards).tolist():

@@ -1,7 +1,9 @@
 """`mqstore torture` and `python -m tools.torture soak`: the command-line side of the torture.
 
     mqstore torture --store DIR --rounds N --target supervisor|dispatcher|index|producer|random
-                    [--flush sync|async] [--fault kill|power-loss|offsets] [--seed N] [--json FILE]
+                    [--flush sync|async] [--fault kill|power-loss|offsets|delayed] [--seed N] [--json FILE]
+
+`--fault delayed` runs delayed-delivery rounds instead (tools.torture.delayed_rounds).
 
 The lead wires `add_torture_parser(subparsers)` into tools/cli.py; the parser's `func` is
 `run_torture`, which returns the exit code (0 when every round passed, 1 otherwise).
@@ -10,15 +12,19 @@ The lead wires `add_torture_parser(subparsers)` into tools/cli.py; the parser's 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
+import random
 import sys
 import time
 from pathlib import Path
 
+from tools.torture.delayed_rounds import DELAYED_FAULT, DelayedRun
 from tools.torture.faults import Tear
 from tools.torture.figures import Figures
 from tools.torture.offset_damage import DAMAGES
+from tools.torture.processes import TortureError
 from tools.torture.rounds import FAULTS, TARGETS, TortureRun, TortureSettings
 
 SOAK_PLAN = (  # (target, fault, flush): the supervisor first, then power loss, then the rest
@@ -59,10 +65,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what each round attacks: a process to SIGKILL, or `hostile` (random and "
                         "bit-flipped requests beside the load); default random")
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
-    parser.add_argument("--fault", choices=FAULTS, default="kill",
+    parser.add_argument("--fault", choices=(*FAULTS, DELAYED_FAULT), default="kill",
                         help="power-loss: after a supervisor kill, drop what was not flushed; "
                         "offsets: consumer groups commit between kills, and while the store is down "
-                        "consumerOffset.json is torn and segment mtimes are set to 1970")
+                        "consumerOffset.json is torn and segment mtimes are set to 1970; delayed: "
+                        "kills while delayed messages fall due (--target supervisor, dispatcher, "
+                        "index or random), each delivered once and never early")
     parser.add_argument("--work-dir", help="ledgers and logs (default: DIR.torture next to the store)")
     add_load_arguments(parser)
 
@@ -114,6 +122,8 @@ def settings_from_args(args: argparse.Namespace, **overrides) -> TortureSettings
 
 def run_torture(args: argparse.Namespace) -> int:
     """Run the torture the arguments describe; print the figures; 0 if it passed."""
+    if args.fault == DELAYED_FAULT:
+        return _run_delayed(args)
     if args.fault != "kill" and args.target not in ("supervisor", "random"):
         print(f"mqstore: error: --fault {args.fault} needs --target supervisor or random",
               file=sys.stderr)
@@ -124,6 +134,23 @@ def run_torture(args: argparse.Namespace) -> int:
     print("\n".join(figures.lines()), flush=True)
     if args.json:
         write_json(Path(args.json), [figures], command=sys.argv)
+    return 0 if figures.passed else 1
+
+
+def _run_delayed(args: argparse.Namespace) -> int:
+    """`--fault delayed`: kills while delayed messages fall due (DelayedRun)."""
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    root = Path(args.store)
+    work_dir = Path(args.work_dir) if args.work_dir else root.with_name(root.name + ".torture")
+    print(f"torture seed {seed} (rerun with --seed {seed})", flush=True)
+    try:
+        figures = DelayedRun(root, work_dir, rounds=args.rounds, target=args.target, seed=seed).run()
+    except TortureError as exc:
+        print(f"mqstore: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(figures.lines()), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dataclasses.asdict(figures), indent=2) + "\n")
     return 0 if figures.passed else 1
 
 

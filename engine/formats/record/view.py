@@ -82,26 +82,30 @@ class RecordView:
         props.pop(PROP_CRC32C, None)
         return props
 
-    def property_in(self, name: bytes, wanted: frozenset[bytes]) -> np.ndarray:
-        """A mask of the records whose property `name` is one of `wanted`, as decode_properties
-        reads it (the last pair with that key), for all records at once.
+    def property_in(self, name: bytes, wanted: frozenset[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """(mask, undecodable): a mask of the records whose property `name` is one of `wanted`,
+        as decode_properties reads it (the last pair with that key), for all records at once,
+        and the rows the decoder had to read and could not (not UTF-8: corrupt bytes; False in
+        the mask).
 
         A pair starts the properties or follows a 0x02, its key runs to its first 0x01 and its
         value, non-empty, to the next 0x02; a record whose last `name 0x01` starts an empty
-        value (no pair) is decided by the decoder itself."""
+        value (no pair) is decided by the decoder itself. Matches are searched in the records'
+        properties laid end to end, so one that runs past its record's end is dropped."""
         u8 = np.frombuffer(self.buf, dtype=np.uint8)
         offsets, blob = take_spans(u8, self.props_pos, self.end_pos)
         offsets = offsets.astype(np.int64)
         head = np.frombuffer(name + SEP_KV, dtype=np.uint8)
         width = len(head)
         if len(blob) < width:
-            return np.zeros(self.count, dtype=bool)
+            return np.zeros(self.count, dtype=bool), np.zeros(0, dtype=np.int64)
         at = np.ones(len(blob) - width + 1, dtype=bool)
         for k, byte in enumerate(head.tolist()):
             at &= blob[k:len(blob) - width + 1 + k] == byte
         starts = np.flatnonzero(at)
         rows = np.searchsorted(offsets, starts, side="right") - 1
         at_pair = (starts == offsets[rows]) | (blob[np.maximum(starts - 1, 0)] == SEP_PROP[0])
+        at_pair &= starts + width <= offsets[rows + 1]  # `name 0x01` inside one record's properties
         starts, rows = starts[at_pair], rows[at_pair]
         last = np.ones(len(rows), dtype=bool)
         last[:-1] = rows[1:] != rows[:-1]
@@ -116,10 +120,15 @@ class RecordView:
                 same = same[(gather(blob, starts[same], len(value))
                              == np.frombuffer(value, dtype=np.uint8)).all(axis=1)]
             keep[rows[same]] = True
+        undecodable = []
         for row in rows[lengths == 0].tolist():  # not a pair: an earlier one may be the value
-            found = self.properties(row).get(name.decode())
+            try:
+                found = self.properties(row).get(name.decode())
+            except UnicodeDecodeError:
+                undecodable.append(row)
+                continue
             keep[row] = found is not None and found.encode() in wanted
-        return keep
+        return keep, np.array(undecodable, dtype=np.int64)
 
     def body_prefix(self, width_bytes: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows, heads): the first `width_bytes` of every body at least that long, as an

@@ -3,10 +3,12 @@ text, and syntax errors that name their position."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from engine.errors import FilterSyntaxError
-from engine.filters.sql import compile_sql_filter
+from engine.filters.sql import MAX_EXPRESSION_CHARS, MAX_NESTING_DEPTH, compile_sql_filter
 
 RECORDS = [{"a": "2", "s": "eu"}, {"a": "10", "s": "us"}, {"a": "10.5", "s": "x'y"}, {"s": "eu"},
            {"a": "x"}, {"a": "-3", "b": "-3"}]
@@ -74,4 +76,53 @@ def test_syntax_errors_name_the_position(expression, position, words):
         compile_sql_filter(expression)
     assert info.value.position == position and info.value.expression == expression
     assert words in str(info.value) and f"position {position}" in str(info.value)
+    assert info.value.field == "where"
+
+
+def test_nesting_past_the_limit_is_refused_not_a_recursion_error():
+    deepest = "(" * MAX_NESTING_DEPTH + "a = 1" + ")" * MAX_NESTING_DEPTH
+    assert compile_sql_filter(deepest).matches({"a": "1"})
+    mixed = "a = 1"
+    for level in range(MAX_NESTING_DEPTH):  # alternating AND / OR nodes, each a level deeper
+        mixed = f"(b = {level} {'OR' if level % 2 else 'AND'} {mixed})"
+    assert compile_sql_filter(mixed).matches({"b": "63"})
+    too_deep = "(" * (MAX_NESTING_DEPTH + 1) + "a = 1" + ")" * (MAX_NESTING_DEPTH + 1)
+    with pytest.raises(FilterSyntaxError) as info:
+        compile_sql_filter(too_deep)
+    assert info.value.position == MAX_NESTING_DEPTH and "nested deeper than 64" in str(info.value)
+
+
+def test_runs_of_not_and_of_signs_collapse():
+    assert str(compile_sql_filter("NOT " * 5000 + "a = 1")) == "a = 1"
+    assert compile_sql_filter("NOT " * 5001 + "a = 1").matches({"a": "2"})
+    assert compile_sql_filter("a = " + "- " * 5001 + "1").matches({"a": "-1"})
+    assert str(compile_sql_filter("a = - + - 1")) == "a = 1"
+    with pytest.raises(FilterSyntaxError, match="expected a condition"):
+        compile_sql_filter("NOT NOT 'x'")
+
+
+def test_long_and_or_chains_evaluate_without_recursion():
+    ids = compile_sql_filter(" OR ".join(f"id = {i}" for i in range(1000)))  # IN takes strings only
+    assert ids.matches({"id": "999"}) and not ids.matches({"id": "1000"}) and not ids.matches({})
+    chain = compile_sql_filter(" AND ".join(["a = 1"] * 1000))
+    assert chain.matches({"a": "1"}) and not chain.matches({"a": "2"})
+
+
+def test_a_longest_and_chain_compiles_in_linear_time():
+    """3,700 terms (64 KiB) took about 20 s when every AND rescanned the text built so far."""
+    terms = []
+    while sum(len(t) + 5 for t in terms) < MAX_EXPRESSION_CHARS - 20:
+        terms.append(f"p{len(terms)} IS NULL")
+    expression = " AND ".join(terms)
+    started = time.monotonic()
+    compiled = compile_sql_filter(expression)
+    assert time.monotonic() - started < 5.0
+    assert compiled.matches({}) and not compiled.matches({"p7": "x"})
+    assert str(compiled) == expression
+
+
+def test_an_expression_past_the_length_limit_is_refused():
+    too_long = "a = 1 OR " * (MAX_EXPRESSION_CHARS // 9 + 1) + "a = 2"
+    with pytest.raises(FilterSyntaxError, match=f"more than {MAX_EXPRESSION_CHARS}") as info:
+        compile_sql_filter(too_long)
     assert info.value.field == "where"
