@@ -337,7 +337,7 @@ class MessageStore:
         when it cannot apply). A delete drops the topic's consume queues; its records stay in
         the log until retention, below the tombstone no dispatch reads again."""
         self._require_open()
-        table = self._topics.apply(change, self._next_offsets, self.commitlog.written_pos)
+        table = self._topics.apply(change, self._next_offsets, self.commitlog.flush)
         self.queues.bury(table.tombstones)
         return table
 
@@ -387,7 +387,8 @@ class MessageStore:
         shard = self.shards[shard_of(topic, key, len(self.shards))]
         positions = shard.query(topic, key, begin_ms, end_ms, max_count)
         return read_key_records(self.commitlog, positions, topic, key, begin_ms, end_ms,
-                                max_count=max_count, end_pos=self._dispatch_limit()).records
+                                max_count=max_count, end_pos=self._dispatch_limit(),
+                                tombstone_pos=self.topics.tombstone_of(topic)).records
 
     def offset_for_time(self, topic: str, queue_id: int, ts_ms: int,
                         boundary: Boundary = Boundary.LOWER) -> int:
