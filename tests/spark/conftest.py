@@ -1,6 +1,7 @@
 """One local[2] SparkSession for every Spark test, and small real stores written by the engine.
 
-The session's JVM also serves Spark Connect (its plugin, on a free port with a token): the
+The session's JVM also serves Spark Connect (its plugin, on a port the kernel picks, with a
+token): the
 Connect tests' clients talk to it, rather than each starting a Connect server of its own
 (another JVM, ~40 s here).
 
@@ -12,7 +13,6 @@ PYSPARK_PYTHON before the JVM starts.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import uuid
 from collections.abc import Iterator
@@ -36,13 +36,6 @@ def _spark_env() -> None:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-CONNECT_PORT = _free_port()
 CONNECT_TOKEN = uuid.uuid4().hex
 
 
@@ -60,7 +53,7 @@ def spark() -> Iterator:
                .config("spark.sql.python.filterPushdown.enabled", "true")
                .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
                .config("spark.connect.grpc.binding.address", "127.0.0.1")
-               .config("spark.connect.grpc.binding.port", str(CONNECT_PORT))
+               .config("spark.connect.grpc.binding.port", "0")  # any free port: read back below
                .config("spark.connect.authenticate.token", CONNECT_TOKEN)
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
@@ -70,8 +63,11 @@ def spark() -> Iterator:
 
 @pytest.fixture(scope="session")
 def spark_connect_url(spark) -> str:
-    """Where a Spark Connect client reaches the shared session's JVM."""
-    return f"sc://localhost:{CONNECT_PORT}/;token={CONNECT_TOKEN}"  # localhost: a token without TLS
+    """Where a Spark Connect client reaches the shared session's JVM (localhost: PySpark sends a
+    token without TLS only there)."""
+    service = getattr(spark._jvm.org.apache.spark.sql.connect.service, "SparkConnectService$")
+    port = service.__getattr__("MODULE$").server().getPort()
+    return f"sc://localhost:{port}/;token={CONNECT_TOKEN}"
 
 
 @pytest.fixture(scope="session")
