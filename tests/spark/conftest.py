@@ -1,9 +1,8 @@
 """One local[2] SparkSession for every Spark test, and small real stores written by the engine.
 
 The session's JVM also serves Spark Connect (its plugin, on a port the kernel picks, with a
-token): the
-Connect tests' clients talk to it, rather than each starting a Connect server of its own
-(another JVM, ~40 s here).
+token): the Connect tests' clients talk to it, rather than each starting a Connect server of
+its own (another JVM, ~40 s here).
 
 Workers must import `engine`, `tools` and the top-level `pyspark_mqstore` module (which Spark
 discovers by itself): the repository root goes on PYTHONPATH and this interpreter becomes
