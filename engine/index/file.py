@@ -137,6 +137,13 @@ class IndexFile:
         return decode_index_header(self._live_buf())
 
     @property
+    def query_bounds(self) -> tuple[int, int, int]:
+        """(index_count, begin_ts_ms, end_ts_ms): what a lookup reads of every file to skip it,
+        read from the header without building an IndexHeader (a quarter of a lookup's time)."""
+        begin_ts_ms, end_ts_ms, _, _, _, count = _header_unpack(self._live_buf(), 0)
+        return count, begin_ts_ms, end_ts_ms
+
+    @property
     def index_count(self) -> int:
         return _header_unpack(self._live_buf(), 0)[5]
 

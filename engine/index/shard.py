@@ -224,9 +224,8 @@ class ShardIndex:
         for index_file in reversed(self._files):
             if len(found) >= max_count:
                 break
-            h = index_file.header
-            if (h.index_count <= 1 or h.end_ts_ms + TIME_SLACK_MS < begin_ms
-                    or h.begin_ts_ms - TIME_SLACK_MS > end_ms):
+            count, begin_ts_ms, end_ts_ms = index_file.query_bounds
+            if count <= 1 or end_ts_ms + TIME_SLACK_MS < begin_ms or begin_ts_ms - TIME_SLACK_MS > end_ms:
                 continue
             found += index_file.select_hash(key_hash, low_ms, end_ms, max_count - len(found))
         return found

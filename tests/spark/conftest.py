@@ -1,5 +1,9 @@
 """One local[2] SparkSession for every Spark test, and small real stores written by the engine.
 
+The session's JVM also serves Spark Connect (its plugin, on a port the kernel picks, with a
+token): the Connect tests' clients talk to it, rather than each starting a Connect server of
+its own (another JVM, ~40 s here).
+
 Workers must import `engine`, `tools` and the top-level `pyspark_mqstore` module (which Spark
 discovers by itself): the repository root goes on PYTHONPATH and this interpreter becomes
 PYSPARK_PYTHON before the JVM starts.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +35,9 @@ def _spark_env() -> None:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
+CONNECT_TOKEN = uuid.uuid4().hex
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator:
     from pyspark.sql import SparkSession
@@ -42,10 +50,23 @@ def spark() -> Iterator:
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.python.filterPushdown.enabled", "true")
+               .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+               .config("spark.connect.grpc.binding.address", "127.0.0.1")
+               .config("spark.connect.grpc.binding.port", "0")  # any free port: read back below
+               .config("spark.connect.authenticate.token", CONNECT_TOKEN)
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect_url(spark) -> str:
+    """Where a Spark Connect client reaches the shared session's JVM (localhost: PySpark sends a
+    token without TLS only there)."""
+    service = getattr(spark._jvm.org.apache.spark.sql.connect.service, "SparkConnectService$")
+    port = service.__getattr__("MODULE$").server().getPort()
+    return f"sc://localhost:{port}/;token={CONNECT_TOKEN}"
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
-"""Run the Spark jobs in a local Spark Connect session (a child process: one JVM per process).
+"""Run the Spark jobs as a Spark Connect client (a child process: a Python process holds either a
+classic session or a Connect one; the tests' own session's JVM is the server).
 
-    python -m tests.spark.connect_jobs STORE REBUILD_COPY EXPORT_DIR [JOB ...]  -> one JSON line on stdout
+    python -m tests.spark.connect_jobs URL STORE REBUILD_COPY EXPORT_DIR [JOB ...]  -> one JSON line
 
 JOB is one of check, rebuild, export, count (default: all four); the JSON has a key per job run.
 """
@@ -32,9 +33,8 @@ def run_job(spark, name: str, store: str, copy: str, out: str) -> dict:
     raise SystemExit(f"unknown job {name!r}: one of {', '.join(JOBS)}")
 
 
-def main(store: str, copy: str, out: str, *names: str) -> None:
-    spark = (SparkSession.builder.remote("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2")
+def main(url: str, store: str, copy: str, out: str, *names: str) -> None:
+    spark = (SparkSession.builder.remote(url).config("spark.sql.shuffle.partitions", "2")
              .config("spark.sql.python.filterPushdown.enabled", "true").getOrCreate())
     try:
         register(spark)
