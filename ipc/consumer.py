@@ -588,8 +588,15 @@ class Consumer:
 
     def _owned(self, share: GroupShare, topic: str) -> list[int]:
         self._require_supervisor()
-        return share.maybe_rebalance(self.read_queue_count(topic),
-                                     lambda let_go: self._commit_marked(topic, let_go))
+        before = list(share.owned)
+        owned = share.maybe_rebalance(self.read_queue_count(topic),
+                                      lambda let_go: self._commit_marked(topic, let_go))
+        for queue_id in owned:
+            if queue_id not in before:
+                # a gained queue starts from its old owner's commit: a mark made while another
+                # member owned it (iterate(queue_ids=...)) was never this member's to write
+                self._uncommitted.pop((topic, queue_id), None)
+        return owned
 
     def _validate_queue_ids(self, topic: str, queue_ids: Iterable[int]) -> list[int]:
         chosen = list(queue_ids)
@@ -709,12 +716,12 @@ class Consumer:
 
     def flush_offsets(self) -> None:
         """Write the offsets `iterate` consumed since its last write, in one atomic replace; a
-        mark on a queue another member owns stays unwritten (only a queue's owner commits)."""
+        mark on a queue another member owns is dropped unwritten: only a queue's owner commits,
+        and a mark kept would later override the owner's commit should the queue come here."""
         writable = {key: offset for key, offset in self._uncommitted.items() if self._may_commit(*key)}
         if writable:
             self.offsets.commit_many(self.group, writable)
-            for key in writable:
-                del self._uncommitted[key]
+        self._uncommitted.clear()
 
     def _may_commit(self, topic: str, queue_id: int) -> bool:
         share = self._shares.get(topic)

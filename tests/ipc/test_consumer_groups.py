@@ -292,3 +292,29 @@ def test_the_guide_example_of_a_worker_runs_as_written(store, capsys):
     assert len(printed) == 3 * QUEUES + 1 and printed[-1] == f"{QUEUES - 1} 3 b'last'"
     assert ConsumerOffsets(store.root).get("jobs", "workers", 0) == 3  # it committed what it handled
     assert live_members(store.root, "workers", "jobs") == []  # and left
+
+
+# ------------------------------------------------------------------ the reviewer's repros (groups)
+def split_between(topic: str, first: Consumer, second: Consumer) -> None:
+    """Both join `topic` and poll until each owns half its queues."""
+    first.assignment(topic)
+    second.assignment(topic)
+    wait_for(lambda: len(first.assignment(topic)) == len(second.assignment(topic)) == QUEUES // 2, "split")
+
+
+def test_a_mark_on_another_members_queue_never_overrides_its_commit(store):
+    topic = "StaleMark"
+    send(store, topic, 10)
+    x, y = Consumer(store.root, "stale"), Consumer(store.root, "stale")
+    try:
+        split_between(topic, x, y)
+        theirs = y.assignment(topic)[0]
+        y.commit(topic, theirs, 2)  # y handled offsets 0 and 1
+        assert len(list(x.iterate(topic, queue_ids=[theirs]))) == 8  # x peeks with the assign API
+        y.close()  # y leaves: its queues come to x, from y's commit
+        wait_for(lambda: x.assignment(topic) == list(range(QUEUES)), "x owns every queue")
+        got = [r.queue_offset for r in x.iterate(topic, poll_timeout_ms=300) if r.queue_id == theirs]
+        assert got == list(range(2, 10))
+    finally:
+        x.close()
+        y.close()
