@@ -211,6 +211,9 @@ class Consumer:
         self._waiter: ConsumerWaiter | None = None
         self._closed = False
         self._uncommitted: dict[tuple[str, int], int] = {}  # (topic, queue id): iterate's, unwritten
+        # (topic, queue id): how many `iterate`s are inside a batch of it (not let go until done)
+        self._in_batch: dict[tuple[str, int], int] = {}
+        self._iterated_topics: set[str] = set()  # topics a member's `iterate` is live on
         self._pid = os.getpid()  # a forked child adopts the consumer on its first call
         self._supervisor_seen_s = -SUPERVISOR_CHECK_INTERVAL_S  # when it was last seen alive
 
@@ -450,6 +453,8 @@ class Consumer:
             self._waiter = self._table = None
         self._uncommitted.clear()
         self._positions.clear()
+        self._in_batch.clear()
+        self._iterated_topics.clear()
         self._shares.clear()  # the parent's member files and queue locks were closed at fork
         if not self._closed:
             self._membership.rejoin()  # the inherited lock was closed at fork
@@ -490,7 +495,10 @@ class Consumer:
 
         Without `queue_ids` it subscribes with its `tags` / `where` (see the class): a CLUSTERING member
         reads the queues its group gives it, rebalanced as members come and go, and commits a
-        queue's offset before it lets the queue go. With `queue_ids` it reads those queues and
+        queue's offset before it lets the queue go; a queue is kept while a batch read from it
+        is still being handed out (a rebalance lets it go once the batch is marked), so a member
+        that holds a record without asking for the next keeps that queue. One such iterate per
+        topic may be live at a time (BadInputError). With `queue_ids` it reads those queues and
         joins nothing. Without `follow` it stops when no queue it reads moves on (a member first
         waits up to `poll_timeout_ms` for the queues its group gives it to be handed over); with
         it, it long-polls for more, across a restart of the store (see `reattach_timeout_s`). A
@@ -509,6 +517,12 @@ class Consumer:
         subscription = subscription_of(tags, where)
         assigned = None if queue_ids is None else self._validate_queue_ids(topic, queue_ids)
         share = self._join(topic, subscription) if assigned is None else None
+        if share is not None:
+            if topic in self._iterated_topics:  # the two would hand out the same queues' messages
+                raise BadInputError("topic", f"an iterate over {topic!r} is live in this consumer: "
+                                    "close it (or let it end) before starting another")
+            self._iterated_topics.add(topic)
+        pid = os.getpid()
         offsets: dict[int, int | None] = {}
         interval_s = commit_interval_ms / 1000.0
         started_s = written_at = time.monotonic()
@@ -519,10 +533,12 @@ class Consumer:
                 self._follow_owned(topic, offsets, assigned if share is None else self._owned(share, topic))
                 moved = False
                 for queue_id, offset in list(offsets.items()):
+                    if share is not None and queue_id not in share.owned:
+                        continue  # let go under an earlier batch of this sweep (by `assignment`)
                     result = self._read(topic, queue_id, offset, max_count, bound, subscription)
                     for skipped in result.skipped if on_skipped is not None else ():
                         on_skipped(skipped)
-                    yield from result.messages
+                    yield from self._hand_out(topic, queue_id, result.messages, share, pid)
                     if result.status in _MOVES and result.next_offset != offset:
                         moved = True
                         offsets[queue_id] = result.next_offset
@@ -540,8 +556,35 @@ class Consumer:
                     wait_s = min(wait_s, REBALANCE_INTERVAL_S)
                 self._wait_past(bound, wait_s)
         finally:
-            if not self._closed:
-                self.flush_offsets()
+            if os.getpid() == pid:
+                if share is not None:
+                    self._iterated_topics.discard(topic)
+                if not self._closed:
+                    self.flush_offsets()
+
+    def _hand_out(self, topic: str, queue_id: int, records: list[Record], share: GroupShare | None,
+                  pid: int) -> Iterator[Record]:
+        """Yield one batch; while inside it, its queue is kept (a rebalance lets it go once the
+        batch is done and marked), so no other member reads what this one still hands out."""
+        key = (topic, queue_id)
+        self._in_batch[key] = self._in_batch.get(key, 0) + 1
+        try:
+            for record in records:
+                yield record
+                if os.getpid() != pid:  # the rest of the batch is the parent's to hand out
+                    raise StoreClosedError("this iteration belongs to the process that started it "
+                                           f"(pid {pid}), not to its forked child", path=str(self.root),
+                                           hint="start a new iterate in the child")
+                if self._closed:
+                    raise StoreClosedError("the consumer was closed during the iteration",
+                                           path=str(self.root))
+                if share is not None and queue_id not in share.owned:  # never expected: a safety net
+                    raise QueueNotOwnedError(self.group, topic, queue_id, share.owned)
+        finally:
+            if os.getpid() == pid:
+                left = self._in_batch.pop(key, 1) - 1
+                if left:
+                    self._in_batch[key] = left
 
     @staticmethod
     def _awaiting_hand_over(share: GroupShare | None, started_s: float, poll_timeout_ms: int) -> bool:
@@ -589,8 +632,9 @@ class Consumer:
     def _owned(self, share: GroupShare, topic: str) -> list[int]:
         self._require_supervisor()
         before = list(share.owned)
+        busy = [queue_id for (busy_topic, queue_id) in self._in_batch if busy_topic == topic]
         owned = share.maybe_rebalance(self.read_queue_count(topic),
-                                      lambda let_go: self._commit_marked(topic, let_go))
+                                      lambda let_go: self._commit_marked(topic, let_go), busy)
         for queue_id in owned:
             if queue_id not in before:
                 # a gained queue starts from its old owner's commit: a mark made while another

@@ -25,6 +25,7 @@ from ipc.consumer import Consumer
 from ipc.consumer_offsets import ConsumerOffsets
 from ipc.group_roster import MessageModel, join_roster, live_members, topic_dir
 from ipc.producer import Producer
+from ipc.queue_allocation import allocate_averagely
 from tests.workers.store_harness import cli, module_store, spawn_python, wait_for
 from tools.client_commands import parse_time_ms
 from tools.group_view import member_table
@@ -318,3 +319,41 @@ def test_a_mark_on_another_members_queue_never_overrides_its_commit(store):
     finally:
         x.close()
         y.close()
+
+
+def test_a_queue_is_let_go_only_after_the_batch_being_handed_out_of_it(store):
+    topic = "MidBatch"
+    send(store, topic, 10)
+    x, y = Consumer(store.root, "midbatch"), Consumer(store.root, "midbatch")
+    try:
+        it = x.iterate(topic, poll_timeout_ms=100)
+        record = next(it)  # x is alone: it owns every queue
+        y.assignment(topic)
+        names = [member.member for member in live_members(store.root, "midbatch", topic)]
+        x_name = next(member.member for member in live_members(store.root, "midbatch", topic)
+                      if member.queue_ids == tuple(range(QUEUES)))
+        lost = allocate_averagely(next(n for n in names if n != x_name), names, range(QUEUES))
+        while record.queue_id != lost[0]:
+            record = next(it)
+        assert record.queue_offset == 0  # x is inside the batch of a queue y gets
+        wait_for(lambda: (x.assignment(topic), len(y.assignment(topic)))[1] >= len(lost) - 1, "hand-over")
+        assert lost[0] in x.assignment(topic) and lost[0] not in y.assignment(topic)
+        rest = [(r.queue_id, r.queue_offset) for r in it]
+        assert rest == [(lost[0], offset) for offset in range(1, 10)]  # none of y's other queues
+        wait_for(lambda: (x.assignment(topic), lost[0] in y.assignment(topic))[1], "the last queue")
+        assert y.committed(topic, lost[0]) == 10  # y starts past what x handed out
+    finally:
+        x.close()
+        y.close()
+
+
+def test_a_second_iterate_on_a_topic_is_refused_while_the_first_is_live(store):
+    topic = "TwoIterates"
+    send(store, topic, 2)
+    with Consumer(store.root, "twice") as consumer:
+        first = consumer.iterate(topic, poll_timeout_ms=100)
+        next(first)
+        with pytest.raises(BadInputError, match="live"):
+            next(consumer.iterate(topic))
+        first.close()
+        assert len(list(consumer.iterate(topic, poll_timeout_ms=100))) == 2 * QUEUES  # nothing was marked
