@@ -255,6 +255,7 @@ class Consumer:
     def _poll(self, read, topic: str, queue_id: int, offset: int | None, max_count: int,
               timeout_ms: int, subscription: Subscription):
         """Validate a pull, then `read` until something is found or `timeout_ms` has passed."""
+        self._adopt_if_forked()  # before the positions are looked at: a parent's seek is not the child's
         validate_topic(topic)
         validate_queue_id(queue_id, self.read_queue_count(topic))
         _require_count("max_count", max_count, 1, MAX_PULL_COUNT)
@@ -727,6 +728,7 @@ class Consumer:
         Only an offset below zero is refused here: the consume queue may lag the acknowledged
         message whose next offset this is; a past-the-end offset is caught when read. A
         CLUSTERING member commits only queues it owns (QueueNotOwnedError)."""
+        self._adopt_if_forked()  # a forked child owns none of its parent's queues
         validate_topic(topic)
         validate_queue_id(queue_id, self.read_queue_count(topic))
         share = self._shares.get(topic)
@@ -762,6 +764,7 @@ class Consumer:
         """Write the offsets `iterate` consumed since its last write, in one atomic replace; a
         mark on a queue another member owns is dropped unwritten: only a queue's owner commits,
         and a mark kept would later override the owner's commit should the queue come here."""
+        self._adopt_if_forked()  # a forked child never writes its parent's marks
         writable = {key: offset for key, offset in self._uncommitted.items() if self._may_commit(*key)}
         if writable:
             self.offsets.commit_many(self.group, writable)

@@ -357,3 +357,39 @@ def test_a_second_iterate_on_a_topic_is_refused_while_the_first_is_live(store):
             next(consumer.iterate(topic))
         first.close()
         assert len(list(consumer.iterate(topic, poll_timeout_ms=100))) == 2 * QUEUES  # nothing was marked
+
+
+def in_forked_child(action) -> str:
+    """What `action()` returned in a forked child, or the name of the error it raised."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and never return into pytest
+        try:
+            os.close(read_fd)
+            try:
+                outcome = repr(action())
+            except Exception as exc:
+                outcome = type(exc).__name__
+            os.write(write_fd, outcome.encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        outcome = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+def test_a_forked_child_writes_none_of_its_parents_marks_nor_resumes_its_iteration(store):
+    topic = "Forked"
+    send(store, topic, 10)
+    with Consumer(store.root, "forks") as consumer:
+        it = consumer.iterate(topic, poll_timeout_ms=100, commit_interval_ms=10**6)
+        for _ in range(10 + 1):  # queue 0's batch consumed (marked, not written) and one of queue 1
+            next(it)
+        assert in_forked_child(consumer.flush_offsets) == "None"
+        assert ConsumerOffsets(store.root).get(topic, "forks", 0) is None  # the parent's mark stayed its own
+        assert in_forked_child(lambda: next(it)) == "StoreClosedError"
+        assert next(it).queue_offset == 1  # the parent goes on where it was
+        it.close()
+        assert ConsumerOffsets(store.root).get(topic, "forks", 0) == 10
