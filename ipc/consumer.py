@@ -62,6 +62,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -95,6 +96,7 @@ from ipc.group_members import GroupMembership
 from ipc.group_roster import MessageModel
 from ipc.group_share import REBALANCE_INTERVAL_S, GroupShare
 from ipc.producer import attach_running_store
+from ipc.queue_locks import borrow_free_queue_locks
 from ipc.reattach import (
     DEFAULT_REATTACH_TIMEOUT_S,
     SupervisorWatch,
@@ -727,14 +729,18 @@ class Consumer:
         """Persist the group's next offset of a queue (atomic replace, previous kept as .bak).
         Only an offset below zero is refused here: the consume queue may lag the acknowledged
         message whose next offset this is; a past-the-end offset is caught when read. A
-        CLUSTERING member commits only queues it owns (QueueNotOwnedError)."""
+        CLUSTERING member commits only queues it owns, and a CLUSTERING consumer that has not
+        joined the topic only queues no live member owns (QueueNotOwnedError)."""
         self._adopt_if_forked()  # a forked child owns none of its parent's queues
         validate_topic(topic)
         validate_queue_id(queue_id, self.read_queue_count(topic))
         share = self._shares.get(topic)
         if share is not None and share.locks is not None and queue_id not in share.owned:
             raise QueueNotOwnedError(self.group, topic, queue_id, share.owned)
-        self.offsets.commit(topic, self.group, queue_id, offset)
+        with self._borrowing_queue_locks(topic, [queue_id]) as owned_elsewhere:
+            if owned_elsewhere:
+                raise QueueNotOwnedError(self.group, topic, queue_id, None)
+            self.offsets.commit(topic, self.group, queue_id, offset)
         self._uncommitted.pop((topic, queue_id), None)  # an explicit commit wins over iterate's
         self._positions.pop((topic, queue_id), None)  # and over a seek
         # the offset moved on by a deliberate act: its refusal goes (the same value stays refused)
@@ -765,10 +771,24 @@ class Consumer:
         mark on a queue another member owns is dropped unwritten: only a queue's owner commits,
         and a mark kept would later override the owner's commit should the queue come here."""
         self._adopt_if_forked()  # a forked child never writes its parent's marks
-        writable = {key: offset for key, offset in self._uncommitted.items() if self._may_commit(*key)}
-        if writable:
-            self.offsets.commit_many(self.group, writable)
+        with ExitStack() as borrowed:
+            owned_elsewhere = set()
+            for topic in {topic for topic, _ in self._uncommitted}:
+                queue_ids = [queue_id for marked, queue_id in self._uncommitted if marked == topic]
+                owned_elsewhere |= {(topic, queue_id) for queue_id in borrowed.enter_context(
+                    self._borrowing_queue_locks(topic, queue_ids))}
+            writable = {key: offset for key, offset in self._uncommitted.items()
+                        if self._may_commit(*key) and key not in owned_elsewhere}
+            if writable:
+                self.offsets.commit_many(self.group, writable)
         self._uncommitted.clear()
+
+    def _borrowing_queue_locks(self, topic: str, queue_ids: list[int]) -> AbstractContextManager[list[int]]:
+        """For a CLUSTERING consumer not joined on `topic`: the queue ids a live member owns,
+        the others' locks held for the block (ipc.queue_locks); else nothing to hold."""
+        if self.instance_name is not None or topic in self._shares:  # own offsets, or checked by share
+            return nullcontext([])
+        return borrow_free_queue_locks(self.root, self.group, topic, queue_ids)
 
     def _may_commit(self, topic: str, queue_id: int) -> bool:
         share = self._shares.get(topic)

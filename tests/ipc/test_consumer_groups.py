@@ -390,6 +390,26 @@ def test_a_forked_child_writes_none_of_its_parents_marks_nor_resumes_its_iterati
         assert in_forked_child(consumer.flush_offsets) == "None"
         assert ConsumerOffsets(store.root).get(topic, "forks", 0) is None  # the parent's mark stayed its own
         assert in_forked_child(lambda: next(it)) == "StoreClosedError"
+        assert in_forked_child(lambda: consumer.commit(topic, 0, 7)) == "QueueNotOwnedError"
+        assert ConsumerOffsets(store.root).get(topic, "forks", 0) is None
         assert next(it).queue_offset == 1  # the parent goes on where it was
         it.close()
         assert ConsumerOffsets(store.root).get(topic, "forks", 0) == 10
+
+
+def test_a_consumer_that_has_not_joined_cannot_commit_a_live_members_queue(store):
+    topic = "NonMember"
+    send(store, topic, 10)
+    with Consumer(store.root, "nonmember") as member:
+        assert len(list(member.iterate(topic, poll_timeout_ms=100))) == 10 * QUEUES  # commits 10 each
+        with Consumer(store.root, "nonmember") as outsider:
+            with pytest.raises(QueueNotOwnedError, match="live member"):
+                outsider.commit(topic, 5, 1)
+            assert len(list(outsider.iterate(topic, queue_ids=[3], poll_timeout_ms=100))) == 0
+        shown = cli("consume", "--store", str(store.root), "--topic", topic, "--group", "nonmember",
+                    "--queue-id", "3", "--offset", "0", "--max", "2")
+        assert shown.returncode != 0 and b"live member" in shown.stderr
+        assert [ConsumerOffsets(store.root).get(topic, "nonmember", q) for q in (3, 5)] == [10, 10]
+    with Consumer(store.root, "nonmember") as outsider:  # the member left: no one owns queue 5
+        outsider.commit(topic, 5, 1)
+        assert outsider.committed(topic, 5) == 1
