@@ -643,6 +643,9 @@ class Consumer:
                 # a gained queue starts from its old owner's commit: a mark made while another
                 # member owned it (iterate(queue_ids=...)) was never this member's to write
                 self._uncommitted.pop((topic, queue_id), None)
+        for queue_id in before:
+            if queue_id not in owned:  # a seek applies while the queue is this member's, not after
+                self._positions.pop((topic, queue_id), None)
         return owned
 
     def _validate_queue_ids(self, topic: str, queue_ids: Iterable[int]) -> list[int]:
@@ -659,15 +662,18 @@ class Consumer:
 
         This consumer's next read of each queue starts there (`iterate`, or `pull` without an
         offset until the queue is committed); nothing is written until it consumes and commits.
-        A CLUSTERING member uses it on the queues it owns or gets later; a queue that another
-        member reads keeps that member's progress."""
+        A CLUSTERING member that joined the topic moves only the queues it owns at the call
+        (and returns only those), and forgets the position of a queue it lets go: a queue it
+        gets later starts from its old owner's commit, never rewound past it."""
         validate_topic(topic)
         if not isinstance(ts_ms, int) or isinstance(ts_ms, bool) or ts_ms < 0:
             raise BadInputError("ts_ms", f"{ts_ms!r} is not a non-negative int (ms since the epoch)")
         self._require_supervisor()
         bound = self._ctl.dispatched_pos
-        found = {queue_id: self._offset_at_time(topic, queue_id, ts_ms, bound)
-                 for queue_id in range(self.read_queue_count(topic))}
+        share = self._shares.get(topic)
+        moved = (range(self.read_queue_count(topic)) if share is None or share.locks is None
+                 else self._owned(share, topic))
+        found = {queue_id: self._offset_at_time(topic, queue_id, ts_ms, bound) for queue_id in moved}
         for queue_id, offset in found.items():
             self._uncommitted.pop((topic, queue_id), None)
             self._positions[(topic, queue_id)] = offset

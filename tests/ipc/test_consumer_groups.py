@@ -413,3 +413,24 @@ def test_a_consumer_that_has_not_joined_cannot_commit_a_live_members_queue(store
     with Consumer(store.root, "nonmember") as outsider:  # the member left: no one owns queue 5
         outsider.commit(topic, 5, 1)
         assert outsider.committed(topic, 5) == 1
+
+
+def test_a_seek_moves_only_the_members_own_queues_and_never_rewinds_one_it_gets_later(store):
+    topic = "SeekGain"
+    send(store, topic, 10)
+    x, y = Consumer(store.root, "seekgain"), Consumer(store.root, "seekgain")
+    try:
+        split_between(topic, x, y)
+        theirs = y.assignment(topic)
+        for queue_id in theirs:
+            y.commit(topic, queue_id, 10)  # y handled all of its queues
+        mine = x.assignment(topic)
+        moved = x.seek_to_time(topic, 0)  # x replays its own queues
+        assert len(list(x.iterate(topic, poll_timeout_ms=200))) == 10 * len(mine)
+        y.close()
+        wait_for(lambda: x.assignment(topic) == list(range(QUEUES)), "x owns every queue")
+        assert [r for r in x.iterate(topic, poll_timeout_ms=300) if r.queue_id in theirs] == []
+        assert sorted(moved) == mine  # what the seek moved
+    finally:
+        x.close()
+        y.close()
