@@ -59,11 +59,12 @@ class RecordRefusedError(BadInputError):
     """The supervisor's check refused a producer's record. `refusal` (an engine.refusal.Refusal),
     `limit` and `found` travel back in the record's answer row (engine.refusal)."""
 
-    def __init__(self, field: str, reason: str, *, refusal: int, limit: int = 0, found: int = 0):
+    def __init__(self, field: str, reason: str, *, refusal: int, limit: int = 0, found: int = 0,
+                 put_status: PutStatus = PutStatus.MESSAGE_ILLEGAL):
         self.refusal = refusal
         self.limit = limit
         self.found = found
-        super().__init__(field, reason)
+        super().__init__(field, reason, put_status=put_status)
 
 
 class FrozenSettingError(BadInputError):

@@ -9,9 +9,11 @@ The codes travel through shared memory: their numbers are fixed.
 
 from __future__ import annotations
 
+import os
 from enum import IntEnum
 
 from engine.errors import RecordRefusedError
+from engine.status import PutStatus
 
 
 class Refusal(IntEnum):
@@ -35,6 +37,7 @@ class Refusal(IntEnum):
     TOPIC_UNKNOWN = 15
     TOPIC_NOT_WRITABLE = 16
     WRITE_QUEUE = 17
+    TOPIC_NOT_WRITTEN = 18  # SERVICE_NOT_AVAILABLE or DISK_FULL, not MESSAGE_ILLEGAL: found is the errno
 
 
 # (field named in the error, the words with {limit} and {found})
@@ -61,17 +64,20 @@ _WORDS: dict[Refusal, tuple[str, str]] = {
                                  "update --perm rw`)"),
     Refusal.WRITE_QUEUE: ("queue_id", "{found} is not one of the topic's {limit} write queues "
                           "(0..{limit_less_one})"),
+    Refusal.TOPIC_NOT_WRITTEN: ("topic", "creating it failed: config/topics.json was not written "
+                                "(errno {found}: {strerror}); nothing was stored"),
 }
 assert set(_WORDS) == set(Refusal)
 
 
-def refused(refusal: Refusal, *, limit: int = 0, found: int = 0, detail: str | None = None
-            ) -> RecordRefusedError:
+def refused(refusal: Refusal, *, limit: int = 0, found: int = 0, detail: str | None = None,
+            put_status: PutStatus = PutStatus.MESSAGE_ILLEGAL) -> RecordRefusedError:
     """The error for a refused record; `detail` replaces the words in the supervisor's own
-    message when it knows more than the code says (which field lengths disagree)."""
+    message when it knows more than the code says (which field lengths disagree). `put_status`:
+    the record's status, MESSAGE_ILLEGAL unless the store, not the record, is at fault."""
     field, _ = _WORDS[refusal]
     return RecordRefusedError(field, detail or _words(refusal, limit, found), refusal=int(refusal),
-                              limit=limit, found=found)
+                              limit=limit, found=found, put_status=put_status)
 
 
 def describe_refusal(code: int, limit: int, found: int) -> str:
@@ -82,8 +88,11 @@ def describe_refusal(code: int, limit: int, found: int) -> str:
         return f"the supervisor refused the record (reason code {code})"
     if refusal is Refusal.UNSAID:
         return _WORDS[refusal][1]
+    if refusal is Refusal.TOPIC_NOT_WRITTEN:  # the store's fault, not an invalid record
+        return f"topic {_words(refusal, limit, found)}"
     return f"invalid {_WORDS[refusal][0]}: {_words(refusal, limit, found)}"
 
 
 def _words(refusal: Refusal, limit: int, found: int) -> str:
-    return _WORDS[refusal][1].format(limit=limit, found=found, limit_less_one=limit - 1)
+    strerror = os.strerror(found) if refusal is Refusal.TOPIC_NOT_WRITTEN and 0 < found < 2**31 else "?"
+    return _WORDS[refusal][1].format(limit=limit, found=found, limit_less_one=limit - 1, strerror=strerror)

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -161,9 +162,13 @@ class MessageStore:
         accepted, topics, bodies, props, queue_ids = [], [], [], [], []
         for i, (message, uniq_key) in enumerate(zip(messages, new_uniq_keys(len(messages)), strict=True)):
             try:
-                topic_raw, body, props_raw, queue_id = message_parts(message, uniq_key, self._put_limits)
+                limits = self._limits_of(message)
+                topic_raw, body, props_raw, queue_id = message_parts(message, uniq_key, limits)
                 queue_id = queue_id or 0  # a message naming no queue goes to queue 0 here
-                self._topics.route(message.topic, queue_id)
+                stored_topic = topic_raw.decode("utf-8")
+                if stored_topic != message.topic:  # delayed or timed: its real topic's rule holds now
+                    self._topics.route(message.topic, message.queue_id or 0)
+                self._topics.route(stored_topic, queue_id)
             except BadInputError as exc:
                 results[i] = PutResult(exc.put_status, reason=str(exc))
                 continue
@@ -178,6 +183,19 @@ class MessageStore:
                                  born_host=("127.0.0.1", _pid_port()), store_host=self._store_host)
         # the stored topic: SCHEDULE_TOPIC_XXXX for a delayed message, whose queue offsets it takes
         return _EncodedBatch(accepted, [topic.decode("utf-8") for topic in topics], queue_ids, records)
+
+    def _limits_of(self, message: Message) -> PutLimits:
+        """The put limits; for a delayed or timed message naming no queue, with its topic's write
+        queues, among which its real queue is picked (every other queue id is the route's rule)."""
+        waits = getattr(message, "delay_level", None) is not None or getattr(message, "deliver_at_ms", None)
+        if not waits or getattr(message, "queue_id", 0) is not None:
+            return self._put_limits
+        try:
+            topic = validate_topic(message.topic)
+        except BadInputError:
+            return self._put_limits  # message_parts says what is wrong with it
+        count = self._topics.table.write_queue_count(topic, self._topics.defaults)
+        return replace(self._put_limits, queue_count=count)
 
     def _append(self, batch: _EncodedBatch, results: list) -> None:
         offsets, next_offsets = [], {}
@@ -319,7 +337,7 @@ class MessageStore:
         when it cannot apply). A delete drops the topic's consume queues; its records stay in
         the log until retention, below the tombstone no dispatch reads again."""
         self._require_open()
-        table = self._topics.apply(change, self._next_offsets, self.commitlog.written_pos)
+        table = self._topics.apply(change, self._next_offsets, self.commitlog.flush)
         self.queues.bury(table.tombstones)
         return table
 
@@ -369,7 +387,8 @@ class MessageStore:
         shard = self.shards[shard_of(topic, key, len(self.shards))]
         positions = shard.query(topic, key, begin_ms, end_ms, max_count)
         return read_key_records(self.commitlog, positions, topic, key, begin_ms, end_ms,
-                                max_count=max_count, end_pos=self._dispatch_limit()).records
+                                max_count=max_count, end_pos=self._dispatch_limit(),
+                                tombstone_pos=self.topics.tombstone_of(topic)).records
 
     def offset_for_time(self, topic: str, queue_id: int, ts_ms: int,
                         boundary: Boundary = Boundary.LOWER) -> int:

@@ -119,6 +119,7 @@ def open_store(root: str | Path, config: StoreConfig, *, writer: str, dispatch: 
         # a bad topics.json refuses the open before anything changes
         table = topic_file.load().with_system_topics(system_topic_counts(len(store_config.delay_levels_ms)))
         parts, report = _recover(root, store_config, recovery, progress, new_store, table.tombstones)
+        table = _keep_tombstones_within(topic_file, table, parts)
         table = _adopt_queue_topics(topic_file, table, parts.queues, store_config.queue_count)
         mark_running(root)
     except BaseException:
@@ -129,6 +130,21 @@ def open_store(root: str | Path, config: StoreConfig, *, writer: str, dispatch: 
         _close_derived(parts)
     return OpenedStore(root, store_config, meta, lock, report, new_store, parts.commitlog,
                        next_offsets, table, parts if dispatch is Dispatch.IN_PROCESS else None)
+
+
+def _keep_tombstones_within(topic_file: TopicTableFile, table: TopicTable, parts: StoreParts) -> TopicTable:
+    """The table with no tombstone above the recovered end of the log, written when one was
+    (before any put): a lost unflushed tail (a store from before tombstones were flushed, or a
+    torn tail) must not leave a tombstone that hides the records written after it."""
+    end_pos = parts.commitlog.written_pos
+    lowered = table.with_tombstones_within(end_pos)
+    if lowered is not table:
+        topic_file.write(lowered)
+        parts.queues.bury(lowered.tombstones)
+        log.warning("lowered the tombstone(s) of %s to the recovered end of the log %d",
+                    ", ".join(sorted(name for name, pos in table.tombstones.items() if pos > end_pos)),
+                    end_pos)
+    return lowered
 
 
 def _adopt_queue_topics(topic_file: TopicTableFile, table: TopicTable, queues: ConsumeQueueTable,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from engine.refusal import describe_refusal
+from engine.refusal import Refusal, describe_refusal
 from engine.status import PUT_OK_CODE, PutResult, PutStatus
 from engine.tuning import BATCH_RESULT_FEW_ROWS
 from ipc.mailbox import REFUSAL_DTYPE, RESULT_DTYPE
@@ -96,8 +96,10 @@ class BatchResult(Sequence[PutResult]):
         which), else what the status means."""
         if index in self._reasons:
             return self._reasons[index]
-        if status is PutStatus.MESSAGE_ILLEGAL:
-            refusal = self.rows[index:index + 1].view(REFUSAL_DTYPE)[0]
+        refusal = self.rows[index:index + 1].view(REFUSAL_DTYPE)[0]
+        # a row the supervisor refused for the store's sake (topics.json not written) says so
+        # under its SERVICE_NOT_AVAILABLE or DISK_FULL; other such rows carry no code (zeros)
+        if status is PutStatus.MESSAGE_ILLEGAL or refusal["refusal"] == Refusal.TOPIC_NOT_WRITTEN:
             return describe_refusal(int(refusal["refusal"]), int(refusal["limit"]), int(refusal["found"]))
         return _DEFAULT_REASONS.get(status)
 

@@ -90,7 +90,7 @@ from engine.message import validate_queue_id
 from engine.queues.consume_queue import Boundary, ConsumeQueue
 from engine.queues.table import ConsumeQueueTable
 from engine.status import GetResult, GetStatus, SkippedRecord
-from engine.topics.table import TopicDefaults, TopicTableFile
+from engine.topics.table import TopicDefaults, TopicTableFile, perm_text
 from ipc.consumer_offsets import ConsumerOffsets, broadcast_offsets_path, validate_group
 from ipc.group_members import GroupMembership
 from ipc.group_roster import MessageModel
@@ -216,6 +216,7 @@ class Consumer:
         # (topic, queue id): how many `iterate`s are inside a batch of it (not let go until done)
         self._in_batch: dict[tuple[str, int], int] = {}
         self._iterated_topics: set[str] = set()  # topics a member's `iterate` is live on
+        self._tombstones_read: dict[str, int] = {}  # topic: its tombstone (0: none) at its last read here
         self._pid = os.getpid()  # a forked child adopts the consumer on its first call
         self._supervisor_seen_s = -SUPERVISOR_CHECK_INTERVAL_S  # when it was last seen alive
 
@@ -223,6 +224,29 @@ class Consumer:
         """How many queues of `topic` a consumer reads (config/topics.json, read again when the
         file changed; the store's default for a topic not created yet)."""
         return self._topic_file.current().read_queue_count(topic, TopicDefaults(self.info.queue_count))
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The consume queue to read, None when there is none: the queues cached here follow the
+        topic table's tombstones (one stat), so after a delete and a re-create the old queue is
+        never read again, however long this consumer lives."""
+        tombstones = self._topic_file.current().tombstones
+        if tombstones != self.queues.tombstones:
+            self.queues.adopt_tombstones(tombstones)
+        self._tombstones_read[topic] = tombstones.get(topic, 0)  # judges this topic's commits
+        return self.queues.get_live(topic, queue_id)
+
+    def _require_readable(self, topic: str) -> None:
+        """RocketMQ's rule: a topic whose perm lacks read (4) is not read (its broker answers a
+        pull NO_PERMISSION); BadInputError, nothing read or committed."""
+        config = self._topic_file.current().topics.get(topic)
+        if config is not None and not config.readable:
+            raise BadInputError("topic", f"{topic}'s perm {perm_text(config.perm)} does not allow reads "
+                                "(`mqstore topic update --perm rw`)")
+
+    def _tombstones_seen(self) -> dict[str, int]:
+        """Each topic's tombstone as this consumer last read the topic (as it is now for a topic
+        it has not read: its offset comes from no read): a commit of a topic deleted since is dropped."""
+        return {**self._topic_file.current().tombstones, **self._tombstones_read}
 
     def topic_exists(self, topic: str) -> bool:
         """Whether `topic` is configured (created, by an operator or by its first message)."""
@@ -259,6 +283,7 @@ class Consumer:
         """Validate a pull, then `read` until something is found or `timeout_ms` has passed."""
         self._adopt_if_forked()  # before the positions are looked at: a parent's seek is not the child's
         validate_topic(topic)
+        self._require_readable(topic)
         validate_queue_id(queue_id, self.read_queue_count(topic))
         _require_count("max_count", max_count, 1, MAX_PULL_COUNT)
         _require_count("timeout_ms", timeout_ms, 0, 2**31)
@@ -283,7 +308,7 @@ class Consumer:
               bound: int) -> GetResult | _Span:
         """Up to `entry_count` entries a read from `offset` covers, or the GetResult saying why
         there are none."""
-        queue = self.queues.get(topic, queue_id)
+        queue = self._queue(topic, queue_id)
         if queue is None:
             return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, next_offset=offset or 0)
         queue.refresh()
@@ -516,6 +541,7 @@ class Consumer:
         before a hand-over: commit each queue as you go (`commit`), or its next owner reads
         again from the last commit."""
         validate_topic(topic)
+        self._require_readable(topic)
         _require_count("commit_interval_ms", commit_interval_ms, 0, 2**31)
         subscription = subscription_of(tags, where)
         assigned = None if queue_ids is None else self._validate_queue_ids(topic, queue_ids)
@@ -680,7 +706,7 @@ class Consumer:
         return found
 
     def _offset_at_time(self, topic: str, queue_id: int, ts_ms: int, bound: int) -> int:
-        queue = self.queues.get(topic, queue_id)
+        queue = self._queue(topic, queue_id)
         if queue is None:
             return 0
         queue.refresh()
@@ -746,7 +772,7 @@ class Consumer:
         with self._borrowing_queue_locks(topic, [queue_id]) as owned_elsewhere:
             if owned_elsewhere:
                 raise QueueNotOwnedError(self.group, topic, queue_id, None)
-            self.offsets.commit(topic, self.group, queue_id, offset)
+            self.offsets.commit(topic, self.group, queue_id, offset, tombstones_read=self._tombstones_seen())
         self._uncommitted.pop((topic, queue_id), None)  # an explicit commit wins over iterate's
         self._positions.pop((topic, queue_id), None)  # and over a seek
         # the offset moved on by a deliberate act: its refusal goes (the same value stays refused)
@@ -755,7 +781,7 @@ class Consumer:
     def _queue_end(self, topic: str, queue_id: int) -> int:
         """The queue's max offset on disk (0 for a queue not created yet); it lags the commitlog
         by what the dispatcher has not reached."""
-        queue = self.queues.get(validate_topic(topic), queue_id)
+        queue = self._queue(validate_topic(topic), queue_id)
         if queue is None:
             return 0
         queue.refresh()
@@ -786,7 +812,7 @@ class Consumer:
             writable = {key: offset for key, offset in self._uncommitted.items()
                         if self._may_commit(*key) and key not in owned_elsewhere}
             if writable:
-                self.offsets.commit_many(self.group, writable)
+                self.offsets.commit_many(self.group, writable, tombstones_read=self._tombstones_seen())
         self._uncommitted.clear()
 
     def _borrowing_queue_locks(self, topic: str, queue_ids: list[int]) -> AbstractContextManager[list[int]]:
@@ -805,7 +831,7 @@ class Consumer:
         marked = {(topic, queue_id): self._uncommitted.pop((topic, queue_id))
                   for queue_id in queue_ids if (topic, queue_id) in self._uncommitted}
         if marked:
-            self.offsets.commit_many(self.group, marked)
+            self.offsets.commit_many(self.group, marked, tombstones_read=self._tombstones_seen())
 
     # ------------------------------------------------------------------------------ lifetime
     def close(self) -> None:

@@ -16,7 +16,6 @@ exporter).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -27,7 +26,15 @@ from pathlib import Path
 from engine.errors import BadInputError, StoreError
 from engine.files.filesystem import ensure_dir, write_file_atomically
 from engine.files.naming import BACKUP_SUFFIX, CONFIG_DIR, CONSUMER_OFFSET_FILE, validate_topic
-from ipc.offset_table_codec import CommitTimes, OffsetTable, parse_offset_document, parse_offset_table
+from engine.topics.table import TopicTableFile
+from ipc.offset_table_codec import (
+    CommitTimes,
+    OffsetTable,
+    encode_offset_table,
+    parse_offset_document,
+    parse_offset_table,
+    plan_forget_topic,
+)
 from ipc.offsets_fallbacks import count_fallback
 from ipc.refused_offsets import offsets_lock
 from ipc.store_log import append_to_store_log
@@ -63,19 +70,6 @@ def table_key(topic: str, group: str) -> str:
     return f"{validate_topic(topic)}@{validate_group(group)}"
 
 
-def encode_offset_table(table: Mapping[str, Mapping[int, int]],
-                        commit_times: Mapping[str, Mapping[int, int]] | None = None) -> bytes:
-    """Strict JSON, keys sorted, queue ids as strings (what RocketMQ's reader also accepts)."""
-    def body(rows: Mapping[str, Mapping[int, int]]) -> dict:
-        return {key: {str(qid): int(v) for qid, v in sorted(queues.items())}
-                for key, queues in sorted(rows.items())}
-
-    document = {"offsetTable": body(table)}
-    if commit_times:
-        document["commitTimeTable"] = body(commit_times)
-    return (json.dumps(document, indent=2) + "\n").encode()
-
-
 def broadcast_offsets_path(store_dir: str | os.PathLike, instance_name: str) -> Path:
     """A BROADCASTING instance's own offsets file (same layout): RocketMQ keeps these on the
     client, one file per instance, since every instance reads every message."""
@@ -89,6 +83,7 @@ class ConsumerOffsets:
     def __init__(self, store_dir: str | os.PathLike, path: Path | None = None):
         self.root = Path(store_dir)
         self.path = self.root / CONFIG_DIR / CONSUMER_OFFSET_FILE if path is None else path
+        self._topics = TopicTableFile(self.root)  # its tombstones judge a commit (_drop_deleted)
 
     def load(self) -> OffsetTable:
         """The whole table ({} when no file exists); a bad primary is replaced by `.bak`."""
@@ -173,11 +168,15 @@ class ConsumerOffsets:
         """The committed next offset of one queue, or None when the group never committed it."""
         return self.load().get(table_key(topic, group), {}).get(queue_id)
 
-    def commit(self, topic: str, group: str, queue_id: int, offset: int) -> None:
-        self.commit_many(group, {(topic, queue_id): offset})
+    def commit(self, topic: str, group: str, queue_id: int, offset: int, *,
+               tombstones_read: Mapping[str, int] | None = None) -> None:
+        self.commit_many(group, {(topic, queue_id): offset}, tombstones_read=tombstones_read)
 
-    def commit_many(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Persist several (topic, queue_id) -> offset commits in one atomic replace."""
+    def commit_many(self, group: str, offsets: Mapping[tuple[str, int], int], *,
+                    tombstones_read: Mapping[str, int] | None = None) -> None:
+        """Persist several (topic, queue_id) -> offset commits in one atomic replace.
+        `tombstones_read`: each topic's tombstone (0: none) when its offsets were read; a commit
+        of a topic deleted since is dropped with a WARNING (_drop_deleted)."""
         checked = {}
         for (topic, queue_id), offset in offsets.items():
             if not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
@@ -187,6 +186,10 @@ class ConsumerOffsets:
             checked[(table_key(topic, group), queue_id)] = offset
         ensure_dir(self.path.parent)
         with self._locked():
+            if tombstones_read is not None:
+                checked = self._drop_deleted(group, checked, tombstones_read)
+                if not checked:
+                    return
             table, times = self._read_or_restore()
             now_ms = time.time_ns() // 1_000_000
             for (key, queue_id), offset in checked.items():
@@ -194,21 +197,35 @@ class ConsumerOffsets:
                 times.setdefault(key, {})[queue_id] = now_ms
             self._replace(table, times)
 
+    def _drop_deleted(self, group: str, checked: dict[tuple[str, int], int],
+                      tombstones_read: Mapping[str, int]) -> dict[tuple[str, int], int]:
+        """Under the lock: `checked` without the commits of a topic whose tombstone moved since it
+        was read. A delete writes its tombstone before it forgets the offsets under this lock, so
+        a commit either lands before the forget (and goes with it) or sees the tombstone here:
+        an old offset never survives to skip the re-created topic's first messages."""
+        tombstones = self._topics.current().tombstones
+        kept = {}
+        for (key, queue_id), offset in checked.items():
+            topic = key.partition("@")[0]
+            if tombstones.get(topic, 0) == tombstones_read.get(topic, 0):
+                kept[(key, queue_id)] = offset
+                continue
+            message = (f"group {group}: commit of {topic}/{queue_id} offset {offset} dropped: the topic "
+                       "was deleted after this consumer read it (the offset is of its old queue)")
+            log.warning("%s", message)
+            append_to_store_log(self.root, "consumer", __name__, logging.WARNING, message)
+        return kept
+
     def forget_topic(self, topic: str) -> list[str]:
         """Remove every group's offsets of a deleted topic (one atomic replace); returns the
         groups that had any. A topic created again starts its queues at 0, which an old offset
         would point past."""
         validate_topic(topic)
         with self._locked():
-            table, times = self._read_or_restore()
-            keys = [key for key in table if key.partition("@")[0] == topic]
-            if not keys:
-                return []
-            for key in keys:
-                table.pop(key, None)
-                times.pop(key, None)
-            self._replace(table, times)
-        return sorted(key.partition("@")[2] for key in keys)
+            table, times, groups = plan_forget_topic(*self._read_or_restore(), topic)
+            if groups:
+                self._replace(table, times)
+        return groups
 
     def _replace(self, table: OffsetTable, times: CommitTimes) -> None:
         """Under the lock: the file replaced, the previous version kept as the backup."""

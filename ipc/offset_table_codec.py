@@ -1,15 +1,39 @@
-"""The text of consumerOffset.json decoded (ipc.consumer_offsets documents the layout): pure,
-raising ValueError on anything but the documented shape. A primitive, so the supervisor can read
-the committed offsets at start (ipc.refused_offsets) without acting as a client."""
+"""The text of consumerOffset.json encoded and decoded (ipc.consumer_offsets documents the
+layout): pure, raising ValueError on anything but the documented shape. A primitive, so the
+supervisor can read the committed offsets at start (ipc.refused_offsets) and forget a deleted
+topic's (ipc.deleted_topic_offsets) without acting as a client."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from engine.formats.fastjson import quote_bare_integer_keys
 
 OffsetTable = dict[str, dict[int, int]]
 CommitTimes = dict[str, dict[int, int]]  # same keys as OffsetTable; values are ms since epoch
+
+
+def encode_offset_table(table: Mapping[str, Mapping[int, int]],
+                        commit_times: Mapping[str, Mapping[int, int]] | None = None) -> bytes:
+    """Strict JSON, keys sorted, queue ids as strings (what RocketMQ's reader also accepts)."""
+    def body(rows: Mapping[str, Mapping[int, int]]) -> dict:
+        return {key: {str(qid): int(v) for qid, v in sorted(queues.items())}
+                for key, queues in sorted(rows.items())}
+
+    document = {"offsetTable": body(table)}
+    if commit_times:
+        document["commitTimeTable"] = body(commit_times)
+    return (json.dumps(document, indent=2) + "\n").encode()
+
+
+def plan_forget_topic(table: OffsetTable, times: CommitTimes, topic: str
+                      ) -> tuple[OffsetTable, CommitTimes, list[str]]:
+    """The tables without any group's offsets of `topic` (a deleted topic), and those groups."""
+    gone = [key for key in table if key.partition("@")[0] == topic]
+    kept_table = {key: queues for key, queues in table.items() if key not in gone}
+    kept_times = {key: queues for key, queues in times.items() if key.partition("@")[0] != topic}
+    return kept_table, kept_times, sorted(key.partition("@")[2] for key in gone)
 
 
 def parse_offset_table(text: str) -> OffsetTable:

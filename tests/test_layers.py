@@ -34,6 +34,7 @@ IPC_PRIMITIVES = {
     "ipc.offset_table_codec", "ipc.refused_offsets",  # file records the supervisor reads at start
     "ipc.offsets_fallbacks",  # a file record, not shared memory: the status reads it as the clients write it
     "ipc.topic_requests",  # request files the CLI writes and the supervisor answers
+    "ipc.deleted_topic_offsets",  # the supervisor's part of a topic delete
 }
 IPC_CLIENT = {
     "ipc.producer", "ipc.one_message", "ipc.slot_sender", "ipc.batch_result", "ipc.reattach", "ipc.consumer",

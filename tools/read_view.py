@@ -18,6 +18,7 @@ from engine.formats.record import Record, Verify
 from engine.index.shard import ShardIndex
 from engine.log.commitlog import CommitLog
 from engine.log.record_reads import read_key_records
+from engine.topics.table import TopicTableFile
 from ipc.control_block import ControlBlock
 
 
@@ -56,7 +57,8 @@ class ReadView:
             shard.close()
         end_pos = self.commitlog.segments.end_pos if self.limit is None else self.limit
         return read_key_records(self.commitlog, candidates, topic, key, begin_ms, end_ms,
-                                max_count=max_count, end_pos=end_pos)
+                                max_count=max_count, end_pos=end_pos,
+                                tombstone_pos=TopicTableFile(self.root).load().tombstone_of(topic))
 
     def close(self) -> None:
         self.commitlog.close()

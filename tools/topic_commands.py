@@ -41,11 +41,12 @@ def add_parsers(command) -> None:
 def cmd_topic(args: argparse.Namespace) -> int:
     change = _change(args)
     root = Path(args.store)
+    reset_by_supervisor: list[str] = []
     if holder_pid(root) is not None:
-        said = change_running(root, change, args.timeout)
+        said, reset_by_supervisor = change_running(root, change, args.timeout)
     else:
         said = change_offline(root, change, load_config_file(args.config) if args.config else StoreConfig())
-    groups = _forget_offsets(root, change)
+    groups = sorted({*reset_by_supervisor, *_forget_offsets(root, change)})
     report = {"topic": change.topic, "action": change.op.value, "result": said, "groups_reset": groups}
     if args.json:
         print(json.dumps(report))
@@ -69,8 +70,9 @@ def _change(args: argparse.Namespace) -> TopicChange:
     return TopicChange(op, args.topic, args.queues, None if args.perm is None else parse_perm(args.perm))
 
 
-def change_running(root: Path, change: TopicChange, timeout_s: float) -> str:
-    """Hand the change to the running supervisor and wait for its answer."""
+def change_running(root: Path, change: TopicChange, timeout_s: float) -> tuple[str, list[str]]:
+    """Hand the change to the running supervisor and wait for its answer: what it did, and the
+    groups whose offsets of a deleted topic it removed (as part of the delete)."""
     from ipc.control_block import ControlBlock
     from ipc.topic_requests import post_request, wait_for_answer
 
@@ -83,7 +85,7 @@ def change_running(root: Path, change: TopicChange, timeout_s: float) -> str:
         answer = wait_for_answer(post_request(root, change.as_dict()), timeout_s, ctl.supervisor_alive)
     if "error" in answer:
         raise BadInputError("topic", answer["error"])  # the supervisor's words; nothing changed
-    return answer["ok"]
+    return answer["ok"], list(answer.get("groups_reset", []))
 
 
 def change_offline(root: Path, change: TopicChange, config: StoreConfig) -> str:
@@ -105,7 +107,8 @@ def change_offline(root: Path, change: TopicChange, config: StoreConfig) -> str:
 
 
 def _forget_offsets(root: Path, change: TopicChange) -> list[str]:
-    """A deleted topic's offsets go with it (every group); the groups that had any."""
+    """A deleted topic's offsets go with it (every group); the groups that had any. The running
+    supervisor removed them already; this covers an offline delete and a file it could not read."""
     from ipc.consumer_offsets import ConsumerOffsets
 
     if change.op is not TopicOp.DELETE:

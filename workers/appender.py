@@ -69,7 +69,7 @@ from ipc.mailbox import (
     RequestFlag,
 )
 from ipc.put_latency import LatencyTally
-from workers.flush_waiters import FlushWaiters, Waiting, set_status, status_rows
+from workers.flush_waiters import FlushWaiters, Waiting, status_rows, unstore_rows
 from workers.group_commit import GroupCommit
 from workers.request_check import CheckedRequest, RecordChecker, merge_checked
 
@@ -223,9 +223,9 @@ class Appender:
 
     def change_topic(self, change: TopicChange) -> TopicTable:
         """Apply an operator's topic change between sweeps: a delete's tombstone is the
-        written end, above every record taken so far, and the topic's queue offsets restart."""
+        written end, flushed, above every record taken so far, and the topic's queue offsets restart."""
         with self._sweep_lock:
-            return self.topics.apply(change, self.next_offsets, self.commitlog.written_pos)
+            return self.topics.apply(change, self.next_offsets, self.group_commit.flush_written)
 
     def _not_taken(self, pending: list[PendingRequest]) -> list[PendingRequest]:
         """The requests neither waiting for a flush nor answered by the flush thread since
@@ -330,7 +330,7 @@ class Appender:
         for request, rows, waits in answers:
             if waits:
                 self.waiters.take_back(request.slot_index, request.seq)
-            failed += set_status(rows, status)
+            failed += unstore_rows(rows, status)
         unreached = requests[len(answers):]
         self._count_failed(status, failed + sum(request.count for request in unreached))
         return [(request, rows) for request, rows, _ in answers] + \
@@ -395,11 +395,14 @@ class Appender:
         if not checked.reasons:
             return checked
         refusals = results.view(REFUSAL_DTYPE)  # a refused row carries why (engine.refusal)
+        failed: dict[PutStatus, int] = {}
         for i, reason in checked.reasons.items():
             log.warning("slot %d (pid %d): record %d refused: %s", request.slot_index,
                         request.owner_pid, i, reason)
-            refusals[i] = (PutStatus.MESSAGE_ILLEGAL, reason.refusal, reason.limit, reason.found, 0)
-        self._count_failed(PutStatus.MESSAGE_ILLEGAL, len(checked.reasons))
+            refusals[i] = (reason.put_status, reason.refusal, reason.limit, reason.found, 0)
+            failed[reason.put_status] = failed.get(reason.put_status, 0) + 1
+        for status, count in failed.items():
+            self._count_failed(status, count)
         return checked
 
     def _append(self, data: memoryview, batch: list[_Served], taken_ns: int) -> int:

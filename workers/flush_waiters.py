@@ -54,6 +54,17 @@ def set_status(rows: bytearray, status: PutStatus) -> int:
     return changed
 
 
+def unstore_rows(rows: bytearray, status: PutStatus) -> int:
+    """Mark every PUT_OK row of `rows` `status`, as a record that was not stored (its append
+    failed): the rest of the row zeroed, so no position (or refusal code) is read out of it."""
+    changed = 0
+    for at in range(0, len(rows), RESULT_SIZE):
+        if _STATUS.unpack_from(rows, at)[0] == PUT_OK_CODE:
+            RESULT_ROW.pack_into(rows, at, int(status), 0, 0, 0, 0)
+            changed += 1
+    return changed
+
+
 class FlushWaiters:
     """The waiting requests by slot; `lock` guards them (a sweep adds, any thread answers)."""
 

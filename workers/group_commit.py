@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from engine.config import FlushPolicy, StoreConfig
-from engine.errors import StoreError
+from engine.errors import ServiceNotAvailableError, StoreError
 from engine.files.filesystem import PAGE_BYTES
 from engine.log.commitlog import CommitLog
 from ipc.control_block import ControlBlock
@@ -204,6 +204,19 @@ class GroupCommit:
         """One flush of everything written; publishes and returns the new flushed position."""
         with self._flush_lock:
             return self._flush_locked()
+
+    def flush_written(self) -> int:
+        """Flush everything written, for a caller outside the flush thread that needs it durable
+        (a topic's tombstone); returns the flushed end. A failed sync is recorded as the thread's
+        own (the loop stops the store: it is never retried) and raised as ServiceNotAvailableError."""
+        try:
+            self.flush_now()
+        except (OSError, StoreError) as exc:
+            self.error = exc
+            self._on_flushed()
+        if self.error is not None:
+            raise ServiceNotAvailableError(f"flushing the commitlog failed: {self.error}")
+        return self.commitlog.flushed_pos
 
     def _flush_locked(self) -> int:
         if self.error is not None:  # after a failed sync nothing more is published as durable:

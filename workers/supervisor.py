@@ -47,13 +47,14 @@ from engine.files.store_dir import StoreLock, mark_clean_stop
 from engine.formats.checkpoint import Checkpoint
 from engine.store_open import Dispatch, open_store
 from engine.topics.live import LiveTopics, describe
-from engine.topics.table import TopicChange, TopicDefaults, TopicTableFile
+from engine.topics.table import TopicChange, TopicDefaults, TopicOp, TopicTableFile
 from ipc.control_block import ProcState, Role, StoreState
+from ipc.deleted_topic_offsets import forget_topic_offsets
 from ipc.key_ring import REGION_KIND as KEY_RING_KIND
 from ipc.refused_offsets import refusal_message, refuse_offsets_past_their_queues
 from ipc.run_info import RunInfo, remove_run_info, write_run_info
 from ipc.shm import region_name, unlink_stale
-from ipc.topic_requests import pending_requests
+from ipc.topic_requests import PRUNE_INTERVAL_S, pending_requests, remove_stale_answers
 from workers.appender import Appender
 from workers.child_handle import ChildHandle
 from workers.delivery_runner import DeliveryRunner
@@ -134,6 +135,7 @@ class Supervisor:
         self._retention: RetentionRunner | None = None
         self._delivery: DeliveryRunner | None = None
         self._commitlog = None
+        self._next_request_prune = 0.0  # monotonic: when stale topic answers are next removed
         self._started_at = time.time()
         self._generation = 0
 
@@ -300,14 +302,40 @@ class Supervisor:
     def _serve_topic_requests(self) -> None:
         """Apply each `mqstore topic` change waiting in run/topic-requests, or say why not; the
         dispatcher is woken to drop a deleted topic's queues at once."""
+        now = time.monotonic()
+        if now >= self._next_request_prune:
+            remove_stale_answers(self.root)
+            self._next_request_prune = now + PRUNE_INTERVAL_S
         for request in pending_requests(self.root):
             try:
-                table = self._appender.change_topic(TopicChange.from_dict(request.change))
+                change = TopicChange.from_dict(request.change)
+                table = self._appender.change_topic(change)
+                answer = {"ok": describe(table, change.topic)}
+                if change.op is TopicOp.DELETE:
+                    answer["groups_reset"] = self._forget_offsets(change.topic)
             except (StoreError, OSError) as exc:  # refused, or topics.json not written: unchanged
-                request.answer({"error": str(exc)})
-                continue
-            request.answer({"ok": describe(table, request.change["topic"])})
-            self._wake_dispatcher()
+                answer = {"error": str(exc)}
+            # an operator's request must never stop the store that holds acknowledged messages:
+            # a bug it hits is logged with its traceback and answered, and the loop goes on
+            except Exception as exc:
+                log.exception("topic request %s failed", request.path.name)
+                answer = {"error": f"the supervisor failed to apply it ({type(exc).__name__}: {exc}); "
+                                   "see mqstore.log"}
+            try:
+                request.answer(answer)
+            except OSError as exc:  # the command times out and withdraws it
+                log.error("topic request %s not answered: %s", request.path.name, exc)
+            if "ok" in answer:
+                self._wake_dispatcher()
+
+    def _forget_offsets(self, topic: str) -> list[str]:
+        """A deleted topic's offsets go as part of the delete, not only in the CLI after the
+        answer (which may die first); a file that fails here is the CLI's reset's to retry."""
+        try:
+            return forget_topic_offsets(self.root, topic)
+        except (StoreError, OSError) as exc:
+            log.warning("offsets of deleted topic %s not removed: %s", topic, exc)
+            return []
 
     def _reclaim_dead_consumers(self) -> None:
         removed = self._shared.reclaim_dead_consumers()

@@ -110,18 +110,20 @@ def _read_entry(commitlog: CommitLog, queue: ConsumeQueue, queue_offset: int, co
 
 
 def read_key_records(commitlog: CommitLog, positions: Iterable[int], topic: str, key: str,
-                     begin_ms: int, end_ms: int, *, max_count: int, end_pos: int) -> RecordsRead:
+                     begin_ms: int, end_ms: int, *, max_count: int, end_pos: int,
+                     tombstone_pos: int = 0) -> RecordsRead:
     """Up to `max_count` records of `topic` with `key` (a KEYS token or UNIQ_KEY) stored in
     [begin_ms, end_ms], oldest first, from an index query's candidate `positions`.
 
     Hash collisions and other topics are filtered out; positions below the log's min position
-    (retention) or at or past `end_pos` (not yet readable) are left out; corrupt records skipped."""
+    (retention) or the topic's `tombstone_pos` (a deleted topic's records, as dispatch skips
+    them), or at or past `end_pos` (not yet readable) are left out; corrupt records skipped."""
     records: list[Record] = []
     skipped: list[SkippedRecord] = []
     for commit_pos in sorted(set(positions)):
         if len(records) == max_count:
             break
-        if not commitlog.min_pos <= commit_pos < end_pos:
+        if not max(commitlog.min_pos, tombstone_pos) <= commit_pos < end_pos:
             continue
         try:
             record = commitlog.read_at(commit_pos, verify=Verify.MQSTORE)

@@ -190,6 +190,29 @@ class ConsumeQueueTable:
                 topic_dir.rmdir()
         return dropped
 
+    def adopt_tombstones(self, tombstones: Mapping[str, int]) -> None:
+        """A reader's `bury`: adopt the topic table's tombstones and forget (close; the files are
+        the writer's) its queues of every topic whose tombstone moved, so the next `get` loads
+        what is on disk now: a deleted topic's old queue cached here must not be read again."""
+        moved = {topic for topic, pos in tombstones.items() if pos != self.tombstones.get(topic)}
+        self.tombstones = dict(tombstones)
+        for key in [key for key in self._queues if key[0] in moved]:
+            self._queues.pop(key).close()
+
+    def get_live(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """`get` for a reader, None (and forgotten) for a queue that begins below its topic's
+        tombstone: the writer has not removed a deleted topic's old queue yet."""
+        queue = self.get(topic, queue_id)
+        floor = self.tombstone_of(topic)
+        if queue is None or not floor:
+            return queue
+        queue.refresh()
+        first = queue.entry(queue.min_offset)
+        if first is not None and first.commit_pos >= floor:
+            return queue
+        self._queues.pop((topic, queue_id)).close()
+        return None
+
     def __iter__(self) -> Iterator[ConsumeQueue]:
         return iter(list(self._queues.values()))
 

@@ -9,9 +9,13 @@ record of a topic, or a queue offset restarted by a delete, that the file does n
 
 from __future__ import annotations
 
+import errno
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from engine.errors import RecordRefusedError
+from engine.refusal import Refusal, refused
+from engine.status import PutStatus
 from engine.topics.table import (
     TopicChange,
     TopicConfig,
@@ -37,17 +41,24 @@ class LiveTopics:
         """TopicTable.put_route, creating (and writing) an unconfigured topic it accepts."""
         config = self.table.put_route(topic, queue_id, self.defaults)
         if topic not in self.table.topics:
-            self._write(self.table.with_topic(config))
+            try:
+                self._write(self.table.with_topic(config))
+            except OSError as exc:
+                raise _not_written(topic, exc) from exc
             log.info("topic %s created by its first message (%d queues)", topic, config.write_queue_count)
         return config
 
     def apply(self, change: TopicChange, next_offsets: dict[tuple[str, int], int],
-              end_pos: int) -> TopicTable:
+              flush_log: Callable[[], int]) -> TopicTable:
         """Apply an operator's change (BadInputError, nothing changed, when it cannot); a delete
-        tombstones the topic at `end_pos` and forgets its queue offsets in `next_offsets`, so a
-        topic created again starts its queues at 0."""
-        table = plan_topic_change(self.table, change, used_queue_count=used_queue_count(
-            next_offsets, change.topic), end_pos=end_pos)
+        tombstones the topic at the end of the log and forgets its queue offsets in
+        `next_offsets`, so a topic created again starts its queues at 0. `flush_log`: makes the
+        whole log durable and returns its end (it raises when the flush fails)."""
+        used = used_queue_count(next_offsets, change.topic)
+        # a tombstone is a durable position: above an unflushed tail, a power loss would bring the
+        # log back below it and the re-created topic's new records would sit under it, never read
+        end_pos = flush_log() if change.op is TopicOp.DELETE else 0
+        table = plan_topic_change(self.table, change, used_queue_count=used, end_pos=end_pos)
         self._write(table)
         if change.op is TopicOp.DELETE:
             for key in [key for key in next_offsets if key[0] == change.topic]:
@@ -58,6 +69,17 @@ class LiveTopics:
     def _write(self, table: TopicTable) -> None:
         self.file.write(table)
         self.table = table
+
+
+def _not_written(topic: str, exc: OSError) -> RecordRefusedError:
+    """A new topic's record refused because topics.json could not be written: the store's fault,
+    not the record's (nothing was appended, so nothing is lost; the producer may retry)."""
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    log.error("topic %s not created: %s", topic, exc)
+    return refused(Refusal.TOPIC_NOT_WRITTEN, found=exc.errno or 0,
+                   put_status=PutStatus.DISK_FULL if full else PutStatus.SERVICE_NOT_AVAILABLE,
+                   detail=f"creating it failed: config/topics.json was not written ({exc}); "
+                          "nothing was stored")
 
 
 def used_queue_count(next_offsets: Mapping[tuple[str, int], int], topic: str) -> int:

@@ -33,6 +33,7 @@ from engine.files.naming import BACKUP_SUFFIX, TOPICS_FILE, config_path, validat
 from engine.formats.fastjson import quote_bare_integer_keys
 from engine.formats.store_meta import MAX_QUEUE_COUNT
 from engine.refusal import Refusal, refused
+from engine.topics.system import is_system_topic
 
 PERM_READ = 4  # RocketMQ PermName
 PERM_WRITE = 2
@@ -41,6 +42,10 @@ PERM_READ_WRITE = PERM_READ | PERM_WRITE
 _PERM_WORDS = {"rw": PERM_READ_WRITE, "r": PERM_READ, "w": PERM_WRITE}
 FILTER_TYPES = ("SINGLE_TAG", "MULTI_TAG")
 TOMBSTONES_KEY = "mqstoreTombstones"
+# names RocketMQ keeps for the broker's own topics (TopicValidator) beside the store's own
+# (engine.topics.system): an operator may not create one
+RESERVED_TOPICS = frozenset({"TBW102"})
+RESERVED_TOPIC_PREFIXES = ("RMQ_SYS_",)
 
 
 class TopicFileError(StoreError):
@@ -53,6 +58,12 @@ def parse_perm(text: str) -> int:
         return _PERM_WORDS[text]
     except KeyError:
         raise BadInputError("perm", f"{text!r} is not one of rw, r, w") from None
+
+
+def is_reserved_topic(topic: str) -> bool:
+    """Whether `topic` is a name the store keeps for its own topics (delays, retries, dead
+    letters, RocketMQ's system topics): `mqstore topic create` refuses it."""
+    return is_system_topic(topic) or topic in RESERVED_TOPICS or topic.startswith(RESERVED_TOPIC_PREFIXES)
 
 
 def perm_text(perm: int) -> str:
@@ -79,6 +90,12 @@ class TopicConfig:
     @property
     def readable(self) -> bool:
         return bool(self.perm & PERM_READ)
+
+    @property
+    def consumed_queue_count(self) -> int:
+        """How many queues consumers read: every queue a send may reach (RocketMQ reads only
+        readQueueNums, so with fewer read than write queues messages go unread; mqstore never)."""
+        return max(self.read_queue_count, self.write_queue_count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +141,9 @@ class TopicTable:
         return defaults.queue_count if config is None else config.write_queue_count
 
     def read_queue_count(self, topic: str, defaults: TopicDefaults) -> int:
+        """How many queues a consumer reads of `topic` (TopicConfig.consumed_queue_count)."""
         config = self.topics.get(topic)
-        return defaults.queue_count if config is None else config.read_queue_count
+        return defaults.queue_count if config is None else config.consumed_queue_count
 
     def tombstone_of(self, topic: str) -> int:
         """The commit position below which `topic`'s records are deleted (0: none)."""
@@ -140,6 +158,13 @@ class TopicTable:
         topics = {name: config for name, config in self.topics.items() if name != topic}
         tombstones = {**self.tombstones, topic: max(commit_pos, self.tombstone_of(topic))}
         return self._bumped(topics=topics, tombstones=tombstones)
+
+    def with_tombstones_within(self, end_pos: int) -> TopicTable:
+        """This table with every tombstone above `end_pos` lowered to it (self when none is): a
+        tombstone past the recovered end of the log would hide the records written after it."""
+        if all(pos <= end_pos for pos in self.tombstones.values()):
+            return self
+        return self._bumped(tombstones={name: min(pos, end_pos) for name, pos in self.tombstones.items()})
 
     def with_system_topics(self, queue_counts: Mapping[str, int]) -> TopicTable:
         """This table holding the store's own topics with the store's queue counts (a file's
@@ -183,8 +208,9 @@ class TopicChange:
         try:
             op = TopicOp(data["op"])
             perm = data.get("perm")
-            return cls(op, validate_topic(data["topic"]), data.get("queues"),
-                       None if perm is None else int(perm))
+            if perm is not None and type(perm) is not int:  # 6.9 is no perm, not 6
+                raise ValueError(f"perm {perm!r} is not an integer")
+            return cls(op, validate_topic(data["topic"]), data.get("queues"), perm)
         except (KeyError, TypeError, ValueError) as exc:
             raise BadInputError("topic change", f"{dict(data)!r} is not one: {exc}") from None
 
@@ -203,6 +229,9 @@ def plan_topic_change(table: TopicTable, change: TopicChange, *, used_queue_coun
         if current is None:
             raise BadInputError("topic", f"no topic {topic} to delete")
         return table.without_topic(topic, end_pos)
+    if change.op is TopicOp.CREATE and is_reserved_topic(topic):
+        raise BadInputError("topic", f"{topic} is a name the store keeps for its own topics "
+                            "(SCHEDULE_TOPIC_XXXX, TBW102, RMQ_SYS_*, %RETRY%*, %DLQ%*)")
     if change.op is TopicOp.CREATE and current is not None:
         raise BadInputError("topic", f"{topic} exists ({current.write_queue_count} queues); "
                             "use `mqstore topic update`")

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from engine.config import FlushPolicy, StoreConfig
+from engine.errors import ServiceNotAvailableError
 from engine.files.mapped_file import Access
 from engine.log.commitlog import CommitLog
 from ipc.control_block import ControlBlock, FlushCode
@@ -107,3 +108,35 @@ def test_the_flush_thread_serves_on_idle_while_the_appenders_flush_holds_the_dis
         stall.unlink(missing_ok=True)
         commit.stop()
     assert flushed_in[0] == "appender"
+
+
+def test_flush_written_makes_everything_written_durable_and_returns_its_end(rig):
+    log, ctl, commit, _, _ = rig
+    fill(log, 3)
+    written = commit.publish_written(3)
+    assert commit.flush_written() == written == log.flushed_pos == ctl.flushed_pos
+
+
+def test_flush_written_after_a_failed_sync_raises_and_flushes_nothing(rig):
+    log, _, commit, _, _ = rig
+    fill(log, 2)
+    commit.publish_written(2)
+    commit.error = OSError(5, "Input/output error")  # as the flush that failed left it
+    with pytest.raises(ServiceNotAvailableError, match="Input/output error"):
+        commit.flush_written()  # a delete asking for a durable tombstone is refused
+    assert log.flushed_pos == 0
+
+
+def test_flush_written_records_a_failing_sync_as_the_flush_threads_error(rig, monkeypatch):
+    log, _, commit, _, _ = rig
+    fill(log, 2)
+    commit.publish_written(2)
+    failure = OSError(28, "No space left on device")
+
+    def failing_sync(start_pos, end_pos):
+        raise failure
+
+    monkeypatch.setattr(log.segments, "sync_range", failing_sync)
+    with pytest.raises(ServiceNotAvailableError, match="No space left"):
+        commit.flush_written()
+    assert commit.error is failure  # the loop stops the store; the sync is never retried

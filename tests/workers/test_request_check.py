@@ -23,6 +23,7 @@ from engine.formats.record import (
 from engine.formats.record.stamp_many import check_stampable
 from engine.refusal import Refusal
 from engine.status import PutStatus
+from engine.topics.system import system_topic_counts
 from engine.topics.table import TopicConfig, TopicDefaults, TopicTable
 from engine.tuning import STRUCT_PATH_MAX_RECORDS
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
@@ -30,8 +31,9 @@ from ipc.run_info import run_dir
 from tests.workers.store_harness import assert_check_clean, start_store
 from workers.request_check import RecordChecker, merge_checked
 
-CHECKER = RecordChecker(max_body_bytes=1024, segment_bytes=65536,
-                            route=partial(TopicTable().put_route, defaults=TopicDefaults(4)))
+# the store's own topics sit in the table beside the configured ones (engine.topics.system)
+CHECKER = RecordChecker(max_body_bytes=1024, segment_bytes=65536, route=partial(
+    TopicTable().with_system_topics(system_topic_counts(18)).put_route, defaults=TopicDefaults(4)))
 
 
 def record(topic="T1", body=b"hello", queue_id=1, props=None):

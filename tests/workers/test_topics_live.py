@@ -8,6 +8,7 @@ The rules themselves are tested in-process in tests/engine/topics/test_topic_tab
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -116,3 +117,134 @@ def test_consume_of_a_missing_topic_fails_and_with_follow_waits_for_it(tmp_path)
                     follower.kill()
                     follower.wait()
         assert follower.returncode == 0 and b"body=hello" in out
+
+
+NEW_TOPIC_PRODUCER = """
+import json, sys
+from ipc.producer import Producer
+with Producer(sys.argv[1]) as producer:
+    result = producer.send("Fresh", b"x", queue_id=0)
+print(json.dumps([result.status.name, result.reason]))
+"""
+
+
+@pytest.mark.slow
+def test_auto_create_whose_topics_json_cannot_be_written_refuses_the_record_and_keeps_running(tmp_path):
+    root = tmp_path / "store"
+    with checked_store(root) as running:
+        blocker = root / "config" / "topics.json.tmp"
+        blocker.mkdir(parents=True)  # the atomic write's temporary file cannot be created
+        sent = run_python(NEW_TOPIC_PRODUCER, str(root))
+        assert sent.returncode == 0, sent.stderr.decode()
+        status, reason = json.loads(sent.stdout)
+        assert status == "SERVICE_NOT_AVAILABLE" and "errno 21" in reason, reason
+        assert running.running and "Fresh" not in topics_json(root)
+        blocker.rmdir()
+        again = run_python(NEW_TOPIC_PRODUCER, str(root))
+        assert json.loads(again.stdout)[0] == "PUT_OK", again.stderr.decode()
+        running.wait_caught_up()
+    assert_check_clean(root)
+
+
+@pytest.mark.slow
+def test_hostile_request_files_leave_the_supervisor_serving_topic_changes(tmp_path):
+    root = tmp_path / "store"
+    with checked_store(root) as running:
+        requests = root / "run" / "topic-requests"
+        requests.mkdir(exist_ok=True)
+        (requests / "1-dir.json").mkdir()
+        os.mkfifo(requests / "2-fifo.json")
+        (requests / "3-deep.json").write_text("[" * 200_000 + "]" * 200_000)
+        ok("topic", "create", "--store", str(root), "--topic", "After", "--queues", "2", "--timeout", "20")
+        assert running.running and topics_json(root)["After"][0]["write_queues"] == 2
+        moved = sorted(path.name for path in requests.glob("*.bad"))
+        assert moved == ["1-dir.bad", "2-fifo.bad", "3-deep.bad"]
+    assert_check_clean(root)
+
+
+@pytest.mark.slow
+def test_a_long_lived_consumer_reads_the_recreated_topic_not_the_deleted_queue(tmp_path):
+    from ipc.consumer import Consumer
+    from ipc.producer import Producer
+
+    root = tmp_path / "store"
+    with checked_store(root) as running:
+        with Producer(root) as producer:
+            for i in range(3):
+                assert producer.send("Gone", b"old-%d" % i, queue_id=0).status.name == "PUT_OK"
+        running.wait_caught_up()
+        with Consumer(root, "g1") as consumer:
+            old = consumer.pull("Gone", 0, 0, 10).messages
+            assert [m.body for m in old] == [b"old-0", b"old-1", b"old-2"]
+            ok("topic", "delete", "--store", str(root), "--topic", "Gone")
+            wait_for(lambda: not (root / "consumequeue" / "Gone").exists(), "the queue dropped")
+            with Producer(root) as producer:
+                for i in range(2):
+                    assert producer.send("Gone", b"NEW-%d" % i, queue_id=0).status.name == "PUT_OK"
+            running.wait_caught_up()
+            assert [m.body for m in consumer.pull("Gone", 0, 0, 10).messages] == [b"NEW-0", b"NEW-1"]
+    assert_check_clean(root)
+
+
+@pytest.mark.slow
+def test_a_commit_landing_after_the_delete_does_not_skip_the_recreated_topic(tmp_path):
+    from ipc.consumer import Consumer
+    from ipc.producer import Producer
+
+    root = tmp_path / "store"
+    with checked_store(root) as running:
+        with Producer(root) as producer:
+            for i in range(3):
+                producer.send("Gone", b"old-%d" % i, queue_id=0)
+        running.wait_caught_up()
+        with Consumer(root, "g") as late:
+            read = late.pull("Gone", 0, 0, 10)
+            assert read.next_offset == 3
+            ok("topic", "delete", "--store", str(root), "--topic", "Gone")
+            late.commit("Gone", 0, read.next_offset)  # read before the delete, committed after it
+        with Producer(root) as producer:
+            for i in range(3):
+                producer.send("Gone", b"NEW-%d" % i, queue_id=0)
+        running.wait_caught_up()
+        with Consumer(root, "g") as resumed:
+            assert resumed.committed("Gone", 0) is None
+            assert [m.body for m in resumed.iterate("Gone", follow=False)] == [b"NEW-0", b"NEW-1", b"NEW-2"]
+    assert_check_clean(root)
+
+
+@pytest.mark.slow
+def test_the_supervisor_forgets_a_deleted_topics_offsets_as_part_of_the_delete(tmp_path):
+    from ipc.consumer_offsets import ConsumerOffsets
+    from ipc.topic_requests import post_request, wait_for_answer
+
+    root = tmp_path / "store"
+    with checked_store(root) as running:
+        ok("send", "--store", str(root), "--topic", "Gone", "--body", "old")
+        ConsumerOffsets(root).commit("Gone", "g", 0, 1)
+        # the request alone, as a CLI killed right after the supervisor's answer leaves it
+        answer = wait_for_answer(post_request(root, {"op": "delete", "topic": "Gone"}), 30,
+                                 lambda: running.running)
+        assert answer["groups_reset"] == ["g"], answer
+        assert ConsumerOffsets(root).load() == {}
+        running.wait_caught_up()
+    assert_check_clean(root)
+
+
+@pytest.mark.slow
+def test_a_topic_without_read_permission_is_not_read(tmp_path):
+    from engine.errors import BadInputError
+    from ipc.consumer import Consumer
+
+    root = tmp_path / "store"
+    with checked_store(root) as running:
+        ok("topic", "create", "--store", str(root), "--topic", "WOnly", "--queues", "1", "--perm", "w")
+        ok("send", "--store", str(root), "--topic", "WOnly", "--queue-id", "0", "--body", "w")
+        running.wait_caught_up()
+        with Consumer(root, "g") as consumer:
+            with pytest.raises(BadInputError, match="perm w does not allow reads"):
+                consumer.pull("WOnly", 0, 0, 10)
+            with pytest.raises(BadInputError, match="perm w does not allow reads"):
+                next(consumer.iterate("WOnly"))
+            ok("topic", "update", "--store", str(root), "--topic", "WOnly", "--perm", "rw")
+            assert [m.body for m in consumer.pull("WOnly", 0, 0, 10).messages] == [b"w"]
+    assert_check_clean(root)

@@ -210,6 +210,9 @@ def test_changes_that_cannot_apply_are_refused_and_change_nothing(tmp_path):
             (create("U", 1025), "1..1024"),
             (create("U", 2, 1), "perm"),
             (create("a/b", 2), "topic"),
+            (create("SCHEDULE_TOPIC_XXXX", 2), "the store's own topic"),
+            *[(create(name, 2), "a name the store keeps for its own topics")
+              for name in ("TBW102", "RMQ_SYS_TRACE_TOPIC", "%RETRY%g", "%DLQ%g")],
         ]
         for change, words in cases:
             with pytest.raises(BadInputError, match=words):
@@ -300,3 +303,12 @@ def test_an_update_keeps_what_it_is_not_given(tmp_path):
 def counts_and_perm(store: MessageStore, topic: str) -> tuple[int, int]:
     config = store.topics.topics[topic]
     return config.write_queue_count, config.perm
+
+
+def test_consumers_read_every_queue_a_send_may_reach_when_read_queues_are_fewer():
+    text = json.dumps({"topicConfigTable": {"Half": {**GOOD, "topicName": "Half", "readQueueNums": 1,
+                                                     "writeQueueNums": 2}}})
+    table = decode_topic_table(text)
+    assert table.write_queue_count("Half", DEFAULTS) == 2
+    assert table.read_queue_count("Half", DEFAULTS) == 2  # RocketMQ reads 1 and leaves queue 1 unread
+    assert table.topics["Half"].read_queue_count == 1  # kept as read, written back the same
