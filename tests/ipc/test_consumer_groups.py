@@ -434,3 +434,21 @@ def test_a_seek_moves_only_the_members_own_queues_and_never_rewinds_one_it_gets_
     finally:
         x.close()
         y.close()
+
+
+def test_a_topic_delete_forgets_broadcast_offsets_and_reset_reaches_them(store):
+    topic = "ReBroadcast"
+    send(store, topic, 2)
+    with Consumer(store.root, "rebc", model=MessageModel.BROADCASTING, instance_name="b1") as reader:
+        assert len(list(reader.iterate(topic, poll_timeout_ms=100))) == 2 * QUEUES
+    for args in (("delete", "--topic", topic), ("create", "--topic", topic, "--queues", str(QUEUES))):
+        done = cli("topic", *args, "--store", str(store.root))
+        assert done.returncode == 0, done.stderr.decode()
+    send(store, topic, 3)
+    with Consumer(store.root, "rebc", model=MessageModel.BROADCASTING, instance_name="b1") as reader:
+        assert len(list(reader.iterate(topic, poll_timeout_ms=100))) == 3 * QUEUES  # from offset 0
+    reset = cli("groups", "--reset", "--group", "rebc", "--topic", topic, "--to", "earliest",
+                "--store", str(store.root))
+    assert reset.returncode == 0, reset.stderr.decode()
+    with Consumer(store.root, "rebc", model=MessageModel.BROADCASTING, instance_name="b1") as reader:
+        assert reader.committed(topic, 0) == 0
