@@ -226,11 +226,18 @@ class MemberNameInUseError(StoreError):
 
 
 class QueueNotOwnedError(StoreError):
-    """A group member committed a queue its group gave to another member: only a queue's owner
-    commits its offset, else the two would overwrite each other's progress."""
+    """A consumer committed a queue its group gave to another live member: only a queue's owner
+    commits its offset, else the two would overwrite each other's progress. `owned` is None for
+    a consumer that has not joined the group on the topic (the assign API)."""
 
-    def __init__(self, group: str, topic: str, queue_id: int, owned: list[int]):
+    def __init__(self, group: str, topic: str, queue_id: int, owned: list[int] | None):
         self.group, self.topic, self.queue_id, self.owned = group, topic, queue_id, owned
+        if owned is None:
+            super().__init__(f"group {group!r}: queue {topic}/{queue_id} is owned by a live member of "
+                             "the group; nothing was committed",
+                             hint="read without committing (mqstore consume --no-commit), use "
+                                  "another group, or stop the group's members first")
+            return
         super().__init__(f"group {group!r}: queue {topic}/{queue_id} is not this member's "
                          f"(it owns {owned or 'none'}); nothing was committed",
                          hint="commit only what `iterate` handed out, or pull and commit "

@@ -62,6 +62,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -95,6 +96,7 @@ from ipc.group_members import GroupMembership
 from ipc.group_roster import MessageModel
 from ipc.group_share import REBALANCE_INTERVAL_S, GroupShare
 from ipc.producer import attach_running_store
+from ipc.queue_locks import borrow_free_queue_locks
 from ipc.reattach import (
     DEFAULT_REATTACH_TIMEOUT_S,
     SupervisorWatch,
@@ -211,6 +213,9 @@ class Consumer:
         self._waiter: ConsumerWaiter | None = None
         self._closed = False
         self._uncommitted: dict[tuple[str, int], int] = {}  # (topic, queue id): iterate's, unwritten
+        # (topic, queue id): how many `iterate`s are inside a batch of it (not let go until done)
+        self._in_batch: dict[tuple[str, int], int] = {}
+        self._iterated_topics: set[str] = set()  # topics a member's `iterate` is live on
         self._tombstones_read: dict[str, int] = {}  # topic: its tombstone (0: none) at its last read here
         self._pid = os.getpid()  # a forked child adopts the consumer on its first call
         self._supervisor_seen_s = -SUPERVISOR_CHECK_INTERVAL_S  # when it was last seen alive
@@ -276,6 +281,7 @@ class Consumer:
     def _poll(self, read, topic: str, queue_id: int, offset: int | None, max_count: int,
               timeout_ms: int, subscription: Subscription):
         """Validate a pull, then `read` until something is found or `timeout_ms` has passed."""
+        self._adopt_if_forked()  # before the positions are looked at: a parent's seek is not the child's
         validate_topic(topic)
         self._require_readable(topic)
         validate_queue_id(queue_id, self.read_queue_count(topic))
@@ -475,6 +481,8 @@ class Consumer:
             self._waiter = self._table = None
         self._uncommitted.clear()
         self._positions.clear()
+        self._in_batch.clear()
+        self._iterated_topics.clear()
         self._shares.clear()  # the parent's member files and queue locks were closed at fork
         if not self._closed:
             self._membership.rejoin()  # the inherited lock was closed at fork
@@ -515,7 +523,10 @@ class Consumer:
 
         Without `queue_ids` it subscribes with its `tags` / `where` (see the class): a CLUSTERING member
         reads the queues its group gives it, rebalanced as members come and go, and commits a
-        queue's offset before it lets the queue go. With `queue_ids` it reads those queues and
+        queue's offset before it lets the queue go; a queue is kept while a batch read from it
+        is still being handed out (a rebalance lets it go once the batch is marked), so a member
+        that holds a record without asking for the next keeps that queue. One such iterate per
+        topic may be live at a time (BadInputError). With `queue_ids` it reads those queues and
         joins nothing. Without `follow` it stops when no queue it reads moves on (a member first
         waits up to `poll_timeout_ms` for the queues its group gives it to be handed over); with
         it, it long-polls for more, across a restart of the store (see `reattach_timeout_s`). A
@@ -535,6 +546,12 @@ class Consumer:
         subscription = subscription_of(tags, where)
         assigned = None if queue_ids is None else self._validate_queue_ids(topic, queue_ids)
         share = self._join(topic, subscription) if assigned is None else None
+        if share is not None:
+            if topic in self._iterated_topics:  # the two would hand out the same queues' messages
+                raise BadInputError("topic", f"an iterate over {topic!r} is live in this consumer: "
+                                    "close it (or let it end) before starting another")
+            self._iterated_topics.add(topic)
+        pid = os.getpid()
         offsets: dict[int, int | None] = {}
         interval_s = commit_interval_ms / 1000.0
         started_s = written_at = time.monotonic()
@@ -545,10 +562,12 @@ class Consumer:
                 self._follow_owned(topic, offsets, assigned if share is None else self._owned(share, topic))
                 moved = False
                 for queue_id, offset in list(offsets.items()):
+                    if share is not None and queue_id not in share.owned:
+                        continue  # let go under an earlier batch of this sweep (by `assignment`)
                     result = self._read(topic, queue_id, offset, max_count, bound, subscription)
                     for skipped in result.skipped if on_skipped is not None else ():
                         on_skipped(skipped)
-                    yield from result.messages
+                    yield from self._hand_out(topic, queue_id, result.messages, share, pid)
                     if result.status in _MOVES and result.next_offset != offset:
                         moved = True
                         offsets[queue_id] = result.next_offset
@@ -566,8 +585,35 @@ class Consumer:
                     wait_s = min(wait_s, REBALANCE_INTERVAL_S)
                 self._wait_past(bound, wait_s)
         finally:
-            if not self._closed:
-                self.flush_offsets()
+            if os.getpid() == pid:
+                if share is not None:
+                    self._iterated_topics.discard(topic)
+                if not self._closed:
+                    self.flush_offsets()
+
+    def _hand_out(self, topic: str, queue_id: int, records: list[Record], share: GroupShare | None,
+                  pid: int) -> Iterator[Record]:
+        """Yield one batch; while inside it, its queue is kept (a rebalance lets it go once the
+        batch is done and marked), so no other member reads what this one still hands out."""
+        key = (topic, queue_id)
+        self._in_batch[key] = self._in_batch.get(key, 0) + 1
+        try:
+            for record in records:
+                yield record
+                if os.getpid() != pid:  # the rest of the batch is the parent's to hand out
+                    raise StoreClosedError("this iteration belongs to the process that started it "
+                                           f"(pid {pid}), not to its forked child", path=str(self.root),
+                                           hint="start a new iterate in the child")
+                if self._closed:
+                    raise StoreClosedError("the consumer was closed during the iteration",
+                                           path=str(self.root))
+                if share is not None and queue_id not in share.owned:  # never expected: a safety net
+                    raise QueueNotOwnedError(self.group, topic, queue_id, share.owned)
+        finally:
+            if os.getpid() == pid:
+                left = self._in_batch.pop(key, 1) - 1
+                if left:
+                    self._in_batch[key] = left
 
     @staticmethod
     def _awaiting_hand_over(share: GroupShare | None, started_s: float, poll_timeout_ms: int) -> bool:
@@ -614,8 +660,19 @@ class Consumer:
 
     def _owned(self, share: GroupShare, topic: str) -> list[int]:
         self._require_supervisor()
-        return share.maybe_rebalance(self.read_queue_count(topic),
-                                     lambda let_go: self._commit_marked(topic, let_go))
+        before = list(share.owned)
+        busy = [queue_id for (busy_topic, queue_id) in self._in_batch if busy_topic == topic]
+        owned = share.maybe_rebalance(self.read_queue_count(topic),
+                                      lambda let_go: self._commit_marked(topic, let_go), busy)
+        for queue_id in owned:
+            if queue_id not in before:
+                # a gained queue starts from its old owner's commit: a mark made while another
+                # member owned it (iterate(queue_ids=...)) was never this member's to write
+                self._uncommitted.pop((topic, queue_id), None)
+        for queue_id in before:
+            if queue_id not in owned:  # a seek applies while the queue is this member's, not after
+                self._positions.pop((topic, queue_id), None)
+        return owned
 
     def _validate_queue_ids(self, topic: str, queue_ids: Iterable[int]) -> list[int]:
         chosen = list(queue_ids)
@@ -631,15 +688,18 @@ class Consumer:
 
         This consumer's next read of each queue starts there (`iterate`, or `pull` without an
         offset until the queue is committed); nothing is written until it consumes and commits.
-        A CLUSTERING member uses it on the queues it owns or gets later; a queue that another
-        member reads keeps that member's progress."""
+        A CLUSTERING member that joined the topic moves only the queues it owns at the call
+        (and returns only those), and forgets the position of a queue it lets go: a queue it
+        gets later starts from its old owner's commit, never rewound past it."""
         validate_topic(topic)
         if not isinstance(ts_ms, int) or isinstance(ts_ms, bool) or ts_ms < 0:
             raise BadInputError("ts_ms", f"{ts_ms!r} is not a non-negative int (ms since the epoch)")
         self._require_supervisor()
         bound = self._ctl.dispatched_pos
-        found = {queue_id: self._offset_at_time(topic, queue_id, ts_ms, bound)
-                 for queue_id in range(self.read_queue_count(topic))}
+        share = self._shares.get(topic)
+        moved = (range(self.read_queue_count(topic)) if share is None or share.locks is None
+                 else self._owned(share, topic))
+        found = {queue_id: self._offset_at_time(topic, queue_id, ts_ms, bound) for queue_id in moved}
         for queue_id, offset in found.items():
             self._uncommitted.pop((topic, queue_id), None)
             self._positions[(topic, queue_id)] = offset
@@ -701,13 +761,18 @@ class Consumer:
         """Persist the group's next offset of a queue (atomic replace, previous kept as .bak).
         Only an offset below zero is refused here: the consume queue may lag the acknowledged
         message whose next offset this is; a past-the-end offset is caught when read. A
-        CLUSTERING member commits only queues it owns (QueueNotOwnedError)."""
+        CLUSTERING member commits only queues it owns, and a CLUSTERING consumer that has not
+        joined the topic only queues no live member owns (QueueNotOwnedError)."""
+        self._adopt_if_forked()  # a forked child owns none of its parent's queues
         validate_topic(topic)
         validate_queue_id(queue_id, self.read_queue_count(topic))
         share = self._shares.get(topic)
         if share is not None and share.locks is not None and queue_id not in share.owned:
             raise QueueNotOwnedError(self.group, topic, queue_id, share.owned)
-        self.offsets.commit(topic, self.group, queue_id, offset, tombstones_read=self._tombstones_seen())
+        with self._borrowing_queue_locks(topic, [queue_id]) as owned_elsewhere:
+            if owned_elsewhere:
+                raise QueueNotOwnedError(self.group, topic, queue_id, None)
+            self.offsets.commit(topic, self.group, queue_id, offset, tombstones_read=self._tombstones_seen())
         self._uncommitted.pop((topic, queue_id), None)  # an explicit commit wins over iterate's
         self._positions.pop((topic, queue_id), None)  # and over a seek
         # the offset moved on by a deliberate act: its refusal goes (the same value stays refused)
@@ -735,12 +800,27 @@ class Consumer:
 
     def flush_offsets(self) -> None:
         """Write the offsets `iterate` consumed since its last write, in one atomic replace; a
-        mark on a queue another member owns stays unwritten (only a queue's owner commits)."""
-        writable = {key: offset for key, offset in self._uncommitted.items() if self._may_commit(*key)}
-        if writable:
-            self.offsets.commit_many(self.group, writable, tombstones_read=self._tombstones_seen())
-            for key in writable:
-                del self._uncommitted[key]
+        mark on a queue another member owns is dropped unwritten: only a queue's owner commits,
+        and a mark kept would later override the owner's commit should the queue come here."""
+        self._adopt_if_forked()  # a forked child never writes its parent's marks
+        with ExitStack() as borrowed:
+            owned_elsewhere = set()
+            for topic in {topic for topic, _ in self._uncommitted}:
+                queue_ids = [queue_id for marked, queue_id in self._uncommitted if marked == topic]
+                owned_elsewhere |= {(topic, queue_id) for queue_id in borrowed.enter_context(
+                    self._borrowing_queue_locks(topic, queue_ids))}
+            writable = {key: offset for key, offset in self._uncommitted.items()
+                        if self._may_commit(*key) and key not in owned_elsewhere}
+            if writable:
+                self.offsets.commit_many(self.group, writable, tombstones_read=self._tombstones_seen())
+        self._uncommitted.clear()
+
+    def _borrowing_queue_locks(self, topic: str, queue_ids: list[int]) -> AbstractContextManager[list[int]]:
+        """For a CLUSTERING consumer not joined on `topic`: the queue ids a live member owns,
+        the others' locks held for the block (ipc.queue_locks); else nothing to hold."""
+        if self.instance_name is not None or topic in self._shares:  # own offsets, or checked by share
+            return nullcontext([])
+        return borrow_free_queue_locks(self.root, self.group, topic, queue_ids)
 
     def _may_commit(self, topic: str, queue_id: int) -> bool:
         share = self._shares.get(topic)

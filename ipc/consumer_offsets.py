@@ -25,8 +25,15 @@ from pathlib import Path
 
 from engine.errors import BadInputError, StoreError
 from engine.files.filesystem import ensure_dir, write_file_atomically
-from engine.files.naming import BACKUP_SUFFIX, CONFIG_DIR, CONSUMER_OFFSET_FILE, validate_topic
+from engine.files.naming import (
+    BACKUP_SUFFIX,
+    BROADCAST_OFFSETS_DIR,
+    CONFIG_DIR,
+    CONSUMER_OFFSET_FILE,
+    validate_topic,
+)
 from engine.topics.table import TopicTableFile
+from ipc.deleted_topic_offsets import broadcast_instance_paths
 from ipc.offset_table_codec import (
     CommitTimes,
     OffsetTable,
@@ -45,7 +52,6 @@ __all__ = ["CommitTimes", "OffsetTable", "parse_offset_document", "parse_offset_
 GROUP_MAX_BYTES = 255
 _GROUP_RE = re.compile(r"^[A-Za-z0-9_%|-]+$")
 TORN_SUFFIX = ".torn-"  # consumerOffset.json.torn-<ms>: a bad primary the backup replaced
-BROADCAST_OFFSETS_DIR = "broadcastOffsets"  # config/broadcastOffsets/<instance>/consumerOffset.json
 
 
 class _Unreadable(Exception):
@@ -217,15 +223,20 @@ class ConsumerOffsets:
         return kept
 
     def forget_topic(self, topic: str) -> list[str]:
-        """Remove every group's offsets of a deleted topic (one atomic replace); returns the
+        """Remove every group's offsets of a deleted topic (one atomic replace per file: the
+        groups' file and every BROADCASTING instance's, under the one offsets lock); returns the
         groups that had any. A topic created again starts its queues at 0, which an old offset
         would point past."""
         validate_topic(topic)
-        with self._locked():
-            table, times, groups = plan_forget_topic(*self._read_or_restore(), topic)
-            if groups:
-                self._replace(table, times)
-        return groups
+        files = [self] + [ConsumerOffsets(self.root, path) for path in broadcast_instance_paths(self.root)]
+        groups: set[str] = set()
+        with self._locked():  # one lock for the store's every offsets file
+            for offsets in files:
+                table, times, forgotten = plan_forget_topic(*offsets._read_or_restore(), topic)
+                if forgotten:
+                    offsets._replace(table, times)
+                    groups.update(forgotten)
+        return sorted(groups)
 
     def _replace(self, table: OffsetTable, times: CommitTimes) -> None:
         """Under the lock: the file replaced, the previous version kept as the backup."""

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
+import stat
 import time
 import weakref
 from dataclasses import asdict, dataclass
@@ -30,10 +32,13 @@ from engine.errors import MemberNameInUseError, StorePermissionError, Subscripti
 from engine.files.filesystem import ensure_dir
 from ipc.group_members import group_lock_path
 
+log = logging.getLogger(__name__)
+
 MEMBERS_DIR = "members"
 QUEUES_DIR = "queues"
 MEMBER_SUFFIX = ".json"
 JOIN_LOCK = ".join"
+TMP_SUFFIX = ".tmp"  # `.<member>.tmp`: a joiner's file before its rename into place
 STALLED_AFTER_MS = 5000  # a member that has not swept its queues for this long is stalled
 _PROC_STOPPED_STATES = ("T", "t")  # SIGSTOPped, or stopped under a debugger
 
@@ -97,6 +102,8 @@ def reap_dead_members(directory: Path) -> list[MemberRecord]:
             path.unlink()
         except FileNotFoundError:
             pass  # another member reaped it first
+        except OSError as exc:  # one stuck file must not stop the group: it is only passed over
+            _warn_once(path, f"cannot remove it: {exc.strerror}")
     return live
 
 
@@ -110,7 +117,8 @@ def member_topics(group_directory: Path) -> list[str]:
 
 def _scan(directory: Path) -> tuple[list[MemberRecord], list[Path]]:
     """(live members sorted by name, files of dead members); a file whose flock can be taken
-    has no live holder."""
+    has no live holder. Anything else under a member's name (a directory, a FIFO, a symlink, a
+    file this process cannot open) is passed over: one bad entry must not stop every member."""
     live, dead = [], []
     try:
         names = sorted(name for name in os.listdir(directory) if name.endswith(MEMBER_SUFFIX))
@@ -119,22 +127,53 @@ def _scan(directory: Path) -> tuple[list[MemberRecord], list[Path]]:
     for name in names:
         path = directory / name
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+            record = _look_at_member(path, dead)
+        except OSError as exc:
+            _warn_once(path, exc.strerror)
             continue
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                dead.append(path)
-                continue
-            except BlockingIOError:
-                pass
-            record = _read_member(fd)
-        finally:
-            os.close(fd)
         if record is not None:
             live.append(record)
     return live, dead
+
+
+def _look_at_member(path: Path, dead: list[Path]) -> MemberRecord | None:
+    """A live member's record; None, with a dead member's file added to `dead`, otherwise.
+    Opened O_NONBLOCK|O_NOFOLLOW (a FIFO would block the open, a symlink leads elsewhere) and
+    only a regular file is locked: a directory flocks too, and would be taken for a dead member."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None  # reaped, or a member that left, since the listing
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            _warn_once(path, "not a regular file")
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_member(fd)
+        dead.append(path)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _warn_once(path: Path, reason: str) -> None:
+    """Say once per process that an entry is passed over: scans run ten times a second."""
+    if str(path) not in _WARNED_PATHS:
+        _WARNED_PATHS.add(str(path))
+        log.warning("passing over %s in a group's members: %s", path, reason)
+
+
+def _remove_stale_tmp(directory: Path) -> None:
+    """Remove the `.<member>.tmp` files joiners killed mid-join left; called under `.join`, so
+    none of them is a join in progress."""
+    for name in os.listdir(directory):
+        if name.startswith(".") and name.endswith(TMP_SUFFIX):
+            try:
+                (directory / name).unlink()
+            except OSError:
+                pass  # gone already, or not ours to remove: it is only clutter
 
 
 def _read_member(fd: int) -> MemberRecord | None:
@@ -216,10 +255,11 @@ def join_roster(store_dir: str | os.PathLike, group: str, topic: str, member: st
     try:
         fcntl.flock(join_fd, fcntl.LOCK_EX)  # held for the milliseconds of one join
         live = reap_dead_members(directory)
+        _remove_stale_tmp(directory)
         record = MemberRecord(member, os.getpid(), time.time_ns() // 1_000_000, group, topic,
                               model.value, expression, (), 0)
         _refuse_mismatch(group, record, live, directory)
-        tmp = directory / f".{member}.tmp"
+        tmp = directory / f".{member}{TMP_SUFFIX}"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -269,4 +309,5 @@ def _drop_inherited_seats() -> None:
 
 
 _SEATS: weakref.WeakSet[RosterSeat] = weakref.WeakSet()
+_WARNED_PATHS: set[str] = set()  # bad entries already said (_warn_once)
 os.register_at_fork(after_in_child=_drop_inherited_seats)

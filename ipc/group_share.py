@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from ipc.group_roster import MessageModel, RosterSeat, join_roster, reap_dead_members
 from ipc.queue_allocation import allocate_averagely
@@ -44,32 +44,41 @@ class GroupShare:
     def member(self) -> str:
         return self.seat.record.member
 
-    def maybe_rebalance(self, queue_count: int, commit: Callable[[list[int]], None]) -> list[int]:
+    def maybe_rebalance(self, queue_count: int, commit: Callable[[list[int]], None],
+                        busy: Collection[int] = ()) -> list[int]:
         """The queues owned now, rebalanced when REBALANCE_INTERVAL_S passed since the last
-        time; `commit(queue_ids)` writes what was handed out of queues about to be let go."""
+        time; `commit(queue_ids)` writes what was handed out of queues about to be let go, and
+        a queue in `busy` (a batch of it is being handed out) is kept until it is not."""
         self.seat.mark_swept()
         if time.monotonic() - self._rebalanced_s >= REBALANCE_INTERVAL_S:
-            self.rebalance(queue_count, commit)
+            self.rebalance(queue_count, commit, busy)
         return self.owned
 
-    def rebalance(self, queue_count: int, commit: Callable[[list[int]], None]) -> list[int]:
-        """Let go of the queues no longer this member's (after `commit`), take those that are
-        and whose old owner let go; the queues owned now."""
+    def rebalance(self, queue_count: int, commit: Callable[[list[int]], None],
+                  busy: Collection[int] = ()) -> list[int]:
+        """Let go of the queues no longer this member's and not `busy` (after `commit`), take
+        those that are and whose old owner let go; the queues owned now."""
         self._rebalanced_s = time.monotonic()
         if self.locks is None:  # BROADCASTING: every queue, no one to share with
             self.wanted = owned = list(range(queue_count))
         else:
             self.wanted = self._allocation(queue_count)
-            owned = self._hand_over(self.wanted, commit)
+            owned = self._hand_over(self.wanted, commit, busy)
         if owned != list(self.seat.record.queue_ids):
             self.seat.publish_queues(owned)
         self.owned = owned
         return owned
 
-    def _hand_over(self, wanted: list[int], commit: Callable[[list[int]], None]) -> list[int]:
-        """Commit and let go of the queues held but not wanted, take the wanted ones that are
-        free; the queues held now."""
-        let_go = [queue_id for queue_id in self.locks.held if queue_id not in wanted]
+    def _hand_over(self, wanted: list[int], commit: Callable[[list[int]], None],
+                   busy: Collection[int]) -> list[int]:
+        """Commit and let go of the queues held but neither wanted nor busy, take the wanted
+        ones that are free; the queues held now."""
+        unwanted = [queue_id for queue_id in self.locks.held if queue_id not in wanted]
+        let_go = [queue_id for queue_id in unwanted if queue_id not in busy]
+        if len(let_go) < len(unwanted):
+            # a batch read before the hand-over is still being handed out: its queue goes once
+            # the batch is marked, else the next owner would read it again from the old commit
+            self._rebalanced_s = -REBALANCE_INTERVAL_S  # so look again at the next sweep
         if let_go:
             commit(let_go)
             for queue_id in let_go:

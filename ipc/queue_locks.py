@@ -13,6 +13,8 @@ from __future__ import annotations
 import fcntl
 import os
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from engine.files.filesystem import ensure_dir
@@ -57,6 +59,35 @@ class QueueLocks:
     def close(self) -> None:
         self._finalizer()
         _LOCKS.discard(self)
+
+
+@contextmanager
+def borrow_free_queue_locks(store_dir: str | os.PathLike, group: str, topic: str,
+                            queue_ids: list[int]) -> Iterator[list[int]]:
+    """For a consumer that is not a member on `topic`: hold, for the block, the locks of the
+    `queue_ids` no member holds, and yield the ids a live member holds (their offsets are its
+    to commit). Held through the write, so no member takes the queue and reads its offset
+    between the look and the write."""
+    directory = topic_dir(store_dir, group, topic) / QUEUES_DIR
+    borrowed: list[int] = []
+    owned_elsewhere: list[int] = []
+    try:
+        for queue_id in queue_ids if directory.is_dir() else ():  # no directory: no member ever
+            try:
+                fd = os.open(directory / f"{queue_id}{LOCK_SUFFIX}", os.O_RDONLY | os.O_CREAT, 0o600)
+            except FileNotFoundError:
+                continue  # the topic's group directory went (a topic delete): no owner
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                owned_elsewhere.append(queue_id)
+                continue
+            borrowed.append(fd)
+        yield owned_elsewhere
+    finally:
+        for fd in borrowed:
+            os.close(fd)
 
 
 def _close_all(fds: dict[int, int]) -> None:

@@ -7,7 +7,8 @@
 that is there), TIME the first message stored at or after it (ISO 8601, local time unless it has
 a zone, or `@<ms since the epoch>`), OFFSET one queue offset for every queue of the topic,
 refused unless it lies in each queue's [min, max]. Every queue the group committed for the topic
-is reset, one whose files are gone too (its span is [0, 0]); the group must have committed before
+is reset, one whose files are gone too (its span is [0, 0]), in the groups' file and in each
+BROADCASTING instance's own (config/broadcastOffsets/<instance>/); the group must have committed before
 and the topic must have queues or committed ones; the reset is refused while the group has live consumers
 (ipc.group_members: their next commit would overwrite it) and holds the group alone while it
 writes. It writes the offsets file as a commit does (one atomic replace, previous kept as
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
 from engine.errors import BadInputError
-from engine.files.naming import validate_topic
+from engine.files.naming import CONFIG_DIR, validate_topic
 from ipc.consumer_offsets import ConsumerOffsets, table_key, validate_group
+from ipc.deleted_topic_offsets import broadcast_instance_paths
 from ipc.group_members import group_held_alone
 from ipc.refused_offsets import clear_refused
 from ipc.store_log import append_to_store_log
@@ -45,6 +47,7 @@ class OffsetMove:
     queue_id: int
     before: int | None
     after: int
+    instance: str | None = None  # a BROADCASTING instance's own offsets; None: the group's
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -73,18 +76,36 @@ def reset_offsets(store_dir: str | Path, group: str, topic: str, to_text: str) -
     validate_topic(topic)
     target = parse_reset_target(to_text)
     require_store(root)
-    offsets = ConsumerOffsets(root)
-    _moves(root, offsets.peek_with_times()[0], group, topic, target)  # refuse before any write
+    files = _offsets_files(root, group)
+    for offsets in files:
+        _moves(root, offsets.peek_with_times()[0], group, topic, target)  # refuse before any write
+    moves: list[OffsetMove] = []
     with group_held_alone(root, group):
-        moves = _moves(root, offsets.load(), group, topic, target)
-        offsets.commit_many(group, {(topic, move.queue_id): move.after for move in moves})
-        clear_refused(root, group, topic, [move.queue_id for move in moves])
-    said = ", ".join(f"{m.queue_id}: {'-' if m.before is None else m.before} -> {m.after}" for m in moves)
+        for offsets in files:
+            instance = None if offsets.path.parent.name == CONFIG_DIR else offsets.path.parent.name
+            file_moves = [replace(move, instance=instance)
+                          for move in _moves(root, offsets.load(), group, topic, target)]
+            offsets.commit_many(group, {(topic, move.queue_id): move.after for move in file_moves})
+            moves.extend(file_moves)
+        clear_refused(root, group, topic, sorted({move.queue_id for move in moves}))
+    said = ", ".join(f"{m.instance + '/' if m.instance else ''}{m.queue_id}: "
+                     f"{'-' if m.before is None else m.before} -> {m.after}" for m in moves)
     message = (f"offsets of group {group} on {topic} reset to {to_text} by `mqstore groups "
                f"--reset` (pid {os.getpid()}): {said}")
     log.info("%s", message)
     append_to_store_log(root, "cli", __name__, logging.WARNING, message)
     return moves
+
+
+def _offsets_files(root: Path, group: str) -> list[ConsumerOffsets]:
+    """The offsets files `group` committed in: the groups' file and, for a BROADCASTING group,
+    each instance's own; BadInputError when it committed in none."""
+    files = [ConsumerOffsets(root)] + [ConsumerOffsets(root, path) for path in broadcast_instance_paths(root)]
+    committed = [offsets for offsets in files
+                 if any(key.endswith("@" + group) for key in offsets.peek_with_times()[0])]
+    if not committed:
+        raise BadInputError("group", f"{group!r} has committed no offset in this store", path=str(root))
+    return committed
 
 
 def _moves(root: Path, table: dict, group: str, topic: str,

@@ -127,6 +127,11 @@ def cmd_reset(args: argparse.Namespace) -> int:
                           "queues": [move.as_dict() for move in moves]}, indent=2))
         return CliExit.OK
     print(f"group {args.group} on {args.topic}: reset to {args.to}")
+    if any(m.instance is not None for m in moves):  # a BROADCASTING group: each instance's own
+        print(render_table(("instance", "queue", "committed before", "committed now"),
+                           [(m.instance, m.queue_id, dash(m.before), m.after) for m in moves],
+                           empty="no queue"))
+        return CliExit.OK
     print(render_table(("queue", "committed before", "committed now"),
                        [(m.queue_id, dash(m.before), m.after) for m in moves], empty="no queue"))
     return CliExit.OK

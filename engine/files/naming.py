@@ -27,6 +27,7 @@ ABORT_FILE = "abort"
 LOCK_FILE = "lock"
 STORE_META_FILE = "store.json"
 CONSUMER_OFFSET_FILE = "consumerOffset.json"
+BROADCAST_OFFSETS_DIR = "broadcastOffsets"  # config/broadcastOffsets/<instance>/consumerOffset.json
 TOPICS_FILE = "topics.json"  # RocketMQ's topic configs (engine.topics.table)
 BACKUP_SUFFIX = ".bak"
 TEMP_SUFFIX = ".tmp"

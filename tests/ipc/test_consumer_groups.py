@@ -25,6 +25,7 @@ from ipc.consumer import Consumer
 from ipc.consumer_offsets import ConsumerOffsets
 from ipc.group_roster import MessageModel, join_roster, live_members, topic_dir
 from ipc.producer import Producer
+from ipc.queue_allocation import allocate_averagely
 from tests.workers.store_harness import cli, module_store, spawn_python, wait_for
 from tools.client_commands import parse_time_ms
 from tools.group_view import member_table
@@ -292,3 +293,162 @@ def test_the_guide_example_of_a_worker_runs_as_written(store, capsys):
     assert len(printed) == 3 * QUEUES + 1 and printed[-1] == f"{QUEUES - 1} 3 b'last'"
     assert ConsumerOffsets(store.root).get("jobs", "workers", 0) == 3  # it committed what it handled
     assert live_members(store.root, "workers", "jobs") == []  # and left
+
+
+# ------------------------------------------------------------------ the reviewer's repros (groups)
+def split_between(topic: str, first: Consumer, second: Consumer) -> None:
+    """Both join `topic` and poll until each owns half its queues."""
+    first.assignment(topic)
+    second.assignment(topic)
+    wait_for(lambda: len(first.assignment(topic)) == len(second.assignment(topic)) == QUEUES // 2, "split")
+
+
+def test_a_mark_on_another_members_queue_never_overrides_its_commit(store):
+    topic = "StaleMark"
+    send(store, topic, 10)
+    x, y = Consumer(store.root, "stale"), Consumer(store.root, "stale")
+    try:
+        split_between(topic, x, y)
+        theirs = y.assignment(topic)[0]
+        y.commit(topic, theirs, 2)  # y handled offsets 0 and 1
+        assert len(list(x.iterate(topic, queue_ids=[theirs]))) == 8  # x peeks with the assign API
+        y.close()  # y leaves: its queues come to x, from y's commit
+        wait_for(lambda: x.assignment(topic) == list(range(QUEUES)), "x owns every queue")
+        got = [r.queue_offset for r in x.iterate(topic, poll_timeout_ms=300) if r.queue_id == theirs]
+        assert got == list(range(2, 10))
+    finally:
+        x.close()
+        y.close()
+
+
+def test_a_queue_is_let_go_only_after_the_batch_being_handed_out_of_it(store):
+    topic = "MidBatch"
+    send(store, topic, 10)
+    x, y = Consumer(store.root, "midbatch"), Consumer(store.root, "midbatch")
+    try:
+        it = x.iterate(topic, poll_timeout_ms=100)
+        record = next(it)  # x is alone: it owns every queue
+        y.assignment(topic)
+        names = [member.member for member in live_members(store.root, "midbatch", topic)]
+        x_name = next(member.member for member in live_members(store.root, "midbatch", topic)
+                      if member.queue_ids == tuple(range(QUEUES)))
+        lost = allocate_averagely(next(n for n in names if n != x_name), names, range(QUEUES))
+        while record.queue_id != lost[0]:
+            record = next(it)
+        assert record.queue_offset == 0  # x is inside the batch of a queue y gets
+        wait_for(lambda: (x.assignment(topic), len(y.assignment(topic)))[1] >= len(lost) - 1, "hand-over")
+        assert lost[0] in x.assignment(topic) and lost[0] not in y.assignment(topic)
+        rest = [(r.queue_id, r.queue_offset) for r in it]
+        assert rest == [(lost[0], offset) for offset in range(1, 10)]  # none of y's other queues
+        wait_for(lambda: (x.assignment(topic), lost[0] in y.assignment(topic))[1], "the last queue")
+        assert y.committed(topic, lost[0]) == 10  # y starts past what x handed out
+    finally:
+        x.close()
+        y.close()
+
+
+def test_a_second_iterate_on_a_topic_is_refused_while_the_first_is_live(store):
+    topic = "TwoIterates"
+    send(store, topic, 2)
+    with Consumer(store.root, "twice") as consumer:
+        first = consumer.iterate(topic, poll_timeout_ms=100)
+        next(first)
+        with pytest.raises(BadInputError, match="live"):
+            next(consumer.iterate(topic))
+        first.close()
+        assert len(list(consumer.iterate(topic, poll_timeout_ms=100))) == 2 * QUEUES  # nothing was marked
+
+
+def in_forked_child(action) -> str:
+    """What `action()` returned in a forked child, or the name of the error it raised."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and never return into pytest
+        try:
+            os.close(read_fd)
+            try:
+                outcome = repr(action())
+            except Exception as exc:
+                outcome = type(exc).__name__
+            os.write(write_fd, outcome.encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        outcome = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+def test_a_forked_child_writes_none_of_its_parents_marks_nor_resumes_its_iteration(store):
+    topic = "Forked"
+    send(store, topic, 10)
+    with Consumer(store.root, "forks") as consumer:
+        it = consumer.iterate(topic, poll_timeout_ms=100, commit_interval_ms=10**6)
+        for _ in range(10 + 1):  # queue 0's batch consumed (marked, not written) and one of queue 1
+            next(it)
+        assert in_forked_child(consumer.flush_offsets) == "None"
+        assert ConsumerOffsets(store.root).get(topic, "forks", 0) is None  # the parent's mark stayed its own
+        assert in_forked_child(lambda: next(it)) == "StoreClosedError"
+        assert in_forked_child(lambda: consumer.commit(topic, 0, 7)) == "QueueNotOwnedError"
+        assert ConsumerOffsets(store.root).get(topic, "forks", 0) is None
+        assert next(it).queue_offset == 1  # the parent goes on where it was
+        it.close()
+        assert ConsumerOffsets(store.root).get(topic, "forks", 0) == 10
+
+
+def test_a_consumer_that_has_not_joined_cannot_commit_a_live_members_queue(store):
+    topic = "NonMember"
+    send(store, topic, 10)
+    with Consumer(store.root, "nonmember") as member:
+        assert len(list(member.iterate(topic, poll_timeout_ms=100))) == 10 * QUEUES  # commits 10 each
+        with Consumer(store.root, "nonmember") as outsider:
+            with pytest.raises(QueueNotOwnedError, match="live member"):
+                outsider.commit(topic, 5, 1)
+            assert len(list(outsider.iterate(topic, queue_ids=[3], poll_timeout_ms=100))) == 0
+        shown = cli("consume", "--store", str(store.root), "--topic", topic, "--group", "nonmember",
+                    "--queue-id", "3", "--offset", "0", "--max", "2")
+        assert shown.returncode != 0 and b"live member" in shown.stderr
+        assert [ConsumerOffsets(store.root).get(topic, "nonmember", q) for q in (3, 5)] == [10, 10]
+    with Consumer(store.root, "nonmember") as outsider:  # the member left: no one owns queue 5
+        outsider.commit(topic, 5, 1)
+        assert outsider.committed(topic, 5) == 1
+
+
+def test_a_seek_moves_only_the_members_own_queues_and_never_rewinds_one_it_gets_later(store):
+    topic = "SeekGain"
+    send(store, topic, 10)
+    x, y = Consumer(store.root, "seekgain"), Consumer(store.root, "seekgain")
+    try:
+        split_between(topic, x, y)
+        theirs = y.assignment(topic)
+        for queue_id in theirs:
+            y.commit(topic, queue_id, 10)  # y handled all of its queues
+        mine = x.assignment(topic)
+        moved = x.seek_to_time(topic, 0)  # x replays its own queues
+        assert len(list(x.iterate(topic, poll_timeout_ms=200))) == 10 * len(mine)
+        y.close()
+        wait_for(lambda: x.assignment(topic) == list(range(QUEUES)), "x owns every queue")
+        assert [r for r in x.iterate(topic, poll_timeout_ms=300) if r.queue_id in theirs] == []
+        assert sorted(moved) == mine  # what the seek moved
+    finally:
+        x.close()
+        y.close()
+
+
+def test_a_topic_delete_forgets_broadcast_offsets_and_reset_reaches_them(store):
+    topic = "ReBroadcast"
+    send(store, topic, 2)
+    with Consumer(store.root, "rebc", model=MessageModel.BROADCASTING, instance_name="b1") as reader:
+        assert len(list(reader.iterate(topic, poll_timeout_ms=100))) == 2 * QUEUES
+    for args in (("delete", "--topic", topic), ("create", "--topic", topic, "--queues", str(QUEUES))):
+        done = cli("topic", *args, "--store", str(store.root))
+        assert done.returncode == 0, done.stderr.decode()
+    send(store, topic, 3)
+    with Consumer(store.root, "rebc", model=MessageModel.BROADCASTING, instance_name="b1") as reader:
+        assert len(list(reader.iterate(topic, poll_timeout_ms=100))) == 3 * QUEUES  # from offset 0
+    reset = cli("groups", "--reset", "--group", "rebc", "--topic", topic, "--to", "earliest",
+                "--store", str(store.root))
+    assert reset.returncode == 0, reset.stderr.decode()
+    with Consumer(store.root, "rebc", model=MessageModel.BROADCASTING, instance_name="b1") as reader:
+        assert reader.committed(topic, 0) == 0
