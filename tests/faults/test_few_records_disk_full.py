@@ -13,6 +13,8 @@ from engine.files.mapped_file import Access
 from engine.formats.record import encode_record
 from engine.log.commitlog import CommitLog
 from engine.status import PutStatus
+from engine.topics.live import LiveTopics
+from engine.topics.table import TopicDefaults, TopicTable, TopicTableFile
 from ipc.mailbox import Mailbox, ProducerSlot, RequestFlag
 from ipc.run_info import run_dir
 from tests.faults.test_disk_full import small_disk  # noqa: F401  (the fixture)
@@ -43,8 +45,9 @@ class InProcessStore:
                                          generation=1, mailbox_slots=4)
         self.group_commit = GroupCommit(self.commitlog, self.shared.ctl, self.config,
                                         on_flushed=lambda: self.appender.answer_flushed())
+        topics = LiveTopics(TopicTableFile(root), TopicTable(), TopicDefaults(self.config.queue_count))
         self.appender = Appender(self.commitlog, self.shared.server, self.group_commit, self.config,
-                                 {}, root=root)
+                                 {}, root=root, topics=topics)
         self.mailbox = Mailbox.attach(root)
         self.slots = [ProducerSlot.claim(self.mailbox, run_dir(root), alive=lambda: True)
                       for _ in range(2)]

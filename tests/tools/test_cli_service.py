@@ -17,7 +17,6 @@ import pytest
 from engine.files.store_dir import holder_pid
 from tests.helpers import snapshot
 from tests.workers.store_harness import (
-    SMALL_STORE,
     assert_check_clean,
     checked_store,
     cli,
@@ -139,10 +138,15 @@ def test_a_store_json_edited_against_the_files_is_refused(tmp_path):
     fewer = cli("start", "--store", str(root), "--config", str(write_config(
         tmp_path / "c1.toml", {"index_shards": 1})))
     assert_one_line_error(fewer, 2, "store.json says index_shards = 1", "index/1/")
-    edit_store_json(root, index_shards=2, queue_count=2)
+    edit_store_json(root, index_shards=2)
+    topics_json = root / "config" / "topics.json"  # T is configured: its own counts bound its queues
+    kept = topics_json.read_bytes()
+    table = json.loads(kept)
+    table["topicConfigTable"]["T"].update(readQueueNums=2, writeQueueNums=2)
+    topics_json.write_text(json.dumps(table))
     hidden = cli("recover", "--store", str(root))
-    assert_one_line_error(hidden, 2, "store.json says queue_count = 2", "but topic T has queue")
-    edit_store_json(root, queue_count=SMALL_STORE["queue_count"])
+    assert_one_line_error(hidden, 2, "topics.json gives topic T 2 read queues", "but it has queue 2")
+    topics_json.write_bytes(kept)
     store = start_store(root)  # put back as it was: the store starts again
     assert store.stop() == 0
     assert_check_clean(root)

@@ -15,7 +15,7 @@ from engine.dispatch.few import decode_few
 from engine.files.mapped_file import Access
 from engine.log.commitlog import CommitLog
 from engine.queues.table import ConsumeQueueTable
-from engine.topics.table import TopicDefaults, TopicTable
+from engine.topics.table import TopicDefaults, TopicTable, TopicTableFile
 from engine.tuning import FEW_RECORDS_BYTES
 from ipc.key_ring import KeyRing
 from ipc.shm import issue_shm_token
@@ -50,6 +50,7 @@ def dispatcher_over(root, tag: str) -> Dispatcher:
     dispatcher.ring_writers = [dispatcher.ring.writer(shard) for shard in range(SHARDS)]
     dispatcher.blocks_dropped = 0
     dispatcher.pos = 0
+    dispatcher.topic_file, dispatcher._topics_seen = TopicTableFile(root), None  # no topic deleted
     return dispatcher
 
 
