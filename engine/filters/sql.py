@@ -341,37 +341,32 @@ def _quote(value: str) -> str:
 
 def _and(terms: list[_Term]) -> _Term:
     """The conjunction of conditions, one node: False if any is False, else NULL if any is."""
-    fns = tuple(term.fn for term in terms)
-
-    def fn(props: Mapping[str, str]) -> object:
-        result = True
-        for f in fns:
-            value = f(props)
-            if value is False:
-                return False
-            if value is not True:
-                result = None
-        return result
-
     text = " AND ".join(f"({term.text})" if term.top == "OR" else term.text for term in terms)
-    return _Term(Kind.CONDITION, text, fn, terms[0].pos, top="AND")
+    return _Term(Kind.CONDITION, text, _junction(terms, False), terms[0].pos, top="AND")
 
 
 def _or(terms: list[_Term]) -> _Term:
     """The disjunction of conditions, one node: True if any is True, else NULL if any is."""
+    text = " OR ".join(term.text for term in terms)
+    return _Term(Kind.CONDITION, text, _junction(terms, True), terms[0].pos, top="OR")
+
+
+def _junction(terms: list[_Term], decisive: bool):
+    """Three-valued AND (`decisive` False) or OR (True) of the terms, evaluated in a loop (no
+    recursion however long the chain): the decisive value wins at once, else NULL if any is."""
     fns = tuple(term.fn for term in terms)
 
     def fn(props: Mapping[str, str]) -> object:
-        result = False
+        result = not decisive
         for f in fns:
             value = f(props)
-            if value is True:
-                return True
-            if value is not False:
+            if value is decisive:
+                return decisive
+            if value is not (not decisive):
                 result = None
         return result
 
-    return _Term(Kind.CONDITION, " OR ".join(term.text for term in terms), fn, terms[0].pos, top="OR")
+    return fn
 
 
 def _not(term: _Term, pos: int | None = None) -> _Term:
